@@ -1,0 +1,52 @@
+# rlm: build rlm/core.so once per Lua ABI, run the specs under every Lua.
+CC ?= cc
+CFLAGS ?= -O2 -g
+WARN = -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes
+ALL_CFLAGS = $(WARN) -fPIC -fvisibility=hidden $(CFLAGS) $(XCFLAGS)
+LDLIBS = -luv -lpthread
+SRC = $(wildcard csrc/*.c)
+HDR = $(wildcard csrc/*.h)
+
+# ABI name -> headers. LuaJIT uses the 5.1 ABI and the 5.1 build.
+INC_5.1 = /usr/include/lua5.1
+INC_5.3 = /usr/include/lua5.3
+INC_5.4 = /usr/include/lua5.4
+ABIS = 5.1 5.3 5.4
+LUAS = lua5.1 lua5.3 lua5.4 luajit
+abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
+
+DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
+  luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
+  pkg-config gcc make
+
+.PHONY: all deps test check demo clean install bench
+all: $(foreach a,$(ABIS),build/$(a)/rlm/core.so)
+
+build/%/rlm/core.so: $(SRC) $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -I$(INC_$*) -shared -o $@ $(SRC) $(LDFLAGS) $(LDLIBS)
+
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "all Debian packages present"; fi
+
+# LUA_PATH/LUA_CPATH for one Lua: our modules first, then the system's.
+lua_env = LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$(CURDIR)/spec/?.lua;;" \
+  LUA_CPATH="$(CURDIR)/build/$(call abi_of,$(1))/?.so;;"
+
+test: all
+	@./spec/run $(LUAS)
+
+check:
+	$(MAKE) clean
+	$(MAKE) all CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" LDFLAGS="-fsanitize=address,undefined"
+	RLM_SANITIZE=1 ./spec/run lua5.4
+
+demo: all
+	$(call lua_env,lua5.4) lua5.4 examples/demo.lua
+
+clean:
+	rm -rf build

@@ -1,0 +1,445 @@
+/* core.c: the rlm.core Lua module: the Driver userdata over driver.c, the
+ * sandbox command line, and two small text helpers. Misuse raises; runtime
+ * failures return nil and a message. */
+#define _GNU_SOURCE
+#include "compat.h"
+#include "driver.h"
+#include "sandbox.h"
+#include "workdir.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#define DRIVER_MT "rlm.core.Driver"
+#define MAX_RO_PATHS 4096
+
+/* The driver sees a fixed environment: nothing of the host's. */
+static char *const sandbox_env[] = {
+    "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "PYTHONUTF8=1",
+    "HOME=" RLM_SANDBOX_WORKDIR, NULL,
+};
+
+typedef struct driver_ud {
+  rlm_driver *d;
+  char workdir[PATH_MAX];
+} driver_ud;
+
+static driver_ud *check_driver(lua_State *L) {
+  driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
+  if (u->d == NULL)
+    luaL_argerror(L, 1, "driver is closed");
+  return u;
+}
+
+static int fail(lua_State *L, const char *msg) {
+  lua_pushnil(L);
+  lua_pushstring(L, msg);
+  return 2;
+}
+
+static const char *opt_string(lua_State *L, int t, const char *key) {
+  lua_getfield(L, t, key);
+  const char *s = lua_tostring(L, -1);
+  if (s == NULL)
+    luaL_error(L, "rlm.core.spawn: option '%s' must be a string", key);
+  lua_pop(L, 1); /* the table still holds it */
+  return s;
+}
+
+static lua_Integer opt_integer(lua_State *L, int t, const char *key,
+                               lua_Integer def) {
+  lua_getfield(L, t, key);
+  lua_Integer v = def;
+  if (!lua_isnil(L, -1)) {
+    if (!lua_isnumber(L, -1) || lua_tonumber(L, -1) < 0)
+      luaL_error(L, "rlm.core.spawn: option '%s' must be a number >= 0", key);
+    v = (lua_Integer)lua_tonumber(L, -1);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+/* core.spawn{bwrap=, python=, driver=, ro={...}, tmpdir=, max_line=,
+ *            max_rss=, rss_interval_ms=} -> Driver | nil, message */
+static int core_spawn(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  rlm_sandbox_spec spec;
+  memset(&spec, 0, sizeof(spec));
+  spec.bwrap = opt_string(L, 1, "bwrap");
+  spec.python = opt_string(L, 1, "python");
+  spec.driver = opt_string(L, 1, "driver");
+  const char *tmpdir = opt_string(L, 1, "tmpdir");
+  size_t max_line = (size_t)opt_integer(L, 1, "max_line", 16 << 20);
+  uint64_t max_rss = (uint64_t)opt_integer(L, 1, "max_rss", 0);
+  unsigned interval = (unsigned)opt_integer(L, 1, "rss_interval_ms", 50);
+
+  lua_getfield(L, 1, "ro");
+  luaL_checktype(L, -1, LUA_TTABLE);
+  size_t n_ro = lua_rawlen(L, -1);
+  if (n_ro > MAX_RO_PATHS)
+    return luaL_error(L, "rlm.core.spawn: too many read-only paths");
+  const char **ro = lua_newuserdata(L, (n_ro + 1) * sizeof(*ro));
+  for (size_t i = 0; i < n_ro; i++) {
+    lua_rawgeti(L, -2, (int)i + 1);
+    ro[i] = lua_tostring(L, -1);
+    if (ro[i] == NULL)
+      return luaL_error(L, "rlm.core.spawn: ro[%d] must be a string",
+                        (int)i + 1);
+    lua_pop(L, 1); /* the ro table keeps it alive */
+  }
+  spec.ro = ro;
+  spec.n_ro = n_ro;
+
+  driver_ud *u = lua_newuserdata(L, sizeof(*u));
+  u->d = NULL;
+  u->workdir[0] = '\0';
+  luaL_getmetatable(L, DRIVER_MT);
+  lua_setmetatable(L, -2);
+
+  char err[512];
+  if (rlm_workdir_create(tmpdir, u->workdir, sizeof(u->workdir)) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "creating the workdir in %s: %s", tmpdir,
+                    strerror(errno));
+    return 2;
+  }
+  spec.workdir = u->workdir;
+  rlm_argv argv = {0};
+  if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0) {
+    (void)rlm_workdir_remove(u->workdir);
+    return fail(L, err);
+  }
+  rlm_driver_opts o;
+  memset(&o, 0, sizeof(o));
+  o.argv = argv.v;
+  o.env = sandbox_env;
+  o.workdir = u->workdir;
+  o.max_line = max_line;
+  o.max_rss = max_rss;
+  o.rss_interval_ms = interval;
+  u->d = rlm_driver_start(&o, err, sizeof(err));
+  rlm_argv_free(&argv);
+  if (u->d == NULL) {
+    (void)rlm_workdir_remove(u->workdir);
+    return fail(L, err);
+  }
+  return 1;
+}
+
+/* core.sandbox_argv(spec) -> {argv...}: the command line spawn would use,
+ * for tests and for the curious. The workdir is not created. */
+static int core_sandbox_argv(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  rlm_sandbox_spec spec;
+  memset(&spec, 0, sizeof(spec));
+  spec.bwrap = opt_string(L, 1, "bwrap");
+  spec.python = opt_string(L, 1, "python");
+  spec.driver = opt_string(L, 1, "driver");
+  spec.workdir = opt_string(L, 1, "workdir");
+  lua_getfield(L, 1, "ro");
+  luaL_checktype(L, -1, LUA_TTABLE);
+  size_t n_ro = lua_rawlen(L, -1);
+  if (n_ro > MAX_RO_PATHS)
+    return luaL_error(L, "rlm.core.sandbox_argv: too many read-only paths");
+  const char **ro = lua_newuserdata(L, (n_ro + 1) * sizeof(*ro));
+  for (size_t i = 0; i < n_ro; i++) {
+    lua_rawgeti(L, -2, (int)i + 1);
+    ro[i] = luaL_checkstring(L, -1);
+    lua_pop(L, 1);
+  }
+  spec.ro = ro;
+  spec.n_ro = n_ro;
+  rlm_argv argv = {0};
+  char err[512];
+  if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
+    return fail(L, err);
+  lua_createtable(L, (int)argv.n, 0);
+  for (size_t i = 0; i < argv.n; i++) {
+    lua_pushstring(L, argv.v[i]);
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  rlm_argv_free(&argv);
+  return 1;
+}
+
+/* core.capture(argv, timeout_ms, max_bytes) -> stdout, exit_status | nil, msg
+ * Runs a trusted helper (the interpreter probe) outside the sandbox, with the
+ * host's environment, and returns its first line of output. */
+static int core_capture(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int timeout = (int)luaL_checkinteger(L, 2);
+  size_t max_bytes = (size_t)luaL_checkinteger(L, 3);
+  size_t n = lua_rawlen(L, 1);
+  if (n == 0 || n > 256)
+    return luaL_argerror(L, 1, "1 to 256 arguments");
+  char **argv = lua_newuserdata(L, (n + 1) * sizeof(*argv));
+  for (size_t i = 0; i < n; i++) {
+    lua_rawgeti(L, 1, (int)i + 1);
+    argv[i] = (char *)luaL_checkstring(L, -1);
+    lua_pop(L, 1);
+  }
+  argv[n] = NULL;
+  rlm_driver_opts o;
+  memset(&o, 0, sizeof(o));
+  o.argv = argv;
+  o.env = NULL;
+  o.workdir = "";
+  o.max_line = max_bytes;
+  char err[512];
+  rlm_driver *d = rlm_driver_start(&o, err, sizeof(err));
+  if (d == NULL)
+    return fail(L, err);
+  rlm_driver_set_deadline(d, (uint64_t)timeout);
+  luaL_Buffer b;
+  int got_line = 0, status = -1;
+  const char *problem = NULL;
+  luaL_buffinit(L, &b);
+  for (rlm_event *ev; (ev = rlm_driver_poll(d, -1)) != NULL;) {
+    rlm_event_kind kind = ev->kind;
+    if (kind == RLM_EV_LINE && !got_line) {
+      luaL_addlstring(&b, ev->data, ev->len);
+      got_line = 1;
+    } else if (kind == RLM_EV_TIMEOUT) {
+      problem = "timed out";
+    } else if (kind == RLM_EV_OVERFLOW) {
+      problem = "printed too much";
+    } else if (kind == RLM_EV_EXIT) {
+      status = ev->term_signal ? 128 + ev->term_signal : (int)ev->exit_status;
+    }
+    rlm_event_free(ev);
+    if (kind == RLM_EV_EXIT)
+      break;
+  }
+  (void)rlm_driver_close(d);
+  luaL_pushresult(&b);
+  if (problem != NULL)
+    return fail(L, problem);
+  lua_pushinteger(L, status);
+  return 2;
+}
+
+static int core_find_program(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  char out[PATH_MAX];
+  if (rlm_find_program(name, out, sizeof(out)) != 0)
+    return 0;
+  lua_pushstring(L, out);
+  return 1;
+}
+
+static int core_now_ms(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)(uv_hrtime() / 1000) / 1000.0);
+  return 1;
+}
+
+/* core.utf8_prefix(s, n) -> bytes, chars: the byte length of the first n
+ * UTF-8 characters of s (a lead byte starts a character; stray continuation
+ * bytes count with the character before them), and how many s holds in all
+ * when it holds fewer. */
+static int core_utf8_prefix(lua_State *L) {
+  size_t len;
+  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  lua_Integer chars = 0;
+  size_t i = 0;
+  for (; i < len; i++) {
+    if ((s[i] & 0xC0) != 0x80) {
+      if (chars == n)
+        break;
+      chars++;
+    }
+  }
+  lua_pushinteger(L, (lua_Integer)i);
+  lua_pushinteger(L, chars);
+  return 2;
+}
+
+static int driver_send(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  if (rlm_driver_send(u->d, s, len) != 0)
+    return fail(L, "the driver cannot take input");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static const char *event_name(rlm_event_kind k) {
+  switch (k) {
+  case RLM_EV_LINE:
+    return "line";
+  case RLM_EV_EXIT:
+    return "exit";
+  case RLM_EV_TIMEOUT:
+    return "timeout";
+  case RLM_EV_MEMORY:
+    return "memory";
+  case RLM_EV_OVERFLOW:
+    return "overflow";
+  }
+  return "unknown";
+}
+
+/* d:poll(timeout_ms) -> kind, ... | nil
+ *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
+ *   "memory", peak_bytes | "overflow" */
+static int driver_poll(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  int timeout = (int)luaL_optinteger(L, 2, -1);
+  rlm_event *ev = rlm_driver_poll(u->d, timeout);
+  if (ev == NULL)
+    return 0;
+  int n = 1;
+  lua_pushstring(L, event_name(ev->kind));
+  switch (ev->kind) {
+  case RLM_EV_LINE:
+    lua_pushlstring(L, ev->data, ev->len);
+    n = 2;
+    break;
+  case RLM_EV_EXIT:
+    lua_pushinteger(L, (lua_Integer)ev->exit_status);
+    lua_pushinteger(L, ev->term_signal);
+    lua_pushlstring(L, ev->data ? ev->data : "", ev->len);
+    n = 4;
+    break;
+  case RLM_EV_MEMORY:
+    lua_pushnumber(L, (lua_Number)ev->peak_bytes);
+    n = 2;
+    break;
+  default:
+    break;
+  }
+  rlm_event_free(ev);
+  return n;
+}
+
+static int driver_kill(lua_State *L) {
+  rlm_driver_kill(check_driver(L)->d);
+  return 0;
+}
+
+static int driver_set_deadline(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  lua_Number ms = luaL_checknumber(L, 2);
+  rlm_driver_set_deadline(u->d, ms > 0 ? (uint64_t)ms : 0);
+  return 0;
+}
+
+static int driver_deadline_passed(lua_State *L) {
+  lua_pushboolean(L, rlm_driver_deadline_passed(check_driver(L)->d));
+  return 1;
+}
+
+static int driver_pid(lua_State *L) {
+  lua_pushinteger(L, rlm_driver_pid(check_driver(L)->d));
+  return 1;
+}
+
+static int driver_alive(lua_State *L) {
+  lua_pushboolean(L, rlm_driver_alive(check_driver(L)->d));
+  return 1;
+}
+
+static int driver_peak_rss(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)rlm_driver_peak_rss(check_driver(L)->d));
+  return 1;
+}
+
+static int driver_fd(lua_State *L) {
+  lua_pushinteger(L, rlm_driver_backend_fd(check_driver(L)->d));
+  return 1;
+}
+
+static int driver_timeout(lua_State *L) {
+  lua_pushinteger(L, rlm_driver_backend_timeout(check_driver(L)->d));
+  return 1;
+}
+
+static int driver_workdir(lua_State *L) {
+  lua_pushstring(L, check_driver(L)->workdir);
+  return 1;
+}
+
+static int driver_write_file(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  const char *name = luaL_checkstring(L, 2);
+  size_t len;
+  const char *data = luaL_checklstring(L, 3, &len);
+  if (rlm_workdir_write(u->workdir, name, data, len) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "writing %s in the workdir: %s", name, strerror(errno));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int driver_close(lua_State *L) {
+  driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
+  rlm_driver *d = u->d;
+  u->d = NULL;
+  if (d != NULL && rlm_driver_close(d) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "removing the workdir %s: %s", u->workdir,
+                    strerror(errno));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int driver_tostring(lua_State *L) {
+  driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
+  if (u->d == NULL)
+    lua_pushliteral(L, "rlm.core.Driver (closed)");
+  else
+    lua_pushfstring(L, "rlm.core.Driver (pid %d)", rlm_driver_pid(u->d));
+  return 1;
+}
+
+static const luaL_Reg driver_methods[] = {
+    {"send", driver_send},
+    {"poll", driver_poll},
+    {"kill", driver_kill},
+    {"set_deadline", driver_set_deadline},
+    {"deadline_passed", driver_deadline_passed},
+    {"pid", driver_pid},
+    {"alive", driver_alive},
+    {"peak_rss", driver_peak_rss},
+    {"fd", driver_fd},
+    {"timeout", driver_timeout},
+    {"workdir", driver_workdir},
+    {"write_file", driver_write_file},
+    {"close", driver_close},
+    {NULL, NULL},
+};
+
+static const luaL_Reg core_functions[] = {
+    {"spawn", core_spawn},
+    {"sandbox_argv", core_sandbox_argv},
+    {"capture", core_capture},
+    {"find_program", core_find_program},
+    {"now_ms", core_now_ms},
+    {"utf8_prefix", core_utf8_prefix},
+    {NULL, NULL},
+};
+
+__attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
+  luaL_newmetatable(L, DRIVER_MT);
+  luaL_newlib(L, driver_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, driver_close);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, driver_close);
+  lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, driver_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  luaL_newlib(L, core_functions);
+  lua_pushliteral(L, "rlm.core 0.1");
+  lua_setfield(L, -2, "_VERSION");
+  return 1;
+}

@@ -1,0 +1,577 @@
+/* driver.c: the driver process on its own libuv loop. Reading stops while an
+ * event waits to be taken, so a driver that floods its stdout fills the pipe
+ * and blocks instead of filling the host's memory. */
+#define _GNU_SOURCE
+#include "driver.h"
+
+#include "watchdog.h"
+#include "workdir.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+
+#define READ_CHUNK 65536
+#define STDERR_TAIL 2048
+#define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
+#define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
+#define MAX_WRITE_QUEUE (256u << 20)
+
+struct rlm_driver {
+  uv_loop_t loop;
+  uv_process_t process;
+  uv_pipe_t in, out, err;
+  uv_timer_t deadline, watchdog, wait, grace;
+  int handles; /* initialised handles not yet closed */
+
+  unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, reading : 1,
+      in_closed : 1, terminal_queued : 1, exit_queued : 1, wait_expired : 1,
+      deadline_hit : 1;
+  int64_t exit_status;
+  int term_signal;
+
+  char *line;
+  size_t line_len, line_cap, max_line;
+  rlm_event *head, *tail;
+
+  char err_tail[STDERR_TAIL + 1];
+  size_t err_len;
+
+  uint64_t max_rss, peak_rss;
+  unsigned rss_interval_ms;
+
+  char workdir[PATH_MAX];
+  char out_buf[READ_CHUNK];
+  char err_buf[4096];
+};
+
+typedef struct write_req {
+  uv_write_t req;
+  size_t len;
+  char data[];
+} write_req;
+
+/* Writes to a pipe whose reader died raise SIGPIPE, which would kill the
+ * host. Block it around our own I/O and swallow what we raised, without
+ * touching the host's disposition. */
+typedef struct sigpipe_guard {
+  sigset_t old;
+  int was_pending;
+} sigpipe_guard;
+
+static void sigpipe_block(sigpipe_guard *g) {
+  sigset_t set, pending;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  sigpending(&pending);
+  g->was_pending = sigismember(&pending, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void sigpipe_unblock(sigpipe_guard *g) {
+  sigset_t set, pending;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  if (!g->was_pending && sigpending(&pending) == 0 &&
+      sigismember(&pending, SIGPIPE)) {
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
+      ;
+  }
+  pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+static void run_loop(rlm_driver *d, uv_run_mode mode) {
+  sigpipe_guard g;
+  sigpipe_block(&g);
+  uv_run(&d->loop, mode);
+  sigpipe_unblock(&g);
+}
+
+void rlm_event_free(rlm_event *ev) {
+  if (ev != NULL) {
+    free(ev->data);
+    free(ev);
+  }
+}
+
+static rlm_event *event_new(rlm_event_kind kind) {
+  rlm_event *ev = calloc(1, sizeof(*ev));
+  if (ev != NULL)
+    ev->kind = kind;
+  return ev;
+}
+
+static void queue_event(rlm_driver *d, rlm_event *ev) {
+  if (ev == NULL)
+    return;
+  if (d->tail)
+    d->tail->next = ev;
+  else
+    d->head = ev;
+  d->tail = ev;
+}
+
+static void drop_lines(rlm_driver *d) {
+  rlm_event **p = &d->head;
+  d->tail = NULL;
+  while (*p != NULL) {
+    if ((*p)->kind == RLM_EV_LINE) {
+      rlm_event *dead = *p;
+      *p = dead->next;
+      rlm_event_free(dead);
+    } else {
+      d->tail = *p;
+      p = &(*p)->next;
+    }
+  }
+}
+
+static void stop_reading(rlm_driver *d) {
+  if (d->reading) {
+    uv_read_stop((uv_stream_t *)&d->out);
+    d->reading = 0;
+  }
+}
+
+static void on_close(uv_handle_t *h) {
+  rlm_driver *d = h->data;
+  d->handles--;
+}
+
+static void close_handle(rlm_driver *d, void *h) {
+  uv_handle_t *handle = h;
+  if (handle->data == d && !uv_is_closing(handle))
+    uv_close(handle, on_close);
+}
+
+static void kill_sandbox(rlm_driver *d) {
+  if (d->spawned && !d->exited && !d->killed) {
+    /* SIGKILL to bubblewrap; its init in the pid namespace gets SIGKILL from
+     * --die-with-parent, and the kernel kills the rest of the namespace. */
+    int rc = uv_process_kill(&d->process, SIGKILL);
+    (void)rc; /* ESRCH: it is already gone, and exit_cb will say so */
+    d->killed = 1;
+  }
+}
+
+/* A terminal condition the host enforced: kill, drop what the driver said
+ * after it, and report the reason once. */
+static void terminate(rlm_driver *d, rlm_event_kind kind) {
+  if (d->terminal_queued)
+    return;
+  d->terminal_queued = 1;
+  kill_sandbox(d);
+  stop_reading(d);
+  drop_lines(d);
+  rlm_event *ev = event_new(kind);
+  if (ev != NULL)
+    ev->peak_bytes = d->peak_rss;
+  queue_event(d, ev);
+  uv_timer_stop(&d->deadline);
+  uv_timer_stop(&d->watchdog);
+}
+
+/* The exit is reported once the process is reaped and its stdout is drained,
+ * or killed, or silent for EXIT_GRACE_MS after exiting. */
+static void maybe_queue_exit(rlm_driver *d) {
+  if (!d->exited || d->exit_queued ||
+      (!d->out_eof && !d->killed && uv_is_active((uv_handle_t *)&d->grace)))
+    return;
+  d->exit_queued = 1;
+  uv_timer_stop(&d->grace);
+  stop_reading(d);
+  close_handle(d, &d->out);
+  rlm_event *ev = event_new(RLM_EV_EXIT);
+  if (ev == NULL)
+    return;
+  ev->exit_status = d->exit_status;
+  ev->term_signal = d->term_signal;
+  ev->data = malloc(d->err_len + 1);
+  if (ev->data != NULL) {
+    memcpy(ev->data, d->err_tail, d->err_len);
+    ev->data[d->err_len] = '\0';
+    ev->len = d->err_len;
+  }
+  queue_event(d, ev);
+  d->terminal_queued = 1;
+}
+
+static void on_grace(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  uv_timer_stop(t);
+  maybe_queue_exit(d);
+}
+
+static void on_process_exit(uv_process_t *p, int64_t status, int term_signal) {
+  rlm_driver *d = p->data;
+  d->exited = 1;
+  d->exit_status = status;
+  d->term_signal = term_signal;
+  uv_timer_stop(&d->deadline);
+  uv_timer_stop(&d->watchdog);
+  if (!d->out_eof && !d->killed)
+    uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
+  maybe_queue_exit(d);
+}
+
+static void alloc_out(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  rlm_driver *d = h->data;
+  (void)hint;
+  *buf = uv_buf_init(d->out_buf, sizeof(d->out_buf));
+}
+
+static void alloc_err(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  rlm_driver *d = h->data;
+  (void)hint;
+  *buf = uv_buf_init(d->err_buf, sizeof(d->err_buf));
+}
+
+static int line_append(rlm_driver *d, const char *p, size_t n) {
+  if (d->line_len + n > d->max_line)
+    return -1;
+  if (d->line_len + n + 1 > d->line_cap) {
+    size_t cap = d->line_cap ? d->line_cap : 4096;
+    while (cap < d->line_len + n + 1)
+      cap *= 2;
+    if (cap > d->max_line + 1)
+      cap = d->max_line + 1;
+    char *line = realloc(d->line, cap);
+    if (line == NULL)
+      return -1;
+    d->line = line;
+    d->line_cap = cap;
+  }
+  memcpy(d->line + d->line_len, p, n);
+  d->line_len += n;
+  return 0;
+}
+
+static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  rlm_driver *d = s->data;
+  if (nread < 0) {
+    d->out_eof = 1;
+    stop_reading(d);
+    maybe_queue_exit(d);
+    return;
+  }
+  const char *p = buf->base, *end = buf->base + nread;
+  while (p < end && !d->terminal_queued) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t n = (size_t)((nl ? nl : end) - p);
+    if (line_append(d, p, n) != 0) {
+      terminate(d, RLM_EV_OVERFLOW);
+      return;
+    }
+    p += n;
+    if (nl == NULL)
+      break;
+    p++;
+    rlm_event *ev = event_new(RLM_EV_LINE);
+    if (ev == NULL || line_append(d, "", 0) != 0) {
+      free(ev);
+      terminate(d, RLM_EV_OVERFLOW);
+      return;
+    }
+    d->line[d->line_len] = '\0';
+    ev->data = d->line;
+    ev->len = d->line_len;
+    d->line = NULL;
+    d->line_len = d->line_cap = 0;
+    queue_event(d, ev);
+  }
+  if (d->head != NULL)
+    stop_reading(d);
+}
+
+static void on_read_err(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  rlm_driver *d = s->data;
+  if (nread < 0) {
+    uv_read_stop(s);
+    close_handle(d, s);
+    return;
+  }
+  /* Keep the last STDERR_TAIL bytes. */
+  size_t n = (size_t)nread;
+  const char *p = buf->base;
+  if (n >= STDERR_TAIL) {
+    p += n - STDERR_TAIL;
+    n = STDERR_TAIL;
+    d->err_len = 0;
+  } else if (d->err_len + n > STDERR_TAIL) {
+    size_t drop = d->err_len + n - STDERR_TAIL;
+    memmove(d->err_tail, d->err_tail + drop, d->err_len - drop);
+    d->err_len -= drop;
+  }
+  memcpy(d->err_tail + d->err_len, p, n);
+  d->err_len += n;
+}
+
+static void on_deadline(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  d->deadline_hit = 1;
+  terminate(d, RLM_EV_TIMEOUT);
+}
+
+static void on_watchdog(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  if (!d->spawned || d->exited)
+    return;
+  uint64_t rss = rlm_tree_rss(d->process.pid);
+  if (rss > d->peak_rss)
+    d->peak_rss = rss;
+  if (rss > d->max_rss)
+    terminate(d, RLM_EV_MEMORY);
+}
+
+static void on_wait(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  d->wait_expired = 1;
+}
+
+static void init_timer(rlm_driver *d, uv_timer_t *t) {
+  uv_timer_init(&d->loop, t); /* cannot fail on an initialised loop */
+  t->data = d;
+  d->handles++;
+}
+
+static int init_pipe(rlm_driver *d, uv_pipe_t *p) {
+  int rc = uv_pipe_init(&d->loop, p, 0);
+  if (rc == 0) {
+    p->data = d;
+    d->handles++;
+  }
+  return rc;
+}
+
+static void free_driver(rlm_driver *d) {
+  while (d->head != NULL) {
+    rlm_event *ev = d->head;
+    d->head = ev->next;
+    rlm_event_free(ev);
+  }
+  free(d->line);
+  free(d);
+}
+
+/* Closes every handle and the loop. The process must have been reaped. */
+static void close_loop(rlm_driver *d) {
+  close_handle(d, &d->process);
+  close_handle(d, &d->in);
+  close_handle(d, &d->out);
+  close_handle(d, &d->err);
+  close_handle(d, &d->deadline);
+  close_handle(d, &d->watchdog);
+  close_handle(d, &d->wait);
+  close_handle(d, &d->grace);
+  while (d->handles > 0)
+    run_loop(d, UV_RUN_ONCE);
+  /* Every handle is closed, so this cannot report EBUSY. */
+  (void)uv_loop_close(&d->loop);
+}
+
+rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
+                             size_t errlen) {
+  rlm_driver *d = calloc(1, sizeof(*d));
+  if (d == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  int rc = uv_loop_init(&d->loop);
+  if (rc != 0) {
+    snprintf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));
+    free(d);
+    return NULL;
+  }
+  d->max_line = o->max_line;
+  d->max_rss = o->max_rss;
+  d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
+  snprintf(d->workdir, sizeof(d->workdir), "%s", o->workdir);
+  init_timer(d, &d->deadline);
+  init_timer(d, &d->watchdog);
+  init_timer(d, &d->wait);
+  init_timer(d, &d->grace);
+  if ((rc = init_pipe(d, &d->in)) != 0 || (rc = init_pipe(d, &d->out)) != 0 ||
+      (rc = init_pipe(d, &d->err)) != 0) {
+    snprintf(err, errlen, "uv_pipe_init: %s", uv_strerror(rc));
+    close_loop(d);
+    free_driver(d);
+    return NULL;
+  }
+
+  uv_stdio_container_t stdio[3];
+  stdio[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
+  stdio[0].data.stream = (uv_stream_t *)&d->in;
+  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[1].data.stream = (uv_stream_t *)&d->out;
+  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[2].data.stream = (uv_stream_t *)&d->err;
+
+  uv_process_options_t po;
+  memset(&po, 0, sizeof(po));
+  po.exit_cb = on_process_exit;
+  po.file = o->argv[0];
+  po.args = (char **)o->argv;
+  po.env = (char **)o->env;
+  po.stdio_count = 3;
+  po.stdio = stdio;
+  /* Its own process group, so a terminal's ^C reaches the host, which then
+   * decides, rather than the sandbox. */
+  po.flags = UV_PROCESS_DETACHED;
+
+  d->process.data = d;
+  sigpipe_guard g;
+  sigpipe_block(&g);
+  rc = uv_spawn(&d->loop, &d->process, &po);
+  sigpipe_unblock(&g);
+  d->handles++; /* the process handle must be closed even on failure */
+  if (rc != 0) {
+    snprintf(err, errlen, "spawning %s: %s", o->argv[0], uv_strerror(rc));
+    close_loop(d);
+    free_driver(d);
+    return NULL;
+  }
+  d->spawned = 1;
+  uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
+  d->reading = 1;
+  uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
+  if (d->max_rss > 0)
+    uv_timer_start(&d->watchdog, on_watchdog, 0, d->rss_interval_ms);
+  return d;
+}
+
+static void on_write(uv_write_t *req, int status) {
+  (void)status; /* a failed write shows as the process's exit */
+  free(req);
+}
+
+int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
+  if (!d->spawned || d->exited || d->killed || d->in_closed)
+    return -1;
+  if (memchr(data, '\n', len) != NULL)
+    return -1;
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) + len >
+      MAX_WRITE_QUEUE)
+    return -1;
+  write_req *w = malloc(sizeof(*w) + len + 1);
+  if (w == NULL)
+    return -1;
+  memcpy(w->data, data, len);
+  w->data[len] = '\n';
+  w->len = len + 1;
+  uv_buf_t buf = uv_buf_init(w->data, (unsigned)w->len);
+  sigpipe_guard g;
+  sigpipe_block(&g);
+  int rc = uv_write(&w->req, (uv_stream_t *)&d->in, &buf, 1, on_write);
+  sigpipe_unblock(&g);
+  if (rc != 0) {
+    free(w);
+    return -1;
+  }
+  return 0;
+}
+
+static rlm_event *pop_event(rlm_driver *d) {
+  rlm_event *ev = d->head;
+  if (ev == NULL)
+    return NULL;
+  d->head = ev->next;
+  if (d->head == NULL)
+    d->tail = NULL;
+  ev->next = NULL;
+  if (d->head == NULL && !d->reading && !d->out_eof && !d->terminal_queued &&
+      !uv_is_closing((uv_handle_t *)&d->out)) {
+    uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
+    d->reading = 1;
+  }
+  return ev;
+}
+
+rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
+  if (d->head == NULL) {
+    if (timeout_ms == 0) {
+      run_loop(d, UV_RUN_NOWAIT);
+    } else {
+      d->wait_expired = 0;
+      if (timeout_ms > 0)
+        uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
+      while (d->head == NULL && !d->wait_expired &&
+             uv_loop_alive(&d->loop))
+        run_loop(d, UV_RUN_ONCE);
+      uv_timer_stop(&d->wait);
+    }
+  }
+  return pop_event(d);
+}
+
+void rlm_driver_kill(rlm_driver *d) {
+  kill_sandbox(d);
+  stop_reading(d);
+  drop_lines(d);
+  uv_timer_stop(&d->deadline);
+  uv_timer_stop(&d->watchdog);
+}
+
+void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms) {
+  d->deadline_hit = 0;
+  uv_timer_stop(&d->deadline);
+  if (ms > 0 && d->spawned && !d->exited) {
+    uv_update_time(&d->loop);
+    uv_timer_start(&d->deadline, on_deadline, ms, 0);
+  }
+}
+
+int rlm_driver_deadline_passed(rlm_driver *d) {
+  if (d->deadline_hit)
+    return 1;
+  if (!uv_is_active((uv_handle_t *)&d->deadline))
+    return 0;
+  uv_update_time(&d->loop);
+  return uv_timer_get_due_in(&d->deadline) == 0;
+}
+
+int rlm_driver_pid(const rlm_driver *d) {
+  return d->spawned && !d->exited ? d->process.pid : 0;
+}
+
+int rlm_driver_alive(const rlm_driver *d) {
+  return d->spawned && !d->exited && !d->killed;
+}
+
+uint64_t rlm_driver_peak_rss(const rlm_driver *d) { return d->peak_rss; }
+
+int rlm_driver_backend_fd(rlm_driver *d) { return uv_backend_fd(&d->loop); }
+
+int rlm_driver_backend_timeout(rlm_driver *d) {
+  return d->head != NULL ? 0 : uv_backend_timeout(&d->loop);
+}
+
+int rlm_driver_close(rlm_driver *d) {
+  if (d == NULL)
+    return 0;
+  if (d->spawned && !d->exited) {
+    if (!d->killed) {
+      int rc = uv_process_kill(&d->process, SIGKILL);
+      (void)rc;
+      d->killed = 1;
+    }
+    stop_reading(d);
+    uv_timer_stop(&d->deadline);
+    uv_timer_stop(&d->watchdog);
+    d->wait_expired = 0;
+    uv_timer_start(&d->wait, on_wait, CLOSE_WAIT_MS, 0);
+    while (!d->exited && !d->wait_expired)
+      run_loop(d, UV_RUN_ONCE);
+    uv_timer_stop(&d->wait);
+  }
+  close_loop(d);
+  int rc = d->workdir[0] ? rlm_workdir_remove(d->workdir) : 0;
+  free_driver(d);
+  return rc;
+}

@@ -1,0 +1,70 @@
+/* driver.h: one sandboxed driver process on a private libuv loop: its pipes,
+ * line framing, step deadline, memory watchdog and kill. Nothing here calls
+ * Lua: the caller polls for events and decides. */
+#ifndef RLM_DRIVER_H
+#define RLM_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum rlm_event_kind {
+  RLM_EV_LINE,     /* a complete line from the driver's stdout */
+  RLM_EV_EXIT,     /* the sandbox exited; data holds the tail of its stderr */
+  RLM_EV_TIMEOUT,  /* the deadline passed; the sandbox was killed */
+  RLM_EV_MEMORY,   /* the memory limit was passed; the sandbox was killed */
+  RLM_EV_OVERFLOW, /* a line longer than the cap; the sandbox was killed */
+} rlm_event_kind;
+
+typedef struct rlm_event {
+  struct rlm_event *next;
+  rlm_event_kind kind;
+  char *data; /* owned; NUL-terminated; may be NULL */
+  size_t len;
+  int64_t exit_status;
+  int term_signal;
+  uint64_t peak_bytes; /* RLM_EV_MEMORY: the peak seen */
+} rlm_event;
+
+typedef struct rlm_driver rlm_driver;
+
+typedef struct rlm_driver_opts {
+  char *const *argv;        /* argv[0] is an absolute path */
+  char *const *env;
+  const char *workdir;      /* removed by rlm_driver_close */
+  size_t max_line;          /* bytes, without the newline */
+  uint64_t max_rss;         /* bytes over the whole sandbox; 0: no watchdog */
+  unsigned rss_interval_ms;
+} rlm_driver_opts;
+
+/* Spawns the process. Returns NULL with a message in err (the workdir is
+ * then the caller's to remove). */
+rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
+                             size_t errlen);
+
+/* Queues `len` bytes plus a newline for the driver's stdin. Returns 0, or -1
+ * when the driver is gone or the data holds a newline. */
+int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
+
+/* Waits up to timeout_ms (0: do not wait, <0: no limit) for the next event.
+ * Returns it (free with rlm_event_free), or NULL when none came. */
+rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
+void rlm_event_free(rlm_event *ev);
+
+/* Kills the whole sandbox now (SIGKILL). */
+void rlm_driver_kill(rlm_driver *d);
+
+/* Arms the step deadline ms from now (0 disarms it). */
+void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms);
+int rlm_driver_deadline_passed(rlm_driver *d);
+
+int rlm_driver_pid(const rlm_driver *d);
+int rlm_driver_alive(const rlm_driver *d);
+uint64_t rlm_driver_peak_rss(const rlm_driver *d);
+int rlm_driver_backend_fd(rlm_driver *d);
+int rlm_driver_backend_timeout(rlm_driver *d);
+
+/* Kills the sandbox if it runs, reaps it, frees every handle and removes
+ * the workdir. Returns 0, or -1 when the workdir could not be removed. */
+int rlm_driver_close(rlm_driver *d);
+
+#endif

@@ -1,0 +1,232 @@
+/* sandbox.c: the bubblewrap policy. The driver sees an empty root holding
+ * only the Python installation (read-only), itself (read-only), the session
+ * workdir (read-write), a fresh /proc and a minimal /dev; every namespace is
+ * new, so it has no network, no view of host processes and no SysV IPC. */
+#define _GNU_SOURCE
+#include "sandbox.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int rlm_argv_push(rlm_argv *a, const char *s) {
+  if (a->n + 2 > a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 64;
+    char **v = realloc(a->v, cap * sizeof(*v));
+    if (v == NULL)
+      return -1;
+    a->v = v;
+    a->cap = cap;
+  }
+  if ((a->v[a->n] = strdup(s)) == NULL)
+    return -1;
+  a->v[++a->n] = NULL;
+  return 0;
+}
+
+void rlm_argv_free(rlm_argv *a) {
+  for (size_t i = 0; i < a->n; i++)
+    free(a->v[i]);
+  free(a->v);
+  a->v = NULL;
+  a->n = a->cap = 0;
+}
+
+/* What has been exposed so far, so that a path inside an exposed directory or
+ * a symlink seen twice is not emitted again. */
+typedef struct exposer {
+  rlm_argv *argv;
+  rlm_argv seen;
+  int failed;
+} exposer;
+
+static int path_within(const char *path, const char *dir) {
+  size_t n = strlen(dir);
+  if (strcmp(dir, "/") == 0)
+    return 1;
+  return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+static int already_exposed(exposer *e, const char *path) {
+  for (size_t i = 0; i < e->seen.n; i++)
+    if (path_within(path, e->seen.v[i]))
+      return 1;
+  return 0;
+}
+
+static void emit(exposer *e, const char *a, const char *b, const char *c) {
+  if (rlm_argv_push(e->argv, a) || rlm_argv_push(e->argv, b) ||
+      (c && rlm_argv_push(e->argv, c)))
+    e->failed = 1;
+}
+
+static void remember(exposer *e, const char *path) {
+  if (rlm_argv_push(&e->seen, path))
+    e->failed = 1;
+}
+
+/* Makes `path` resolve inside the sandbox as it does on the host: every
+ * symlink met on the way is recreated (its parent made with --dir) and the
+ * final file or directory is bound read-only at its real path. A path that
+ * does not exist is skipped. */
+static void expose(exposer *e, const char *path, int hops) {
+  char cur[PATH_MAX] = "";
+  char rest[PATH_MAX];
+  size_t curlen = 0;
+
+  if (hops > 40 || path[0] != '/' || strlen(path) >= sizeof(rest))
+    return;
+  strcpy(rest, path);
+  for (char *comp = rest, *next; comp != NULL; comp = next) {
+    next = strchr(comp, '/');
+    if (next != NULL)
+      *next++ = '\0';
+    if (comp[0] == '\0' || strcmp(comp, ".") == 0)
+      continue;
+    if (strcmp(comp, "..") == 0) {
+      char *slash = strrchr(cur, '/');
+      curlen = slash ? (size_t)(slash - cur) : 0;
+      cur[curlen] = '\0';
+      continue;
+    }
+    if (curlen + 1 + strlen(comp) >= sizeof(cur))
+      return;
+    cur[curlen++] = '/';
+    strcpy(cur + curlen, comp);
+    curlen += strlen(comp);
+    if (already_exposed(e, cur))
+      return;
+
+    struct stat st;
+    if (lstat(cur, &st) != 0)
+      return;
+    if (!S_ISLNK(st.st_mode))
+      continue;
+
+    char target[PATH_MAX];
+    ssize_t len = readlink(cur, target, sizeof(target) - 1);
+    if (len < 0)
+      return;
+    target[len] = '\0';
+    char parent[PATH_MAX];
+    memcpy(parent, cur, curlen + 1);
+    char *slash = strrchr(parent, '/');
+    if (slash == parent)
+      parent[1] = '\0';
+    else
+      *slash = '\0';
+    if (strcmp(parent, "/") != 0)
+      emit(e, "--dir", parent, NULL);
+    emit(e, "--symlink", target, cur);
+    remember(e, cur);
+
+    /* Continue from where the link points, with what is left of the path. */
+    char resolved[PATH_MAX];
+    int w;
+    if (target[0] == '/')
+      w = snprintf(resolved, sizeof(resolved), "%s%s%s", target,
+                   next ? "/" : "", next ? next : "");
+    else
+      w = snprintf(resolved, sizeof(resolved), "%s/%s%s%s",
+                   strcmp(parent, "/") == 0 ? "" : parent, target,
+                   next ? "/" : "", next ? next : "");
+    if (w > 0 && (size_t)w < sizeof(resolved))
+      expose(e, resolved, hops + 1);
+    return;
+  }
+  if (curlen == 0)
+    return;
+  emit(e, "--ro-bind", cur, cur);
+  remember(e, cur);
+}
+
+int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
+                     size_t errlen) {
+  static const char *const head[] = {
+      "--unshare-all", "--unshare-user", "--disable-userns", "--new-session",
+      "--die-with-parent", "--cap-drop", "ALL", "--uid", "65534", "--gid",
+      "65534", "--hostname", "rlm", "--proc", "/proc", "--dev", "/dev",
+      NULL,
+  };
+  exposer e = {out, {0}, 0};
+
+  if (rlm_argv_push(out, spec->bwrap))
+    goto oom;
+  for (const char *const *p = head; *p != NULL; p++)
+    if (rlm_argv_push(out, *p))
+      goto oom;
+
+  for (size_t i = 0; i < spec->n_ro; i++)
+    expose(&e, spec->ro[i], 0);
+  expose(&e, spec->python, 0);
+  if (!already_exposed(&e, spec->python)) {
+    snprintf(err, errlen, "the interpreter %s cannot be exposed in the sandbox",
+             spec->python);
+    goto fail;
+  }
+  emit(&e, "--ro-bind", spec->driver, RLM_SANDBOX_DRIVER);
+  emit(&e, "--bind", spec->workdir, RLM_SANDBOX_WORKDIR);
+  emit(&e, "--remount-ro", "/", NULL);
+  emit(&e, "--chdir", RLM_SANDBOX_WORKDIR, NULL);
+  if (e.failed)
+    goto oom;
+
+  static const char *const tail[] = {"-I", "-S", "-B", RLM_SANDBOX_DRIVER,
+                                     NULL};
+  if (rlm_argv_push(out, "--") || rlm_argv_push(out, spec->python))
+    goto oom;
+  for (const char *const *p = tail; *p != NULL; p++)
+    if (rlm_argv_push(out, *p))
+      goto oom;
+  rlm_argv_free(&e.seen);
+  return 0;
+
+oom:
+  snprintf(err, errlen, "out of memory building the sandbox command line");
+fail:
+  rlm_argv_free(&e.seen);
+  rlm_argv_free(out);
+  return -1;
+}
+
+static int is_executable_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+         access(path, X_OK) == 0;
+}
+
+int rlm_find_program(const char *name, char *out, size_t outlen) {
+  if (name[0] == '\0')
+    return -1;
+  if (strchr(name, '/') != NULL) {
+    if (!is_executable_file(name))
+      return -1;
+    char *real = realpath(name, NULL);
+    int ok = real != NULL && strlen(real) < outlen;
+    if (ok)
+      strcpy(out, real);
+    free(real);
+    return ok ? 0 : -1;
+  }
+  const char *path = getenv("PATH");
+  if (path == NULL)
+    path = "/usr/local/bin:/usr/bin:/bin";
+  while (*path != '\0') {
+    const char *end = strchr(path, ':');
+    size_t dirlen = end ? (size_t)(end - path) : strlen(path);
+    char candidate[PATH_MAX];
+    int w = snprintf(candidate, sizeof(candidate), "%.*s/%s", (int)dirlen,
+                     dirlen ? path : ".", name);
+    if (w > 0 && (size_t)w < sizeof(candidate) && candidate[0] == '/' &&
+        is_executable_file(candidate) && (size_t)w < outlen) {
+      strcpy(out, candidate);
+      return 0;
+    }
+    path += dirlen + (end != NULL);
+  }
+  return -1;
+}

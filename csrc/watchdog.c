@@ -1,0 +1,87 @@
+/* watchdog.c: the memory the sandbox holds. The launcher (bubblewrap) is a
+ * few MB; the interpreter sits two levels below it, and anything it forks
+ * below that, so the whole tree is summed. */
+#define _GNU_SOURCE
+#include "watchdog.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_PIDS 4096
+
+static ssize_t read_small_file(const char *path, char *buf, size_t len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  size_t got = 0;
+  while (got + 1 < len) {
+    ssize_t n = read(fd, buf + got, len - 1 - got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    got += (size_t)n;
+  }
+  close(fd);
+  buf[got] = '\0';
+  return (ssize_t)got;
+}
+
+static uint64_t status_kb(const char *status, const char *key) {
+  const char *p = strstr(status, key);
+  return p ? strtoull(p + strlen(key), NULL, 10) : 0;
+}
+
+static uint64_t process_rss(pid_t pid) {
+  char path[64], buf[4096];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  if (read_small_file(path, buf, sizeof(buf)) <= 0)
+    return 0;
+  return (status_kb(buf, "\nRssAnon:") + status_kb(buf, "\nRssShmem:")) * 1024;
+}
+
+/* Appends the children of every thread of pid to pids. */
+static void add_children(pid_t pid, pid_t *pids, size_t *n) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  DIR *tasks = opendir(path);
+  if (tasks == NULL)
+    return;
+  struct dirent *ent;
+  while ((ent = readdir(tasks)) != NULL && *n < MAX_PIDS) {
+    if (ent->d_name[0] < '0' || ent->d_name[0] > '9')
+      continue;
+    char cpath[320], buf[8192];
+    snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", (int)pid,
+             ent->d_name);
+    if (read_small_file(cpath, buf, sizeof(buf)) <= 0)
+      continue;
+    for (char *p = buf, *end; *n < MAX_PIDS; p = end) {
+      long child = strtol(p, &end, 10);
+      if (end == p)
+        break;
+      pids[(*n)++] = (pid_t)child;
+    }
+  }
+  closedir(tasks);
+}
+
+uint64_t rlm_tree_rss(pid_t root) {
+  pid_t *pids = malloc(MAX_PIDS * sizeof(*pids));
+  if (pids == NULL)
+    return 0;
+  size_t n = 0;
+  uint64_t total = 0;
+  pids[n++] = root;
+  for (size_t i = 0; i < n; i++) {
+    total += process_rss(pids[i]);
+    add_children(pids[i], pids, &n);
+  }
+  free(pids);
+  return total;
+}

@@ -1,0 +1,13 @@
+/* watchdog.h: the memory of a whole process tree, read from /proc. */
+#ifndef RLM_WATCHDOG_H
+#define RLM_WATCHDOG_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Sums the resident anonymous and shared-memory bytes of root and all its
+ * descendants (the sandbox launcher, its init and the interpreter below
+ * them). Returns 0 when root is gone. */
+uint64_t rlm_tree_rss(pid_t root);
+
+#endif

@@ -1,0 +1,516 @@
+-- rlm: Recursive Language Model sessions for Lua. The root model writes
+-- Python that runs in a sandboxed REPL holding `context`; see docs/api.md.
+local core = require("rlm.core")
+local errors = require("rlm.errors")
+local options = require("rlm.options")
+local prompt = require("rlm.prompt")
+local protocol = require("rlm.protocol")
+local sandbox = require("rlm.sandbox")
+local util = require("rlm.util")
+
+local rlm = { _VERSION = "rlm 0.1.0", null = protocol.null }
+
+local Session = {}
+Session.__index = Session
+rlm.Session = Session
+
+-- A driver that has not said hello within this long is not going to.
+local START_TIMEOUT_MS = 30000
+-- Room for the driver's own "[truncated N chars]" marker before the host
+-- cuts again.
+local MARKER_SLACK = 64
+
+function Session.new(opts)
+  local o = options.check(opts)
+  local self = setmetatable({
+    opts = o,
+    history = {},
+    iterations = 0,
+    sub_calls = 0,
+    next_exec_id = 0,
+  }, Session)
+  if type(o.context) == "string" then
+    self.context_data, self.context_format = o.context, "text"
+  else
+    local ok, encoded = pcall(protocol.encode_value, o.context)
+    if not ok then
+      error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
+    end
+    self.context_data, self.context_format = encoded, "json"
+  end
+  self.messages = {
+    { role = "system", content = prompt.system(o) },
+    { role = "user", content = prompt.first_user(o.query) },
+  }
+  return self
+end
+
+-- Ends the session with err: the sandbox is torn down, and every later call
+-- returns the same err.
+function Session:_fail(err)
+  err.history = self.history
+  self.failed = err
+  if self.driver then
+    self.driver:close()
+    self.driver = nil
+  end
+  return nil, err
+end
+
+function Session:_error(kind, message, fields)
+  return self:_fail(errors.new(kind, message, fields))
+end
+
+function Session:_emit(ev)
+  local cb = self.opts.on_event
+  if not cb then
+    return true
+  end
+  local ok, e = util.call_protected(cb, ev)
+  if not ok then
+    return self:_error("callback_error", "on_event raised: " .. tostring(e))
+  end
+  return true
+end
+
+local function exit_message(status, signal, stderr)
+  local how = signal ~= 0 and ("killed by signal " .. signal) or ("exit status " .. status)
+  stderr = stderr and stderr:gsub("%s+$", "") or ""
+  return how .. (stderr ~= "" and (": " .. stderr) or "")
+end
+
+-- Waits for the next message of one of the `allowed` types, turning every
+-- other outcome into the error it means.
+function Session:_expect(allowed)
+  local drv = self.driver
+  local kind, a, b, c = drv:poll(-1)
+  if kind == "line" then
+    local msg, why = protocol.decode(a, allowed)
+    if not msg then
+      return self:_error("protocol_error", "the driver sent " .. why)
+    end
+    if msg.type == "fatal" then
+      return self:_error("protocol_error", "the driver gave up: " .. tostring(msg.message))
+    end
+    return msg
+  elseif kind == "timeout" then
+    return self:_error("step_timeout", ("the step ran past step_timeout_ms (%d ms); the sandbox was killed")
+      :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
+  elseif kind == "memory" then
+    return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%d bytes; peak seen %d bytes); it was killed")
+      :format(self.opts.max_rss_bytes, a), { limit = self.opts.max_rss_bytes, peak = a, mechanism = "poll" })
+  elseif kind == "overflow" then
+    return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
+      :format(self.opts.max_message_bytes))
+  elseif kind == "exit" then
+    if not self.started then
+      return self:_error("sandbox_unavailable", "the sandbox exited before the driver started: "
+        .. exit_message(a, b, c))
+    end
+    return self:_error("driver_exited", "the driver exited: " .. exit_message(a, b, c),
+      { status = a, signal = b, stderr = c })
+  end
+  return self:_error("driver_exited", "the driver is gone")
+end
+
+function Session:_send(msg)
+  local ok = self.driver:send(protocol.encode(msg))
+  if not ok then
+    return self:_expect({}) -- the reason it cannot take input is queued
+  end
+  return true
+end
+
+local function checks_failed(checks)
+  local bad, n = {}, 0
+  for name, c in pairs(checks) do
+    n = n + 1
+    if not c.ok then
+      bad[#bad + 1] = name .. " (" .. tostring(c.detail) .. ")"
+    end
+  end
+  table.sort(bad)
+  if n == 0 then
+    bad[1] = "no checks were reported"
+  end
+  return bad
+end
+
+function Session:_start()
+  if self.driver then
+    return true
+  end
+  if self.failed then
+    return nil, self.failed
+  end
+  if self.closed then
+    return nil, errors.new("driver_exited", "the session is closed", { history = self.history })
+  end
+  local drv, info = sandbox.start(self.opts, self.context_data, self.context_format)
+  if not drv then
+    return self:_fail(info)
+  end
+  self.driver = drv
+  self.context_data = nil
+  drv:set_deadline(math.max(START_TIMEOUT_MS, self.opts.step_timeout_ms))
+
+  local hello, err = self:_expect({ hello = true, fatal = true })
+  if not hello then
+    return nil, err
+  end
+  if hello.protocol ~= protocol.VERSION then
+    return self:_error("protocol_error", ("the driver speaks protocol %s, the host %d")
+      :format(tostring(hello.protocol), protocol.VERSION))
+  end
+  self.started = true
+  local o = self.opts
+  local ok
+  ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
+    guardrails = o.guardrails,
+    allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
+    sys_path = info.sys_path })
+  if ok then
+    ok, err = self:_send({ type = "self_test", absent = info.absent })
+  end
+  if ok then
+    ok, err = self:_send({ type = "load_context", path = "/session/context",
+      format = self.context_format })
+  end
+  if not ok then
+    return nil, err
+  end
+  local msg
+  msg, err = self:_expect({ configured = true, fatal = true })
+  if not msg then
+    return nil, err
+  end
+  msg, err = self:_expect({ self_test_result = true, fatal = true })
+  if not msg then
+    return nil, err
+  end
+  local bad = checks_failed(msg.checks)
+  if #bad > 0 then
+    return self:_error("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
+      { checks = msg.checks })
+  end
+  msg, err = self:_expect({ ready = true, fatal = true })
+  if not msg then
+    return nil, err
+  end
+  if msg.error then
+    return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
+  end
+  drv:set_deadline(0)
+  return true
+end
+
+local function utf8_len(s)
+  return select(2, core.utf8_prefix(s, 2 ^ 53))
+end
+
+-- Cuts s to about `limit` characters. Tracebacks keep their end, output its
+-- beginning.
+local function cut(s, limit, keep_end)
+  if core.utf8_prefix(s, limit + MARKER_SLACK) >= #s then
+    return s
+  end
+  local total = utf8_len(s)
+  if keep_end then
+    local skip = core.utf8_prefix(s, total - limit)
+    return ("[truncated %d chars]\n"):format(total - limit) .. s:sub(skip + 1)
+  end
+  local keep = core.utf8_prefix(s, limit)
+  return s:sub(1, keep) .. ("\n[truncated %d chars]"):format(total - limit)
+end
+
+function Session:_deadline_check()
+  if self.driver and self.driver:deadline_passed() then
+    self.driver:kill()
+    return self:_error("step_timeout", ("the step ran past step_timeout_ms (%d ms)")
+      :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
+  end
+  return true
+end
+
+function Session:_check_cost()
+  local o = self.opts
+  if not o.max_total_cost_usd then
+    return true
+  end
+  local ok, spent = util.call_protected(o.cost_usd)
+  if not ok then
+    return self:_error("callback_error", "cost_usd raised: " .. tostring(spent))
+  end
+  if type(spent) ~= "number" then
+    return self:_error("callback_error", "cost_usd returned " .. type(spent) .. ", not a number")
+  end
+  if spent >= o.max_total_cost_usd then
+    return self:_error("cost_budget", ("spent %.4f USD of max_total_cost_usd %.4f")
+      :format(spent, o.max_total_cost_usd), { spent_usd = spent, max_total_cost_usd = o.max_total_cost_usd })
+  end
+  return true
+end
+
+function Session:_sub_query(msg)
+  local o = self.opts
+  if o.max_sub_prompt_chars then
+    local chars = utf8_len(msg.prompt)
+    if chars > o.max_sub_prompt_chars then
+      return self:_send({ type = "llm_result", id = msg.id, error = ("llm_query prompt is %d "
+        .. "characters; the limit is %d (max_sub_prompt_chars): split it into smaller pieces")
+        :format(chars, o.max_sub_prompt_chars) })
+    end
+  end
+  if self.sub_calls >= o.max_sub_calls then
+    return self:_error("sub_call_budget", ("the code asked for llm_query call %d; max_sub_calls is %d")
+      :format(self.sub_calls + 1, o.max_sub_calls), { sub_calls = self.sub_calls, max_sub_calls = o.max_sub_calls })
+  end
+  local ok, err = self:_check_cost()
+  if not ok then
+    return nil, err
+  end
+  self.sub_calls = self.sub_calls + 1
+  local t0 = core.now_ms()
+  local text
+  ok, text = util.call_protected(o.llm_query, msg.prompt)
+  if not ok then
+    return self:_error("callback_error", "llm_query raised: " .. tostring(text))
+  end
+  if type(text) ~= "string" then
+    return self:_error("callback_error", "llm_query returned " .. type(text) .. ", not a string")
+  end
+  ok, err = self:_deadline_check()
+  if not ok then
+    return nil, err
+  end
+  ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = msg.prompt,
+    response = text, latency_ms = core.now_ms() - t0, index = self.sub_calls })
+  if not ok then
+    return nil, err
+  end
+  return self:_send({ type = "llm_result", id = msg.id, text = text })
+end
+
+local EXEC_REPLIES = { exec_result = true, llm_query = true, fatal = true }
+
+-- Runs one block of code; answers the driver's calls back meanwhile.
+function Session:_exec(code)
+  self.next_exec_id = self.next_exec_id + 1
+  local id = self.next_exec_id
+  local ok, err = self:_send({ type = "exec", id = id, code = code })
+  if not ok then
+    return nil, err
+  end
+  while true do
+    local msg
+    msg, err = self:_expect(EXEC_REPLIES)
+    if not msg then
+      return nil, err
+    end
+    if msg.type == "exec_result" then
+      if msg.id ~= id then
+        return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran")
+          :format(msg.id, id))
+      end
+      local limit = self.opts.stdout_truncate_chars
+      msg.stdout = cut(msg.stdout, limit, false)
+      msg.error = msg.error and cut(msg.error, limit, true) or nil
+      return msg
+    end
+    ok, err = self:_sub_query(msg)
+    if not ok then
+      return nil, err
+    end
+  end
+end
+
+local function final_of(f)
+  if f.kind == "var" then
+    local answer = type(f.value) == "string" and f.value or f.repr or tostring(f.value)
+    return { kind = "var", var = f.name, value = f.value, answer = answer }
+  end
+  return { kind = f.kind, value = f.value, answer = f.value }
+end
+
+function Session:_call_root(messages)
+  local ok, err = self:_check_cost()
+  if not ok then
+    return nil, err
+  end
+  local copy = {}
+  for i, m in ipairs(messages) do
+    copy[i] = { role = m.role, content = m.content }
+  end
+  local response
+  ok, response = util.call_protected(self.opts.root_llm, copy)
+  if not ok then
+    return self:_error("callback_error", "root_llm raised: " .. tostring(response))
+  end
+  if type(response) ~= "string" then
+    return self:_error("callback_error", "root_llm returned " .. type(response) .. ", not a string")
+  end
+  ok, err = self:_deadline_check()
+  if not ok then
+    return nil, err
+  end
+  return response
+end
+
+-- Runs the blocks of one response; returns the history entry.
+function Session:_run_blocks(response, blocks)
+  local entry = { response = response, blocks = {} }
+  local codes, outs, texts, first_error = {}, {}, {}, nil
+  for i, code in ipairs(blocks) do
+    local res, err = self:_exec(code)
+    if not res then
+      return nil, err
+    end
+    entry.blocks[i] = { code = code, stdout = res.stdout, error = res.error }
+    codes[#codes + 1], outs[#outs + 1] = code, res.stdout
+    first_error = first_error or res.error
+    texts[#texts + 1] = prompt.exec_output(i, #blocks, res.stdout, res.error)
+    local ok
+    ok, err = self:_emit({ type = "exec_result", step = self.iterations, block = i,
+      code = code, stdout = res.stdout, error = res.error })
+    if not ok then
+      return nil, err
+    end
+    if res.final then
+      entry.final = final_of(res.final)
+      break
+    end
+  end
+  entry.code = table.concat(codes, "\n\n")
+  entry.stdout = table.concat(outs, "")
+  entry.error = first_error
+  return entry, table.concat(texts, "\n\n")
+end
+
+function Session:_record(entry, feedback)
+  self.messages[#self.messages + 1] = { role = "assistant", content = entry.response }
+  if feedback then
+    self.messages[#self.messages + 1] = { role = "user", content = feedback }
+  end
+  self.history[#self.history + 1] = entry
+  if entry.final then
+    self.final = entry.final
+    return self:_emit({ type = "final", step = self.iterations, answer = entry.final.answer,
+      kind = entry.final.kind })
+  end
+  return true
+end
+
+-- One root turn: ask the root model, run the code it wrote, show it the
+-- output. Returns the history entry, or nil, err.
+function Session:step()
+  local ok, err = self:_start()
+  if not ok then
+    return nil, err
+  end
+  if self.iterations >= self.opts.max_iterations then
+    return nil, errors.new("max_iterations", ("max_iterations (%d) root turns are spent")
+      :format(self.opts.max_iterations), { history = self.history })
+  end
+  self.iterations = self.iterations + 1
+  self.driver:set_deadline(self.opts.step_timeout_ms)
+  ok, err = self:_emit({ type = "step_start", step = self.iterations })
+  if not ok then
+    return nil, err
+  end
+  local response
+  response, err = self:_call_root(self.messages)
+  if not response then
+    return nil, err
+  end
+  local blocks = prompt.extract(response)
+  local entry, feedback
+  if #blocks == 0 then
+    entry, feedback = { response = response, code = "", stdout = "", blocks = {} }, prompt.NO_CODE
+  else
+    entry, feedback = self:_run_blocks(response, blocks)
+    if not entry then
+      return nil, feedback
+    end
+  end
+  self.driver:set_deadline(0)
+  ok, err = self:_record(entry, feedback)
+  if not ok then
+    return nil, err
+  end
+  return entry
+end
+
+function Session:_result(final)
+  return {
+    answer = final.answer,
+    value = final.value,
+    kind = final.kind,
+    var = final.var,
+    iterations = self.iterations,
+    sub_calls = self.sub_calls,
+    history = self.history,
+  }
+end
+
+-- When the turns run out: one more root call that may only answer.
+function Session:_last_chance()
+  self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
+  self.driver:set_deadline(self.opts.step_timeout_ms)
+  local response, err = self:_call_root(self.messages)
+  if not response then
+    return nil, err
+  end
+  local finals = prompt.extract_finals(response)
+  if #finals > 0 then
+    local entry
+    entry, err = self:_run_blocks(response, finals)
+    if not entry then
+      return nil, err
+    end
+    self.driver:set_deadline(0)
+    if entry.final then
+      local ok
+      ok, err = self:_record(entry, nil)
+      if not ok then
+        return nil, err
+      end
+      return self:_result(entry.final)
+    end
+  end
+  return nil, errors.new("max_iterations", ("no final answer after max_iterations (%d) root turns")
+    :format(self.opts.max_iterations), { history = self.history })
+end
+
+-- Runs root turns until the code gives a final answer. Returns the result
+-- table, or nil, err.
+function Session:run()
+  while not self.final do
+    if self.iterations >= self.opts.max_iterations then
+      local ok, err = self:_start()
+      if not ok then
+        return nil, err
+      end
+      return self:_last_chance()
+    end
+    local entry, err = self:step()
+    if not entry then
+      return nil, err
+    end
+  end
+  return self:_result(self.final)
+end
+
+-- Kills the sandbox and removes its workdir. Safe to call more than once.
+function Session:close()
+  self.closed = true
+  if self.driver then
+    local drv = self.driver
+    self.driver = nil
+    drv:close()
+  end
+end
+
+Session.__close = Session.close
+Session.__gc = Session.close
+
+return rlm

@@ -1,0 +1,147 @@
+-- The host's reading of the driver's lines (see docs/protocol.md). The
+-- driver is hostile: a line that is not what the protocol allows at that
+-- point is an error, never a guess.
+local cjson = require("cjson")
+
+local M = {}
+
+M.VERSION = 1
+
+local json = cjson.new()
+json.decode_invalid_numbers(false)
+json.decode_max_depth(200)
+json.encode_invalid_numbers(false)
+json.encode_sparse_array(false)
+
+M.null = cjson.null
+
+function M.encode(msg)
+  return json.encode(msg)
+end
+
+-- A private encoder that raises on what JSON cannot carry, for contexts.
+function M.encode_value(v)
+  return json.encode(v)
+end
+
+local function is_int(v)
+  return type(v) == "number" and v == math.floor(v)
+end
+
+local function opt_string(v)
+  return v == nil or v == cjson.null or type(v) == "string"
+end
+
+local validators = {
+  hello = function(m)
+    return is_int(m.protocol) and type(m.python) == "string"
+  end,
+  configured = function()
+    return true
+  end,
+  self_test_result = function(m)
+    if type(m.checks) ~= "table" then
+      return false
+    end
+    for name, c in pairs(m.checks) do
+      if type(name) ~= "string" or type(c) ~= "table" or type(c.ok) ~= "boolean"
+        or not opt_string(c.detail) then
+        return false
+      end
+    end
+    return true
+  end,
+  ready = function(m)
+    return opt_string(m.error) and opt_string(m.context_type)
+  end,
+  exec_result = function(m)
+    if not is_int(m.id) or type(m.stdout) ~= "string" or not opt_string(m.error) then
+      return false
+    end
+    local f = m.final
+    if f == nil or f == cjson.null then
+      return true
+    end
+    if type(f) ~= "table" then
+      return false
+    end
+    if f.kind == "value" or f.kind == "answer" then
+      return type(f.value) == "string"
+    end
+    return f.kind == "var" and type(f.name) == "string" and type(f.json) == "boolean"
+      and opt_string(f.repr) and (f.json or type(f.value) == "string")
+  end,
+  llm_query = function(m)
+    return is_int(m.id) and type(m.prompt) == "string"
+  end,
+  fatal = function(m)
+    return opt_string(m.message)
+  end,
+}
+
+-- decode(line, allowed) -> msg | nil, why. `allowed` is a set of the types
+-- the host expects now.
+function M.decode(line, allowed)
+  local ok, msg = pcall(json.decode, line)
+  if not ok then
+    return nil, "a line that is not JSON: " .. tostring(msg)
+  end
+  if type(msg) ~= "table" or type(msg.type) ~= "string" then
+    return nil, "a line that is not a message object"
+  end
+  local check = validators[msg.type]
+  if not check then
+    return nil, ("an unknown message type %q"):format(msg.type:sub(1, 64))
+  end
+  if not allowed[msg.type] then
+    return nil, ("a %q message where it expected %s"):format(msg.type, M.describe(allowed))
+  end
+  if not check(msg) then
+    return nil, ("a malformed %q message"):format(msg.type)
+  end
+  if msg.error == cjson.null then
+    msg.error = nil
+  end
+  if msg.final == cjson.null then
+    msg.final = nil
+  end
+  return msg
+end
+
+local function string_list(v)
+  if type(v) ~= "table" then
+    return false
+  end
+  for i = 1, #v do
+    if type(v[i]) ~= "string" then
+      return false
+    end
+  end
+  return true
+end
+
+-- The probe's report (python/probe.py); it runs on the host, but its answer
+-- decides what is bound into the sandbox, so its shape is checked too.
+function M.decode_probe(line)
+  local info = json.decode(line)
+  if type(info) ~= "table" or type(info.executable) ~= "string"
+    or info.executable:sub(1, 1) ~= "/" or not string_list(info.sys_path)
+    or not string_list(info.files) then
+    return nil
+  end
+  if type(info.interpreter) ~= "string" then
+    info.interpreter = nil
+  end
+  return info
+end
+
+function M.describe(allowed)
+  local names = {}
+  for k in pairs(allowed) do
+    names[#names + 1] = k
+  end
+  table.sort(names)
+  return table.concat(names, " or ")
+end
+
+return M

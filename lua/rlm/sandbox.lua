@@ -1,0 +1,139 @@
+-- Starting the driver: find bubblewrap and the interpreter, learn once what
+-- of the interpreter's installation the sandbox must show, spawn, and check
+-- the sandbox before any model-written code runs.
+local core = require("rlm.core")
+local errors = require("rlm.errors")
+local protocol = require("rlm.protocol")
+local util = require("rlm.util")
+
+local M = {}
+
+-- The modules the driver's guardrails allow by default; the probe imports
+-- them so that every library they load is bound into the sandbox.
+M.default_modules = {
+  "re", "json", "math", "collections", "itertools", "functools", "operator",
+  "statistics", "string", "textwrap", "unicodedata", "datetime", "time", "heapq",
+  "bisect", "difflib", "random", "copy", "typing", "dataclasses", "enum",
+  "fractions", "decimal", "hashlib", "base64", "csv", "pprint", "io",
+}
+
+local PROBE_TIMEOUT_MS = 20000
+
+local function find_file(name)
+  local here = util.module_dir()
+  for _, candidate in ipairs({
+    here .. "/" .. name,                   -- installed: next to the modules
+    here .. "/../../python/" .. name,      -- a checkout: lua/rlm/ -> python/
+  }) do
+    if util.file_exists(candidate) then
+      return candidate
+    end
+  end
+  return nil
+end
+
+local function unavailable(message, fields)
+  return nil, errors.new("sandbox_unavailable", message, fields)
+end
+
+-- One probe per (interpreter, module list) for the life of this Lua state.
+local probe_cache = {}
+
+local function probe(python, modules)
+  local key = python .. "\0" .. table.concat(modules, "\0")
+  if probe_cache[key] then
+    return probe_cache[key]
+  end
+  local script = find_file("probe.py")
+  if not script then
+    return unavailable("python/probe.py was not found next to the rlm modules")
+  end
+  local argv = { python, "-I", script }
+  for _, m in ipairs(modules) do
+    argv[#argv + 1] = m
+  end
+  local out, status = core.capture(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
+  if not out then
+    return unavailable(("asking %s about its installation: %s"):format(python, status))
+  end
+  local ok, info = pcall(protocol.decode_probe, out)
+  if not ok or status ~= 0 or not info then
+    return unavailable(("%s did not describe its installation (exit %s): %s")
+      :format(python, tostring(status), out:sub(1, 200)))
+  end
+  probe_cache[key] = info
+  return info
+end
+
+-- The paths the sandbox binds read-only: directories first, so that files
+-- inside them are not bound twice.
+local function readonly_paths(info)
+  local ro = {}
+  for _, p in ipairs(info.sys_path) do
+    ro[#ro + 1] = p
+  end
+  for _, p in ipairs(info.files) do
+    ro[#ro + 1] = p
+  end
+  if info.interpreter then
+    ro[#ro + 1] = info.interpreter
+  end
+  ro[#ro + 1] = "/etc/ld.so.cache"
+  return ro
+end
+
+local function cwd()
+  local p = os.getenv("PWD")
+  return p and p:sub(1, 1) == "/" and p or nil
+end
+
+-- start(opts, context_data, context_format) -> driver, info | nil, err
+function M.start(opts, context_data, context_format)
+  local bwrap = core.find_program(opts.bwrap)
+  if not bwrap then
+    return unavailable(("bubblewrap (%q) was not found; the REPL never runs unsandboxed")
+      :format(opts.bwrap))
+  end
+  local python = core.find_program(opts.python)
+  if not python then
+    return unavailable(("the interpreter %q was not found"):format(opts.python))
+  end
+  local driver_py = find_file("repl_driver.py")
+  if not driver_py then
+    return unavailable("python/repl_driver.py was not found next to the rlm modules")
+  end
+  local modules = {}
+  for _, m in ipairs(M.default_modules) do
+    modules[#modules + 1] = m
+  end
+  for _, m in ipairs(opts.allowed_modules) do
+    modules[#modules + 1] = m
+  end
+  local info, perr = probe(python, modules)
+  if not info then
+    return nil, perr
+  end
+
+  local drv, serr = core.spawn({
+    bwrap = bwrap,
+    python = info.executable,
+    driver = driver_py,
+    ro = readonly_paths(info),
+    tmpdir = opts.tmpdir,
+    max_line = opts.max_message_bytes,
+    max_rss = opts.max_rss_bytes,
+    rss_interval_ms = opts.rss_poll_interval_ms,
+  })
+  if not drv then
+    return unavailable("starting the sandbox: " .. tostring(serr))
+  end
+  -- Written while the interpreter starts up.
+  local ok, werr = drv:write_file("context", context_data)
+  if not ok then
+    drv:close()
+    return unavailable(werr)
+  end
+  return drv, { python = info, sys_path = info.sys_path, absent = { cwd(), drv:workdir() } }
+end
+
+return M

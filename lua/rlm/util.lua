@@ -1,0 +1,55 @@
+-- Small helpers shared by the modules of rlm.
+local M = {}
+
+M.unpack = table.unpack or unpack
+
+function M.pack(...)
+  return { n = select("#", ...), ... }
+end
+
+function M.is_callable(v)
+  if type(v) == "function" then
+    return true
+  end
+  local mt = getmetatable(v)
+  return type(mt) == "table" and type(mt.__call) == "function"
+end
+
+local pack, unpack = M.pack, M.unpack
+
+-- Calls f(...) in a coroutine of its own and passes any yield through to
+-- whoever resumed us, so user callbacks may yield (to an outer scheduler, an
+-- OpenResty cosocket, Neovim's loop) on every Lua, 5.1 included, while their
+-- errors are still caught. Returns true, results... or false, message.
+function M.call_protected(f, ...)
+  local co = coroutine.create(function(...)
+    return f(...) -- f may be a callable table
+  end)
+  local res = pack(coroutine.resume(co, ...))
+  while true do
+    if not res[1] then
+      return false, debug.traceback(co, tostring(res[2]))
+    end
+    if coroutine.status(co) == "dead" then
+      return true, unpack(res, 2, res.n)
+    end
+    res = pack(coroutine.resume(co, coroutine.yield(unpack(res, 2, res.n))))
+  end
+end
+
+-- Where this file lives, so the driver can be found next to the modules.
+function M.module_dir()
+  local source = debug.getinfo(1, "S").source
+  return (source:sub(1, 1) == "@" and source:sub(2) or source):match("^(.*)/[^/]*$") or "."
+end
+
+function M.file_exists(path)
+  local f = io.open(path, "rb")
+  if f then
+    f:close()
+    return true
+  end
+  return false
+end
+
+return M

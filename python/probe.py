@@ -1,0 +1,76 @@
+"""Reports what of the host's filesystem this interpreter needs, as one JSON
+line: its real path, its ELF program interpreter, the existing sys.path
+directories and every file mapped once the given modules are imported. The
+host binds exactly these, read-only, into the sandbox. Trusted: it runs on
+the host, with no user input but module names."""
+import importlib
+import json
+import os
+import struct
+import sys
+
+
+def elf_interpreter(path):
+    """PT_INTERP of an ELF executable, or None."""
+    try:
+        with open(path, "rb") as f:
+            ident = f.read(16)
+            if ident[:4] != b"\x7fELF":
+                return None
+            is64, order = ident[4] == 2, "<" if ident[5] == 1 else ">"
+            if is64:
+                f.seek(32)
+                phoff, = struct.unpack(order + "Q", f.read(8))
+                f.seek(54)
+            else:
+                f.seek(28)
+                phoff, = struct.unpack(order + "I", f.read(4))
+                f.seek(42)
+            phentsize, phnum = struct.unpack(order + "HH", f.read(4))
+            for i in range(phnum):
+                f.seek(phoff + i * phentsize)
+                if is64:
+                    ptype, _, offset, _, _, size = struct.unpack(
+                        order + "IIQQQQ", f.read(40))
+                else:
+                    ptype, offset, _, _, size = struct.unpack(
+                        order + "IIIII", f.read(20))
+                if ptype == 3:
+                    f.seek(offset)
+                    return f.read(size).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def mapped_files():
+    files = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/"):
+                path = parts[5].rstrip("\n")
+                if not path.endswith(" (deleted)") and path not in files:
+                    files.append(path)
+    return files
+
+
+def main():
+    failed = []
+    for name in sys.argv[1:]:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a module the user asked for may be missing
+            failed.append(name)
+    executable = os.path.realpath(sys.executable)
+    print(json.dumps({
+        "executable": executable,
+        "version": "%d.%d.%d" % sys.version_info[:3],
+        "interpreter": elf_interpreter(executable),
+        "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
+        "files": mapped_files(),
+        "missing": failed,
+    }))
+
+
+main()

@@ -1,0 +1,679 @@
+"""The rlm driver: runs model-written Python for the Lua host, in the sandbox.
+
+It speaks the line-delimited JSON protocol of docs/protocol.md on stdin and
+stdout. The OS sandbox around this process is the security boundary; the
+guardrails here only keep a confused model on the rails.
+"""
+
+import os
+
+# First of all: no descriptor leaked by the host may reach untrusted code.
+# SC_OPEN_MAX is the soft RLIMIT_NOFILE.
+os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+
+import ast
+import builtins
+import io
+import itertools
+import json
+import linecache
+import mmap
+import socket
+import string
+import sys
+import traceback
+import types
+
+PROTOCOL_VERSION = 1
+DEFAULT_STDOUT_LIMIT = 2000
+DRIVER_FILE = __file__
+REAL_IMPORT = builtins.__import__
+
+# The real protocol channels stay private to the driver.
+PROTOCOL_IN = sys.stdin.buffer
+PROTOCOL_OUT = sys.stdout.buffer
+sys.stdin = io.StringIO()  # input() sees end of file, never a protocol line
+sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol
+
+
+# --- Protocol --------------------------------------------------------------
+
+def send(message):
+    text = json.dumps(message, ensure_ascii=False, allow_nan=False)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (from surrogateescape) are not UTF-8: send U+FFFD.
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        data = text.encode("utf-8")
+    try:
+        PROTOCOL_OUT.write(data + b"\n")
+        PROTOCOL_OUT.flush()
+    except OSError:  # the host has gone away
+        os._exit(0)
+
+
+def receive():
+    """The next message from the host, or None at end of input."""
+    line = PROTOCOL_IN.readline()
+    if not line:
+        return None
+    try:
+        message = json.loads(line)
+    except ValueError as exc:
+        fatal(f"host sent a line that is not JSON: {exc}")
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        fatal("host sent a message that is not an object with a string 'type'")
+    return message
+
+
+def fatal(reason):
+    # os._exit, not sys.exit: this may run inside user code, which could
+    # catch SystemExit.
+    print(f"repl_driver: fatal: {reason}", file=sys.__stderr__, flush=True)
+    send({"type": "fatal", "message": reason})
+    os._exit(2)
+
+
+def field(message, name, kind, default=None):
+    """message[name], which must be a `kind` (a bool is not an int here)."""
+    if name not in message:
+        return default
+    value = message[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        fatal(f"{message['type']}: field {name!r} must be {kind.__name__}")
+    return value
+
+
+def string_list(message, name, default=None):
+    values = field(message, name, list, default)
+    if values is not None and not all(isinstance(v, str) for v in values):
+        fatal(f"{message['type']}: field {name!r} must be a list of strings")
+    return values
+
+
+# --- Names the REPL code sees ----------------------------------------------
+
+class FinalSignal(BaseException):
+    """Unwinds a step after FINAL/FINAL_VAR. A BaseException, so that user
+    code's `except Exception:` lets it through."""
+
+
+def finish(final):
+    if session.final is None:  # kept here too, in case a bare except swallows the signal
+        session.final = final
+    raise FinalSignal
+
+
+def FINAL(value):
+    finish({"kind": "value", "value": str(value)})
+
+
+def FINAL_VAR(name):
+    namespace = session.namespace
+    if not isinstance(name, str):
+        raise NameError(f"FINAL_VAR takes a variable's name as a string, e.g. "
+                        f"FINAL_VAR('result'), not a {type(name).__name__}")
+    if name not in namespace:
+        raise NameError(f"FINAL_VAR: name {name!r} is not defined")
+    value = namespace[name]
+    shown = safe_repr(value)
+    try:
+        # Parsed back, so the value is frozen now and surely serialisable later.
+        value, is_json = json.loads(json.dumps(value, allow_nan=False)), True
+    except Exception:
+        value, is_json = shown, False
+    finish({"kind": "var", "name": name, "value": value, "json": is_json, "repr": shown})
+
+
+def safe_repr(value):
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<repr() failed: {exc!r}>"
+
+
+request_ids = itertools.count(1)
+
+
+def llm_query(prompt):
+    if not isinstance(prompt, str):
+        raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
+    request_id = next(request_ids)
+    send({"type": "llm_query", "id": request_id, "prompt": prompt})
+    reply = receive()
+    if reply is None:
+        os._exit(0)  # the host asked us to leave
+    if reply["type"] != "llm_result" or reply.get("id") != request_id:
+        fatal(f"expected llm_result for request {request_id}, got {reply['type']} "
+              f"for {reply.get('id')!r}")
+    if reply.get("error") is not None:
+        raise RuntimeError(str(reply["error"]))
+    text = reply.get("text")
+    if not isinstance(text, str):
+        fatal(f"llm_result {request_id} has neither a string 'text' nor an 'error'")
+    return text
+
+
+def llm_query_batched(prompts):
+    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
+        raise TypeError("llm_query_batched() takes a list of str prompts")
+    return [llm_query(prompt) for prompt in prompts]
+
+
+# --- Guardrails -------------------------------------------------------------
+
+class GuardrailError(Exception):
+    pass
+
+
+SAFE_BUILTIN_NAMES = """
+    bool int float complex str bytes bytearray list tuple dict set frozenset
+    object slice range type super property staticmethod classmethod
+    print len enumerate zip map filter sorted reversed min max sum abs round
+    pow divmod all any iter next isinstance issubclass repr format hash chr
+    ord hex oct bin callable hasattr id ascii dir Ellipsis NotImplemented
+    __build_class__
+""".split()
+
+SAFE_MODULES = frozenset("""
+    re json math collections itertools functools operator statistics string
+    textwrap unicodedata datetime time heapq bisect difflib random copy typing
+    dataclasses enum fractions decimal hashlib base64 csv pprint io
+""".split())
+
+# io is allowed for in-memory files only.
+IO_NAMES = frozenset({"StringIO", "BytesIO", "UnsupportedOperation", "BlockingIOError"})
+
+ALLOWED_DUNDERS = frozenset({"__name__", "__doc__"})
+FRAME_ATTRIBUTES = frozenset("""
+    gi_frame gi_code cr_frame cr_code ag_frame ag_code f_globals f_locals
+    f_builtins f_back f_code tb_frame tb_next co_code func_globals
+""".split())
+REFUSED_NAMES = frozenset("""
+    eval exec compile open getattr setattr delattr vars globals locals
+    __import__ __builtins__ breakpoint input
+""".split())
+FORMAT_METHODS = frozenset({"format", "format_map", "vformat"})
+
+
+def is_dunder(name):
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def screen(tree):
+    """Raise GuardrailError at the first construct the guardrails refuse."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if (is_dunder(node.attr) and node.attr not in ALLOWED_DUNDERS) \
+                    or node.attr in FRAME_ATTRIBUTES:
+                refuse(node, f"the attribute {node.attr!r}",
+                       "dunder, frame and code attributes are off limits")
+        elif isinstance(node, ast.Name) and node.id in REFUSED_NAMES:
+            refuse(node, f"the name {node.id!r}",
+                   "eval, exec, open, getattr and the like are off limits")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in FORMAT_METHODS:
+            for template in [node.func.value] + node.args[:1]:
+                if isinstance(template, ast.Constant) and isinstance(template.value, str) \
+                        and walks_into_dunders(template.value):
+                    refuse(node, f"the format string {template.value[:60]!r}",
+                           "its fields walk into dunder attributes")
+
+
+def walks_into_dunders(template):
+    try:
+        fields = [(name, spec) for _, name, spec, _ in string.Formatter().parse(template)]
+    except ValueError:
+        return False  # malformed: it fails at run time anyway
+    return any("__" in (name or "") or walks_into_dunders(spec or "") for name, spec in fields)
+
+
+def refuse(node, what, why):
+    raise GuardrailError(f"line {node.lineno}: {what} is refused by the REPL guardrails ({why})")
+
+
+def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level:
+        raise ImportError("relative imports are refused by the REPL guardrails")
+    allowed = session.allowed_modules()
+    parts = name.split(".")
+    if parts[0] not in allowed:
+        raise ImportError(f"import of {name!r} is refused by the REPL guardrails; "
+                          f"allowed modules: {', '.join(sorted(allowed))}")
+    if any(part.startswith("_") for part in parts):
+        raise ImportError(f"import of private module {name!r} is refused by the REPL guardrails")
+    module = REAL_IMPORT(name, None, None, fromlist, 0)
+    # Checked here: for a missing attribute, `from m import x` would fall
+    # back to sys.modules["m.x"] and hand out the raw module.
+    for item in fromlist or ():
+        if item != "*" and not exposes(module, item):
+            raise ImportError(f"cannot import name {item!r} from {name!r} "
+                              "(missing, or hidden by the REPL guardrails)")
+    return view_of(module)
+
+
+class ModuleView:
+    """Read-only view of a module: its public names, minus modules other than
+    its own submodules, so that no attribute walk reaches os or sys."""
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module):
+        object.__setattr__(self, "_module", module)
+
+    def __getattribute__(self, name):
+        module = object.__getattribute__(self, "_module")
+        if name in ALLOWED_DUNDERS:
+            return getattr(module, name)
+        if name == "__all__":  # for `from module import *`
+            return visible_names(module)
+        if not hasattr(module, name):
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+        value = getattr(module, name)
+        if is_visible(module, name, value):
+            return view_of(value) if isinstance(value, types.ModuleType) else value
+        raise AttributeError(f"module {module.__name__!r} attribute {name!r} "
+                             "is hidden by the REPL guardrails")
+
+    def __setattr__(self, name, value):
+        ModuleView.__delattr__(self, name)
+
+    def __delattr__(self, name):
+        module = object.__getattribute__(self, "_module")
+        raise AttributeError(f"module {module.__name__!r} is read-only under the REPL guardrails")
+
+    def __dir__(self):
+        return visible_names(object.__getattribute__(self, "_module"))
+
+    def __repr__(self):
+        module = object.__getattribute__(self, "_module")
+        return f"<module {module.__name__!r} (read-only view)>"
+
+
+module_views = {}
+
+
+def view_of(module):
+    view = module_views.get(module.__name__)
+    if view is None:
+        view = module_views[module.__name__] = ModuleView(module)
+    return view
+
+
+def is_visible(module, name, value):
+    if name.startswith("_"):
+        return False
+    if module.__name__ == "io" and name not in IO_NAMES:
+        return False
+    if isinstance(value, types.ModuleType):
+        return sys.modules.get(f"{module.__name__}.{name}") is value
+    return True
+
+
+def visible_names(module):
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = dir(module)
+    return sorted(name for name in names if exposes(module, name))
+
+
+def exposes(module, name):
+    return hasattr(module, name) and is_visible(module, name, getattr(module, name))
+
+
+def guarded_builtins():
+    table = {name: getattr(builtins, name) for name in SAFE_BUILTIN_NAMES}
+    # Exception subclasses only: no BaseException, SystemExit, KeyboardInterrupt
+    # or GeneratorExit, so user code cannot easily catch what unwinds a step.
+    table.update((name, value) for name, value in vars(builtins).items()
+                 if isinstance(value, type) and issubclass(value, Exception))
+    table["__import__"] = guarded_import
+    return table
+
+
+# --- Steps ------------------------------------------------------------------
+
+class CappedWriter(io.TextIOBase):
+    """Text stream keeping the first `limit` characters and counting the rest,
+    so memory stays bounded whatever the code prints."""
+
+    encoding = "utf-8"
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit = limit
+        self.parts = []
+        self.kept = 0
+        self.dropped = 0
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        room = self.limit - self.kept
+        if room <= 0:
+            self.dropped += len(text)
+        elif len(text) <= room:
+            self.parts.append(text)
+            self.kept += len(text)
+        else:
+            self.parts.append(text[:room])
+            self.kept = self.limit
+            self.dropped += len(text) - room
+        return len(text)
+
+    def getvalue(self):
+        text = "".join(self.parts)
+        if self.dropped:
+            text += f"\n[truncated {self.dropped} chars]"
+        return text
+
+
+def describe_error(exc):
+    """The exception as Python prints it, without this driver's frames."""
+    report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    pending, seen = [report], set()
+    while pending:
+        part = pending.pop()
+        if part is None or id(part) in seen:
+            continue
+        seen.add(id(part))
+        part.stack = traceback.StackSummary.from_list(
+            [frame for frame in part.stack if frame.filename != DRIVER_FILE])
+        pending += [part.__cause__, part.__context__]
+        pending += getattr(part, "exceptions", None) or []  # an exception group's members
+    return "".join(report.format())
+
+
+def keep_end(text, limit):
+    """Cut a traceback to `limit` characters, keeping its end, where the error is."""
+    if len(text) <= limit:
+        return text
+    return f"[truncated {len(text) - limit} chars]\n{text[len(text) - limit:]}"
+
+
+def answer_final(namespace):
+    answer = namespace.get("answer")
+    try:
+        if isinstance(answer, dict) and answer.get("ready"):
+            return {"kind": "answer", "value": str(answer.get("content"))}
+    except Exception:  # an odd `ready` or `content` is not worth failing over
+        pass
+    return None
+
+
+class Session:
+    """The persistent REPL namespace and the settings that shape each step."""
+
+    def __init__(self):
+        self.stdout_limit = DEFAULT_STDOUT_LIMIT
+        self.guardrails = True
+        self.extra_modules = frozenset()
+        self.safe_builtins = guarded_builtins()
+        self.steps = 0
+        self.final = None
+        self.namespace = {
+            "__name__": "__main__",
+            "context": None,
+            "answer": {"content": "", "ready": False},
+            "FINAL": FINAL,
+            "FINAL_VAR": FINAL_VAR,
+            "llm_query": llm_query,
+            "llm_query_batched": llm_query_batched,
+        }
+
+    def allowed_modules(self):
+        return SAFE_MODULES | self.extra_modules
+
+    def configure(self, message):
+        self.stdout_limit = max(0, field(message, "stdout_limit", int, DEFAULT_STDOUT_LIMIT))
+        self.guardrails = field(message, "guardrails", bool, True)
+        self.extra_modules = frozenset(string_list(message, "allowed_modules", []))
+        sys_path = string_list(message, "sys_path")
+        if sys_path is not None:
+            sys.path[:] = sys_path
+
+    def load_context(self, path, kind):
+        self.namespace["context"] = None  # free the old one before reading the new
+        if kind == "text":
+            context = read_text(path)
+        elif kind == "json":
+            with open(path, "rb") as file:
+                context = json.load(file)
+        else:
+            raise ValueError(f"unknown context format {kind!r}")
+        try:
+            os.unlink(path)  # the file would be a second copy of the context
+        except OSError as exc:
+            print(f"repl_driver: cannot remove {path}: {exc}", file=sys.stderr, flush=True)
+        self.namespace["context"] = context
+        return context
+
+    def run(self, code):
+        """Run one step: (stdout, error, final)."""
+        self.steps += 1
+        filename = f"<repl-{self.steps}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        output = CappedWriter(self.stdout_limit)
+        before = dict(self.namespace)  # shallow: names only, for the rollback
+        self.final = None
+        error = None
+        self.namespace["__builtins__"] = self.safe_builtins if self.guardrails else builtins
+        try:
+            compiled = self.compile_step(code, filename)
+            saved = sys.stdout, sys.stderr
+            sys.stdout = sys.stderr = output
+            try:
+                exec(compiled, self.namespace)
+            finally:
+                sys.stdout, sys.stderr = saved
+        except FinalSignal:
+            pass
+        except GuardrailError as refusal:
+            error = f"GuardrailError: {refusal}"
+        except BaseException as exc:  # SystemExit too: the driver must live on
+            error = describe_error(exc)
+        if error is not None:
+            error = keep_end(error, self.stdout_limit)
+            self.namespace.clear()
+            self.namespace.update(before)
+        return output.getvalue(), error, self.final or answer_final(self.namespace)
+
+    def compile_step(self, code, filename):
+        if not self.guardrails:
+            return compile(code, filename, "exec", dont_inherit=True)
+        tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        screen(tree)
+        return compile(tree, filename, "exec", dont_inherit=True)
+
+
+def read_text(path):
+    # Decoding straight from a read-only mapping keeps one copy of the text
+    # in anonymous memory, not two.
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return ""  # mmap refuses empty files
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
+            return str(mapping, "utf-8")
+
+
+session = Session()
+
+
+# --- Self-test: what the sandbox must forbid --------------------------------
+
+HOST_PATHS = ("/etc/passwd", "/etc/shadow", "/etc/hostname", "/home", "/var",
+              "/run", "/root/.ssh", "/tmp/.X11-unix")
+# PWD too: bwrap --chdir sets it, whatever --clearenv said.
+SANDBOX_ENVIRONMENT = frozenset({"PATH", "LANG", "LC_ALL", "PYTHONUTF8", "PYTHONIOENCODING",
+                                 "HOME", "TZ", "PYTHONHASHSEED", "TMPDIR", "PWD"})
+WORKDIR_PROBE = "/session/.rlm_self_test"
+
+
+def self_test(absent):
+    checks = {
+        "network": check_network,
+        "host_files": lambda: check_host_files(absent),
+        "pid_namespace": check_pid_namespace,
+        "read_only_install": check_read_only_install,
+        "workdir_writable": check_workdir_writable,
+        "capabilities": check_capabilities,
+        "descriptors": check_descriptors,
+        "environment": check_environment,
+    }
+    results = {}
+    for name, check in checks.items():
+        try:
+            ok, detail = check()
+        except Exception as exc:  # could not verify, so not ok
+            ok, detail = False, f"check failed: {exc!r}"
+        results[name] = {"ok": bool(ok), "detail": detail}
+    return results
+
+
+def check_network():
+    with open("/proc/net/dev") as file:
+        interfaces = {line.split(":")[0].strip() for line in file.readlines()[2:] if ":" in line}
+    outcomes = [try_connect(host, port) for host, port in (("1.1.1.1", 53), ("10.0.0.1", 80))]
+    ok = interfaces <= {"lo"} and not any(connected for connected, _ in outcomes)
+    details = [f"interfaces: {', '.join(sorted(interfaces)) or 'none'}"] + [d for _, d in outcomes]
+    return ok, "; ".join(details)
+
+
+def try_connect(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True, f"{host}:{port} reachable"
+    except Exception as exc:  # refused, unreachable, or no sockets at all
+        return False, f"{host}:{port} blocked ({exc})"
+
+
+def check_host_files(absent):
+    present = [path for path in HOST_PATHS + tuple(absent) if path_present(path)]
+    return not present, f"present: {', '.join(present)}" if present else "none present"
+
+
+def path_present(path):
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:  # e.g. permission denied: something is there
+        return True
+    return True
+
+
+def check_pid_namespace():
+    pid = os.getpid()
+    processes = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    return pid <= 4 and len(processes) <= 4, f"pid {pid}, {len(processes)} processes visible"
+
+
+def check_read_only_install():
+    # ast is a plain source module, so its directory is the stdlib's.
+    directories = [os.path.dirname(sys.executable), os.path.dirname(ast.__file__)]
+    writable = [d for d in directories if can_create_file_in(d)]
+    if writable:
+        return False, f"writable: {', '.join(writable)}"
+    return True, f"read-only: {', '.join(directories)}"
+
+
+def can_create_file_in(directory):
+    path = os.path.join(directory, f".rlm_probe_{os.getpid()}")
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return False
+    os.close(descriptor)
+    os.unlink(path)
+    return True
+
+
+def check_workdir_writable():
+    payload = b"rlm self test\n"
+    with open(WORKDIR_PROBE, "wb") as file:
+        file.write(payload)
+    try:
+        with open(WORKDIR_PROBE, "rb") as file:
+            same = file.read() == payload
+    finally:
+        os.unlink(WORKDIR_PROBE)
+    return same, "created, wrote, read back and removed " + WORKDIR_PROBE
+
+
+def check_capabilities():
+    status = {}
+    with open("/proc/self/status") as file:
+        for line in file:
+            key, _, value = line.partition(":")
+            status[key] = value.strip()
+    keys = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs")
+    ok = all(int(status[key], 16) == 0 for key in keys[:3]) and status["NoNewPrivs"] == "1"
+    return ok, ", ".join(f"{key}={status[key]}" for key in keys)
+
+
+def check_descriptors():
+    descriptors = sorted(int(entry) for entry in os.listdir("/proc/self/fd"))
+    extra = [fd for fd in descriptors if fd > 2]
+    # One extra is expected: the descriptor the listing itself used.
+    return len(extra) <= 1, f"open: {descriptors}"
+
+
+def check_environment():
+    extra = sorted(set(os.environ) - SANDBOX_ENVIRONMENT)
+    if extra:
+        return False, f"unexpected: {', '.join(extra)}"
+    return True, f"keys: {', '.join(sorted(os.environ))}"
+
+
+# --- Main loop --------------------------------------------------------------
+
+def main():
+    send({"type": "hello", "protocol": PROTOCOL_VERSION,
+          "python": "%d.%d.%d" % sys.version_info[:3]})
+    while True:
+        message = receive()
+        if message is None:
+            return
+        kind = message["type"]
+        if kind == "configure":
+            session.configure(message)
+            send({"type": "configured"})
+        elif kind == "self_test":
+            checks = self_test(string_list(message, "absent", []))
+            send({"type": "self_test_result", "checks": checks})
+        elif kind == "load_context":
+            send(load_context(message))
+        elif kind == "exec":
+            code = field(message, "code", str)
+            if code is None:
+                fatal("exec: missing field 'code'")
+            stdout, error, final = session.run(code)
+            send({"type": "exec_result", "id": message.get("id"),
+                  "stdout": stdout, "error": error, "final": final})
+        else:
+            fatal(f"unexpected message type {kind!r}")
+
+
+def load_context(message):
+    path = field(message, "path", str)
+    kind = field(message, "format", str, "text")
+    if path is None:
+        fatal("load_context: missing field 'path'")
+    try:
+        context = session.load_context(path, kind)
+    except Exception as exc:
+        return {"type": "ready", "error": f"{type(exc).__name__}: {exc}"}
+    length = len(context) if isinstance(context, (str, list, dict)) else None
+    return {"type": "ready", "context_type": type(context).__name__, "context_len": length}
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as exc:  # a driver bug: say so on the protocol, details on stderr
+        traceback.print_exc()
+        fatal(f"driver error: {exc!r}")

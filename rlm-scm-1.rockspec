@@ -1,0 +1,48 @@
+rockspec_format = "3.0"
+package = "rlm"
+version = "scm-1"
+source = {
+  url = "git+https://example.invalid/rlm.git",
+}
+description = {
+  summary = "Recursive Language Model sessions for Lua, with a sandboxed Python REPL",
+  detailed = [[
+A root LLM answers questions about inputs far larger than its context window:
+the input sits in a Python REPL inside a bubblewrap sandbox, the model writes
+code to read it, and code may call sub-LLMs. The C core (libuv) owns the
+sandbox, the pipes and the limits; your Lua callbacks own the models.]],
+  license = "MIT",
+}
+dependencies = {
+  "lua >= 5.1",
+  "lua-cjson",
+}
+external_dependencies = {
+  LIBUV = { header = "uv.h", library = "uv" },
+}
+build = {
+  type = "builtin",
+  modules = {
+    ["rlm"] = "lua/rlm/init.lua",
+    ["rlm.errors"] = "lua/rlm/errors.lua",
+    ["rlm.options"] = "lua/rlm/options.lua",
+    ["rlm.prompt"] = "lua/rlm/prompt.lua",
+    ["rlm.protocol"] = "lua/rlm/protocol.lua",
+    ["rlm.sandbox"] = "lua/rlm/sandbox.lua",
+    ["rlm.util"] = "lua/rlm/util.lua",
+    ["rlm.core"] = {
+      sources = {
+        "csrc/core.c", "csrc/driver.c", "csrc/sandbox.c", "csrc/watchdog.c", "csrc/workdir.c",
+      },
+      libraries = { "uv", "pthread" },
+      incdirs = { "$(LIBUV_INCDIR)" },
+      libdirs = { "$(LIBUV_LIBDIR)" },
+    },
+  },
+  install = {
+    lua = {
+      ["rlm.repl_driver"] = "python/repl_driver.py",
+      ["rlm.probe"] = "python/probe.py",
+    },
+  },
+}

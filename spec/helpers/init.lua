@@ -1,0 +1,122 @@
+-- Shared helpers for the specs: scripted stand-in models, and the checks
+-- that nothing (child process, descriptor, workdir) outlives a test.
+local rlm = require("rlm")
+local assert = require("luassert")
+
+local H = {}
+
+local function run(cmd)
+  local p = assert(io.popen(cmd))
+  local out = p:read("*a")
+  p:close()
+  return out
+end
+
+-- One scratch directory for the workdirs of this run (spec/run makes it and
+-- removes it).
+H.tmpdir = os.getenv("RLM_SPEC_TMPDIR") or run("mktemp -d /tmp/rlm-spec.XXXXXX"):gsub("%s+$", "")
+
+-- A root model that answers from a script: each item is a string, or a
+-- function(messages, turn) returning one. Past the end it repeats the last.
+-- The messages it was called with are kept in .calls.
+function H.script(items)
+  local calls = {}
+  local model = setmetatable({ calls = calls }, {
+    __call = function(_, messages)
+      calls[#calls + 1] = messages
+      local item = items[math.min(#calls, #items)]
+      if type(item) == "function" then
+        return item(messages, #calls)
+      end
+      return item
+    end,
+  })
+  return model
+end
+
+function H.fence(code)
+  return "```repl\n" .. code .. "\n```"
+end
+
+-- A session with test defaults; opts override them.
+function H.session(opts)
+  local o = {
+    context = "hello world",
+    root_llm = H.script({ H.fence("FINAL('done')") }),
+    llm_query = function(p)
+      return "echo: " .. p
+    end,
+    tmpdir = H.tmpdir,
+    step_timeout_ms = 30000,
+  }
+  for k, v in pairs(opts or {}) do
+    o[k] = v
+  end
+  return rlm.Session.new(o)
+end
+
+-- Runs a session to its end and closes it.
+function H.run(opts)
+  local s = H.session(opts)
+  local result, err = s:run()
+  s:close()
+  return result, err, s
+end
+
+function H.fd_count()
+  local n = 0
+  for _ in run("ls /proc/" .. H.pid() .. "/fd"):gmatch("%S+") do
+    n = n + 1
+  end
+  return n -- includes the pipe to ls: compare counts, not absolutes
+end
+
+local pid
+function H.pid()
+  if not pid then
+    -- The shell's parent is this Lua process.
+    pid = tonumber(run("echo $PPID"))
+  end
+  return pid
+end
+
+-- Child processes of this Lua process (zombies included), other than the
+-- shell that asks.
+function H.children()
+  local out = run("cat /proc/" .. H.pid() .. "/task/*/children 2>/dev/null; echo; echo $$")
+  local pids = {}
+  for p in out:gmatch("%d+") do
+    pids[#pids + 1] = tonumber(p)
+  end
+  local self = table.remove(pids)
+  local others = {}
+  for _, p in ipairs(pids) do
+    if p ~= self then
+      others[#others + 1] = p
+    end
+  end
+  return others
+end
+
+function H.workdirs()
+  local out = run("ls -A " .. H.tmpdir)
+  local names = {}
+  for n in out:gmatch("%S+") do
+    names[#names + 1] = n
+  end
+  return names
+end
+
+-- after_each: no child process and no workdir may outlive a test.
+function H.assert_clean()
+  collectgarbage()
+  collectgarbage()
+  assert.are.same({}, H.children())
+  assert.are.same({}, H.workdirs())
+end
+
+function H.lua_name()
+  return os.getenv("RLM_SPEC_LUA") or _VERSION
+end
+
+return H

@@ -1,0 +1,46 @@
+-- Sessions leave nothing behind: no child process, no descriptor, no workdir.
+local H = require("helpers")
+local fence = H.fence
+
+describe("opening and closing sessions", function()
+  after_each(H.assert_clean)
+
+  it("leaves fds and child processes where they were after 200 sessions", function()
+    local n = tonumber(os.getenv("RLM_SPEC_SESSIONS") or "200")
+    -- libuv opens its process-wide signal pipe once, at the first spawn.
+    H.run({})
+    local fds = H.fd_count()
+    for i = 1, n do
+      local s = H.session({ root_llm = H.script({ fence("FINAL(" .. i .. ")") }) })
+      local result = assert(s:run())
+      assert.are.equal(tostring(i), result.answer)
+      s:close()
+    end
+    collectgarbage()
+    assert.are.equal(fds, H.fd_count())
+    assert.are.same({}, H.children())
+  end)
+
+  it("removes the workdir after the driver died, whatever it left in it", function()
+    local result, err = H.run({
+      guardrails = false,
+      root_llm = H.script({ fence([[
+import os
+os.makedirs('a/' * 40, exist_ok=True)
+os.symlink('/usr', 'link_out')
+os.chmod('a', 0)
+open('big', 'wb').write(b'x' * 1000)
+os._exit(1)]]) }),
+    })
+    assert.is_nil(result)
+    assert.are.equal("driver_exited", err.kind)
+  end)
+
+  it("cleans up a session that is only garbage collected", function()
+    local s = H.session({})
+    assert(s:step())
+    s = nil -- luacheck: ignore
+    collectgarbage()
+    collectgarbage()
+  end)
+end)

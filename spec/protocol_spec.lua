@@ -1,0 +1,53 @@
+-- A hostile driver: the REPL's code writes to the protocol pipe itself.
+-- Whatever it writes, the host ends with a structured error, never a crash.
+local H = require("helpers")
+local fence = H.fence
+
+local function hostile(code, opts)
+  local o = {
+    guardrails = false,
+    root_llm = H.script({ fence("import os\n" .. code), fence("FINAL('survived')") }),
+  }
+  for k, v in pairs(opts or {}) do
+    o[k] = v
+  end
+  return H.run(o)
+end
+
+describe("the protocol", function()
+  after_each(H.assert_clean)
+
+  local cases = {
+    -- what the code writes, the error kind, a pattern of the message
+    { "garbage", "os.write(1, b'this is not json\\n')", "protocol_error", "not JSON" },
+    { "an unknown message type", "os.write(1, b'{\"type\": \"bogus\"}\\n')", "protocol_error", "unknown message type" },
+    { "a non-object", "os.write(1, b'[1, 2, 3]\\n')", "protocol_error", "not a message object" },
+    { "a malformed exec_result", "os.write(1, b'{\"type\": \"exec_result\", \"id\": \"x\"}\\n')",
+      "protocol_error", "malformed" },
+    { "an exec_result for another exec", "os.write(1, b'{\"type\":\"exec_result\",\"id\":99,\"stdout\":\"\",\"error\":null,\"final\":null}\\n')",
+      "protocol_error", "answered exec 99" },
+    { "a hello in the middle of a step", "os.write(1, b'{\"type\":\"hello\",\"protocol\":1,\"python\":\"x\"}\\n')",
+      "protocol_error", "expected" },
+    { "a line longer than max_message_bytes", "os.write(1, b'x' * 70000)", "protocol_error", "longer than max_message_bytes",
+      { max_message_bytes = 65536 } },
+    { "deeply nested JSON", "os.write(1, b'[' * 100000 + b'\\n')", "protocol_error", "not JSON" },
+    { "an exit", "os._exit(3)", "driver_exited", "exit status 3" },
+    { "a kill", "import signal\nos.kill(os.getpid(), signal.SIGKILL)", "driver_exited", "" },
+    { "a closed stdout", "os.close(1)\nos.close(2)\nimport time\ntime.sleep(0.3)\nos._exit(0)", "driver_exited", "" },
+  }
+  for _, c in ipairs(cases) do
+    it("ends with " .. c[3] .. " on " .. c[1], function()
+      local result, err = hostile(c[2], c[5])
+      assert.is_nil(result)
+      assert.are.equal(c[3], err.kind)
+      assert.matches(c[4], err.message)
+      assert.is_table(err.history)
+    end)
+  end
+
+  it("survives a flood of output on stderr", function()
+    local result, err = hostile("for _ in range(2000):\n    os.write(2, b'e' * 4096)")
+    assert.is_nil(err)
+    assert.are.equal("survived", result.answer)
+  end)
+end)

@@ -1,0 +1,100 @@
+-- The sandbox from the outside: it refuses to run without bubblewrap, and
+-- what the REPL's code can reach, observed by running it.
+local H = require("helpers")
+local core = require("rlm.core")
+local fence = H.fence
+
+-- Runs `code` (guardrails off: the OS sandbox must hold on its own) and
+-- returns what it printed.
+local function observe(code, opts)
+  local o = {
+    guardrails = false,
+    root_llm = H.script({ fence(code .. "\nFINAL('done')") }),
+  }
+  for k, v in pairs(opts or {}) do
+    o[k] = v
+  end
+  local result, err = H.run(o)
+  assert.is_nil(err, err and tostring(err))
+  return result.history[1].stdout
+end
+
+describe("the sandbox", function()
+  after_each(H.assert_clean)
+
+  describe("fails closed", function()
+    it("gives sandbox_unavailable when bubblewrap is missing, and never starts the driver", function()
+      local ran = false
+      local result, err = H.run({
+        bwrap = "/nonexistent/bwrap",
+        root_llm = function() ran = true return "" end,
+      })
+      assert.is_nil(result)
+      assert.are.equal("sandbox_unavailable", err.kind)
+      assert.matches("bubblewrap", err.message)
+      assert.is_false(ran)
+    end)
+
+    it("gives sandbox_unavailable when bubblewrap cannot set the sandbox up", function()
+      local result, err = H.run({ bwrap = "/bin/false" })
+      assert.is_nil(result)
+      assert.are.equal("sandbox_unavailable", err.kind)
+    end)
+
+    it("gives sandbox_unavailable when the interpreter is missing", function()
+      local _, err = H.run({ python = "/nonexistent/python3" })
+      assert.are.equal("sandbox_unavailable", err.kind)
+    end)
+  end)
+
+  describe("holds with the guardrails off", function()
+    local attacks = {
+      -- name, code printing a verdict, expected verdict
+      { "host files", "import os\nprint(os.path.exists('/etc/passwd'), os.path.exists('/home'))", "False False" },
+      { "the host's cwd", "import os\nprint(os.path.exists(" .. ("%q"):format(os.getenv("PWD") or "/work") .. "))", "False" },
+      { "the secret in the host's environment", "import os\nprint('sk-spec' in repr(dict(os.environ)))", "False" },
+      { "network interfaces", "print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]))", "['lo']" },
+      { "a TCP connection", [[
+import socket
+try:
+    socket.create_connection(('1.1.1.1', 53), timeout=1)
+    print('connected')
+except OSError as e:
+    print('refused')]], "refused" },
+      { "host processes", "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]) <= 3)", "True" },
+      { "writing outside the workdir", [[
+for path in ['/usr/evil', '/evil', '/rlm/evil']:
+    try:
+        open(path, 'w').write('x')
+        print('wrote', path)
+    except OSError:
+        pass
+print('none')]], "none" },
+      { "the workdir", "open('/session/note', 'w').write('hi')\nprint(open('/session/note').read())", "hi" },
+      { "capabilities", "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')])", "['0000000000000000']" },
+    }
+    for _, a in ipairs(attacks) do
+      it("denies " .. a[1], function()
+        local out = observe(a[2])
+        assert.are.equal(a[3], (out:gsub("%s+$", "")))
+      end)
+    end
+  end)
+
+  it("binds only the interpreter's installation, read-only", function()
+    local argv = core.sandbox_argv({
+      bwrap = "/usr/bin/bwrap", python = "/usr/bin/python3.11", driver = "/d.py",
+      workdir = "/tmp/w", ro = { "/usr/lib/python3.11", "/usr/lib/python3.11/os.py" },
+    })
+    local s = table.concat(argv, " ")
+    assert.matches("--ro-bind /usr/lib/python3.11 /usr/lib/python3.11", s, 1, true)
+    assert.is_nil(s:find("/usr/lib/python3.11/os.py", 1, true)) -- inside a bound directory
+    assert.matches("--ro-bind /usr/bin/python3.11 /usr/bin/python3.11", s, 1, true)
+    assert.matches("--bind /tmp/w /session", s, 1, true)
+    assert.matches("--unshare-all", s, 1, true)
+    assert.matches("--die-with-parent", s, 1, true)
+    assert.matches("--new-session", s, 1, true)
+    assert.is_nil(s:find("--ro-bind / ", 1, true))
+    assert.is_nil(s:find("--bind /usr ", 1, true))
+  end)
+end)

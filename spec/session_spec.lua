@@ -1,0 +1,234 @@
+-- A whole session: scripted stand-in root models drive the real sandboxed
+-- REPL.
+local H = require("helpers")
+local fence = H.fence
+
+describe("a session", function()
+  after_each(H.assert_clean)
+
+  describe("FINAL", function()
+    it("ends the run with str() of its argument", function()
+      local result, err = H.run({
+        root_llm = H.script({ fence("x = 6 * 7\nFINAL(x)") }),
+      })
+      assert.is_nil(err)
+      assert.are.equal("42", result.answer)
+      assert.are.equal("value", result.kind)
+      assert.are.equal(1, result.iterations)
+    end)
+
+    it("runs a bare FINAL line written outside any fence", function()
+      local result, err = H.run({
+        root_llm = H.script({ fence("found = 'the key'") .. "\n\nFINAL(found)\n" }),
+      })
+      assert.is_nil(err)
+      assert.are.equal("the key", result.answer)
+    end)
+
+    it("ends the run even when the code catches Exception around it", function()
+      local result = H.run({
+        root_llm = H.script({ fence("try:\n    FINAL('kept')\nexcept Exception:\n    pass\nprint('after')") }),
+      })
+      assert.are.equal("kept", result.answer)
+    end)
+  end)
+
+  describe("FINAL_VAR", function()
+    it("returns a dict as a Lua table", function()
+      local result, err = H.run({
+        root_llm = H.script({ fence("d = {'name': 'ada', 'tags': ['a', 'b'], 'n': 3}\nFINAL_VAR('d')") }),
+      })
+      assert.is_nil(err)
+      assert.are.equal("var", result.kind)
+      assert.are.equal("d", result.var)
+      assert.are.same({ name = "ada", tags = { "a", "b" }, n = 3 }, result.value)
+    end)
+
+    it("returns the repr of a value JSON cannot carry", function()
+      local result = H.run({
+        root_llm = H.script({ fence("s = {1, 2}\nFINAL_VAR('s')") }),
+      })
+      assert.are.equal("{1, 2}", result.value)
+      assert.are.equal("{1, 2}", result.answer)
+    end)
+
+    it("reports an undefined name as an error, not an end", function()
+      local root = H.script({ fence("FINAL_VAR('nope')"), fence("FINAL('ok')") })
+      local result = H.run({ root_llm = root })
+      assert.are.equal("ok", result.answer)
+      assert.matches("nope", root.calls[2][#root.calls[2]].content)
+    end)
+  end)
+
+  describe("the answer dict", function()
+    it("ends the run when ready is set", function()
+      local result = H.run({
+        root_llm = H.script({ fence("answer['content'] = 'from the dict'\nanswer['ready'] = True") }),
+      })
+      assert.are.equal("answer", result.kind)
+      assert.are.equal("from the dict", result.answer)
+    end)
+
+    it("does not end the run while ready is false", function()
+      local result = H.run({
+        root_llm = H.script({ fence("answer['content'] = 'draft'"), fence("FINAL('final')") }),
+      })
+      assert.are.equal("final", result.answer)
+      assert.are.equal(2, result.iterations)
+    end)
+  end)
+
+  describe("the REPL", function()
+    it("keeps variables across steps", function()
+      local result = H.run({
+        root_llm = H.script({ fence("a = [1, 2, 3]"), fence("a.append(4)"), fence("FINAL(sum(a))") }),
+      })
+      assert.are.equal("10", result.answer)
+      assert.are.equal(3, result.iterations)
+    end)
+
+    it("shows the model what the code printed", function()
+      local root = H.script({ fence("print(len(context), context.upper())"), fence("FINAL(1)") })
+      H.run({ root_llm = root })
+      assert.matches("11 HELLO WORLD", root.calls[2][#root.calls[2]].content, 1, true)
+    end)
+
+    it("rolls back the names a failing step set, and shows the traceback", function()
+      local root = H.script({
+        fence("keep = 1"),
+        fence("keep = 2\nnew_name = 3\nraise ValueError('boom here')"),
+        fence("FINAL(str(keep) + ':' + str('new_name' in dir()))"),
+      })
+      local result = H.run({ root_llm = root })
+      assert.are.equal("1:False", result.answer)
+      local seen = root.calls[3][#root.calls[3]].content
+      assert.matches("ValueError: boom here", seen, 1, true)
+      assert.matches("Traceback", seen, 1, true)
+      assert.matches("raise ValueError", seen, 1, true) -- the source line
+      assert.are.equal("ValueError: boom here", result.history[2].error:match("ValueError: boom here"))
+    end)
+
+    it("reports a syntax error", function()
+      local root = H.script({ fence("def f(:\n  pass"), fence("FINAL('x')") })
+      local result = H.run({ root_llm = root })
+      assert.matches("SyntaxError", result.history[1].error)
+      assert.matches("SyntaxError", root.calls[2][#root.calls[2]].content)
+    end)
+
+    it("runs every block of a response in order", function()
+      local result = H.run({
+        root_llm = H.script({ fence("x = 'a'") .. "\ntext\n" .. fence("x += 'b'") .. "\n" .. fence("FINAL(x)") }),
+      })
+      assert.are.equal("ab", result.answer)
+      assert.are.equal(3, #result.history[1].blocks)
+    end)
+
+    it("truncates long output with a marker", function()
+      local root = H.script({ fence("for i in range(100000):\n    print('line', i)"), fence("FINAL(1)") })
+      local result = H.run({ root_llm = root, stdout_truncate_chars = 500 })
+      local out = result.history[1].stdout
+      assert.matches("%[truncated %d+ chars%]", out)
+      assert.is_true(#out < 700)
+    end)
+
+    it("tells the model when a response has no code, and counts the turn", function()
+      local root = H.script({ "I think the answer is somewhere.", fence("FINAL('x')") })
+      local result = H.run({ root_llm = root })
+      assert.are.equal(2, result.iterations)
+      assert.matches("no ```repl code block", root.calls[2][#root.calls[2]].content, 1, true)
+    end)
+  end)
+
+  describe("llm_query", function()
+    it("carries the exact prompt the code built and returns the callback's text", function()
+      local prompts = {}
+      local result = H.run({
+        context = "alpha beta",
+        root_llm = H.script({ fence("r = llm_query('Summarise: ' + context[:5] + '\\n\\u00e9')\nFINAL(r)") }),
+        llm_query = function(p)
+          prompts[#prompts + 1] = p
+          return "sub says " .. #p
+        end,
+      })
+      assert.are.same({ "Summarise: alpha\n\195\169" }, prompts)
+      assert.are.equal("sub says " .. #prompts[1], result.answer)
+      assert.are.equal(1, result.sub_calls)
+    end)
+
+    it("turns an over-long prompt into an exception the code sees", function()
+      local called = false
+      local result = H.run({
+        max_sub_prompt_chars = 10,
+        root_llm = H.script({ fence("try:\n    llm_query('x' * 11)\nexcept RuntimeError as e:\n    FINAL(str(e))") }),
+        llm_query = function()
+          called = true
+          return ""
+        end,
+      })
+      assert.is_false(called)
+      assert.matches("11 characters; the limit is 10", result.answer, 1, true)
+    end)
+  end)
+
+  describe("max_iterations", function()
+    it("takes a final answer from the last-chance call", function()
+      local root = H.script({ fence("x = 1"), fence("x = 2"), "Out of turns, so:\nFINAL(x)" })
+      local result, err = H.run({ root_llm = root, max_iterations = 2 })
+      assert.is_nil(err)
+      assert.are.equal("2", result.answer)
+      assert.matches("no runs left", root.calls[3][#root.calls[3]].content)
+    end)
+
+    it("fails with max_iterations when the last chance gives no answer", function()
+      local root = H.script({ fence("x = 1") })
+      local result, err = H.run({ root_llm = root, max_iterations = 3 })
+      assert.is_nil(result)
+      assert.are.equal("max_iterations", err.kind)
+      assert.are.equal(3, #err.history)
+      assert.are.equal(4, #root.calls)
+      assert.matches("max_iterations", tostring(err))
+    end)
+  end)
+
+  describe("on_event", function()
+    it("reports step_start, exec_result, sub_query and final", function()
+      local seen = {}
+      H.run({
+        root_llm = H.script({ fence("print(llm_query('q'))"), fence("FINAL('z')") }),
+        on_event = function(ev)
+          seen[#seen + 1] = ev.type
+        end,
+      })
+      assert.are.same({ "step_start", "sub_query", "exec_result", "step_start", "exec_result", "final" }, seen)
+    end)
+  end)
+
+  describe("step()", function()
+    it("runs one root turn at a time", function()
+      local s = H.session({ root_llm = H.script({ fence("print('one')"), fence("FINAL('two')") }) })
+      local e1 = assert(s:step())
+      assert.are.equal("one\n", e1.stdout)
+      assert.is_nil(e1.final)
+      local e2 = assert(s:step())
+      assert.are.equal("two", e2.final.answer)
+      s:close()
+      s:close() -- idempotent
+    end)
+  end)
+
+  describe("callbacks", function()
+    it("gives callback_error when root_llm raises", function()
+      local _, err = H.run({ root_llm = function() error("model down") end })
+      assert.are.equal("callback_error", err.kind)
+      assert.matches("model down", err.message)
+    end)
+
+    it("gives callback_error when llm_query returns a non-string", function()
+      local _, err = H.run({
+        root_llm = H.script({ fence("llm_query('x')") }),
+        llm_query = function() return 42 end,
+      })
+      assert.are.equal("callback_error", err.kind)
+    end)
+  end)
+end)
