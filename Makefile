@@ -20,9 +20,10 @@ DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   pkg-config gcc make
 
 .PHONY: all deps test check demo clean install bench
-all: $(foreach a,$(ABIS),build/$(a)/rlm/core.so)
+BUILD ?= build
+all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so)
 
-build/%/rlm/core.so: $(SRC) $(HDR)
+$(BUILD)/%/rlm/core.so: $(SRC) $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -I$(INC_$*) -shared -o $@ $(SRC) $(LDFLAGS) $(LDLIBS)
 
@@ -40,13 +41,16 @@ lua_env = LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$(CURDIR)/spec/
 test: all
 	@./spec/run $(LUAS)
 
+# The suite under AddressSanitizer and UBSan, with a separate build. The
+# interpreters are not instrumented, so the runtime is preloaded.
+ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
 check:
-	$(MAKE) clean
-	$(MAKE) all CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" LDFLAGS="-fsanitize=address,undefined"
-	RLM_SANITIZE=1 ./spec/run lua5.4
+	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+	  LDFLAGS="-fsanitize=address,undefined" all
+	RLM_SPEC_BUILD=build-asan RLM_SPEC_PRELOAD=$(ASAN_LIB) ./spec/run lua5.1 lua5.3 lua5.4
 
 demo: all
 	$(call lua_env,lua5.4) lua5.4 examples/demo.lua
 
 clean:
-	rm -rf build
+	rm -rf build build-asan

@@ -165,6 +165,23 @@ static int core_sandbox_argv(lua_State *L) {
   return 1;
 }
 
+extern char **environ;
+
+/* The host's environment without what would load extra code into the
+ * helper (and so into the list of libraries it reports). */
+static int helper_env(lua_State *L) {
+  size_t n = 0;
+  for (char **e = environ; *e != NULL; e++)
+    n++;
+  char **env = lua_newuserdata(L, (n + 1) * sizeof(*env));
+  size_t k = 0;
+  for (char **e = environ; *e != NULL; e++)
+    if (strncmp(*e, "LD_PRELOAD=", 11) != 0 && strncmp(*e, "LD_AUDIT=", 9) != 0)
+      env[k++] = *e;
+  env[k] = NULL;
+  return lua_gettop(L);
+}
+
 /* core.capture(argv, timeout_ms, max_bytes) -> stdout, exit_status | nil, msg
  * Runs a trusted helper (the interpreter probe) outside the sandbox, with the
  * host's environment, and returns its first line of output. */
@@ -182,10 +199,11 @@ static int core_capture(lua_State *L) {
     lua_pop(L, 1);
   }
   argv[n] = NULL;
+  int env_index = helper_env(L);
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.argv = argv;
-  o.env = NULL;
+  o.env = lua_touserdata(L, env_index);
   o.workdir = "";
   o.max_line = max_bytes;
   char err[512];

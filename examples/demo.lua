@@ -33,9 +33,9 @@ local function generate(bytes)
   local n = math.floor(bytes / 110)
   local needles = {
     [math.floor(n * 0.41)] = "incident-bot WARN INCIDENT INC-4471 opened: elevated 5xx rate on checkout",
-    [math.floor(n * 0.43)] = ("%s ERROR root cause identified for INC-4471: connection pool exhausted code=%s")
+    [math.floor(n * 0.43)] = ("%s ERROR root cause identified: connection pool exhausted code=%s")
       :format(facts.service, facts.code),
-    [math.floor(n * 0.47)] = ("deploy-controller INFO rollback of %s to v2.14.3 for INC-4471 approved by %s")
+    [math.floor(n * 0.47)] = ("deploy-controller INFO rollback of %s to v2.14.3 approved by %s")
       :format(facts.service, facts.approver),
   }
   local out = {}
@@ -70,13 +70,14 @@ print(type(context).__name__, len(context))
 lines = context.split('\n')
 print(len(lines), 'lines; first two:')
 print('\n'.join(lines[:2]))]]),
-  "Log lines. I will find what mentions the incident.\n" .. fence([[
+  "Log lines. First, when did the incident start?\n" .. fence([[
 import re
 hits = [l for l in lines if 'INC-4471' in l]
 print(len(hits), 'lines mention INC-4471')
 for l in hits[:5]:
     print(l[:160])]]),
-  "Now the errors and deploy actions around it; I will have a sub-model read them in chunks.\n" .. fence([[
+  "Only the opening line names it. The cause and the fix must be in the errors and deploy actions; "
+    .. "I will have a sub-model read those in chunks.\n" .. fence([[
 candidates = [l for l in lines if ' ERROR ' in l or 'rollback' in l]
 print(len(candidates), 'candidate lines')
 chunks = ['\n'.join(candidates[i:i + 400]) for i in range(0, len(candidates), 400)]
@@ -108,7 +109,7 @@ end
 -- only what the lines in front of it say.
 local function llm_query(prompt)
   local service, code = prompt:match("%S+ host%-%d+ (%S+) ERROR root cause identified[^\n]*code=(%S+)")
-  local approver = prompt:match("rollback of %S+ to %S+ for INC%-4471 approved by (%S+)")
+  local approver = prompt:match("rollback of %S+ to %S+ approved by (%S+)")
   return ("service=%s; code=%s; approver=%s"):format(service or "NONE", code or "NONE",
     approver or "NONE")
 end
@@ -123,7 +124,7 @@ print("rlm demo: both the root model and the sub-model are SCRIPTED STAND-INS, n
 print("The REPL, the sandbox, the sub-calls and the data are real.\n")
 local t0 = clock()
 local logs = generate(MB * 2 ^ 20)
-print(("Generated %.1f MB of service logs (%d ms). Three facts are hidden in them.")
+print(("Generated %.1f MB of service logs (%.0f ms). Three facts are hidden in them.")
   :format(#logs / 2 ^ 20, clock() - t0))
 
 local question = "During incident INC-4471, which service failed, what was the root-cause " ..
@@ -145,7 +146,7 @@ local session = rlm.Session.new({
       io.write(("--- step %d ---\n"):format(ev.step))
     elseif ev.type == "exec_result" then
       io.write("code:\n", (ev.code:gsub("[^\n]+", "  | %0")), "\n")
-      io.write("output:\n", (ev.stdout:gsub("[^\n]+", "  > %0")))
+      io.write("output:\n", ev.stdout == "" and "  (nothing printed)\n" or (ev.stdout:gsub("[^\n]+", "  > %0")))
       if ev.error then
         io.write("error:\n", ev.error, "\n")
       end
