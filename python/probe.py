@@ -55,6 +55,23 @@ def mapped_files():
     return files
 
 
+def soname_links(files):
+    """The symlinks beside each mapped library that point at it: the loader
+    opens libz.so.1, which maps as libz.so.1.2.13."""
+    wanted = set(files)
+    links = []
+    for directory in sorted({os.path.dirname(f) for f in files}):
+        try:
+            entries = os.scandir(directory)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                if entry.is_symlink() and os.path.realpath(entry.path) in wanted:
+                    links.append(entry.path)
+    return links
+
+
 def main():
     failed = []
     for name in sys.argv[1:]:
@@ -63,12 +80,13 @@ def main():
         except Exception:  # a module the user asked for may be missing
             failed.append(name)
     executable = os.path.realpath(sys.executable)
+    files = mapped_files()
     print(json.dumps({
         "executable": executable,
         "version": "%d.%d.%d" % sys.version_info[:3],
         "interpreter": elf_interpreter(executable),
         "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
-        "files": mapped_files(),
+        "files": files + soname_links(files),
         "missing": failed,
     }))
 

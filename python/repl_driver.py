@@ -26,6 +26,7 @@ import types
 
 PROTOCOL_VERSION = 1
 DEFAULT_STDOUT_LIMIT = 2000
+DEFAULT_MESSAGE_LIMIT = 16 << 20
 DRIVER_FILE = __file__
 REAL_IMPORT = builtins.__import__
 
@@ -38,14 +39,19 @@ sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol
 
 # --- Protocol --------------------------------------------------------------
 
-def send(message):
+def encode(message):
     text = json.dumps(message, ensure_ascii=False, allow_nan=False)
     try:
-        data = text.encode("utf-8")
+        return text.encode("utf-8")
     except UnicodeEncodeError:
         # Lone surrogates (from surrogateescape) are not UTF-8: send U+FFFD.
         text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-        data = text.encode("utf-8")
+        return text.encode("utf-8")
+
+
+def send(message, data=None):
+    if data is None:
+        data = encode(message)
     try:
         PROTOCOL_OUT.write(data + b"\n")
         PROTOCOL_OUT.flush()
@@ -100,6 +106,13 @@ class FinalSignal(BaseException):
 
 
 def finish(final):
+    # The host ends the session on a line longer than its limit; an
+    # exception here lets the model send something smaller instead.
+    size = len(encode(final))
+    room = session.message_limit - 4 * session.stdout_limit - 4096
+    if size > room:
+        raise ValueError(f"the final answer is {size} bytes as JSON; the host accepts about "
+                         f"{max(room, 0)}: answer with something smaller")
     if session.final is None:  # kept here too, in case a bare except swallows the signal
         session.final = final
     raise FinalSignal
@@ -140,7 +153,12 @@ def llm_query(prompt):
     if not isinstance(prompt, str):
         raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
     request_id = next(request_ids)
-    send({"type": "llm_query", "id": request_id, "prompt": prompt})
+    request = {"type": "llm_query", "id": request_id, "prompt": prompt}
+    data = encode(request)
+    if len(data) > session.message_limit:
+        raise ValueError(f"llm_query prompt is {len(prompt)} characters, more than the host "
+                         f"accepts in one message ({session.message_limit} bytes): split it")
+    send(request, data)
     reply = receive()
     if reply is None:
         os._exit(0)  # the host asked us to leave
@@ -185,7 +203,11 @@ SAFE_MODULES = frozenset("""
 # io is allowed for in-memory files only.
 IO_NAMES = frozenset({"StringIO", "BytesIO", "UnsupportedOperation", "BlockingIOError"})
 
-ALLOWED_DUNDERS = frozenset({"__name__", "__doc__"})
+# What models write in ordinary code (super().__init__(), x.__class__.__name__);
+# the walks out of an object (__bases__, __subclasses__, __globals__, ...)
+# stay refused.
+ALLOWED_DUNDERS = frozenset({"__name__", "__doc__", "__init__", "__class__", "__qualname__",
+                             "__module__"})
 FRAME_ATTRIBUTES = frozenset("""
     gi_frame gi_code cr_frame cr_code ag_frame ag_code f_globals f_locals
     f_builtins f_back f_code tb_frame tb_next co_code func_globals
@@ -410,6 +432,7 @@ class Session:
 
     def __init__(self):
         self.stdout_limit = DEFAULT_STDOUT_LIMIT
+        self.message_limit = DEFAULT_MESSAGE_LIMIT
         self.guardrails = True
         self.extra_modules = frozenset()
         self.safe_builtins = guarded_builtins()
@@ -430,6 +453,7 @@ class Session:
 
     def configure(self, message):
         self.stdout_limit = max(0, field(message, "stdout_limit", int, DEFAULT_STDOUT_LIMIT))
+        self.message_limit = field(message, "max_message_bytes", int, DEFAULT_MESSAGE_LIMIT)
         self.guardrails = field(message, "guardrails", bool, True)
         self.extra_modules = frozenset(string_list(message, "allowed_modules", []))
         sys_path = string_list(message, "sys_path")
@@ -497,7 +521,8 @@ def read_text(path):
         if os.fstat(file.fileno()).st_size == 0:
             return ""  # mmap refuses empty files
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
-            return str(mapping, "utf-8")
+            # Lua strings are bytes: invalid UTF-8 survives as surrogates.
+            return str(mapping, "utf-8", "surrogateescape")
 
 
 session = Session()

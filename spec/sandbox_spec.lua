@@ -81,6 +81,21 @@ print('none')]], "none" },
     end
   end)
 
+  describe("finds the interpreter's installation", function()
+    local interpreters = { "python3" }
+    local debian = "/usr/bin/python3"
+    if core.find_program(debian) and core.find_program("python3") ~= debian then
+      interpreters[#interpreters + 1] = debian
+    end
+    for _, python in ipairs(interpreters) do
+      it("for " .. python .. " (" .. tostring(core.find_program(python)) .. ")", function()
+        local out = observe("import sys, hashlib, decimal, zlib\nprint(sys.prefix)", { python = python })
+        local prefix = io.popen(python .. " -I -c 'import sys; print(sys.prefix)'"):read("*l")
+        assert.are.equal(prefix, (out:gsub("%s+$", "")))
+      end)
+    end
+  end)
+
   it("binds only the interpreter's installation, read-only", function()
     local argv = core.sandbox_argv({
       bwrap = "/usr/bin/bwrap", python = "/usr/bin/python3.11", driver = "/d.py",

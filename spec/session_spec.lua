@@ -232,3 +232,34 @@ describe("a session", function()
     end)
   end)
 end)
+
+describe("the size of what the driver sends", function()
+  after_each(H.assert_clean)
+
+  it("turns a FINAL too large for the protocol into an error the model sees", function()
+    local root = H.script({ fence("FINAL('x' * 100000)"), fence("FINAL('small')") })
+    local result, err = H.run({ root_llm = root, max_message_bytes = 65536 })
+    assert.is_nil(err)
+    assert.are.equal("small", result.answer)
+    assert.matches("answer with something smaller", result.history[1].error, 1, true)
+  end)
+
+  it("turns an llm_query prompt too large for the protocol into an error", function()
+    local called = false
+    local result = H.run({
+      max_message_bytes = 65536,
+      root_llm = H.script({ fence("try:\n    llm_query('y' * 70000)\nexcept ValueError as e:\n    FINAL(str(e))") }),
+      llm_query = function() called = true return "" end,
+    })
+    assert.is_false(called)
+    assert.matches("split it", result.answer)
+  end)
+
+  it("keeps invalid UTF-8 in a string context, byte for byte", function()
+    local result = H.run({
+      context = "ab\255\254c",
+      root_llm = H.script({ fence("FINAL(len(context))") }),
+    })
+    assert.are.equal("5", result.answer)
+  end)
+end)

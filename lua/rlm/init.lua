@@ -166,7 +166,7 @@ function Session:_start()
   local o = self.opts
   local ok
   ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
-    guardrails = o.guardrails,
+    max_message_bytes = o.max_message_bytes, guardrails = o.guardrails,
     allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
     sys_path = info.sys_path })
   if ok then
