@@ -17,7 +17,7 @@ abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
 
 DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
-  pkg-config gcc make
+  gcc make
 
 .PHONY: all deps test check demo clean install bench
 BUILD ?= build
@@ -38,19 +38,21 @@ deps:
 lua_env = LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$(CURDIR)/spec/?.lua;;" \
   LUA_CPATH="$(CURDIR)/build/$(call abi_of,$(1))/?.so;;"
 
-test: all
+test: deps
+	@$(MAKE) --no-print-directory all
 	@./spec/run $(LUAS)
 
 # The suite under AddressSanitizer and UBSan, with a separate build. The
 # interpreters are not instrumented, so the runtime is preloaded.
 ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
-check:
+check: deps
 	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" all
 	RLM_SPEC_BUILD=build-asan RLM_SPEC_PRELOAD=$(ASAN_LIB) ./spec/run lua5.1 lua5.3 lua5.4
 
-demo: all
-	$(call lua_env,lua5.4) lua5.4 examples/demo.lua
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@$(call lua_env,lua5.4) lua5.4 examples/demo.lua
 
 clean:
 	rm -rf build build-asan
