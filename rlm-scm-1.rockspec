@@ -29,10 +29,12 @@ build = {
     ["rlm.prompt"] = "lua/rlm/prompt.lua",
     ["rlm.protocol"] = "lua/rlm/protocol.lua",
     ["rlm.sandbox"] = "lua/rlm/sandbox.lua",
+    ["rlm.selftest"] = "lua/rlm/selftest.lua",
     ["rlm.util"] = "lua/rlm/util.lua",
     ["rlm.core"] = {
       sources = {
-        "csrc/core.c", "csrc/driver.c", "csrc/sandbox.c", "csrc/watchdog.c", "csrc/workdir.c",
+        "csrc/canary.c", "csrc/core.c", "csrc/driver.c", "csrc/sandbox.c", "csrc/seccomp.c",
+        "csrc/watchdog.c", "csrc/workdir.c",
       },
       libraries = { "uv", "pthread" },
       incdirs = { "$(LIBUV_INCDIR)" },

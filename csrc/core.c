@@ -2,18 +2,22 @@
  * sandbox command line, and two small text helpers. Misuse raises; runtime
  * failures return nil and a message. */
 #define _GNU_SOURCE
+#include "canary.h"
 #include "compat.h"
 #include "driver.h"
 #include "sandbox.h"
+#include "seccomp.h"
 #include "workdir.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #define DRIVER_MT "rlm.core.Driver"
+#define CANARIES_MT "rlm.core.Canaries"
 #define MAX_RO_PATHS 4096
 
 /* The driver sees a fixed environment: nothing of the host's. */
@@ -107,8 +111,15 @@ static int core_spawn(lua_State *L) {
     return 2;
   }
   spec.workdir = u->workdir;
+  spec.seccomp_fd = 3; /* where the child finds it */
+  int filter = rlm_seccomp_fd(err, sizeof(err));
+  if (filter < 0) {
+    (void)rlm_workdir_remove(u->workdir);
+    return fail(L, err);
+  }
   rlm_argv argv = {0};
   if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0) {
+    close(filter);
     (void)rlm_workdir_remove(u->workdir);
     return fail(L, err);
   }
@@ -116,11 +127,13 @@ static int core_spawn(lua_State *L) {
   memset(&o, 0, sizeof(o));
   o.argv = argv.v;
   o.env = sandbox_env;
+  o.inherit_fd = filter;
   o.workdir = u->workdir;
   o.max_line = max_line;
   o.max_rss = max_rss;
   o.rss_interval_ms = interval;
   u->d = rlm_driver_start(&o, err, sizeof(err));
+  close(filter); /* the child has its copy */
   rlm_argv_free(&argv);
   if (u->d == NULL) {
     (void)rlm_workdir_remove(u->workdir);
@@ -139,6 +152,7 @@ static int core_sandbox_argv(lua_State *L) {
   spec.python = opt_string(L, 1, "python");
   spec.driver = opt_string(L, 1, "driver");
   spec.workdir = opt_string(L, 1, "workdir");
+  spec.seccomp_fd = 3;
   lua_getfield(L, 1, "ro");
   luaL_checktype(L, -1, LUA_TTABLE);
   size_t n_ro = lua_rawlen(L, -1);
@@ -204,6 +218,7 @@ static int core_capture(lua_State *L) {
   memset(&o, 0, sizeof(o));
   o.argv = argv;
   o.env = lua_touserdata(L, env_index);
+  o.inherit_fd = -1;
   o.workdir = "";
   o.max_line = max_bytes;
   char err[512];
@@ -361,6 +376,34 @@ static int driver_alive(lua_State *L) {
   return 1;
 }
 
+/* d:tree() -> { pid, ... }: the sandbox's processes, launcher first. */
+static int driver_tree(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  int pids[256];
+  size_t n = rlm_driver_tree(u->d, pids, 256);
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushinteger(L, pids[i]);
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  return 1;
+}
+
+static void push_foreign_fd(void *ud, int pid, int fd, const char *target) {
+  lua_State *L = ud;
+  lua_pushfstring(L, "pid %d fd %d: %s", pid, fd, target);
+  lua_rawseti(L, -2, (int)lua_rawlen(L, -2) + 1);
+}
+
+/* d:foreign_fds() -> { "pid P fd N: target", ... }: descriptors in the
+ * sandbox that are not the session's pipes. */
+static int driver_foreign_fds(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  lua_newtable(L);
+  rlm_driver_foreign_fds(u->d, push_foreign_fd, L);
+  return 1;
+}
+
 static int driver_peak_rss(lua_State *L) {
   lua_pushnumber(L, (lua_Number)rlm_driver_peak_rss(check_driver(L)->d));
   return 1;
@@ -418,6 +461,57 @@ static int driver_tostring(lua_State *L) {
   return 1;
 }
 
+/* core.plant_canaries(home, dir) -> Canaries: see canary.h. */
+static int core_plant_canaries(lua_State *L) {
+  const char *home = luaL_optstring(L, 1, NULL);
+  const char *dir = luaL_checkstring(L, 2);
+  rlm_canaries *c = lua_newuserdata(L, sizeof(*c));
+  rlm_canaries_plant(c, home, dir);
+  luaL_getmetatable(L, CANARIES_MT);
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+static void set_string(lua_State *L, const char *key, const char *value) {
+  if (value[0] != '\0') {
+    lua_pushstring(L, value);
+    lua_setfield(L, -2, key);
+  }
+}
+
+static void set_int(lua_State *L, const char *key, int value) {
+  if (value >= 0) {
+    lua_pushinteger(L, value);
+    lua_setfield(L, -2, key);
+  }
+}
+
+/* c:info() -> { secret=, home_file=, tcp_port=, unix_path=, abstract=,
+ *               leaked_fd=, host_pid= }: what the self-test tries. */
+static int canaries_info(lua_State *L) {
+  rlm_canaries *c = luaL_checkudata(L, 1, CANARIES_MT);
+  lua_newtable(L);
+  set_string(L, "secret", c->secret);
+  set_string(L, "home_file", c->home_file);
+  set_string(L, "unix_path", c->unix_path);
+  set_string(L, "abstract", c->abstract_name);
+  set_int(L, "tcp_port", c->tcp_port);
+  set_int(L, "leaked_fd", c->leaked_fd);
+  set_int(L, "host_pid", (int)getpid());
+  return 1;
+}
+
+static int canaries_remove(lua_State *L) {
+  rlm_canaries_remove(luaL_checkudata(L, 1, CANARIES_MT));
+  return 0;
+}
+
+static const luaL_Reg canaries_methods[] = {
+    {"info", canaries_info},
+    {"remove", canaries_remove},
+    {NULL, NULL},
+};
+
 static const luaL_Reg driver_methods[] = {
     {"send", driver_send},
     {"poll", driver_poll},
@@ -427,6 +521,8 @@ static const luaL_Reg driver_methods[] = {
     {"pid", driver_pid},
     {"alive", driver_alive},
     {"peak_rss", driver_peak_rss},
+    {"tree", driver_tree},
+    {"foreign_fds", driver_foreign_fds},
     {"fd", driver_fd},
     {"timeout", driver_timeout},
     {"workdir", driver_workdir},
@@ -442,6 +538,7 @@ static const luaL_Reg core_functions[] = {
     {"find_program", core_find_program},
     {"now_ms", core_now_ms},
     {"utf8_prefix", core_utf8_prefix},
+    {"plant_canaries", core_plant_canaries},
     {NULL, NULL},
 };
 
@@ -455,6 +552,12 @@ __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
   lua_setfield(L, -2, "__close");
   lua_pushcfunction(L, driver_tostring);
   lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, CANARIES_MT);
+  luaL_newlib(L, canaries_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, canaries_remove);
+  lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   luaL_newlib(L, core_functions);
   lua_pushliteral(L, "rlm.core 0.1");

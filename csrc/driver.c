@@ -1,21 +1,36 @@
 /* driver.c: the driver process on its own libuv loop. Reading stops while an
  * event waits to be taken, so a driver that floods its stdout fills the pipe
- * and blocks instead of filling the host's memory. */
+ * and blocks instead of filling the host's memory.
+ *
+ * The process is started with posix_spawn, not uv_spawn, and watched through
+ * a pidfd: the child closes every descriptor but its three pipes (and the
+ * seccomp filter) before its first exec, whatever the host leaked, and libuv
+ * never installs its process-wide SIGCHLD handler, which would otherwise
+ * change how the host's own children (Neovim's, nginx's) are reaped. */
 #define _GNU_SOURCE
 #include "driver.h"
 
 #include "watchdog.h"
 #include "workdir.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 #include <uv.h>
+
+extern char **environ;
 
 #define READ_CHUNK 65536
 #define STDERR_TAIL 2048
@@ -25,7 +40,10 @@
 
 struct rlm_driver {
   uv_loop_t loop;
-  uv_process_t process;
+  uv_poll_t exit_watch; /* the pidfd turns readable when the process exits */
+  int pidfd;
+  pid_t pid;
+  unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
   uv_pipe_t in, out, err;
   uv_timer_t deadline, watchdog, wait, grace;
   int handles; /* initialised handles not yet closed */
@@ -151,14 +169,20 @@ static void close_handle(rlm_driver *d, void *h) {
     uv_close(handle, on_close);
 }
 
+static void send_kill(rlm_driver *d) {
+  /* Through the pidfd, so a recycled pid can never be hit. ESRCH: it has
+   * exited already, and the exit watch will say so. */
+  if (syscall(SYS_pidfd_send_signal, d->pidfd, SIGKILL, NULL, 0) != 0 &&
+      errno != ESRCH)
+    (void)kill(d->pid, SIGKILL);
+  d->killed = 1;
+}
+
 static void kill_sandbox(rlm_driver *d) {
-  if (d->spawned && !d->exited && !d->killed) {
-    /* SIGKILL to bubblewrap; its init in the pid namespace gets SIGKILL from
-     * --die-with-parent, and the kernel kills the rest of the namespace. */
-    int rc = uv_process_kill(&d->process, SIGKILL);
-    (void)rc; /* ESRCH: it is already gone, and exit_cb will say so */
-    d->killed = 1;
-  }
+  /* SIGKILL to bubblewrap; its init in the pid namespace gets SIGKILL from
+   * --die-with-parent, and the kernel kills the rest of the namespace. */
+  if (d->spawned && !d->exited && !d->killed)
+    send_kill(d);
 }
 
 /* A terminal condition the host enforced: kill, drop what the driver said
@@ -209,11 +233,26 @@ static void on_grace(uv_timer_t *t) {
   maybe_queue_exit(d);
 }
 
-static void on_process_exit(uv_process_t *p, int64_t status, int term_signal) {
-  rlm_driver *d = p->data;
+static void on_process_exit(uv_poll_t *w, int status, int events) {
+  rlm_driver *d = w->data;
+  (void)status;
+  (void)events;
+  int wstatus = 0;
+  pid_t got;
+  do
+    got = waitpid(d->pid, &wstatus, WNOHANG);
+  while (got < 0 && errno == EINTR);
+  if (got == 0)
+    return; /* not yet: readable pidfds mean exited, but be sure */
+  uv_poll_stop(w);
   d->exited = 1;
-  d->exit_status = status;
-  d->term_signal = term_signal;
+  if (got < 0) { /* ECHILD: the host reaps children itself (SIGCHLD ignored) */
+    d->exit_status = -1;
+    d->term_signal = 0;
+  } else {
+    d->exit_status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 0;
+    d->term_signal = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
+  }
   uv_timer_stop(&d->deadline);
   uv_timer_stop(&d->watchdog);
   if (!d->out_eof && !d->killed)
@@ -323,7 +362,7 @@ static void on_watchdog(uv_timer_t *t) {
   rlm_driver *d = t->data;
   if (!d->spawned || d->exited)
     return;
-  uint64_t rss = rlm_tree_rss(d->process.pid);
+  uint64_t rss = rlm_tree_rss(d->pid);
   if (rss > d->peak_rss)
     d->peak_rss = rss;
   if (rss > d->max_rss)
@@ -351,6 +390,8 @@ static int init_pipe(rlm_driver *d, uv_pipe_t *p) {
 }
 
 static void free_driver(rlm_driver *d) {
+  if (d->pidfd >= 0)
+    close(d->pidfd);
   while (d->head != NULL) {
     rlm_event *ev = d->head;
     d->head = ev->next;
@@ -362,7 +403,7 @@ static void free_driver(rlm_driver *d) {
 
 /* Closes every handle and the loop. The process must have been reaped. */
 static void close_loop(rlm_driver *d) {
-  close_handle(d, &d->process);
+  close_handle(d, &d->exit_watch);
   close_handle(d, &d->in);
   close_handle(d, &d->out);
   close_handle(d, &d->err);
@@ -374,6 +415,150 @@ static void close_loop(rlm_driver *d) {
     run_loop(d, UV_RUN_ONCE);
   /* Every handle is closed, so this cannot report EBUSY. */
   (void)uv_loop_close(&d->loop);
+}
+
+/* A pipe whose two ends are close-on-exec and numbered 10 or more, so that
+ * the dup2s into 0..3 in the child cannot clobber one another. */
+static int make_pipe(int fds[2]) {
+  int raw[2];
+  if (pipe2(raw, O_CLOEXEC) != 0)
+    return -1;
+  for (int i = 0; i < 2; i++) {
+    fds[i] = fcntl(raw[i], F_DUPFD_CLOEXEC, 10);
+    close(raw[i]);
+  }
+  if (fds[0] < 0 || fds[1] < 0) {
+    int saved = errno;
+    if (fds[0] >= 0)
+      close(fds[0]);
+    if (fds[1] >= 0)
+      close(fds[1]);
+    errno = saved;
+    return -1;
+  }
+  return 0;
+}
+
+static void close_pair(int fds[2]) {
+  for (int i = 0; i < 2; i++)
+    if (fds[i] >= 0) {
+      close(fds[i]);
+      fds[i] = -1;
+    }
+}
+
+static int spawn_process(rlm_driver *d, const rlm_driver_opts *o, char *err,
+                         size_t errlen) {
+  int p_in[2] = {-1, -1}, p_out[2] = {-1, -1}, p_err[2] = {-1, -1};
+  int keep = -1, rc = -1;
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  int fa_ok = 0, attr_ok = 0;
+
+  if (make_pipe(p_in) || make_pipe(p_out) || make_pipe(p_err)) {
+    snprintf(err, errlen, "pipe2: %s", strerror(errno));
+    goto out;
+  }
+  int ends[3] = {p_in[0], p_out[1], p_err[1]};
+  for (int i = 0; i < 3; i++) {
+    struct stat st;
+    if (fstat(ends[i], &st) != 0) {
+      snprintf(err, errlen, "fstat: %s", strerror(errno));
+      goto out;
+    }
+    d->pipe_ino[i] = (unsigned long)st.st_ino;
+  }
+  if (o->inherit_fd >= 0 &&
+      (keep = fcntl(o->inherit_fd, F_DUPFD_CLOEXEC, 10)) < 0) {
+    snprintf(err, errlen, "fcntl(F_DUPFD_CLOEXEC): %s", strerror(errno));
+    goto out;
+  }
+  int e = posix_spawn_file_actions_init(&fa);
+  fa_ok = e == 0;
+  if (e == 0)
+    e = posix_spawn_file_actions_adddup2(&fa, p_in[0], 0);
+  if (e == 0)
+    e = posix_spawn_file_actions_adddup2(&fa, p_out[1], 1);
+  if (e == 0)
+    e = posix_spawn_file_actions_adddup2(&fa, p_err[1], 2);
+  if (e == 0 && keep >= 0)
+    e = posix_spawn_file_actions_adddup2(&fa, keep, 3);
+  /* Everything else goes, leaked host descriptors included. */
+  if (e == 0)
+    e = posix_spawn_file_actions_addclosefrom_np(&fa, keep >= 0 ? 4 : 3);
+  if (e == 0)
+    e = posix_spawnattr_init(&attr);
+  attr_ok = fa_ok && e == 0;
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  if (e == 0)
+    e = posix_spawnattr_setsigmask(&attr, &none);
+  if (e == 0)
+    e = posix_spawnattr_setsigdefault(&attr, &all);
+  /* A session of its own: no controlling terminal, and a ^C in the user's
+   * terminal reaches the host, which decides. */
+  if (e == 0)
+    e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
+                                            POSIX_SPAWN_SETSIGDEF |
+                                            POSIX_SPAWN_SETSID);
+  if (e != 0) {
+    snprintf(err, errlen, "posix_spawn setup: %s", strerror(e));
+    goto out;
+  }
+  e = posix_spawn(&d->pid, o->argv[0], &fa, &attr, (char *const *)o->argv,
+                  o->env ? (char *const *)o->env : environ);
+  if (e != 0) {
+    snprintf(err, errlen, "spawning %s: %s", o->argv[0], strerror(e));
+    goto out;
+  }
+  d->spawned = 1;
+  d->pidfd = (int)syscall(SYS_pidfd_open, d->pid, 0);
+  if (d->pidfd < 0) {
+    /* Kernels before 5.3: the process cannot be watched safely. */
+    snprintf(err, errlen, "pidfd_open: %s", strerror(errno));
+    (void)kill(d->pid, SIGKILL);
+    while (waitpid(d->pid, NULL, 0) < 0 && errno == EINTR)
+      ;
+    d->spawned = 0;
+    goto out;
+  }
+  (void)fcntl(d->pidfd, F_SETFD, FD_CLOEXEC); /* pidfds are, but be sure */
+  close(p_in[0]);
+  close(p_out[1]);
+  close(p_err[1]);
+  p_in[0] = p_out[1] = p_err[1] = -1;
+  if ((e = uv_pipe_open(&d->in, p_in[1])) == 0)
+    p_in[1] = -1;
+  if (e == 0 && (e = uv_pipe_open(&d->out, p_out[0])) == 0)
+    p_out[0] = -1;
+  if (e == 0 && (e = uv_pipe_open(&d->err, p_err[0])) == 0)
+    p_err[0] = -1;
+  if (e == 0 && (e = uv_poll_init(&d->loop, &d->exit_watch, d->pidfd)) == 0) {
+    d->exit_watch.data = d;
+    d->handles++;
+    e = uv_poll_start(&d->exit_watch, UV_READABLE, on_process_exit);
+  }
+  if (e != 0) {
+    snprintf(err, errlen, "watching the driver: %s", uv_strerror(e));
+    send_kill(d);
+    while (waitpid(d->pid, NULL, 0) < 0 && errno == EINTR)
+      ;
+    d->spawned = 0;
+    goto out;
+  }
+  rc = 0;
+out:
+  if (fa_ok)
+    posix_spawn_file_actions_destroy(&fa);
+  if (attr_ok)
+    posix_spawnattr_destroy(&attr);
+  close_pair(p_in);
+  close_pair(p_out);
+  close_pair(p_err);
+  if (keep >= 0)
+    close(keep);
+  return rc;
 }
 
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
@@ -389,6 +574,7 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     free(d);
     return NULL;
   }
+  d->pidfd = -1;
   d->max_line = o->max_line;
   d->max_rss = o->max_rss;
   d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
@@ -405,39 +591,11 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     return NULL;
   }
 
-  uv_stdio_container_t stdio[3];
-  stdio[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
-  stdio[0].data.stream = (uv_stream_t *)&d->in;
-  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-  stdio[1].data.stream = (uv_stream_t *)&d->out;
-  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-  stdio[2].data.stream = (uv_stream_t *)&d->err;
-
-  uv_process_options_t po;
-  memset(&po, 0, sizeof(po));
-  po.exit_cb = on_process_exit;
-  po.file = o->argv[0];
-  po.args = (char **)o->argv;
-  po.env = (char **)o->env;
-  po.stdio_count = 3;
-  po.stdio = stdio;
-  /* Its own process group, so a terminal's ^C reaches the host, which then
-   * decides, rather than the sandbox. */
-  po.flags = UV_PROCESS_DETACHED;
-
-  d->process.data = d;
-  sigpipe_guard g;
-  sigpipe_block(&g);
-  rc = uv_spawn(&d->loop, &d->process, &po);
-  sigpipe_unblock(&g);
-  d->handles++; /* the process handle must be closed even on failure */
-  if (rc != 0) {
-    snprintf(err, errlen, "spawning %s: %s", o->argv[0], uv_strerror(rc));
+  if (spawn_process(d, o, err, errlen) != 0) {
     close_loop(d);
     free_driver(d);
     return NULL;
   }
-  d->spawned = 1;
   uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
   d->reading = 1;
   uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
@@ -537,7 +695,62 @@ int rlm_driver_deadline_passed(rlm_driver *d) {
 }
 
 int rlm_driver_pid(const rlm_driver *d) {
-  return d->spawned && !d->exited ? d->process.pid : 0;
+  return d->spawned && !d->exited ? d->pid : 0;
+}
+
+size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max) {
+  if (!d->spawned || d->exited)
+    return 0;
+  pid_t buf[256];
+  size_t n = rlm_tree_pids(d->pid, buf, max < 256 ? max : 256);
+  for (size_t i = 0; i < n; i++)
+    pids[i] = buf[i];
+  return n;
+}
+
+/* Whether a descriptor's /proc link names something the sandbox may hold:
+ * one of the session's pipes, or a kernel object bubblewrap made for itself
+ * (signalfd, eventfd). */
+static int fd_is_ours(const rlm_driver *d, const char *target) {
+  unsigned long ino;
+  if (strncmp(target, "anon_inode:", 11) == 0)
+    return 1;
+  if (sscanf(target, "pipe:[%lu]", &ino) == 1)
+    for (int i = 0; i < 3; i++)
+      if (ino == d->pipe_ino[i])
+        return 1;
+  return 0;
+}
+
+int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit,
+                           void *ud) {
+  int pids[256];
+  size_t n = rlm_driver_tree(d, pids, 256);
+  int found = 0;
+  for (size_t i = 0; i < n; i++) {
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", pids[i]);
+    DIR *fds = opendir(dir);
+    if (fds == NULL)
+      continue; /* it exited meanwhile */
+    struct dirent *ent;
+    while ((ent = readdir(fds)) != NULL) {
+      if (ent->d_name[0] < '0' || ent->d_name[0] > '9')
+        continue;
+      char link[352], target[256];
+      snprintf(link, sizeof(link), "%s/%s", dir, ent->d_name);
+      ssize_t len = readlink(link, target, sizeof(target) - 1);
+      if (len < 0)
+        continue; /* the opendir's own descriptor, closed by now */
+      target[len] = '\0';
+      if (!fd_is_ours(d, target)) {
+        found++;
+        visit(ud, pids[i], atoi(ent->d_name), target);
+      }
+    }
+    closedir(fds);
+  }
+  return found;
 }
 
 int rlm_driver_alive(const rlm_driver *d) {
@@ -556,11 +769,8 @@ int rlm_driver_close(rlm_driver *d) {
   if (d == NULL)
     return 0;
   if (d->spawned && !d->exited) {
-    if (!d->killed) {
-      int rc = uv_process_kill(&d->process, SIGKILL);
-      (void)rc;
-      d->killed = 1;
-    }
+    if (!d->killed)
+      send_kill(d);
     stop_reading(d);
     uv_timer_stop(&d->deadline);
     uv_timer_stop(&d->watchdog);

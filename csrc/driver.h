@@ -29,7 +29,8 @@ typedef struct rlm_driver rlm_driver;
 
 typedef struct rlm_driver_opts {
   char *const *argv;        /* argv[0] is an absolute path */
-  char *const *env;
+  char *const *env;         /* NULL: the host's */
+  int inherit_fd;           /* becomes fd 3 in the child; -1: none */
   const char *workdir;      /* removed by rlm_driver_close */
   size_t max_line;          /* bytes, without the newline */
   uint64_t max_rss;         /* bytes over the whole sandbox; 0: no watchdog */
@@ -59,6 +60,14 @@ int rlm_driver_deadline_passed(rlm_driver *d);
 
 int rlm_driver_pid(const rlm_driver *d);
 int rlm_driver_alive(const rlm_driver *d);
+
+/* The sandbox's processes (host pids, launcher first). Returns how many. */
+size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
+
+/* Calls visit for every descriptor held in the sandbox that is neither one
+ * of the session's pipes nor bubblewrap's own; returns how many. */
+typedef void (*rlm_fd_visitor)(void *ud, int pid, int fd, const char *target);
+int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit, void *ud);
 uint64_t rlm_driver_peak_rss(const rlm_driver *d);
 int rlm_driver_backend_fd(rlm_driver *d);
 int rlm_driver_backend_timeout(rlm_driver *d);

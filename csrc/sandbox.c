@@ -171,6 +171,13 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
   emit(&e, "--ro-bind", spec->driver, RLM_SANDBOX_DRIVER);
   emit(&e, "--bind", spec->workdir, RLM_SANDBOX_WORKDIR);
   emit(&e, "--remount-ro", "/", NULL);
+  /* /dev is a tmpfs: writable, it would hold memory no RSS shows. */
+  emit(&e, "--remount-ro", "/dev", NULL);
+  if (spec->seccomp_fd >= 0) {
+    char fd[16];
+    snprintf(fd, sizeof(fd), "%d", spec->seccomp_fd);
+    emit(&e, "--seccomp", fd, NULL);
+  }
   emit(&e, "--chdir", RLM_SANDBOX_WORKDIR, NULL);
   if (e.failed)
     goto oom;

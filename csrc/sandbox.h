@@ -17,6 +17,7 @@ typedef struct rlm_sandbox_spec {
   const char *workdir;       /* host path of the session workdir */
   const char *const *ro;     /* host paths to expose read-only, at the same path */
   size_t n_ro;
+  int seccomp_fd;            /* the filter's descriptor in the child; -1: none */
 } rlm_sandbox_spec;
 
 /* Paths inside the sandbox. */

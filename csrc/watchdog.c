@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_PIDS 4096
+#define MAX_PIDS 1024
 
 static ssize_t read_small_file(const char *path, char *buf, size_t len) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -46,14 +46,14 @@ static uint64_t process_rss(pid_t pid) {
 }
 
 /* Appends the children of every thread of pid to pids. */
-static void add_children(pid_t pid, pid_t *pids, size_t *n) {
+static void add_children(pid_t pid, pid_t *pids, size_t *n, size_t max) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
   DIR *tasks = opendir(path);
   if (tasks == NULL)
     return;
   struct dirent *ent;
-  while ((ent = readdir(tasks)) != NULL && *n < MAX_PIDS) {
+  while ((ent = readdir(tasks)) != NULL && *n < max) {
     if (ent->d_name[0] < '0' || ent->d_name[0] > '9')
       continue;
     char cpath[320], buf[8192];
@@ -61,7 +61,7 @@ static void add_children(pid_t pid, pid_t *pids, size_t *n) {
              ent->d_name);
     if (read_small_file(cpath, buf, sizeof(buf)) <= 0)
       continue;
-    for (char *p = buf, *end; *n < MAX_PIDS; p = end) {
+    for (char *p = buf, *end; *n < max; p = end) {
       long child = strtol(p, &end, 10);
       if (end == p)
         break;
@@ -71,17 +71,21 @@ static void add_children(pid_t pid, pid_t *pids, size_t *n) {
   closedir(tasks);
 }
 
-uint64_t rlm_tree_rss(pid_t root) {
-  pid_t *pids = malloc(MAX_PIDS * sizeof(*pids));
-  if (pids == NULL)
-    return 0;
+size_t rlm_tree_pids(pid_t root, pid_t *pids, size_t max) {
   size_t n = 0;
-  uint64_t total = 0;
+  if (max == 0)
+    return 0;
   pids[n++] = root;
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++)
+    add_children(pids[i], pids, &n, max);
+  return n;
+}
+
+uint64_t rlm_tree_rss(pid_t root) {
+  pid_t pids[MAX_PIDS];
+  size_t n = rlm_tree_pids(root, pids, MAX_PIDS);
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++)
     total += process_rss(pids[i]);
-    add_children(pids[i], pids, &n);
-  }
-  free(pids);
   return total;
 }

@@ -459,6 +459,7 @@ class Session:
         sys_path = string_list(message, "sys_path")
         if sys_path is not None:
             sys.path[:] = sys_path
+        apply_rlimits(field(message, "rlimits", dict, {}))
 
     def load_context(self, path, kind):
         self.namespace["context"] = None  # free the old one before reading the new
@@ -514,6 +515,22 @@ class Session:
         return compile(tree, filename, "exec", dont_inherit=True)
 
 
+def apply_rlimits(limits):
+    """Soft and hard limits, before any model code runs; the host reads them
+    back from /proc/<pid>/limits. -1 means unlimited. Without
+    CAP_SYS_RESOURCE the code cannot raise them again."""
+    import resource
+    for name, value in limits.items():
+        which = getattr(resource, name, None) if name.startswith("RLIMIT_") else None
+        if which is None or not isinstance(value, int) or isinstance(value, bool):
+            fatal(f"configure: bad rlimit {name!r}")
+        _, hard = resource.getrlimit(which)
+        value = resource.RLIM_INFINITY if value < 0 else value
+        if hard != resource.RLIM_INFINITY and (value == resource.RLIM_INFINITY or value > hard):
+            value = hard
+        resource.setrlimit(which, (value, value))
+
+
 def read_text(path):
     # Decoding straight from a read-only mapping keeps one copy of the text
     # in anonymous memory, not two.
@@ -538,10 +555,13 @@ SANDBOX_ENVIRONMENT = frozenset({"PATH", "LANG", "LC_ALL", "PYTHONUTF8", "PYTHON
 WORKDIR_PROBE = "/session/.rlm_self_test"
 
 
-def self_test(absent):
+def self_test(absent, canaries):
     checks = {
         "network": check_network,
         "host_files": lambda: check_host_files(absent),
+        "canaries": lambda: check_canaries(canaries),
+        "seccomp": check_seccomp,
+        "own_init": check_own_init,
         "pid_namespace": check_pid_namespace,
         "read_only_install": check_read_only_install,
         "workdir_writable": check_workdir_writable,
@@ -591,6 +611,80 @@ def path_present(path):
     return True
 
 
+def check_canaries(canaries):
+    """What the host planted: a file in its home, listeners on 127.0.0.1, a
+    path and an abstract unix socket, a descriptor it leaked, itself."""
+    reached = []
+    home_file = canaries.get("home_file")
+    if isinstance(home_file, str) and home_file and path_present(home_file):
+        reached.append("home file")
+    port = canaries.get("tcp_port")
+    if isinstance(port, int) and port > 0 and try_connect("127.0.0.1", port)[0]:
+        reached.append(f"127.0.0.1:{port}")
+    for key, prefix in (("unix_path", ""), ("abstract", "\0")):
+        name = canaries.get(key)
+        if isinstance(name, str) and name and unix_connects(prefix + name):
+            reached.append(key)
+    fd = canaries.get("leaked_fd")
+    if isinstance(fd, int) and fd > 2 and descriptor_open(fd):
+        reached.append(f"descriptor {fd}")
+    host_pid = canaries.get("host_pid")
+    if isinstance(host_pid, int) and host_pid > 4 and signals(host_pid):
+        reached.append(f"host process {host_pid}")
+    secret = canaries.get("secret")
+    if isinstance(secret, str) and secret and secret in repr(dict(os.environ)):
+        reached.append("secret in environment")
+    if reached:
+        return False, "reached: " + ", ".join(reached)
+    return True, "none reached"
+
+
+def unix_connects(address):
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            sock.connect(address)
+            return True
+    except Exception:  # refused, absent, or no sockets at all
+        return False
+
+
+def descriptor_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def signals(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether it could be signalled
+        return True
+    except OSError:
+        return False
+
+
+def check_seccomp():
+    status = proc_status()
+    return status.get("Seccomp") == "2", f"Seccomp={status.get('Seccomp')}"
+
+
+def check_own_init():
+    with open("/proc/1/cmdline", "rb") as file:
+        argv0 = file.read().split(b"\0", 1)[0]
+    return os.path.basename(argv0) == b"bwrap", f"pid 1 is {argv0.decode(errors='replace')}"
+
+
+def proc_status():
+    status = {}
+    with open("/proc/self/status") as file:
+        for line in file:
+            key, _, value = line.partition(":")
+            status[key] = value.strip()
+    return status
+
+
 def check_pid_namespace():
     pid = os.getpid()
     processes = [entry for entry in os.listdir("/proc") if entry.isdigit()]
@@ -630,11 +724,7 @@ def check_workdir_writable():
 
 
 def check_capabilities():
-    status = {}
-    with open("/proc/self/status") as file:
-        for line in file:
-            key, _, value = line.partition(":")
-            status[key] = value.strip()
+    status = proc_status()
     keys = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs")
     ok = all(int(status[key], 16) == 0 for key in keys[:3]) and status["NoNewPrivs"] == "1"
     return ok, ", ".join(f"{key}={status[key]}" for key in keys)
@@ -668,7 +758,8 @@ def main():
             session.configure(message)
             send({"type": "configured"})
         elif kind == "self_test":
-            checks = self_test(string_list(message, "absent", []))
+            checks = self_test(string_list(message, "absent", []),
+                               field(message, "canaries", dict, {}))
             send({"type": "self_test_result", "checks": checks})
         elif kind == "load_context":
             send(load_context(message))

@@ -6,6 +6,7 @@ local options = require("rlm.options")
 local prompt = require("rlm.prompt")
 local protocol = require("rlm.protocol")
 local sandbox = require("rlm.sandbox")
+local selftest = require("rlm.selftest")
 local util = require("rlm.util")
 
 local rlm = { _VERSION = "rlm 0.1.0", null = protocol.null }
@@ -146,13 +147,26 @@ function Session:_start()
   if self.closed then
     return nil, errors.new("driver_exited", "the session is closed", { history = self.history })
   end
-  local drv, info = sandbox.start(self.opts, self.context_data, self.context_format)
+  -- Planted before the spawn, so that the leaked descriptor is there to leak.
+  local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
+  local ok, err = self:_boot(canaries:info())
+  canaries:remove()
+  return ok, err
+end
+
+-- Spawns the sandbox and proves it before any model code can run: the
+-- driver's hello, no foreign descriptor inside, the rlimits it set, its
+-- self-test against the canaries; then the context.
+function Session:_boot(canaries)
+  local o = self.opts
+  local context_bytes = #self.context_data
+  local drv, info = sandbox.start(o, self.context_data, self.context_format)
   if not drv then
     return self:_fail(info)
   end
   self.driver = drv
   self.context_data = nil
-  drv:set_deadline(math.max(START_TIMEOUT_MS, self.opts.step_timeout_ms))
+  drv:set_deadline(math.max(START_TIMEOUT_MS, o.step_timeout_ms))
 
   local hello, err = self:_expect({ hello = true, fatal = true })
   if not hello then
@@ -163,14 +177,18 @@ function Session:_start()
       :format(tostring(hello.protocol), protocol.VERSION))
   end
   self.started = true
-  local o = self.opts
+  local foreign = drv:foreign_fds()
+  if #foreign > 0 then
+    return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
+  end
+  local rlimits = selftest.rlimits(o, context_bytes)
   local ok
   ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
     max_message_bytes = o.max_message_bytes, guardrails = o.guardrails,
     allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
-    sys_path = info.sys_path })
+    sys_path = info.sys_path, rlimits = rlimits })
   if ok then
-    ok, err = self:_send({ type = "self_test", absent = info.absent })
+    ok, err = self:_send({ type = "self_test", absent = info.absent, canaries = canaries })
   end
   if ok then
     ok, err = self:_send({ type = "load_context", path = "/session/context",
@@ -183,6 +201,14 @@ function Session:_start()
   msg, err = self:_expect({ configured = true, fatal = true })
   if not msg then
     return nil, err
+  end
+  local tree = drv:tree()
+  local problem = "the sandbox has no processes"
+  if #tree > 0 then
+    problem = selftest.check_rlimits(tree[#tree], rlimits)
+  end
+  if problem then
+    return self:_error("sandbox_violation", "the driver's rlimits are not set: " .. problem)
   end
   msg, err = self:_expect({ self_test_result = true, fatal = true })
   if not msg then

@@ -1,0 +1,25 @@
+/* canary.h: things on the host the sandbox must not reach, planted for the
+ * start-up self-test: a file in the user's home, a TCP listener on
+ * 127.0.0.1, a path and an abstract unix socket, a descriptor leaked without
+ * O_CLOEXEC. */
+#ifndef RLM_CANARY_H
+#define RLM_CANARY_H
+
+#include <limits.h>
+
+typedef struct rlm_canaries {
+  char secret[40];          /* written into the home file */
+  char home_file[PATH_MAX]; /* "" when $HOME is not writable */
+  char unix_path[108];
+  char abstract_name[64];   /* without the leading NUL */
+  int tcp_port;
+  int leaked_fd;            /* not close-on-exec, on purpose */
+  int fds[3];               /* tcp, unix, abstract listeners */
+} rlm_canaries;
+
+/* Plants what can be planted (a failing piece is left out: -1 or ""), under
+ * dir for the unix socket. */
+void rlm_canaries_plant(rlm_canaries *c, const char *home, const char *dir);
+void rlm_canaries_remove(rlm_canaries *c);
+
+#endif

@@ -1,0 +1,64 @@
+-- The host's half of the start-up self-test: the rlimits the driver must
+-- set on itself, read back from /proc, and the descriptors that reach the
+-- sandbox. The driver's half (python/repl_driver.py, self_test) runs inside.
+local M = {}
+
+local ROWS = {
+  RLIMIT_AS = "Max address space",
+  RLIMIT_NPROC = "Max processes",
+  RLIMIT_FSIZE = "Max file size",
+  RLIMIT_NOFILE = "Max open files",
+  RLIMIT_CORE = "Max core file size",
+  RLIMIT_CPU = "Max cpu time",
+}
+
+-- The limits for a session, -1 meaning unlimited. The address space is a
+-- backstop behind the watchdog, so it leaves room for a mapped context and
+-- its decoded copy; NPROC bounds threads (seccomp already forbids forks).
+function M.rlimits(opts, context_bytes)
+  local as = -1
+  if opts.max_rss_bytes > 0 then
+    as = math.min(4 * opts.max_rss_bytes + 2 * context_bytes + 2 ^ 31, 2 ^ 46)
+  end
+  return {
+    RLIMIT_AS = as,
+    RLIMIT_NPROC = 64,
+    RLIMIT_FSIZE = 2 ^ 30,
+    RLIMIT_NOFILE = 256,
+    RLIMIT_CORE = 0,
+    RLIMIT_CPU = math.ceil((opts.max_iterations + 1) * opts.step_timeout_ms / 1000) + 60,
+  }
+end
+
+local function parse_limit(s)
+  if s == "unlimited" then
+    return -1
+  end
+  return tonumber(s)
+end
+
+-- check_rlimits(pid, wanted) -> nil | "what is wrong". Soft and hard must be
+-- equal and no higher than asked (the host's own hard limit may be lower).
+function M.check_rlimits(pid, wanted)
+  local f = io.open("/proc/" .. pid .. "/limits", "r")
+  if not f then
+    return "cannot read /proc/" .. pid .. "/limits"
+  end
+  local text = f:read("*a")
+  f:close()
+  local problems = {}
+  for name, want in pairs(wanted) do
+    local soft, hard = text:match(ROWS[name] .. "%s+(%S+)%s+(%S+)")
+    soft, hard = parse_limit(soft or ""), parse_limit(hard or "")
+    local fine = soft ~= nil and soft == hard
+      and (want < 0 and soft == -1 or want >= 0 and soft >= 0 and soft <= want)
+    if not fine then
+      problems[#problems + 1] = ("%s is %s/%s, wanted %.0f"):format(name, tostring(soft),
+        tostring(hard), want)
+    end
+  end
+  table.sort(problems)
+  return #problems > 0 and table.concat(problems, "; ") or nil
+end
+
+return M
