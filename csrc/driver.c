@@ -36,6 +36,7 @@ extern char **environ;
 #define STDERR_TAIL 2048
 #define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
 #define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
+#define LAUNCHER_GRACE_MS 500 /* after its namespace's init was killed */
 #define MAX_WRITE_QUEUE (256u << 20)
 
 struct rlm_driver {
@@ -45,7 +46,7 @@ struct rlm_driver {
   pid_t pid;
   unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
   uv_pipe_t in, out, err;
-  uv_timer_t deadline, watchdog, wait, grace;
+  uv_timer_t deadline, watchdog, wait, grace, launcher_grace;
   int handles; /* initialised handles not yet closed */
 
   unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, reading : 1,
@@ -169,20 +170,36 @@ static void close_handle(rlm_driver *d, void *h) {
     uv_close(handle, on_close);
 }
 
-static void send_kill(rlm_driver *d) {
-  /* Through the pidfd, so a recycled pid can never be hit. ESRCH: it has
-   * exited already, and the exit watch will say so. */
+/* SIGKILL to the launcher (bubblewrap outside the namespaces), through the
+ * pidfd so that a recycled pid can never be hit. ESRCH: it has exited
+ * already, and the exit watch will say so. */
+static void kill_launcher(rlm_driver *d) {
   if (syscall(SYS_pidfd_send_signal, d->pidfd, SIGKILL, NULL, 0) != 0 &&
       errno != ESRCH)
     (void)kill(d->pid, SIGKILL);
-  d->killed = 1;
 }
 
+static void on_launcher_grace(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  if (!d->exited)
+    kill_launcher(d);
+}
+
+/* Kills the pid namespace's init, not the launcher: the kernel then kills
+ * and reaps everything in the namespace, the launcher reaps the init and
+ * exits, and we reap the launcher, so nothing is left for the host's init to
+ * collect, however slow it is. If the init is not there yet, or the launcher
+ * lingers, the launcher gets SIGKILL too (--die-with-parent then takes the
+ * rest down). */
 static void kill_sandbox(rlm_driver *d) {
-  /* SIGKILL to bubblewrap; its init in the pid namespace gets SIGKILL from
-   * --die-with-parent, and the kernel kills the rest of the namespace. */
-  if (d->spawned && !d->exited && !d->killed)
-    send_kill(d);
+  if (!d->spawned || d->exited || d->killed)
+    return;
+  d->killed = 1;
+  pid_t pids[2];
+  if (rlm_tree_pids(d->pid, pids, 2) == 2 && kill(pids[1], SIGKILL) == 0)
+    uv_timer_start(&d->launcher_grace, on_launcher_grace, LAUNCHER_GRACE_MS, 0);
+  else
+    kill_launcher(d);
 }
 
 /* A terminal condition the host enforced: kill, drop what the driver said
@@ -255,6 +272,7 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
   }
   uv_timer_stop(&d->deadline);
   uv_timer_stop(&d->watchdog);
+  uv_timer_stop(&d->launcher_grace);
   if (!d->out_eof && !d->killed)
     uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
   maybe_queue_exit(d);
@@ -411,6 +429,7 @@ static void close_loop(rlm_driver *d) {
   close_handle(d, &d->watchdog);
   close_handle(d, &d->wait);
   close_handle(d, &d->grace);
+  close_handle(d, &d->launcher_grace);
   while (d->handles > 0)
     run_loop(d, UV_RUN_ONCE);
   /* Every handle is closed, so this cannot report EBUSY. */
@@ -541,7 +560,7 @@ static int spawn_process(rlm_driver *d, const rlm_driver_opts *o, char *err,
   }
   if (e != 0) {
     snprintf(err, errlen, "watching the driver: %s", uv_strerror(e));
-    send_kill(d);
+    kill_launcher(d);
     while (waitpid(d->pid, NULL, 0) < 0 && errno == EINTR)
       ;
     d->spawned = 0;
@@ -583,6 +602,7 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
   init_timer(d, &d->watchdog);
   init_timer(d, &d->wait);
   init_timer(d, &d->grace);
+  init_timer(d, &d->launcher_grace);
   if ((rc = init_pipe(d, &d->in)) != 0 || (rc = init_pipe(d, &d->out)) != 0 ||
       (rc = init_pipe(d, &d->err)) != 0) {
     snprintf(err, errlen, "uv_pipe_init: %s", uv_strerror(rc));
@@ -769,8 +789,7 @@ int rlm_driver_close(rlm_driver *d) {
   if (d == NULL)
     return 0;
   if (d->spawned && !d->exited) {
-    if (!d->killed)
-      send_kill(d);
+    kill_sandbox(d);
     stop_reading(d);
     uv_timer_stop(&d->deadline);
     uv_timer_stop(&d->watchdog);
