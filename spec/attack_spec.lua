@@ -253,10 +253,6 @@ local function run_case(case, guardrails)
   local ok, result, err = pcall(session.run, session)
   session:close()
   assert.is_true(ok, "the session raised: " .. tostring(result))
-  assert.is_true(#sandbox_pids >= 3, "the sandbox's processes were not seen")
-  for _, pid in ipairs(sandbox_pids) do
-    assert.is_false(exists("/proc/" .. pid), "sandbox process " .. pid .. " outlived the session")
-  end
   if case.bounded then
     assert.is_true(host_rss_kb() - rss_before < 64 * 1024, "host memory grew")
   end
@@ -266,6 +262,10 @@ local function run_case(case, guardrails)
   -- The attack ran: the sandbox started and the model's code was sent.
   assert.is_true(#root.calls >= 1 and (result ~= nil or not err.kind:match("^sandbox_")),
     "the attack never ran: " .. tostring(err))
+  assert.is_true(#sandbox_pids >= 3, "the sandbox's processes were not seen")
+  for _, pid in ipairs(sandbox_pids) do
+    assert.is_false(exists("/proc/" .. pid), "sandbox process " .. pid .. " outlived the session")
+  end
   local history = (result or err).history or {}
   if case.check and history[1] then
     case.check(history[1].stdout)

@@ -1,0 +1,73 @@
+-- The start-up self-test refuses a weakened sandbox. Each case runs the
+-- session through a bubblewrap wrapper that silently drops or adds one
+-- protection, and the session must end with sandbox_violation, naming the
+-- check that caught it, before any model code runs.
+local H = require("helpers")
+local core = require("rlm.core")
+
+local real_bwrap = core.find_program("bwrap")
+local bin = H.tmpdir .. "-bin"
+local home = os.getenv("HOME") or "/root"
+
+-- A wrapper that passes the arguments through `filter` (shell `case`
+-- patterns on each argument, setting skip=N to drop the N after it), puts
+-- `extra` (bwrap options) last before the command, and runs the real
+-- bubblewrap.
+local function wrapper(name, filter, extra)
+  local path = bin .. "/" .. name
+  local f = assert(io.open(path, "w"))
+  f:write("#!/bin/sh\nskip=0\nfor a do\n  shift\n  if [ $skip -gt 0 ]; then skip=$((skip - 1)); continue; fi\n",
+    "  case \"$a\" in\n", filter or "",
+    "    --) if [ -z \"$done\" ]; then done=1; set -- \"$@\" ", extra or "", " --; continue; fi ;;\n",
+    "  esac\n  set -- \"$@\" \"$a\"\ndone\n",
+    "exec ", real_bwrap, " \"$@\"\n")
+  f:close()
+  os.execute("chmod +x " .. path)
+  return path
+end
+
+local cases = {
+  -- name, filter, extra options, the check that must fail
+  { "no seccomp filter", "    --seccomp) skip=1; continue ;;\n", nil, "seccomp" },
+  { "the host's network", "    --unshare-all) set -- \"$@\" --unshare-pid --unshare-ipc --unshare-uts; continue ;;\n",
+    nil, "network" },
+  { "the host's pid namespace", "    --unshare-all) set -- \"$@\" --unshare-net --unshare-ipc --unshare-uts; continue ;;\n",
+    nil, "pid_namespace" },
+  { "the home directory bound in", nil, "--ro-bind " .. home .. " " .. home, "canaries" },
+  { "capabilities kept", "    --cap-drop) skip=1; continue ;;\n", "--cap-add ALL", "capabilities" },
+  { "a variable from the host", nil, "--setenv AWS_SECRET_ACCESS_KEY leaked", "environment" },
+  { "a writable installation", "    --ro-bind) set -- \"$@\" --bind; continue ;;\n", nil, "read_only_install" },
+}
+
+describe("the self-test", function()
+  setup(function()
+    os.execute("mkdir -p " .. bin)
+  end)
+  teardown(function()
+    os.execute("rm -rf " .. bin)
+  end)
+  after_each(H.assert_clean)
+
+  it("passes the real sandbox", function()
+    local result, err = H.run({})
+    assert.is_nil(err, err and tostring(err))
+    assert.are.equal("done", result.answer)
+  end)
+
+  for i, case in ipairs(cases) do
+    it("refuses a sandbox with " .. case[1], function()
+      local ran = false
+      local result, err = H.run({
+        bwrap = wrapper("bwrap" .. i, case[2], case[3]),
+        root_llm = function()
+          ran = true
+          return "FINAL(1)"
+        end,
+      })
+      assert.is_nil(result)
+      assert.are.equal("sandbox_violation", err.kind)
+      assert.matches(case[4], err.message, 1, true)
+      assert.is_false(ran)
+    end)
+  end
+end)
