@@ -29,6 +29,7 @@ local secret = "attack-canary-" .. sh("head -c 12 /dev/urandom | od -An -tx1 | t
 local env_secret = os.getenv("RLM_SPEC_SECRET") or "sk-spec-secret"
 local canary_file = home .. "/.rlm-attack-canary"
 local trap_dir = H.tmpdir .. "-trap"
+local abstract = "rlm-attack-" .. sh("head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
 local written = { -- where the cases try to write; none may exist afterwards
   home .. "/.rlm-attack-written", "/tmp/rlm-attack-written", "/dev/shm/rlm-attack-written",
   "/usr/rlm-attack-written",
@@ -49,11 +50,12 @@ local function plant()
 import os, socket, sys, time
 t = socket.socket(); t.bind(("127.0.0.1", 0)); t.listen()
 u = socket.socket(socket.AF_UNIX); u.bind("]] .. H.tmpdir .. [[-agent.sock"); u.listen()
-a = socket.socket(socket.AF_UNIX); a.bind("\0rlm-attack-abstract"); a.listen()
+a = socket.socket(socket.AF_UNIX); a.bind("\0]] .. abstract .. [["); a.listen()
 print(t.getsockname()[1], os.getpid(), flush=True)
 time.sleep(600)' &]])
-  ports.tcp, ports.pid = listener:read("*l"):match("(%d+) (%d+)")
+  local line = listener:read("*l")
   listener:close() -- reaps the shell; the listener lives on
+  ports.tcp, ports.pid = assert(line, "the host listeners did not start"):match("(%d+) (%d+)")
 end
 
 local function unplant()
@@ -70,7 +72,7 @@ end
 local function fill(code)
   return (code:gsub("{(%u+)}", {
     HOME = home, CANARY = canary_file, VICTIM = tostring(victim), PORT = tostring(ports.tcp),
-    UNIX = H.tmpdir .. "-agent.sock", LEAKFD = "3", TRAP = trap_dir,
+    UNIX = H.tmpdir .. "-agent.sock", TRAP = trap_dir, ABSTRACT = abstract,
   }))
 end
 
@@ -143,7 +145,7 @@ def f():
 attempt('unix path', f)]] },
   { "connects to a host abstract unix socket", [[
 def f():
-    s = socket.socket(socket.AF_UNIX); s.connect('\0rlm-attack-abstract'); return s
+    s = socket.socket(socket.AF_UNIX); s.connect('\0{ABSTRACT}'); return s
 attempt('abstract', f)]] },
   { "opens a netlink socket", "attempt('netlink', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))" },
   { "opens a raw socket", "attempt('raw', lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))" },
