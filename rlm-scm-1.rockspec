@@ -45,6 +45,7 @@ build = {
     lua = {
       ["rlm.repl_driver"] = "python/repl_driver.py",
       ["rlm.probe"] = "python/probe.py",
+      ["rlm.macos"] = "sandbox/macos.sb",
     },
   },
 }

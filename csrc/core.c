@@ -59,7 +59,7 @@ static lua_Integer opt_integer(lua_State *L, int t, const char *key,
   lua_Integer v = def;
   if (!lua_isnil(L, -1)) {
     if (!lua_isnumber(L, -1) || lua_tonumber(L, -1) < 0)
-      luaL_error(L, "rlm.core.spawn: option '%s' must be a number >= 0", key);
+      luaL_error(L, "rlm.core: option '%s' must be a number >= 0", key);
     v = (lua_Integer)lua_tonumber(L, -1);
   }
   lua_pop(L, 1);
@@ -194,6 +194,30 @@ static int helper_env(lua_State *L) {
       env[k++] = *e;
   env[k] = NULL;
   return lua_gettop(L);
+}
+
+/* core.macos_argv{sandbox_exec=, profile=, python=, python_prefix=,
+ *                 driver=, workdir=} -> {argv...} | nil, message */
+static int core_macos_argv(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  rlm_macos_spec spec;
+  spec.sandbox_exec = opt_string(L, 1, "sandbox_exec");
+  spec.profile = opt_string(L, 1, "profile");
+  spec.python = opt_string(L, 1, "python");
+  spec.python_prefix = opt_string(L, 1, "python_prefix");
+  spec.driver = opt_string(L, 1, "driver");
+  spec.workdir = opt_string(L, 1, "workdir");
+  rlm_argv argv = {0};
+  char err[256];
+  if (rlm_macos_argv(&spec, &argv, err, sizeof(err)) != 0)
+    return fail(L, err);
+  lua_createtable(L, (int)argv.n, 0);
+  for (size_t i = 0; i < argv.n; i++) {
+    lua_pushstring(L, argv.v[i]);
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  rlm_argv_free(&argv);
+  return 1;
 }
 
 /* core.capture(argv, timeout_ms, max_bytes) -> stdout, exit_status | nil, msg
@@ -534,6 +558,7 @@ static const luaL_Reg driver_methods[] = {
 static const luaL_Reg core_functions[] = {
     {"spawn", core_spawn},
     {"sandbox_argv", core_sandbox_argv},
+    {"macos_argv", core_macos_argv},
     {"capture", core_capture},
     {"find_program", core_find_program},
     {"now_ms", core_now_ms},
