@@ -7,18 +7,15 @@ describe("opening and closing sessions", function()
 
   it("leaves fds and child processes where they were after 200 sessions", function()
     local n = tonumber(os.getenv("RLM_SPEC_SESSIONS") or "200")
-    -- libuv opens its process-wide signal pipe once, at the first spawn.
-    H.run({})
-    local fds = H.fd_count()
-    for i = 1, n do
-      local s = H.session({ root_llm = H.script({ fence("FINAL(" .. i .. ")") }) })
-      local result = assert(s:run())
-      assert.are.equal(tostring(i), result.answer)
-      s:close()
-    end
-    collectgarbage()
-    assert.are.equal(fds, H.fd_count())
-    assert.are.same({}, H.children())
+    H.run({}) -- the interpreter probe is cached after the first session
+    H.assert_no_leaks(function()
+      for i = 1, n do
+        local s = H.session({ root_llm = H.script({ fence("FINAL(" .. i .. ")") }) })
+        local result = assert(s:run())
+        assert.are.equal(tostring(i), result.answer)
+        s:close()
+      end
+    end)
   end)
 
   it("removes the workdir after the driver died, whatever it left in it", function()

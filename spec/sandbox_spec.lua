@@ -90,7 +90,7 @@ print('none')]], "none" },
     for _, python in ipairs(interpreters) do
       it("for " .. python .. " (" .. tostring(core.find_program(python)) .. ")", function()
         local out = observe("import sys, hashlib, decimal, zlib\nprint(sys.prefix)", { python = python })
-        local prefix = io.popen(python .. " -I -c 'import sys; print(sys.prefix)'"):read("*l")
+        local prefix = H.sh("env -u LD_PRELOAD " .. python .. " -I -c 'import sys; print(sys.prefix)'")
         assert.are.equal(prefix, (out:gsub("%s+$", "")))
       end)
     end

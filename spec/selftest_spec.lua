@@ -8,7 +8,7 @@ local core = require("rlm.core")
 local real_bwrap = core.find_program("bwrap")
 local bin = H.tmpdir .. "-bin"
 local home = os.getenv("HOME") or "/root"
-local is_root = io.popen("id -u"):read("*l") == "0"
+local is_root = H.sh("id -u") == "0"
 
 -- A wrapper that passes the arguments through `filter` (shell `case`
 -- patterns on each argument, setting skip=N to drop the N after it), puts

@@ -63,12 +63,36 @@ function H.run(opts)
   return result, err, s
 end
 
-function H.fd_count()
-  local n = 0
-  for _ in run("ls /proc/" .. H.pid() .. "/fd"):gmatch("%S+") do
-    n = n + 1
+-- The open descriptors of this process and what they point at, one sorted
+-- string each, leaving out the pipe to the shell that asks (both its ends:
+-- popen may not have closed the write end yet).
+function H.fds()
+  local out = run("me=$(readlink /proc/$$/fd/1); cd /proc/" .. H.pid() .. "/fd && " ..
+    "for f in *; do t=$(readlink $f) && [ \"$t\" != \"$me\" ] && echo \"$f $t\"; done; true")
+  local fds = {}
+  for line in out:gmatch("[^\n]+") do
+    fds[#fds + 1] = line
   end
-  return n -- includes the pipe to ls: compare counts, not absolutes
+  table.sort(fds)
+  return fds
+end
+
+-- Runs f and asserts that it leaves no descriptor, child or workdir behind.
+function H.assert_no_leaks(f)
+  collectgarbage()
+  collectgarbage()
+  local before = H.fds()
+  f()
+  collectgarbage()
+  collectgarbage()
+  assert.are.same(before, H.fds())
+  assert.are.same({}, H.children())
+  assert.are.same({}, H.workdirs())
+end
+
+-- Shell output, for specs.
+H.sh = function(cmd)
+  return (run(cmd):gsub("%s+$", ""))
 end
 
 local pid
