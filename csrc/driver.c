@@ -33,7 +33,7 @@
 extern char **environ;
 
 #define READ_CHUNK 65536
-#define STDERR_TAIL 2048
+#define STDERR_TAIL 4096
 #define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
 #define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
 #define LAUNCHER_GRACE_MS 500 /* after its namespace's init was killed */

@@ -12,6 +12,7 @@ import os
 os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 
 import ast
+import collections
 import builtins
 import io
 import itertools
@@ -357,16 +358,20 @@ def guarded_builtins():
 # --- Steps ------------------------------------------------------------------
 
 class CappedWriter(io.TextIOBase):
-    """Text stream keeping the first `limit` characters and counting the rest,
-    so memory stays bounded whatever the code prints."""
+    """Text stream keeping the first two thirds of `limit` characters and the
+    last third, and counting what falls between, so that memory stays bounded
+    whatever the code prints and the model still sees how the output ended."""
 
     encoding = "utf-8"
 
     def __init__(self, limit):
         super().__init__()
-        self.limit = limit
-        self.parts = []
-        self.kept = 0
+        self.head_limit = limit - limit // 3
+        self.tail_limit = limit // 3
+        self.head = []
+        self.head_len = 0
+        self.tail = collections.deque()
+        self.tail_len = 0
         self.dropped = 0
 
     def writable(self):
@@ -375,23 +380,35 @@ class CappedWriter(io.TextIOBase):
     def write(self, text):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        room = self.limit - self.kept
-        if room <= 0:
-            self.dropped += len(text)
-        elif len(text) <= room:
-            self.parts.append(text)
-            self.kept += len(text)
-        else:
-            self.parts.append(text[:room])
-            self.kept = self.limit
-            self.dropped += len(text) - room
-        return len(text)
+        written = len(text)
+        room = self.head_limit - self.head_len
+        if room > 0:
+            self.head.append(text[:room])
+            self.head_len += min(room, len(text))
+            text = text[room:]
+        if len(text) > self.tail_limit:
+            self.dropped += len(text) - self.tail_limit
+            text = text[len(text) - self.tail_limit:] if self.tail_limit else ""
+        if text:
+            self.tail.append(text)
+            self.tail_len += len(text)
+            while self.tail_len > self.tail_limit:
+                over = self.tail_len - self.tail_limit
+                first = self.tail[0]
+                cut = min(over, len(first))
+                if cut == len(first):
+                    self.tail.popleft()
+                else:
+                    self.tail[0] = first[cut:]
+                self.tail_len -= cut
+                self.dropped += cut
+        return written
 
     def getvalue(self):
-        text = "".join(self.parts)
+        head, tail = "".join(self.head), "".join(self.tail)
         if self.dropped:
-            text += f"\n[truncated {self.dropped} chars]"
-        return text
+            return f"{head}\n[truncated {self.dropped} chars]\n{tail}"
+        return head + tail
 
 
 def describe_error(exc):

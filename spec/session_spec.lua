@@ -263,3 +263,47 @@ describe("the size of what the driver sends", function()
     assert.are.equal("5", result.answer)
   end)
 end)
+
+describe("truncation", function()
+  after_each(H.assert_clean)
+
+  it("keeps the head and the tail of long output, saying how much was cut", function()
+    local result = H.run({
+      stdout_truncate_chars = 300,
+      root_llm = H.script({ fence("for i in range(10000):\n    print('line', i)"), fence("FINAL(1)") }),
+    })
+    local out = result.history[1].stdout
+    assert.matches("^line 0\nline 1\n", out)
+    assert.matches("line 9999\n$", out)
+    local cut = tonumber(out:match("%[truncated (%d+) chars%]"))
+    local printed = 0
+    for i = 0, 9999 do
+      printed = printed + #("line " .. i .. "\n")
+    end
+    assert.are.equal(printed - 300, cut)
+  end)
+
+  it("cuts again on the host what a driver sends too long", function()
+    local seen
+    H.run({
+      guardrails = false,
+      stdout_truncate_chars = 90,
+      root_llm = H.script({ fence([[
+import os, json
+line = json.dumps({"type": "exec_result", "id": 1, "stdout": "A" * 5000 + "Z" * 100, "error": None, "final": None})
+os.write(1, (line + "\n").encode())
+import time
+time.sleep(0.2)
+os._exit(0)]]) }),
+      on_event = function(ev)
+        if ev.type == "exec_result" then
+          seen = ev.stdout
+        end
+      end,
+    })
+    -- The forged result is taken as the step's output (a hostile driver can
+    -- lie), but not at its length.
+    assert.are.equal(("A"):rep(60) .. "\n[truncated 5010 chars]\n" .. ("Z"):rep(30), seen)
+  end)
+
+end)

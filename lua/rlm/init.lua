@@ -28,6 +28,7 @@ function Session.new(opts)
     history = {},
     iterations = 0,
     sub_calls = 0,
+    tokens = { input = 0, output = 0, total = 0 },
     next_exec_id = 0,
   }, Session)
   if type(o.context) == "string" then
@@ -234,19 +235,23 @@ local function utf8_len(s)
   return select(2, core.utf8_prefix(s, 2 ^ 53))
 end
 
--- Cuts s to about `limit` characters. Tracebacks keep their end, output its
--- beginning.
+-- Cuts s to about `limit` characters, as the driver should have (it is not
+-- trusted to). Output keeps its first two thirds and its last third, so the
+-- model sees how it ended; a traceback keeps its end, where the error is.
 local function cut(s, limit, keep_end)
   if core.utf8_prefix(s, limit + MARKER_SLACK) >= #s then
     return s
   end
   local total = utf8_len(s)
+  local tail = keep_end and limit or math.floor(limit / 3)
+  local head = limit - tail
+  local head_bytes = core.utf8_prefix(s, head)
+  local tail_start = core.utf8_prefix(s, total - tail)
+  local marker = ("[truncated %d chars]"):format(total - limit)
   if keep_end then
-    local skip = core.utf8_prefix(s, total - limit)
-    return ("[truncated %d chars]\n"):format(total - limit) .. s:sub(skip + 1)
+    return marker .. "\n" .. s:sub(tail_start + 1)
   end
-  local keep = core.utf8_prefix(s, limit)
-  return s:sub(1, keep) .. ("\n[truncated %d chars]"):format(total - limit)
+  return s:sub(1, head_bytes) .. "\n" .. marker .. "\n" .. s:sub(tail_start + 1)
 end
 
 function Session:_deadline_check()
@@ -258,8 +263,14 @@ function Session:_deadline_check()
   return true
 end
 
-function Session:_check_cost()
+-- Checked before each root turn and each sub-call.
+function Session:_check_budget()
   local o = self.opts
+  if o.max_total_tokens and self.tokens.total >= o.max_total_tokens then
+    return self:_error("cost_budget", ("used %d tokens of max_total_tokens %d")
+      :format(self.tokens.total, o.max_total_tokens),
+      { tokens = self.tokens.total, max_total_tokens = o.max_total_tokens })
+  end
   if not o.max_total_cost_usd then
     return true
   end
@@ -277,6 +288,23 @@ function Session:_check_cost()
   return true
 end
 
+-- A callback's optional second result: { input_tokens =, output_tokens = }.
+function Session:_add_usage(who, usage)
+  if usage == nil then
+    return true
+  end
+  local input, output = type(usage) == "table" and usage.input_tokens or nil,
+    type(usage) == "table" and usage.output_tokens or nil
+  if type(input) ~= "number" or type(output) ~= "number" or input < 0 or output < 0 then
+    return self:_error("callback_error", who .. " returned a usage that is not "
+      .. "{ input_tokens = n, output_tokens = n }")
+  end
+  local t = self.tokens
+  t.input, t.output = t.input + input, t.output + output
+  t.total = t.input + t.output
+  return true
+end
+
 function Session:_sub_query(msg)
   local o = self.opts
   if o.max_sub_prompt_chars then
@@ -291,26 +319,30 @@ function Session:_sub_query(msg)
     return self:_error("sub_call_budget", ("the code asked for llm_query call %d; max_sub_calls is %d")
       :format(self.sub_calls + 1, o.max_sub_calls), { sub_calls = self.sub_calls, max_sub_calls = o.max_sub_calls })
   end
-  local ok, err = self:_check_cost()
+  local ok, err = self:_check_budget()
   if not ok then
     return nil, err
   end
   self.sub_calls = self.sub_calls + 1
   local t0 = core.now_ms()
-  local text
-  ok, text = util.call_protected(o.llm_query, msg.prompt)
+  local text, usage
+  ok, text, usage = util.call_protected(o.llm_query, msg.prompt)
   if not ok then
     return self:_error("callback_error", "llm_query raised: " .. tostring(text))
   end
   if type(text) ~= "string" then
     return self:_error("callback_error", "llm_query returned " .. type(text) .. ", not a string")
   end
+  ok, err = self:_add_usage("llm_query", usage)
+  if not ok then
+    return nil, err
+  end
   ok, err = self:_deadline_check()
   if not ok then
     return nil, err
   end
   ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = msg.prompt,
-    response = text, latency_ms = core.now_ms() - t0, index = self.sub_calls })
+    response = text, latency_ms = core.now_ms() - t0, index = self.sub_calls, usage = usage })
   if not ok then
     return nil, err
   end
@@ -359,7 +391,7 @@ local function final_of(f)
 end
 
 function Session:_call_root(messages)
-  local ok, err = self:_check_cost()
+  local ok, err = self:_check_budget()
   if not ok then
     return nil, err
   end
@@ -367,13 +399,17 @@ function Session:_call_root(messages)
   for i, m in ipairs(messages) do
     copy[i] = { role = m.role, content = m.content }
   end
-  local response
-  ok, response = util.call_protected(self.opts.root_llm, copy)
+  local response, usage
+  ok, response, usage = util.call_protected(self.opts.root_llm, copy)
   if not ok then
     return self:_error("callback_error", "root_llm raised: " .. tostring(response))
   end
   if type(response) ~= "string" then
     return self:_error("callback_error", "root_llm returned " .. type(response) .. ", not a string")
+  end
+  ok, err = self:_add_usage("root_llm", usage)
+  if not ok then
+    return nil, err
   end
   ok, err = self:_deadline_check()
   if not ok then
@@ -474,6 +510,7 @@ function Session:_result(final)
     var = final.var,
     iterations = self.iterations,
     sub_calls = self.sub_calls,
+    tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },
     history = self.history,
   }
 end

@@ -68,6 +68,7 @@ local schema = {
   rss_poll_interval_ms = { integer(1), 50 },
   max_sub_calls = { integer(0), 200 },
   max_total_cost_usd = { non_negative_number },
+  max_total_tokens = { integer(1) },
   max_sub_prompt_chars = { integer(1) },
   stdout_truncate_chars = { integer(1), 2000 },
   python = { non_empty_string, "python3" },

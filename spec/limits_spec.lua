@@ -1,0 +1,162 @@
+-- Limits: time, budgets. Each row a case; each asserts err.kind and that
+-- the host is healthy afterwards (no child, no workdir).
+local H = require("helpers")
+local core = require("rlm.core")
+local fence = H.fence
+
+describe("step_timeout_ms", function()
+  after_each(H.assert_clean)
+
+  local slow = {
+    { "an infinite loop", "while True:\n    pass" },
+    { "a long sleep", "import time\ntime.sleep(600)" },
+    { "a driver that ignores SIGTERM", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.01)",
+      guardrails = false },
+    { "a read that never returns", "import os\nr, w = os.pipe()\nos.read(r, 1)", guardrails = false },
+  }
+  for _, case in ipairs(slow) do
+    it("ends " .. case[1] .. " within the timeout plus 200 ms", function()
+      local timeout = 700
+      local t0
+      local result, err = H.run({
+        step_timeout_ms = timeout,
+        guardrails = case.guardrails,
+        root_llm = function()
+          t0 = core.now_ms()
+          return fence(case[2])
+        end,
+      })
+      local elapsed = core.now_ms() - t0
+      assert.is_nil(result)
+      assert.are.equal("step_timeout", err.kind)
+      assert.are.equal(timeout, err.timeout_ms)
+      assert.is_true(elapsed < timeout + 200, ("took %.0f ms"):format(elapsed))
+    end)
+  end
+
+  it("counts a root model that blocks past the deadline, once it returns", function()
+    local result, err = H.run({
+      step_timeout_ms = 200,
+      root_llm = function()
+        local t = core.now_ms()
+        while core.now_ms() - t < 300 do end
+        return fence("FINAL(1)")
+      end,
+    })
+    assert.is_nil(result)
+    assert.are.equal("step_timeout", err.kind)
+  end)
+
+  it("gives each step its own deadline", function()
+    local result, err = H.run({
+      step_timeout_ms = 1000,
+      root_llm = H.script({ fence("import time\ntime.sleep(0.6)"), fence("import time\ntime.sleep(0.6)"),
+        fence("FINAL('in time')") }),
+    })
+    assert.is_nil(err)
+    assert.are.equal("in time", result.answer)
+  end)
+end)
+
+describe("max_sub_calls", function()
+  after_each(H.assert_clean)
+
+  it("never passes call N+1 to the callback", function()
+    local calls = 0
+    local result, err = H.run({
+      max_sub_calls = 3,
+      root_llm = H.script({ fence("for i in range(10):\n    llm_query(str(i))") }),
+      llm_query = function(p)
+        calls = calls + 1
+        return p
+      end,
+    })
+    assert.is_nil(result)
+    assert.are.equal("sub_call_budget", err.kind)
+    assert.are.equal(3, calls)
+    assert.are.equal(3, err.sub_calls)
+    assert.are.equal(3, err.max_sub_calls)
+  end)
+
+  it("counts across steps", function()
+    local _, err = H.run({
+      max_sub_calls = 2,
+      root_llm = H.script({ fence("llm_query('a')"), fence("llm_query('b')"), fence("llm_query('c')") }),
+    })
+    assert.are.equal("sub_call_budget", err.kind)
+  end)
+end)
+
+describe("max_total_cost_usd", function()
+  after_each(H.assert_clean)
+
+  it("stops before a root turn once the cost is spent", function()
+    local spent, turns = 0, 0
+    local _, err = H.run({
+      max_total_cost_usd = 0.05,
+      cost_usd = function() return spent end,
+      root_llm = function()
+        turns = turns + 1
+        spent = spent + 0.02
+        return fence("x = 1")
+      end,
+    })
+    assert.are.equal("cost_budget", err.kind)
+    assert.are.equal(3, turns) -- 0.02, 0.04, 0.06: the fourth turn is refused
+    assert.are.equal(0.05, err.max_total_cost_usd)
+  end)
+
+  it("stops before a sub-call once the cost is spent", function()
+    local spent, calls = 0, 0
+    local _, err = H.run({
+      max_total_cost_usd = 0.01,
+      cost_usd = function() return spent end,
+      root_llm = H.script({ fence("for i in range(5):\n    llm_query('q')") }),
+      llm_query = function()
+        calls = calls + 1
+        spent = spent + 0.004
+        return "a"
+      end,
+    })
+    assert.are.equal("cost_budget", err.kind)
+    assert.are.equal(3, calls)
+  end)
+end)
+
+describe("max_total_tokens", function()
+  after_each(H.assert_clean)
+
+  it("adds up the usage the callbacks report, and reports it in the result", function()
+    local result, err = H.run({
+      root_llm = H.script({
+        function() return fence("print(llm_query('q'))"), { input_tokens = 100, output_tokens = 20 } end,
+        function() return fence("FINAL(1)"), { input_tokens = 150, output_tokens = 5 } end,
+      }),
+      llm_query = function() return "a", { input_tokens = 7, output_tokens = 3 } end,
+    })
+    assert.is_nil(err)
+    assert.are.same({ input = 257, output = 28, total = 285 }, result.tokens)
+  end)
+
+  it("stops before the call that would start past the budget", function()
+    local turns = 0
+    local _, err = H.run({
+      max_total_tokens = 250,
+      root_llm = function()
+        turns = turns + 1
+        return fence("x = 1"), { input_tokens = 100, output_tokens = 0 }
+      end,
+    })
+    assert.are.equal("cost_budget", err.kind)
+    assert.are.equal(3, turns)
+    assert.are.equal(300, err.tokens)
+  end)
+
+  it("refuses a malformed usage", function()
+    local _, err = H.run({
+      root_llm = function() return fence("FINAL(1)"), { input_tokens = "many" } end,
+    })
+    assert.are.equal("callback_error", err.kind)
+    assert.matches("usage", err.message)
+  end)
+end)
