@@ -160,3 +160,53 @@ describe("max_total_tokens", function()
     assert.matches("usage", err.message)
   end)
 end)
+
+describe("max_rss_bytes", function()
+  after_each(H.assert_clean)
+
+  it("kills an allocation loop as fast as Python goes, and says how", function()
+    local limit = 256 * 2 ^ 20
+    local result, err = H.run({
+      max_rss_bytes = limit,
+      rss_poll_interval_ms = 10,
+      root_llm = H.script({ fence("b = []\nwhile True:\n    b.append(bytearray(1 << 20))") }),
+    })
+    assert.is_nil(result)
+    assert.are.equal("memory_limit", err.kind)
+    assert.are.equal(limit, err.limit)
+    assert.is_true(err.peak > limit)
+    assert.is_string(err.mechanism)
+    assert.matches(err.mechanism, err.message, 1, true)
+    print(("\n# %s: memory_limit by %s, limit %d MB, peak %.0f MB"):format(H.lua_name(), err.mechanism,
+      limit / 2 ^ 20, err.peak / 2 ^ 20))
+  end)
+
+  it("counts memory held by threads", function()
+    local _, err = H.run({
+      guardrails = false, -- threading is not among the REPL's modules
+      max_rss_bytes = 128 * 2 ^ 20,
+      rss_poll_interval_ms = 10,
+      root_llm = H.script({ fence([[
+import threading
+hold = []
+def grab():
+    for _ in range(100):
+        hold.append(bytearray(1 << 20))
+ts = [threading.Thread(target=grab) for _ in range(4)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+import time
+time.sleep(5)]]) }),
+    })
+    assert.are.equal("memory_limit", err.kind)
+  end)
+
+  it("can be turned off", function()
+    local result, err = H.run({
+      max_rss_bytes = 0,
+      root_llm = H.script({ fence("b = bytearray(300 << 20)\nFINAL(len(b) >> 20)") }),
+    })
+    assert.is_nil(err)
+    assert.are.equal("300", result.answer)
+  end)
+end)

@@ -99,8 +99,9 @@ function Session:_expect(allowed)
     return self:_error("step_timeout", ("the step ran past step_timeout_ms (%d ms); the sandbox was killed")
       :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
   elseif kind == "memory" then
-    return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%d bytes; peak seen %d bytes); it was killed")
-      :format(self.opts.max_rss_bytes, a), { limit = self.opts.max_rss_bytes, peak = a, mechanism = "poll" })
+    return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%.0f bytes; peak seen %.0f bytes); "
+      .. "the poll of its processes' memory killed it"):format(self.opts.max_rss_bytes, a),
+      { limit = self.opts.max_rss_bytes, peak = a, mechanism = "poll" })
   elseif kind == "overflow" then
     return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
       :format(self.opts.max_message_bytes))
