@@ -79,6 +79,9 @@ static int core_spawn(lua_State *L) {
   size_t max_line = (size_t)opt_integer(L, 1, "max_line", 16 << 20);
   uint64_t max_rss = (uint64_t)opt_integer(L, 1, "max_rss", 0);
   unsigned interval = (unsigned)opt_integer(L, 1, "rss_interval_ms", 50);
+  lua_getfield(L, 1, "cgroup");
+  int use_cgroup = lua_toboolean(L, -1);
+  lua_pop(L, 1);
 
   lua_getfield(L, 1, "ro");
   luaL_checktype(L, -1, LUA_TTABLE);
@@ -132,6 +135,8 @@ static int core_spawn(lua_State *L) {
   o.max_line = max_line;
   o.max_rss = max_rss;
   o.rss_interval_ms = interval;
+  const char *base = strrchr(u->workdir, '/');
+  o.cgroup_name = use_cgroup ? (base ? base + 1 : u->workdir) : NULL;
   u->d = rlm_driver_start(&o, err, sizeof(err));
   close(filter); /* the child has its copy */
   rlm_argv_free(&argv);
@@ -390,6 +395,24 @@ static int driver_deadline_passed(lua_State *L) {
   return 1;
 }
 
+static int driver_adopt(lua_State *L) {
+  lua_pushboolean(L, rlm_driver_adopt(check_driver(L)->d) == 0);
+  return 1;
+}
+
+static int driver_memory_mechanism(lua_State *L) {
+  lua_pushstring(L, rlm_driver_memory_mechanism(check_driver(L)->d));
+  return 1;
+}
+
+/* d:oom_kills() -> n, peak_bytes: the kernel's OOM kills in the cgroup. */
+static int driver_oom_kills(lua_State *L) {
+  uint64_t peak;
+  lua_pushnumber(L, (lua_Number)rlm_driver_oom_kills(check_driver(L)->d, &peak));
+  lua_pushnumber(L, (lua_Number)peak);
+  return 2;
+}
+
 static int driver_pid(lua_State *L) {
   lua_pushinteger(L, rlm_driver_pid(check_driver(L)->d));
   return 1;
@@ -543,6 +566,9 @@ static const luaL_Reg driver_methods[] = {
     {"set_deadline", driver_set_deadline},
     {"deadline_passed", driver_deadline_passed},
     {"pid", driver_pid},
+    {"adopt", driver_adopt},
+    {"memory_mechanism", driver_memory_mechanism},
+    {"oom_kills", driver_oom_kills},
     {"alive", driver_alive},
     {"peak_rss", driver_peak_rss},
     {"tree", driver_tree},

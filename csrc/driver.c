@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "driver.h"
 
+#include "cgroup.h"
 #include "watchdog.h"
 #include "workdir.h"
 
@@ -37,6 +38,7 @@ extern char **environ;
 #define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
 #define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
 #define LAUNCHER_GRACE_MS 500 /* after its namespace's init was killed */
+#define SANDBOX_TASKS 128     /* the cgroup's pids.max: threads, mostly */
 #define MAX_WRITE_QUEUE (256u << 20)
 
 struct rlm_driver {
@@ -64,6 +66,7 @@ struct rlm_driver {
 
   uint64_t max_rss, peak_rss;
   unsigned rss_interval_ms;
+  rlm_cgroup cg;
 
   char workdir[PATH_MAX];
   char out_buf[READ_CHUNK];
@@ -616,6 +619,13 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     free_driver(d);
     return NULL;
   }
+  if (o->cgroup_name != NULL && d->max_rss > 0) {
+    /* Now, while bubblewrap sets up: its children inherit the cgroup. What
+     * it forked before this is moved by rlm_driver_adopt after the hello. */
+    rlm_cgroup_create(&d->cg, o->cgroup_name, d->max_rss, SANDBOX_TASKS);
+    if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
+      rlm_cgroup_remove(&d->cg);
+  }
   uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
   d->reading = 1;
   uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
@@ -773,6 +783,30 @@ int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit,
   return found;
 }
 
+int rlm_driver_adopt(rlm_driver *d) {
+  if (d->cg.version == 0)
+    return 0;
+  int pids[256];
+  size_t n = rlm_driver_tree(d, pids, 256);
+  for (size_t i = 0; i < n; i++)
+    if (!rlm_cgroup_holds(&d->cg, pids[i]) &&
+        (rlm_cgroup_add(&d->cg, pids[i]) != 0 ||
+         !rlm_cgroup_holds(&d->cg, pids[i])))
+      return -1;
+  return 0;
+}
+
+const char *rlm_driver_memory_mechanism(const rlm_driver *d) {
+  return d->cg.version == 2   ? "cgroup v2"
+         : d->cg.version == 1 ? "cgroup v1"
+                              : "poll";
+}
+
+uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak) {
+  *peak = rlm_cgroup_peak(&d->cg);
+  return rlm_cgroup_oom_kills(&d->cg);
+}
+
 int rlm_driver_alive(const rlm_driver *d) {
   return d->spawned && !d->exited && !d->killed;
 }
@@ -800,6 +834,7 @@ int rlm_driver_close(rlm_driver *d) {
     uv_timer_stop(&d->wait);
   }
   close_loop(d);
+  rlm_cgroup_remove(&d->cg);
   int rc = d->workdir[0] ? rlm_workdir_remove(d->workdir) : 0;
   free_driver(d);
   return rc;

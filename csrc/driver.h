@@ -34,6 +34,8 @@ typedef struct rlm_driver_opts {
   const char *workdir;      /* removed by rlm_driver_close */
   size_t max_line;          /* bytes, without the newline */
   uint64_t max_rss;         /* bytes over the whole sandbox; 0: no watchdog */
+  const char *cgroup_name;  /* put the sandbox in a cgroup of this name, where
+                               one can be made; NULL: never */
   unsigned rss_interval_ms;
 } rlm_driver_opts;
 
@@ -71,6 +73,14 @@ int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit, void *ud);
 uint64_t rlm_driver_peak_rss(const rlm_driver *d);
 int rlm_driver_backend_fd(rlm_driver *d);
 int rlm_driver_backend_timeout(rlm_driver *d);
+
+/* The cgroup: moves every sandbox process into it (0, or -1 when one
+ * would not move); how the memory limit is enforced ("cgroup v1",
+ * "cgroup v2" or "poll"); and how often the kernel's OOM killer acted in it,
+ * with the peak it charged. */
+int rlm_driver_adopt(rlm_driver *d);
+const char *rlm_driver_memory_mechanism(const rlm_driver *d);
+uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak);
 
 /* Kills the sandbox if it runs, reaps it, frees every handle and removes
  * the workdir. Returns 0, or -1 when the workdir could not be removed. */

@@ -106,6 +106,13 @@ function Session:_expect(allowed)
     return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
       :format(self.opts.max_message_bytes))
   elseif kind == "exit" then
+    local kills, peak = drv:oom_kills()
+    if kills > 0 then
+      local how = drv:memory_mechanism()
+      return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%.0f bytes; peak %.0f bytes); "
+        .. "the kernel killed it in its %s memory cgroup"):format(self.opts.max_rss_bytes, peak, how),
+        { limit = self.opts.max_rss_bytes, peak = peak, mechanism = how })
+    end
     if not self.started then
       return self:_error("sandbox_unavailable", "the sandbox exited before the driver started: "
         .. exit_message(a, b, c))
@@ -179,6 +186,9 @@ function Session:_boot(canaries)
       :format(tostring(hello.protocol), protocol.VERSION))
   end
   self.started = true
+  if not drv:adopt() then
+    return self:_error("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
+  end
   local foreign = drv:foreign_fds()
   if #foreign > 0 then
     return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))

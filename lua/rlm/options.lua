@@ -66,6 +66,7 @@ local schema = {
   step_timeout_ms = { positive_number, 60000 },
   max_rss_bytes = { integer(0), 2 ^ 30 },
   rss_poll_interval_ms = { integer(1), 50 },
+  memory_cgroup = { boolean, true },
   max_sub_calls = { integer(0), 200 },
   max_total_cost_usd = { non_negative_number },
   max_total_tokens = { integer(1) },

@@ -123,6 +123,7 @@ function M.start(opts, context_data, context_format)
     max_line = opts.max_message_bytes,
     max_rss = opts.max_rss_bytes,
     rss_interval_ms = opts.rss_poll_interval_ms,
+    cgroup = opts.memory_cgroup,
   })
   if not drv then
     return unavailable("starting the sandbox: " .. tostring(serr))
