@@ -19,7 +19,7 @@ DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
   gcc make
 
-.PHONY: all deps test check demo clean install bench
+.PHONY: all deps test check demo clean install bench fuzz soak
 BUILD ?= build
 all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so)
 
@@ -53,6 +53,25 @@ check: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@$(call lua_env,lua5.4) lua5.4 examples/demo.lua
+
+# libFuzzer on the framer and the protocol decoder; FUZZ_SECONDS to run.
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	@dpkg-query -W -f='$${Status}\n' clang libclang-rt-14-dev 2>/dev/null | grep -c 'install ok installed' | grep -q 2 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev
+	@mkdir -p build/fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -I$(INC_5.4) -o build/fuzz/framing_fuzz \
+	  fuzz/framing_fuzz.c csrc/framing.c -llua5.4
+	cp -r fuzz/corpus build/fuzz/corpus-run
+	LUA_CPATH="/usr/lib/x86_64-linux-gnu/lua/5.4/?.so;;" build/fuzz/framing_fuzz \
+	  -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 build/fuzz/corpus-run fuzz/corpus
+
+# 1,000 sessions with random faults; the host's fds, children, RSS and
+# workdirs must come back to where they started.
+SOAK_SESSIONS ?= 1000
+soak: deps
+	@$(MAKE) --no-print-directory all
+	@$(call lua_env,lua5.4) SOAK_SESSIONS=$(SOAK_SESSIONS) lua5.4 spec/soak.lua
 
 clean:
 	rm -rf build build-asan

@@ -33,7 +33,8 @@ build = {
     ["rlm.util"] = "lua/rlm/util.lua",
     ["rlm.core"] = {
       sources = {
-        "csrc/canary.c", "csrc/cgroup.c", "csrc/core.c", "csrc/driver.c", "csrc/sandbox.c", "csrc/seccomp.c",
+        "csrc/canary.c", "csrc/cgroup.c", "csrc/core.c", "csrc/driver.c", "csrc/framing.c",
+        "csrc/sandbox.c", "csrc/seccomp.c",
         "csrc/watchdog.c", "csrc/workdir.c",
       },
       libraries = { "uv", "pthread" },

@@ -11,6 +11,7 @@
 #include "driver.h"
 
 #include "cgroup.h"
+#include "framing.h"
 #include "watchdog.h"
 #include "workdir.h"
 
@@ -57,8 +58,7 @@ struct rlm_driver {
   int64_t exit_status;
   int term_signal;
 
-  char *line;
-  size_t line_len, line_cap, max_line;
+  rlm_framer framer;
   rlm_event *head, *tail;
 
   char err_tail[STDERR_TAIL + 1];
@@ -293,23 +293,16 @@ static void alloc_err(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   *buf = uv_buf_init(d->err_buf, sizeof(d->err_buf));
 }
 
-static int line_append(rlm_driver *d, const char *p, size_t n) {
-  if (d->line_len + n > d->max_line)
+static int on_line(void *ud, char *line, size_t len) {
+  rlm_driver *d = ud;
+  rlm_event *ev = event_new(RLM_EV_LINE);
+  if (ev == NULL) {
+    free(line);
     return -1;
-  if (d->line_len + n + 1 > d->line_cap) {
-    size_t cap = d->line_cap ? d->line_cap : 4096;
-    while (cap < d->line_len + n + 1)
-      cap *= 2;
-    if (cap > d->max_line + 1)
-      cap = d->max_line + 1;
-    char *line = realloc(d->line, cap);
-    if (line == NULL)
-      return -1;
-    d->line = line;
-    d->line_cap = cap;
   }
-  memcpy(d->line + d->line_len, p, n);
-  d->line_len += n;
+  ev->data = line;
+  ev->len = len;
+  queue_event(d, ev);
   return 0;
 }
 
@@ -321,30 +314,11 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     maybe_queue_exit(d);
     return;
   }
-  const char *p = buf->base, *end = buf->base + nread;
-  while (p < end && !d->terminal_queued) {
-    const char *nl = memchr(p, '\n', (size_t)(end - p));
-    size_t n = (size_t)((nl ? nl : end) - p);
-    if (line_append(d, p, n) != 0) {
-      terminate(d, RLM_EV_OVERFLOW);
-      return;
-    }
-    p += n;
-    if (nl == NULL)
-      break;
-    p++;
-    rlm_event *ev = event_new(RLM_EV_LINE);
-    if (ev == NULL || line_append(d, "", 0) != 0) {
-      free(ev);
-      terminate(d, RLM_EV_OVERFLOW);
-      return;
-    }
-    d->line[d->line_len] = '\0';
-    ev->data = d->line;
-    ev->len = d->line_len;
-    d->line = NULL;
-    d->line_len = d->line_cap = 0;
-    queue_event(d, ev);
+  if (d->terminal_queued)
+    return;
+  if (rlm_framer_feed(&d->framer, buf->base, (size_t)nread, on_line, d) != RLM_FRAME_OK) {
+    terminate(d, RLM_EV_OVERFLOW);
+    return;
   }
   if (d->head != NULL)
     stop_reading(d);
@@ -418,7 +392,7 @@ static void free_driver(rlm_driver *d) {
     d->head = ev->next;
     rlm_event_free(ev);
   }
-  free(d->line);
+  rlm_framer_free(&d->framer);
   free(d);
 }
 
@@ -597,7 +571,7 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     return NULL;
   }
   d->pidfd = -1;
-  d->max_line = o->max_line;
+  d->framer.max = o->max_line;
   d->max_rss = o->max_rss;
   d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
   snprintf(d->workdir, sizeof(d->workdir), "%s", o->workdir);
