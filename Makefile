@@ -54,6 +54,13 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@$(call lua_env,lua5.4) lua5.4 examples/demo.lua
 
+# The benchmarks: each figure beside a floor measured in the same run;
+# writes bench/RESULTS.md. Not timed in make test (spec/bench_spec.lua runs
+# them once at tiny sizes).
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@bench/run
+
 # libFuzzer on the framer and the protocol decoder; FUZZ_SECONDS to run.
 FUZZ_SECONDS ?= 600
 fuzz: deps

@@ -1,0 +1,201 @@
+-- bench/main.lua ROOT TMP: runs every figure (bench/<figure>.lua), prints the
+-- table and writes bench/RESULTS.md. Started by bench/run, which sets the
+-- module paths. BENCH_TINY=1 runs the tiny sizes the spec uses (and then
+-- leaves RESULTS.md alone); BENCH_ONLY=name,name runs some figures only.
+local root, tmp = arg[1], arg[2]
+package.path = root .. "/?.lua;" .. package.path
+local common = require("bench.common")
+
+local tiny = os.getenv("BENCH_TINY") == "1"
+
+local function sh(cmd)
+  local p = io.popen(cmd)
+  local out = p and p:read("*a") or ""
+  if p then
+    p:close()
+  end
+  return (out:gsub("%s+$", ""))
+end
+
+local function loadavg()
+  return (common.read_file("/proc/loadavg") or "?"):match("^(%S+ %S+ %S+)") or "?"
+end
+
+local function machine()
+  local cpuinfo = common.read_file("/proc/cpuinfo") or ""
+  local meminfo = common.read_file("/proc/meminfo") or ""
+  return {
+    { "nproc", sh("nproc") },
+    { "CPU", cpuinfo:match("model name%s*:%s*([^\n]+)") or "?" },
+    { "kernel", sh("uname -sr") },
+    { "memory", ("%.1f GB total, %.1f GB available at start"):format(
+      tonumber(meminfo:match("MemTotal:%s*(%d+)") or 0) / 2 ^ 20,
+      tonumber(meminfo:match("MemAvailable:%s*(%d+)") or 0) / 2 ^ 20) },
+    { "load average at start", loadavg() },
+    { "tmpdir's filesystem", sh("findmnt -n -o FSTYPE,SOURCE -T " .. common.quote(tmp)) },
+    { "date", os.date("!%Y-%m-%d %H:%M UTC") },
+    { "software", ("%s, %s, %s"):format(_VERSION, sh("python3 -V 2>&1"), sh("bwrap --version")) },
+  }
+end
+
+local function result(row)
+  if row.met == true then
+    return "MET"
+  elseif row.met == false then
+    return "NOT MET"
+  elseif row.target then
+    return "no floor"
+  end
+  return "-"
+end
+
+-- The terminal: two lines a row, the figure with its ratio and verdict, then
+-- its floor.
+local function print_row(row)
+  print(("%-2s %-62s %-30s n=%-6s %-13s %-22s %s"):format(row.figure, row.name, row.text or "-",
+    tostring(row.n or "-"), row.ratio_text or "", row.target or "", result(row)))
+  if row.floor then
+    print(("     floor: %-55s %-30s n=%s"):format(row.floor.name, row.floor.text, tostring(row.floor.n)))
+  elseif row.floor_missing or row.no_floor then
+    print("     floor: " .. (row.floor_missing or row.no_floor))
+  end
+  if row.note then
+    print("     note: " .. row.note)
+  end
+end
+
+local function cell(s)
+  return (tostring(s or ""):gsub("|", "\\|"))
+end
+
+local METHOD = [[
+## How the figures are measured
+
+Times are medians over the samples (n), with p99 where there are 100 samples or
+more; every floor is measured in the same run, and the ratio is the figure
+against it (for speeds, figure speed / floor speed). MB is 2^20 bytes. The
+root model is a scripted stand-in that answers at once; the REPL, the sandbox
+and the sub-calls are real.
+
+Figures 2 and 3 run pinned to one CPU (`taskset`; rlm, its sandbox and the
+floors alike): a request/response exchange never runs both ends at once, and
+unpinned, a pipe round trip on this 2-vCPU VM costs 6 to 45 us depending on
+where the scheduler puts the two ends. The unpinned figures are shown too.
+
+1. **Cold start**: `Session.new` + the first `step()` (answer `x = 1`): spawn,
+   hello, configure, self-test, context load, one exec. Floor: the real
+   bubblewrap command line (`rlm.core.sandbox_argv`, binds from the same
+   interpreter probe) running `bench/echo_driver.py` instead of the driver,
+   from spawn to its answer to one line, from a plain C host
+   (`bench/floor_pingpong.c`). Samples alternate floor and rlm in rounds. The
+   session's teardown is not timed, nor the floor's.
+2. **Step round trip**: `s:step()` timed in Lua, many steps in one session.
+   Floor: `floor_pingpong` writing one short JSON-like line to
+   `python3 -I -S bench/echo_driver.py` over a pipe and reading the echo.
+   Floor chunks and step chunks take turns, in 10 rounds.
+3. **llm_query round trip**: one exec calls `llm_query("q")` in a loop; each
+   call is timed inside the REPL with `time.perf_counter_ns`. The Lua callback
+   returns its prompt, and every 1,000 calls first runs a chunk of both
+   floors (those 10 calls are left out of the samples). Floors: the pipe
+   ping-pong of figure 2, and `bench/tcp_echo.py` (client and echo server
+   processes on 127.0.0.1, a new connection per request).
+4. **Context load**: (`Session.new` + first step with the context) less
+   (the same with a 1-byte context), medians of interleaved samples. The
+   first exec prints `len(context)`, which is checked. Floor: write the bytes
+   to a file from Lua, then `bench/decode_floor.py` maps it and decodes it
+   into a `str` (timed inside, so without Python's start). Both write to the
+   same filesystem: tmpfs (`/dev/shm`) when it has 3 GB free, else tmpdir's,
+   or `BENCH_CONTEXT_DIR`; each timed sample starts after `sync` (not timed),
+   and the two take turns going first, so that neither pays for the other's
+   writeback. Memory: the sandboxed interpreter's RssAnon, polled every 1 ms
+   by `bench/memwatch.py` during one more session; the floor is
+   `decode_floor.py`'s RssAnon after decoding. The JSON rows send the same
+   bytes, `cjson.encode`d, as one line to `bench/json_sink.py`, outside rlm.
+   The 1 GB case runs when MemAvailable > 6 GB, unless `BENCH_SKIP_1GB=1`.
+5. **Memory limit**: `b.append(bytearray(1 << 20))` in an endless loop
+   under `max_rss_bytes` = 256 MB: the poll alone (`memory_cgroup = false`
+   where that option exists) every 10 and 50 ms, then the default setup (a
+   memory cgroup where the host may make one, beside the 50 ms poll); the
+   note says which mechanism ended each sample. Overshoot: `err.peak -
+   err.limit`. Time to kill: from the start of the step to the
+   `memory_limit` error. References: the allocation rate of the same loop
+   (bounded, in a fresh sandbox) times the poll interval, and the time that
+   rate needs to fill the limit from the sandbox's memory before the loop.
+6. **Host cost**: this Lua process's VmRSS after a warm-up session, then with
+   50 sessions open (each after one step), after garbage collection; the
+   Lua heap's share is shown. Start: 100 sessions one after another, each kept
+   open until all are started; the floor is 100 x the figure 1 floor's median,
+   measured again here.
+]]
+
+local function write_results(path, rows, info, seconds)
+  local out = {}
+  local function add(s)
+    out[#out + 1] = s
+  end
+  add("# rlm benchmark results\n")
+  add("Written by `bench/run`; run it again to refresh this file. The machine is shared and")
+  add("noisy: read each figure against its floor, measured in the same run.\n")
+  add("## Machine\n")
+  for _, kv in ipairs(info) do
+    add(("- %s: %s"):format(kv[1], kv[2]))
+  end
+  add(("- load average at the end: %s"):format(loadavg()))
+  add(("- duration of the run: %.0f s\n"):format(seconds))
+  add("## Figures\n")
+  add("| # | figure | median | n | floor | floor median | ratio | target | result | notes |")
+  add("|---|---|---|---|---|---|---|---|---|---|")
+  local met, total = 0, 0
+  for _, row in ipairs(rows) do
+    if row.met ~= nil then
+      total = total + 1
+      met = met + (row.met and 1 or 0)
+    end
+    local res = result(row)
+    if row.met ~= nil then
+      res = "**" .. res .. "**"
+    end
+    add(("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"):format(cell(row.figure), cell(row.name),
+      cell(row.text), cell(row.n), cell(row.floor and row.floor.name or row.floor_missing or row.no_floor),
+      cell(row.floor and row.floor.text), cell(row.ratio_text), cell(row.target), res, cell(row.note)))
+  end
+  add(("\n%d of %d targets met.\n"):format(met, total))
+  add(METHOD)
+  common.write_file(path, table.concat(out, "\n"))
+  return met, total
+end
+
+local only = {}
+for name in (os.getenv("BENCH_ONLY") or ""):gmatch("[%w_]+") do
+  only[name] = true
+end
+
+local info = machine()
+local env = common.env({
+  root = root, tmpdir = tmp .. "/sessions", scratch = tmp .. "/scratch", size = tiny and "tiny" or "full",
+})
+os.execute("mkdir -p " .. common.quote(env.tmpdir) .. " " .. common.quote(env.scratch))
+
+print(("rlm benchmarks (%s sizes): %s, nproc %s, %s"):format(env.size, info[2][2], info[1][2], info[3][2]))
+local t0 = common.now_ms()
+local rows = {}
+for _, name in ipairs(common.FIGURES) do
+  if next(only) == nil or only[name] then
+    local t = common.now_ms()
+    local figure_rows = require("bench." .. name).run(env)
+    io.stderr:write(("[%s: %.1f s]\n"):format(name, (common.now_ms() - t) / 1000))
+    for _, row in ipairs(figure_rows) do
+      print_row(row)
+      rows[#rows + 1] = row
+    end
+    collectgarbage()
+  end
+end
+local seconds = (common.now_ms() - t0) / 1000
+
+if tiny or next(only) ~= nil then
+  print(("\n(%.0f s; partial or tiny run: bench/RESULTS.md left as it was)"):format(seconds))
+else
+  local met, total = write_results(root .. "/bench/RESULTS.md", rows, info, seconds)
+  print(("\n%d of %d targets met in %.0f s; wrote bench/RESULTS.md"):format(met, total, seconds))
+end

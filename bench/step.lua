@@ -1,0 +1,87 @@
+-- Figure 2, step round trip: many steps of one session whose scripted root
+-- model answers `x = 1` at once, each timed around s:step(). The floor is a
+-- plain C host ping-ponging one short line with a Python echo driver over
+-- pipes (floor_pingpong.c, echo_driver.py). Steps and floor take turns in
+-- rounds, and both run pinned to one CPU (see common.pin); the same without
+-- pinning is shown beside it.
+local common = require("bench.common")
+
+local M = {}
+
+local SIZES = {
+  full = { steps = 2000, trips = 10000, rounds = 10, window = 100 },
+  tiny = { steps = 20, trips = 100, rounds = 2, window = 5 },
+}
+
+local FLOOR_NAME = "C host <-> python echo driver, one line each way"
+
+-- (step times, floor times, floor times with JSON, why there is no floor)
+local function measure(env, size)
+  local per_round = math.floor(size.steps / size.rounds)
+  local trips = math.floor(size.trips / size.rounds)
+  local times, floor, json_floor, missing = {}, {}, {}, nil
+  local s = common.start(env, { max_iterations = size.steps + 1 })
+  local ok, err = pcall(function()
+    for _ = 1, size.rounds do
+      local f, why = common.floor(env, "pingpong", trips, common.echo_argv(env))
+      missing = why
+      for _, ms in ipairs(f or {}) do
+        floor[#floor + 1] = ms
+      end
+      for _, ms in ipairs(common.floor(env, "pingpong", trips, common.echo_argv(env, "json")) or {}) do
+        json_floor[#json_floor + 1] = ms
+      end
+      for _ = 1, per_round do
+        times[#times + 1] = common.step(s)
+      end
+    end
+  end)
+  s:close()
+  assert(ok, err)
+  return times, floor, json_floor, missing
+end
+
+function M.run(env)
+  local size = common.sizes(env, SIZES)
+  local unpin, why_not = common.pin()
+  local ok, times, floor, json_floor, missing = pcall(measure, env, size)
+  if unpin then
+    unpin()
+  end
+  assert(ok, times)
+  local loose, loose_floor = measure(env, size)
+
+  local w = size.window
+  local first = common.summary(common.slice(times, 1, w))
+  local last = common.summary(common.slice(times, #times - w + 1, #times))
+  local rows = {
+    common.time_row({
+      figure = "2", name = ("step round trip, %d steps in one session"):format(#times),
+      stats = common.summary(times), fmt = common.fmt_us,
+      floor = #floor > 0 and common.summary(floor) or nil, floor_missing = missing,
+      floor_name = FLOOR_NAME, max_ratio = 1.5,
+      note = ("%s; %d rounds of %d floor trips then %d steps"):format(
+        unpin and "both pinned to one CPU" or ("not pinned: " .. why_not), size.rounds,
+        math.floor(size.trips / size.rounds), math.floor(size.steps / size.rounds)),
+    }),
+    common.context_row("2", ("steps 1-%d vs the last %d"):format(w, w), last.median / first.median,
+      "x", ("%.1f us -> %.1f us"):format(first.median * 1000, last.median * 1000), w,
+      "grows with the conversation: each step hands root_llm a fresh copy of every message"),
+  }
+  if #json_floor > 0 then
+    local j = common.summary(json_floor)
+    rows[#rows + 1] = common.context_row("2", "floor variant: echo driver json.loads + dumps",
+      j.median, "ms", common.fmt_us(j), j.n)
+  end
+  local row = common.time_row({
+    figure = "2", name = "step round trip, not pinned", stats = common.summary(loose), fmt = common.fmt_us,
+    floor = #loose_floor > 0 and common.summary(loose_floor) or nil, floor_missing = missing,
+    floor_name = FLOOR_NAME .. ", not pinned",
+  })
+  row.context = true
+  row.note = "as the scheduler places them; no target"
+  rows[#rows + 1] = row
+  return rows
+end
+
+return M
