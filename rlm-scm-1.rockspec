@@ -34,7 +34,7 @@ build = {
     ["rlm.core"] = {
       sources = {
         "csrc/canary.c", "csrc/cgroup.c", "csrc/core.c", "csrc/driver.c", "csrc/framing.c",
-        "csrc/sandbox.c", "csrc/seccomp.c",
+        "csrc/sandbox.c", "csrc/seccomp.c", "csrc/smallfile.c",
         "csrc/watchdog.c", "csrc/workdir.c",
       },
       libraries = { "uv", "pthread" },

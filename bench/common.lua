@@ -266,28 +266,17 @@ end
 -- repl_driver.py, and the binds the real sandbox gets from the same probe.
 function M.sandbox_echo_argv(env, workdir)
   if not env.sandbox_ro then
-    -- The modules the real probe imports (an internal list: without it the
-    -- floor binds fewer libraries, which can only make it cheaper).
-    local ok, sandbox = pcall(require, "rlm.sandbox")
-    local modules = ok and type(sandbox) == "table" and sandbox.default_modules or {}
+    -- The same probe, with the modules the real one imports.
+    local sandbox = require("rlm.sandbox")
     local argv = { env.python, "-I", env.root .. "/python/probe.py" }
-    for _, m in ipairs(modules) do
+    for _, m in ipairs(sandbox.default_modules) do
       argv[#argv + 1] = m
     end
     local info = cjson.decode(M.capture(argv))
-    -- As lua/rlm/sandbox.lua lists them.
-    local ro = {}
-    for _, p in ipairs(info.sys_path) do
-      ro[#ro + 1] = p
+    if type(info.interpreter) ~= "string" then
+      info.interpreter = nil
     end
-    for _, p in ipairs(info.files) do
-      ro[#ro + 1] = p
-    end
-    if type(info.interpreter) == "string" then
-      ro[#ro + 1] = info.interpreter
-    end
-    ro[#ro + 1] = "/etc/ld.so.cache"
-    env.sandbox_ro, env.sandbox_python = ro, info.executable
+    env.sandbox_ro, env.sandbox_python = sandbox.readonly_paths(info), info.executable
   end
   local argv = core.sandbox_argv({
     bwrap = core.find_program("bwrap"),

@@ -4,8 +4,9 @@
 #define _GNU_SOURCE
 #include "cgroup.h"
 
+#include "smallfile.h"
+
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,38 +17,13 @@
 static int write_file(const char *dir, const char *file, const char *value) {
   char path[PATH_MAX + 64];
   snprintf(path, sizeof(path), "%s/%s", dir, file);
-  int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0)
-    return -1;
-  size_t len = strlen(value);
-  ssize_t n;
-  do
-    n = write(fd, value, len);
-  while (n < 0 && errno == EINTR);
-  int saved = errno;
-  close(fd);
-  errno = saved;
-  return n == (ssize_t)len ? 0 : -1;
+  return rlm_write_small(path, value);
 }
 
 static int read_file(const char *dir, const char *file, char *buf, size_t len) {
   char path[PATH_MAX + 64];
   snprintf(path, sizeof(path), "%s/%s", dir, file);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return -1;
-  size_t got = 0;
-  while (got + 1 < len) {
-    ssize_t n = read(fd, buf + got, len - 1 - got);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    got += (size_t)n;
-  }
-  close(fd);
-  buf[got] = '\0';
-  return 0;
+  return rlm_read_small(path, buf, len) < 0 ? -1 : 0;
 }
 
 /* The host's own cgroup for a v1 controller ("memory") or v2 (""), from

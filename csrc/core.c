@@ -66,15 +66,48 @@ static lua_Integer opt_integer(lua_State *L, int t, const char *key,
   return v;
 }
 
+/* The sandbox spec's common options, from the table at index 1: bwrap,
+ * python, driver and the list `ro` (kept alive by the table). */
+static void read_spec(lua_State *L, rlm_sandbox_spec *spec) {
+  memset(spec, 0, sizeof(*spec));
+  spec->bwrap = opt_string(L, 1, "bwrap");
+  spec->python = opt_string(L, 1, "python");
+  spec->driver = opt_string(L, 1, "driver");
+  spec->seccomp_fd = 3; /* where the child finds the filter */
+  lua_getfield(L, 1, "ro");
+  luaL_checktype(L, -1, LUA_TTABLE);
+  size_t n_ro = lua_rawlen(L, -1);
+  if (n_ro > MAX_RO_PATHS)
+    luaL_error(L, "rlm.core: too many read-only paths");
+  const char **ro = lua_newuserdata(L, (n_ro + 1) * sizeof(*ro));
+  for (size_t i = 0; i < n_ro; i++) {
+    lua_rawgeti(L, -2, (int)i + 1);
+    ro[i] = lua_tostring(L, -1);
+    if (ro[i] == NULL)
+      luaL_error(L, "rlm.core: ro[%d] must be a string", (int)i + 1);
+    lua_pop(L, 1); /* the ro table keeps it alive */
+  }
+  spec->ro = ro;
+  spec->n_ro = n_ro;
+}
+
+/* Pushes argv as a list and frees it. */
+static int push_argv(lua_State *L, rlm_argv *argv) {
+  lua_createtable(L, (int)argv->n, 0);
+  for (size_t i = 0; i < argv->n; i++) {
+    lua_pushstring(L, argv->v[i]);
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  rlm_argv_free(argv);
+  return 1;
+}
+
 /* core.spawn{bwrap=, python=, driver=, ro={...}, tmpdir=, max_line=,
  *            max_rss=, rss_interval_ms=} -> Driver | nil, message */
 static int core_spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   rlm_sandbox_spec spec;
-  memset(&spec, 0, sizeof(spec));
-  spec.bwrap = opt_string(L, 1, "bwrap");
-  spec.python = opt_string(L, 1, "python");
-  spec.driver = opt_string(L, 1, "driver");
+  read_spec(L, &spec);
   const char *tmpdir = opt_string(L, 1, "tmpdir");
   size_t max_line = (size_t)opt_integer(L, 1, "max_line", 16 << 20);
   uint64_t max_rss = (uint64_t)opt_integer(L, 1, "max_rss", 0);
@@ -82,23 +115,6 @@ static int core_spawn(lua_State *L) {
   lua_getfield(L, 1, "cgroup");
   int use_cgroup = lua_toboolean(L, -1);
   lua_pop(L, 1);
-
-  lua_getfield(L, 1, "ro");
-  luaL_checktype(L, -1, LUA_TTABLE);
-  size_t n_ro = lua_rawlen(L, -1);
-  if (n_ro > MAX_RO_PATHS)
-    return luaL_error(L, "rlm.core.spawn: too many read-only paths");
-  const char **ro = lua_newuserdata(L, (n_ro + 1) * sizeof(*ro));
-  for (size_t i = 0; i < n_ro; i++) {
-    lua_rawgeti(L, -2, (int)i + 1);
-    ro[i] = lua_tostring(L, -1);
-    if (ro[i] == NULL)
-      return luaL_error(L, "rlm.core.spawn: ro[%d] must be a string",
-                        (int)i + 1);
-    lua_pop(L, 1); /* the ro table keeps it alive */
-  }
-  spec.ro = ro;
-  spec.n_ro = n_ro;
 
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
@@ -114,7 +130,6 @@ static int core_spawn(lua_State *L) {
     return 2;
   }
   spec.workdir = u->workdir;
-  spec.seccomp_fd = 3; /* where the child finds it */
   int filter = rlm_seccomp_fd(err, sizeof(err));
   if (filter < 0) {
     (void)rlm_workdir_remove(u->workdir);
@@ -152,36 +167,13 @@ static int core_spawn(lua_State *L) {
 static int core_sandbox_argv(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   rlm_sandbox_spec spec;
-  memset(&spec, 0, sizeof(spec));
-  spec.bwrap = opt_string(L, 1, "bwrap");
-  spec.python = opt_string(L, 1, "python");
-  spec.driver = opt_string(L, 1, "driver");
+  read_spec(L, &spec);
   spec.workdir = opt_string(L, 1, "workdir");
-  spec.seccomp_fd = 3;
-  lua_getfield(L, 1, "ro");
-  luaL_checktype(L, -1, LUA_TTABLE);
-  size_t n_ro = lua_rawlen(L, -1);
-  if (n_ro > MAX_RO_PATHS)
-    return luaL_error(L, "rlm.core.sandbox_argv: too many read-only paths");
-  const char **ro = lua_newuserdata(L, (n_ro + 1) * sizeof(*ro));
-  for (size_t i = 0; i < n_ro; i++) {
-    lua_rawgeti(L, -2, (int)i + 1);
-    ro[i] = luaL_checkstring(L, -1);
-    lua_pop(L, 1);
-  }
-  spec.ro = ro;
-  spec.n_ro = n_ro;
   rlm_argv argv = {0};
   char err[512];
   if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
     return fail(L, err);
-  lua_createtable(L, (int)argv.n, 0);
-  for (size_t i = 0; i < argv.n; i++) {
-    lua_pushstring(L, argv.v[i]);
-    lua_rawseti(L, -2, (int)i + 1);
-  }
-  rlm_argv_free(&argv);
-  return 1;
+  return push_argv(L, &argv);
 }
 
 extern char **environ;
@@ -216,13 +208,7 @@ static int core_macos_argv(lua_State *L) {
   char err[256];
   if (rlm_macos_argv(&spec, &argv, err, sizeof(err)) != 0)
     return fail(L, err);
-  lua_createtable(L, (int)argv.n, 0);
-  for (size_t i = 0; i < argv.n; i++) {
-    lua_pushstring(L, argv.v[i]);
-    lua_rawseti(L, -2, (int)i + 1);
-  }
-  rlm_argv_free(&argv);
-  return 1;
+  return push_argv(L, &argv);
 }
 
 /* core.capture(argv, timeout_ms, max_bytes) -> stdout, exit_status | nil, msg

@@ -4,33 +4,14 @@
 #define _GNU_SOURCE
 #include "watchdog.h"
 
+#include "smallfile.h"
+
 #include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define MAX_PIDS 1024
-
-static ssize_t read_small_file(const char *path, char *buf, size_t len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return -1;
-  size_t got = 0;
-  while (got + 1 < len) {
-    ssize_t n = read(fd, buf + got, len - 1 - got);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    got += (size_t)n;
-  }
-  close(fd);
-  buf[got] = '\0';
-  return (ssize_t)got;
-}
 
 static uint64_t status_kb(const char *status, const char *key) {
   const char *p = strstr(status, key);
@@ -40,7 +21,7 @@ static uint64_t status_kb(const char *status, const char *key) {
 static uint64_t process_rss(pid_t pid) {
   char path[64], buf[4096];
   snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-  if (read_small_file(path, buf, sizeof(buf)) <= 0)
+  if (rlm_read_small(path, buf, sizeof(buf)) <= 0)
     return 0;
   return (status_kb(buf, "\nRssAnon:") + status_kb(buf, "\nRssShmem:")) * 1024;
 }
@@ -59,7 +40,7 @@ static void add_children(pid_t pid, pid_t *pids, size_t *n, size_t max) {
     char cpath[320], buf[8192];
     snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", (int)pid,
              ent->d_name);
-    if (read_small_file(cpath, buf, sizeof(buf)) <= 0)
+    if (rlm_read_small(cpath, buf, sizeof(buf)) <= 0)
       continue;
     for (char *p = buf, *end; *n < max; p = end) {
       long child = strtol(p, &end, 10);

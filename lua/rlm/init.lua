@@ -96,7 +96,7 @@ function Session:_expect(allowed)
     end
     return msg
   elseif kind == "timeout" then
-    return self:_error("step_timeout", ("the step ran past step_timeout_ms (%d ms); the sandbox was killed")
+    return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms); the sandbox was killed")
       :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
   elseif kind == "memory" then
     return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%.0f bytes; peak seen %.0f bytes); "
@@ -268,7 +268,7 @@ end
 function Session:_deadline_check()
   if self.driver and self.driver:deadline_passed() then
     self.driver:kill()
-    return self:_error("step_timeout", ("the step ran past step_timeout_ms (%d ms)")
+    return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms)")
       :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
   end
   return true
@@ -316,6 +316,29 @@ function Session:_add_usage(who, usage)
   return true
 end
 
+-- Calls a model callback (root_llm or llm_query) on the protected path and
+-- checks what it returned: text, and optionally a usage table. Then the
+-- deadline, which a callback that blocked may have passed.
+function Session:_call_model(who, fn, arg)
+  local ok, text, usage = util.call_protected(fn, arg)
+  if not ok then
+    return self:_error("callback_error", who .. " raised: " .. tostring(text))
+  end
+  if type(text) ~= "string" then
+    return self:_error("callback_error", who .. " returned " .. type(text) .. ", not a string")
+  end
+  local err
+  ok, err = self:_add_usage(who, usage)
+  if not ok then
+    return nil, err
+  end
+  ok, err = self:_deadline_check()
+  if not ok then
+    return nil, err
+  end
+  return text, usage
+end
+
 function Session:_sub_query(msg)
   local o = self.opts
   if o.max_sub_prompt_chars then
@@ -336,21 +359,9 @@ function Session:_sub_query(msg)
   end
   self.sub_calls = self.sub_calls + 1
   local t0 = core.now_ms()
-  local text, usage
-  ok, text, usage = util.call_protected(o.llm_query, msg.prompt)
-  if not ok then
-    return self:_error("callback_error", "llm_query raised: " .. tostring(text))
-  end
-  if type(text) ~= "string" then
-    return self:_error("callback_error", "llm_query returned " .. type(text) .. ", not a string")
-  end
-  ok, err = self:_add_usage("llm_query", usage)
-  if not ok then
-    return nil, err
-  end
-  ok, err = self:_deadline_check()
-  if not ok then
-    return nil, err
+  local text, usage = self:_call_model("llm_query", o.llm_query, msg.prompt)
+  if not text then
+    return nil, usage
   end
   ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = msg.prompt,
     response = text, latency_ms = core.now_ms() - t0, index = self.sub_calls, usage = usage })
@@ -410,23 +421,7 @@ function Session:_call_root(messages)
   for i, m in ipairs(messages) do
     copy[i] = { role = m.role, content = m.content }
   end
-  local response, usage
-  ok, response, usage = util.call_protected(self.opts.root_llm, copy)
-  if not ok then
-    return self:_error("callback_error", "root_llm raised: " .. tostring(response))
-  end
-  if type(response) ~= "string" then
-    return self:_error("callback_error", "root_llm returned " .. type(response) .. ", not a string")
-  end
-  ok, err = self:_add_usage("root_llm", usage)
-  if not ok then
-    return nil, err
-  end
-  ok, err = self:_deadline_check()
-  if not ok then
-    return nil, err
-  end
-  return response
+  return self:_call_model("root_llm", self.opts.root_llm, copy)
 end
 
 -- Runs the blocks of one response; returns the history entry.

@@ -48,10 +48,7 @@ local function probe(python, modules)
   if not script then
     return unavailable("python/probe.py was not found next to the rlm modules")
   end
-  local argv = { python, "-I", script }
-  for _, m in ipairs(modules) do
-    argv[#argv + 1] = m
-  end
+  local argv = util.append({ python, "-I", script }, modules)
   local out, status = core.capture(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
   if not out then
     return unavailable(("asking %s about its installation: %s"):format(python, status))
@@ -65,16 +62,10 @@ local function probe(python, modules)
   return info
 end
 
--- The paths the sandbox binds read-only: directories first, so that files
--- inside them are not bound twice.
-local function readonly_paths(info)
-  local ro = {}
-  for _, p in ipairs(info.sys_path) do
-    ro[#ro + 1] = p
-  end
-  for _, p in ipairs(info.files) do
-    ro[#ro + 1] = p
-  end
+-- The paths the sandbox binds read-only, from the probe's report:
+-- directories first, so that files inside them are not bound twice.
+function M.readonly_paths(info)
+  local ro = util.append({}, info.sys_path, info.files)
   if info.interpreter then
     ro[#ro + 1] = info.interpreter
   end
@@ -102,14 +93,7 @@ function M.start(opts, context_data, context_format)
   if not driver_py then
     return unavailable("python/repl_driver.py was not found next to the rlm modules")
   end
-  local modules = {}
-  for _, m in ipairs(M.default_modules) do
-    modules[#modules + 1] = m
-  end
-  for _, m in ipairs(opts.allowed_modules) do
-    modules[#modules + 1] = m
-  end
-  local info, perr = probe(python, modules)
+  local info, perr = probe(python, util.append({}, M.default_modules, opts.allowed_modules))
   if not info then
     return nil, perr
   end
@@ -118,7 +102,7 @@ function M.start(opts, context_data, context_format)
     bwrap = bwrap,
     python = info.executable,
     driver = driver_py,
-    ro = readonly_paths(info),
+    ro = M.readonly_paths(info),
     tmpdir = opts.tmpdir,
     max_line = opts.max_message_bytes,
     max_rss = opts.max_rss_bytes,

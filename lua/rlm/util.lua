@@ -37,6 +37,16 @@ function M.call_protected(f, ...)
   end
 end
 
+-- Appends the items of each list to dst; returns dst.
+function M.append(dst, ...)
+  for i = 1, select("#", ...) do
+    for _, v in ipairs((select(i, ...))) do
+      dst[#dst + 1] = v
+    end
+  end
+  return dst
+end
+
 -- Where this file lives, so the driver can be found next to the modules.
 function M.module_dir()
   local source = debug.getinfo(1, "S").source
