@@ -1,6 +1,7 @@
-/* driver.c: the driver process on its own libuv loop. Reading stops while an
- * event waits to be taken, so a driver that floods its stdout fills the pipe
- * and blocks instead of filling the host's memory.
+/* driver.c: the driver process on its own libuv loop. Reading stops while
+ * more than QUEUE_HIGH bytes of lines wait to be taken, so a driver that
+ * floods its stdout fills the pipe and blocks instead of filling the host's
+ * memory.
  *
  * The process is started with posix_spawn, not uv_spawn, and watched through
  * a pidfd: the child closes every descriptor but its three pipes (and the
@@ -35,6 +36,7 @@
 extern char **environ;
 
 #define READ_CHUNK 65536
+#define QUEUE_HIGH (1u << 20)
 #define STDERR_TAIL 4096
 #define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
 #define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
@@ -60,6 +62,7 @@ struct rlm_driver {
 
   rlm_framer framer;
   rlm_event *head, *tail;
+  size_t queued_bytes; /* of the line events in the queue */
 
   char err_tail[STDERR_TAIL + 1];
   size_t err_len;
@@ -109,7 +112,13 @@ static void sigpipe_unblock(sigpipe_guard *g) {
   pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
+/* Only a pending write can raise SIGPIPE inside the loop; most turns have
+ * none and skip the four system calls of the guard. */
 static void run_loop(rlm_driver *d, uv_run_mode mode) {
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) == 0) {
+    uv_run(&d->loop, mode);
+    return;
+  }
   sigpipe_guard g;
   sigpipe_block(&g);
   uv_run(&d->loop, mode);
@@ -133,6 +142,8 @@ static rlm_event *event_new(rlm_event_kind kind) {
 static void queue_event(rlm_driver *d, rlm_event *ev) {
   if (ev == NULL)
     return;
+  if (ev->kind == RLM_EV_LINE)
+    d->queued_bytes += ev->len;
   if (d->tail)
     d->tail->next = ev;
   else
@@ -143,6 +154,7 @@ static void queue_event(rlm_driver *d, rlm_event *ev) {
 static void drop_lines(rlm_driver *d) {
   rlm_event **p = &d->head;
   d->tail = NULL;
+  d->queued_bytes = 0;
   while (*p != NULL) {
     if ((*p)->kind == RLM_EV_LINE) {
       rlm_event *dead = *p;
@@ -320,7 +332,7 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     terminate(d, RLM_EV_OVERFLOW);
     return;
   }
-  if (d->head != NULL)
+  if (d->queued_bytes >= QUEUE_HIGH)
     stop_reading(d);
 }
 
@@ -647,8 +659,10 @@ static rlm_event *pop_event(rlm_driver *d) {
   if (d->head == NULL)
     d->tail = NULL;
   ev->next = NULL;
-  if (d->head == NULL && !d->reading && !d->out_eof && !d->terminal_queued &&
-      !uv_is_closing((uv_handle_t *)&d->out)) {
+  if (ev->kind == RLM_EV_LINE)
+    d->queued_bytes -= ev->len;
+  if (d->queued_bytes < QUEUE_HIGH && !d->reading && !d->out_eof &&
+      !d->terminal_queued && !uv_is_closing((uv_handle_t *)&d->out)) {
     uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
     d->reading = 1;
   }
