@@ -3,9 +3,9 @@
 -- context, less the same with a one-byte context (both measured here,
 -- interleaved), so that the sandbox's start is not counted. The floor writes
 -- the bytes to a file from Lua and maps and decodes it into a str in Python
--- (decode_floor.py), timed inside. Memory: the driver's peak RssAnon, polled
+-- (context_floor.py decode), timed inside. Memory: the driver's peak RssAnon, polled
 -- by memwatch.py during one more session, against 1.2 x context + 50 MB.
--- For contrast, the same bytes as one JSON line over a pipe (json_sink.py).
+-- For contrast, the same bytes as one JSON line over a pipe (context_floor.py sink).
 local common = require("bench.common")
 local cjson = require("cjson")
 
@@ -55,7 +55,7 @@ local function floor_ms(env, text)
   local t0 = common.now_ms()
   common.write_file(path, text)
   local write_ms = common.now_ms() - t0
-  local r = common.python_json(env, "decode_floor.py", { path })
+  local r = common.python_json(env, "context_floor.py", { "decode", path })
   os.remove(path)
   assert(r.chars == #text)
   return write_ms + r.ms, r.rss_anon_kb * 1024
@@ -162,7 +162,7 @@ local function json_line(env, text, floor, rows)
   common.write_file(path, line)
   line = nil -- not held while the receiver runs
   local out = common.capture({ exe, "send", path, "--", env.python, "-I", "-S",
-    common.path(env, "json_sink.py") })
+    common.path(env, "context_floor.py"), "sink" })
   os.remove(path)
   local ns, reply = out:match("^(%d+)\n([^\n]*)")
   reply = cjson.decode(reply)

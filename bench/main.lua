@@ -102,15 +102,15 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
 4. **Context load**: (`Session.new` + first step with the context) less
    (the same with a 1-byte context), medians of interleaved samples. The
    first exec prints `len(context)`, which is checked. Floor: write the bytes
-   to a file from Lua, then `bench/decode_floor.py` maps it and decodes it
+   to a file from Lua, then `bench/context_floor.py decode` maps it and decodes it
    into a `str` (timed inside, so without Python's start). Both write to the
    same filesystem: tmpfs (`/dev/shm`) when it has 3 GB free, else tmpdir's,
    or `BENCH_CONTEXT_DIR`; each timed sample starts after `sync` (not timed),
    and the two take turns going first, so that neither pays for the other's
    writeback. Memory: the sandboxed interpreter's RssAnon, polled every 1 ms
    by `bench/memwatch.py` during one more session; the floor is
-   `decode_floor.py`'s RssAnon after decoding. The JSON rows send the same
-   bytes, `cjson.encode`d, as one line to `bench/json_sink.py`, outside rlm.
+   `context_floor.py decode`'s RssAnon after decoding. The JSON rows send the same
+   bytes, `cjson.encode`d, as one line to `bench/context_floor.py sink`, outside rlm.
    The 1 GB case runs when MemAvailable > 6 GB, unless `BENCH_SKIP_1GB=1`.
 5. **Memory limit**: `b.append(bytearray(1 << 20))` in an endless loop
    under `max_rss_bytes` = 256 MB: the poll alone (`memory_cgroup = false`
