@@ -19,7 +19,7 @@ DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
   gcc make
 
-.PHONY: all deps test check demo clean install bench fuzz soak
+.PHONY: all deps test check demo clean install bench fuzz soak lint
 BUILD ?= build
 all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so)
 
@@ -53,6 +53,14 @@ check: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@$(call lua_env,lua5.4) lua5.4 examples/demo.lua
+
+# luacheck (Debian's lua-check) on every Lua file, and clang-format's view
+# of the C.
+lint:
+	@dpkg-query -W -f='$${Status}\n' lua-check clang-format 2>/dev/null | grep -c 'install ok installed' | grep -q 2 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua-check clang-format
+	luacheck lua spec bench examples
+	clang-format --dry-run --Werror csrc/*.c csrc/*.h fuzz/*.c
 
 # The benchmarks: each figure beside a floor measured in the same run;
 # writes bench/RESULTS.md. Not timed in make test (spec/bench_spec.lua runs

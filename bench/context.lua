@@ -99,7 +99,7 @@ local function speed_row(figure, name, bytes, ms, n, floor_name, floor_ms_, floo
   return row
 end
 
-local function memory_row(figure, name, bytes, peak, floor_name, floor_peak, limit, note)
+local function memory_row(figure, name, _bytes, peak, floor_name, floor_peak, limit, note)
   local row = {
     figure = figure, name = name, value = mb(peak), unit = "MB", n = 1,
     text = ("%.0f MB"):format(mb(peak)),
@@ -160,7 +160,7 @@ local function json_line(env, text, floor, rows)
   -- floor_pingpong sends it from a file, read before its clock starts.
   local path = env.scratch .. "/context-json"
   common.write_file(path, line)
-  line = nil -- not held while the receiver runs
+  line = nil -- luacheck: ignore (not held while the receiver runs)
   local out = common.capture({ exe, "send", path, "--", env.python, "-I", "-S",
     common.path(env, "context_floor.py"), "sink" })
   os.remove(path)

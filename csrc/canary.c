@@ -51,8 +51,10 @@ void rlm_canaries_plant(rlm_canaries *c, const char *home, const char *dir) {
   snprintf(c->secret, sizeof(c->secret), "rlm-canary-%.24s", id);
 
   if (home != NULL && home[0] == '/') {
-    snprintf(c->home_file, sizeof(c->home_file), "%s/.rlm-canary-%.12s", home, id);
-    int fd = open(c->home_file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    snprintf(c->home_file, sizeof(c->home_file), "%s/.rlm-canary-%.12s", home,
+             id);
+    int fd = open(c->home_file,
+                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 || write(fd, c->secret, strlen(c->secret)) < 0)
       c->home_file[0] = '\0';
     if (fd >= 0)
@@ -65,13 +67,15 @@ void rlm_canaries_plant(rlm_canaries *c, const char *home, const char *dir) {
   in4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   c->fds[0] = listen_on(AF_INET, (struct sockaddr *)&in4, sizeof(in4));
   socklen_t len = sizeof(in4);
-  if (c->fds[0] >= 0 && getsockname(c->fds[0], (struct sockaddr *)&in4, &len) == 0)
+  if (c->fds[0] >= 0 &&
+      getsockname(c->fds[0], (struct sockaddr *)&in4, &len) == 0)
     c->tcp_port = ntohs(in4.sin_port);
 
   struct sockaddr_un un;
   memset(&un, 0, sizeof(un));
   un.sun_family = AF_UNIX;
-  int w = snprintf(un.sun_path, sizeof(un.sun_path), "%s/.rlm-canary-%.12s.sock", dir, id);
+  int w = snprintf(un.sun_path, sizeof(un.sun_path),
+                   "%s/.rlm-canary-%.12s.sock", dir, id);
   if (w > 0 && (size_t)w < sizeof(un.sun_path)) {
     c->fds[1] = listen_on(AF_UNIX, (struct sockaddr *)&un, sizeof(un));
     if (c->fds[1] >= 0)

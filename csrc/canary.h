@@ -11,10 +11,10 @@ typedef struct rlm_canaries {
   char secret[40];          /* written into the home file */
   char home_file[PATH_MAX]; /* "" when $HOME is not writable */
   char unix_path[108];
-  char abstract_name[64];   /* without the leading NUL */
+  char abstract_name[64]; /* without the leading NUL */
   int tcp_port;
-  int leaked_fd;            /* not close-on-exec, on purpose */
-  int fds[3];               /* tcp, unix, abstract listeners */
+  int leaked_fd; /* not close-on-exec, on purpose */
+  int fds[3];    /* tcp, unix, abstract listeners */
 } rlm_canaries;
 
 /* Plants what can be planted (a failing piece is left out: -1 or ""), under

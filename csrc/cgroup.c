@@ -46,14 +46,16 @@ static int own_cgroup(const char *controller, char *out, size_t outlen) {
       match = strcmp(names, controller) == 0;
     if (!match)
       continue;
-    int w = controller[0] ? snprintf(out, outlen, "/sys/fs/cgroup/%s%s", controller, path)
-                          : snprintf(out, outlen, "/sys/fs/cgroup%s", path);
+    int w = controller[0]
+                ? snprintf(out, outlen, "/sys/fs/cgroup/%s%s", controller, path)
+                : snprintf(out, outlen, "/sys/fs/cgroup%s", path);
     return w > 0 && (size_t)w < outlen ? 0 : -1;
   }
   return -1;
 }
 
-static int make_child(char *dir, size_t len, const char *parent, const char *name) {
+static int make_child(char *dir, size_t len, const char *parent,
+                      const char *name) {
   int w = snprintf(dir, len, "%s/%s", parent, name);
   if (w < 0 || (size_t)w >= len || mkdir(dir, 0700) != 0) {
     dir[0] = '\0';
@@ -92,7 +94,8 @@ static int setup_v1(rlm_cgroup *cg, const char *name, const char *limit,
     return -1;
   /* No swap: memsw is the limit on memory plus swap, where swap accounting
    * is on. */
-  if (write_file(cg->mem, "memory.memsw.limit_in_bytes", limit) != 0 && errno != ENOENT)
+  if (write_file(cg->mem, "memory.memsw.limit_in_bytes", limit) != 0 &&
+      errno != ENOENT)
     return -1;
   (void)write_file(cg->mem, "memory.swappiness", "0");
   (void)write_file(cg->mem, "memory.move_charge_at_immigrate", "3");
@@ -146,7 +149,8 @@ int rlm_cgroup_holds(const rlm_cgroup *cg, pid_t pid) {
   return strstr(buf, mine) != NULL;
 }
 
-static uint64_t read_number(const char *dir, const char *file, const char *key) {
+static uint64_t read_number(const char *dir, const char *file,
+                            const char *key) {
   char buf[4096];
   if (dir[0] == '\0' || read_file(dir, file, buf, sizeof(buf)) != 0)
     return 0;

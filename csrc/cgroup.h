@@ -11,9 +11,9 @@
 #include <sys/types.h>
 
 typedef struct rlm_cgroup {
-  int version;              /* 0: none, 1 or 2 */
-  char mem[PATH_MAX];       /* the memory cgroup directory */
-  char pids[PATH_MAX];      /* v1: the pids cgroup directory, or "" */
+  int version;         /* 0: none, 1 or 2 */
+  char mem[PATH_MAX];  /* the memory cgroup directory */
+  char pids[PATH_MAX]; /* v1: the pids cgroup directory, or "" */
 } rlm_cgroup;
 
 /* Makes a cgroup named `name` below the host's own, limited to `limit`

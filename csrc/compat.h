@@ -8,7 +8,8 @@
 
 #if LUA_VERSION_NUM < 502
 #ifndef luaL_newlib
-#define luaL_newlibtable(L, l) lua_createtable(L, 0, sizeof(l) / sizeof((l)[0]) - 1)
+#define luaL_newlibtable(L, l)                                                 \
+  lua_createtable(L, 0, sizeof(l) / sizeof((l)[0]) - 1)
 #define luaL_newlib(L, l) (luaL_newlibtable(L, l), luaL_setfuncs(L, l, 0))
 #endif
 #define lua_rawlen(L, i) lua_objlen(L, i)

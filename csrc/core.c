@@ -22,7 +22,7 @@
 
 /* The driver sees a fixed environment: nothing of the host's. */
 static char *const sandbox_env[] = {
-    "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "PYTHONUTF8=1",
+    "PATH=/usr/bin:/bin",        "LANG=C.UTF-8", "PYTHONUTF8=1",
     "HOME=" RLM_SANDBOX_WORKDIR, NULL,
 };
 
@@ -394,7 +394,8 @@ static int driver_memory_mechanism(lua_State *L) {
 /* d:oom_kills() -> n, peak_bytes: the kernel's OOM kills in the cgroup. */
 static int driver_oom_kills(lua_State *L) {
   uint64_t peak;
-  lua_pushnumber(L, (lua_Number)rlm_driver_oom_kills(check_driver(L)->d, &peak));
+  lua_pushnumber(L,
+                 (lua_Number)rlm_driver_oom_kills(check_driver(L)->d, &peak));
   lua_pushnumber(L, (lua_Number)peak);
   return 2;
 }

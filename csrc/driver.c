@@ -328,7 +328,8 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (d->terminal_queued)
     return;
-  if (rlm_framer_feed(&d->framer, buf->base, (size_t)nread, on_line, d) != RLM_FRAME_OK) {
+  if (rlm_framer_feed(&d->framer, buf->base, (size_t)nread, on_line, d) !=
+      RLM_FRAME_OK) {
     terminate(d, RLM_EV_OVERFLOW);
     return;
   }
@@ -677,8 +678,7 @@ rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
       d->wait_expired = 0;
       if (timeout_ms > 0)
         uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
-      while (d->head == NULL && !d->wait_expired &&
-             uv_loop_alive(&d->loop))
+      while (d->head == NULL && !d->wait_expired && uv_loop_alive(&d->loop))
         run_loop(d, UV_RUN_ONCE);
       uv_timer_stop(&d->wait);
     }

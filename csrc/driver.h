@@ -28,14 +28,14 @@ typedef struct rlm_event {
 typedef struct rlm_driver rlm_driver;
 
 typedef struct rlm_driver_opts {
-  char *const *argv;        /* argv[0] is an absolute path */
-  char *const *env;         /* NULL: the host's */
-  int inherit_fd;           /* becomes fd 3 in the child; -1: none */
-  const char *workdir;      /* removed by rlm_driver_close */
-  size_t max_line;          /* bytes, without the newline */
-  uint64_t max_rss;         /* bytes over the whole sandbox; 0: no watchdog */
-  const char *cgroup_name;  /* put the sandbox in a cgroup of this name, where
-                               one can be made; NULL: never */
+  char *const *argv;       /* argv[0] is an absolute path */
+  char *const *env;        /* NULL: the host's */
+  int inherit_fd;          /* becomes fd 3 in the child; -1: none */
+  const char *workdir;     /* removed by rlm_driver_close */
+  size_t max_line;         /* bytes, without the newline */
+  uint64_t max_rss;        /* bytes over the whole sandbox; 0: no watchdog */
+  const char *cgroup_name; /* put the sandbox in a cgroup of this name, where
+                              one can be made; NULL: never */
   unsigned rss_interval_ms;
 } rlm_driver_opts;
 

@@ -147,9 +147,23 @@ static void expose(exposer *e, const char *path, int hops) {
 int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
                      size_t errlen) {
   static const char *const head[] = {
-      "--unshare-all", "--unshare-user", "--disable-userns", "--new-session",
-      "--die-with-parent", "--cap-drop", "ALL", "--uid", "65534", "--gid",
-      "65534", "--hostname", "rlm", "--proc", "/proc", "--dev", "/dev",
+      "--unshare-all",
+      "--unshare-user",
+      "--disable-userns",
+      "--new-session",
+      "--die-with-parent",
+      "--cap-drop",
+      "ALL",
+      "--uid",
+      "65534",
+      "--gid",
+      "65534",
+      "--hostname",
+      "rlm",
+      "--proc",
+      "/proc",
+      "--dev",
+      "/dev",
       NULL,
   };
   exposer e = {out, {0}, 0};
@@ -221,8 +235,8 @@ int rlm_macos_argv(const rlm_macos_spec *spec, rlm_argv *out, char *err,
     snprintf(def, sizeof(def), "%s=%s", params[i][0], params[i][1]);
     failed = rlm_argv_push(out, "-D") || rlm_argv_push(out, def);
   }
-  const char *tail[] = {"-f", spec->profile, spec->python, "-I", "-S", "-B",
-                        spec->driver, NULL};
+  const char *tail[] = {"-f", spec->profile, spec->python, "-I",
+                        "-S", "-B",          spec->driver, NULL};
   for (const char **p = tail; *p != NULL && !failed; p++)
     failed = rlm_argv_push(out, *p);
   if (failed) {
@@ -235,8 +249,7 @@ int rlm_macos_argv(const rlm_macos_spec *spec, rlm_argv *out, char *err,
 
 static int is_executable_file(const char *path) {
   struct stat st;
-  return stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-         access(path, X_OK) == 0;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
 }
 
 int rlm_find_program(const char *name, char *out, size_t outlen) {

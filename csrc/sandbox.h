@@ -11,13 +11,13 @@ typedef struct rlm_argv {
 } rlm_argv;
 
 typedef struct rlm_sandbox_spec {
-  const char *bwrap;         /* absolute path of bubblewrap */
-  const char *python;        /* absolute path of the interpreter (realpath) */
-  const char *driver;        /* host path of repl_driver.py */
-  const char *workdir;       /* host path of the session workdir */
-  const char *const *ro;     /* host paths to expose read-only, at the same path */
+  const char *bwrap;     /* absolute path of bubblewrap */
+  const char *python;    /* absolute path of the interpreter (realpath) */
+  const char *driver;    /* host path of repl_driver.py */
+  const char *workdir;   /* host path of the session workdir */
+  const char *const *ro; /* host paths to expose read-only, at the same path */
   size_t n_ro;
-  int seccomp_fd;            /* the filter's descriptor in the child; -1: none */
+  int seccomp_fd; /* the filter's descriptor in the child; -1: none */
 } rlm_sandbox_spec;
 
 /* Paths inside the sandbox. */

@@ -48,11 +48,11 @@
 #define TIOCLINUX 0x541C
 #endif
 
-#define NS_FLAGS                                                              \
-  (CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER |                \
-   CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWCGROUP)
+#define NS_FLAGS                                                               \
+  (CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID |  \
+   CLONE_NEWNET | CLONE_NEWCGROUP)
 
-#define DENY_EPERM(nr)                                                        \
+#define DENY_EPERM(nr)                                                         \
   BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (nr), 0, 1),                             \
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM)
 
@@ -160,8 +160,8 @@ int rlm_seccomp_fd(char *err, size_t errlen) {
     p += n;
     left -= (size_t)n;
   }
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE |
-                                 F_SEAL_SEAL) != 0 ||
+  if (fcntl(fd, F_ADD_SEALS,
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0 ||
       lseek(fd, 0, SEEK_SET) != 0) {
     snprintf(err, errlen, "sealing the seccomp filter: %s", strerror(errno));
     close(fd);

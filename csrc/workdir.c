@@ -52,8 +52,8 @@ int rlm_workdir_write(const char *dir, const char *name, const char *data,
     errno = ENAMETOOLONG;
     return -1;
   }
-  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                0600);
+  int fd =
+      open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return -1;
   int rc = write_all(fd, data, len);

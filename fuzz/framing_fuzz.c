@@ -21,12 +21,14 @@ static int decode_ref, allowed_ref;
 static void setup(void) {
   L = luaL_newstate();
   luaL_openlibs(L);
-  if (luaL_dostring(L, "package.path = 'lua/?.lua;' .. package.path\n"
-                       "local p = require('rlm.protocol')\n"
-                       "local all = {}\n"
-                       "for _, t in ipairs({'hello', 'configured', 'self_test_result', 'ready',\n"
-                       "  'exec_result', 'llm_query', 'fatal'}) do all[t] = true end\n"
-                       "return p.decode, all") != 0)
+  if (luaL_dostring(
+          L, "package.path = 'lua/?.lua;' .. package.path\n"
+             "local p = require('rlm.protocol')\n"
+             "local all = {}\n"
+             "for _, t in ipairs({'hello', 'configured', 'self_test_result', "
+             "'ready',\n"
+             "  'exec_result', 'llm_query', 'fatal'}) do all[t] = true end\n"
+             "return p.decode, all") != 0)
     abort();
   allowed_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   decode_ref = luaL_ref(L, LUA_REGISTRYINDEX);

@@ -169,7 +169,7 @@ end
 function Session:_boot(canaries)
   local o = self.opts
   local context_bytes = #self.context_data
-  local drv, info = sandbox.start(o, self.context_data, self.context_format)
+  local drv, info = sandbox.start(o, self.context_data)
   if not drv then
     return self:_fail(info)
   end

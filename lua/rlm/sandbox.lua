@@ -78,8 +78,8 @@ local function cwd()
   return p and p:sub(1, 1) == "/" and p or nil
 end
 
--- start(opts, context_data, context_format) -> driver, info | nil, err
-function M.start(opts, context_data, context_format)
+-- start(opts, context_data) -> driver, info | nil, err
+function M.start(opts, context_data)
   local bwrap = core.find_program(opts.bwrap)
   if not bwrap then
     return unavailable(("bubblewrap (%q) was not found; the REPL never runs unsandboxed")

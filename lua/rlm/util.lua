@@ -1,7 +1,7 @@
 -- Small helpers shared by the modules of rlm.
 local M = {}
 
-M.unpack = table.unpack or unpack
+M.unpack = rawget(table, "unpack") or unpack -- 5.2+, or 5.1 and LuaJIT
 
 function M.pack(...)
   return { n = select("#", ...), ... }
