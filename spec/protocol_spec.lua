@@ -51,3 +51,25 @@ describe("the protocol", function()
     assert.are.equal("survived", result.answer)
   end)
 end)
+
+describe("a driver killed from outside", function()
+  after_each(H.assert_clean)
+
+  it("ends with driver_exited, naming the signal, mid-exec", function()
+    local s
+    s = H.session({
+      root_llm = H.script({ fence("import time\ntime.sleep(30)") }),
+      on_event = function(ev)
+        if ev.type == "step_start" then
+          local tree = s.driver:tree() -- the interpreter is the deepest process
+          os.execute("(sleep 0.2; kill -9 " .. tree[#tree] .. ") &")
+        end
+      end,
+    })
+    local result, err = s:run()
+    s:close()
+    assert.is_nil(result)
+    assert.are.equal("driver_exited", err.kind)
+    assert.matches("signal 9", err.message)
+  end)
+end)

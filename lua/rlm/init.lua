@@ -77,6 +77,10 @@ end
 
 local function exit_message(status, signal, stderr)
   local how = signal ~= 0 and ("killed by signal " .. signal) or ("exit status " .. status)
+  if signal == 0 and status > 128 and status < 128 + 65 then
+    -- bubblewrap exits 128 + N when the process inside died of signal N.
+    how = how .. (" (killed by signal %d)"):format(status - 128)
+  end
   stderr = stderr and stderr:gsub("%s+$", "") or ""
   return how .. (stderr ~= "" and (": " .. stderr) or "")
 end
