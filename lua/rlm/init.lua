@@ -34,7 +34,7 @@ function Session.new(opts)
   if type(o.context) == "string" then
     self.context_data, self.context_format = o.context, "text"
   else
-    local ok, encoded = pcall(protocol.encode_value, o.context)
+    local ok, encoded = pcall(protocol.encode, o.context)
     if not ok then
       error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
     end

@@ -15,12 +15,8 @@ json.encode_sparse_array(false)
 
 M.null = cjson.null
 
-function M.encode(msg)
-  return json.encode(msg)
-end
-
--- A private encoder that raises on what JSON cannot carry, for contexts.
-function M.encode_value(v)
+-- Raises on what JSON cannot carry (functions, sparse arrays, NaN).
+function M.encode(v)
   return json.encode(v)
 end
 

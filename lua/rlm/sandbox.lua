@@ -118,7 +118,10 @@ function M.start(opts, context_data)
     drv:close()
     return unavailable(werr)
   end
-  return drv, { python = info, sys_path = info.sys_path, absent = { cwd(), drv:workdir() } }
+  -- Paths of the host the sandbox must not show; without PWD, only one.
+  local absent = { drv:workdir() }
+  absent[#absent + 1] = cwd()
+  return drv, { sys_path = info.sys_path, absent = absent }
 end
 
 return M
