@@ -97,6 +97,13 @@ void rlm_canaries_plant(rlm_canaries *c, const char *home, const char *dir) {
   c->leaked_fd = open(c->home_file[0] ? c->home_file : "/dev/null", O_RDONLY);
 }
 
+void rlm_canaries_close_leaked(rlm_canaries *c) {
+  if (c->leaked_fd >= 0) {
+    close(c->leaked_fd);
+    c->leaked_fd = -1;
+  }
+}
+
 void rlm_canaries_remove(rlm_canaries *c) {
   for (int i = 0; i < 3; i++)
     if (c->fds[i] >= 0) {
@@ -111,8 +118,5 @@ void rlm_canaries_remove(rlm_canaries *c) {
     (void)unlink(c->home_file);
     c->home_file[0] = '\0';
   }
-  if (c->leaked_fd >= 0) {
-    close(c->leaked_fd);
-    c->leaked_fd = -1;
-  }
+  rlm_canaries_close_leaked(c);
 }

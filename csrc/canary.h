@@ -20,6 +20,10 @@ typedef struct rlm_canaries {
 /* Plants what can be planted (a failing piece is left out: -1 or ""), under
  * dir for the unix socket. */
 void rlm_canaries_plant(rlm_canaries *c, const char *home, const char *dir);
+/* The leaked descriptor is needed only across the spawn: closing it then
+ * keeps the host's other children (a host may spawn while a session boots)
+ * from inheriting it. */
+void rlm_canaries_close_leaked(rlm_canaries *c);
 void rlm_canaries_remove(rlm_canaries *c);
 
 #endif

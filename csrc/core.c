@@ -7,6 +7,7 @@
 #include "driver.h"
 #include "sandbox.h"
 #include "seccomp.h"
+#include "waitset.h"
 #include "workdir.h"
 
 #include <errno.h>
@@ -18,6 +19,7 @@
 
 #define DRIVER_MT "rlm.core.Driver"
 #define CANARIES_MT "rlm.core.Canaries"
+#define WAITSET_MT "rlm.core.Waitset"
 #define MAX_RO_PATHS 4096
 
 /* The driver sees a fixed environment: nothing of the host's. */
@@ -211,10 +213,11 @@ static int core_macos_argv(lua_State *L) {
   return push_argv(L, &argv);
 }
 
-/* core.capture(argv, timeout_ms, max_bytes) -> stdout, exit_status | nil, msg
- * Runs a trusted helper (the interpreter probe) outside the sandbox, with the
- * host's environment, and returns its first line of output. */
-static int core_capture(lua_State *L) {
+/* core.helper(argv, timeout_ms, max_bytes) -> Driver | nil, message
+ * Starts a trusted helper (the interpreter probe) outside the sandbox, with
+ * the host's environment, as a Driver to poll like any other: its lines,
+ * then its exit. */
+static int core_helper(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   int timeout = (int)luaL_checkinteger(L, 2);
   size_t max_bytes = (size_t)luaL_checkinteger(L, 3);
@@ -229,6 +232,11 @@ static int core_capture(lua_State *L) {
   }
   argv[n] = NULL;
   int env_index = helper_env(L);
+  driver_ud *u = lua_newuserdata(L, sizeof(*u));
+  u->d = NULL;
+  u->workdir[0] = '\0';
+  luaL_getmetatable(L, DRIVER_MT);
+  lua_setmetatable(L, -2);
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.argv = argv;
@@ -237,36 +245,11 @@ static int core_capture(lua_State *L) {
   o.workdir = "";
   o.max_line = max_bytes;
   char err[512];
-  rlm_driver *d = rlm_driver_start(&o, err, sizeof(err));
-  if (d == NULL)
+  u->d = rlm_driver_start(&o, err, sizeof(err));
+  if (u->d == NULL)
     return fail(L, err);
-  rlm_driver_set_deadline(d, (uint64_t)timeout);
-  luaL_Buffer b;
-  int got_line = 0, status = -1;
-  const char *problem = NULL;
-  luaL_buffinit(L, &b);
-  for (rlm_event *ev; (ev = rlm_driver_poll(d, -1)) != NULL;) {
-    rlm_event_kind kind = ev->kind;
-    if (kind == RLM_EV_LINE && !got_line) {
-      luaL_addlstring(&b, ev->data, ev->len);
-      got_line = 1;
-    } else if (kind == RLM_EV_TIMEOUT) {
-      problem = "timed out";
-    } else if (kind == RLM_EV_OVERFLOW) {
-      problem = "printed too much";
-    } else if (kind == RLM_EV_EXIT) {
-      status = ev->term_signal ? 128 + ev->term_signal : (int)ev->exit_status;
-    }
-    rlm_event_free(ev);
-    if (kind == RLM_EV_EXIT)
-      break;
-  }
-  (void)rlm_driver_close(d);
-  luaL_pushresult(&b);
-  if (problem != NULL)
-    return fail(L, problem);
-  lua_pushinteger(L, status);
-  return 2;
+  rlm_driver_set_deadline(u->d, (uint64_t)timeout);
+  return 1;
 }
 
 static int core_find_program(lua_State *L) {
@@ -535,13 +518,69 @@ static int canaries_info(lua_State *L) {
   return 1;
 }
 
+static int canaries_close_leaked(lua_State *L) {
+  rlm_canaries_close_leaked(luaL_checkudata(L, 1, CANARIES_MT));
+  return 0;
+}
+
 static int canaries_remove(lua_State *L) {
   rlm_canaries_remove(luaL_checkudata(L, 1, CANARIES_MT));
   return 0;
 }
 
+/* core.waitset() -> Waitset | nil, message: see waitset.h. */
+static int core_waitset(lua_State *L) {
+  int *fd = lua_newuserdata(L, sizeof(*fd));
+  *fd = rlm_waitset_open();
+  if (*fd < 0)
+    return fail(L, strerror(errno));
+  luaL_getmetatable(L, WAITSET_MT);
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+static int *check_waitset(lua_State *L) {
+  int *fd = luaL_checkudata(L, 1, WAITSET_MT);
+  if (*fd < 0)
+    luaL_argerror(L, 1, "waitset is closed");
+  return fd;
+}
+
+static int waitset_fd(lua_State *L) {
+  lua_pushinteger(L, *check_waitset(L));
+  return 1;
+}
+
+/* w:add(fd) / w:remove(fd) -> true | nil, message */
+static int waitset_change(lua_State *L, int add) {
+  int set = *check_waitset(L);
+  int fd = (int)luaL_checkinteger(L, 2);
+  if ((add ? rlm_waitset_add(set, fd) : rlm_waitset_remove(set, fd)) != 0)
+    return fail(L, strerror(errno));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int waitset_add(lua_State *L) { return waitset_change(L, 1); }
+static int waitset_remove(lua_State *L) { return waitset_change(L, 0); }
+
+static int waitset_close(lua_State *L) {
+  int *fd = luaL_checkudata(L, 1, WAITSET_MT);
+  if (*fd >= 0) {
+    (void)close(*fd);
+    *fd = -1;
+  }
+  return 0;
+}
+
+static const luaL_Reg waitset_methods[] = {
+    {"fd", waitset_fd},       {"add", waitset_add}, {"remove", waitset_remove},
+    {"close", waitset_close}, {NULL, NULL},
+};
+
 static const luaL_Reg canaries_methods[] = {
     {"info", canaries_info},
+    {"close_leaked", canaries_close_leaked},
     {"remove", canaries_remove},
     {NULL, NULL},
 };
@@ -572,7 +611,8 @@ static const luaL_Reg core_functions[] = {
     {"spawn", core_spawn},
     {"sandbox_argv", core_sandbox_argv},
     {"macos_argv", core_macos_argv},
-    {"capture", core_capture},
+    {"helper", core_helper},
+    {"waitset", core_waitset},
     {"find_program", core_find_program},
     {"now_ms", core_now_ms},
     {"utf8_prefix", core_utf8_prefix},
@@ -595,6 +635,12 @@ __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
   luaL_newlib(L, canaries_methods);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, canaries_remove);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, WAITSET_MT);
+  luaL_newlib(L, waitset_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, waitset_close);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   luaL_newlib(L, core_functions);

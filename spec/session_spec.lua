@@ -191,7 +191,7 @@ describe("a session", function()
   end)
 
   describe("on_event", function()
-    it("reports step_start, exec_result, sub_query and final", function()
+    it("reports the session, each step, root response, sub-call and block, and the end", function()
       local seen = {}
       H.run({
         root_llm = H.script({ fence("print(llm_query('q'))"), fence("FINAL('z')") }),
@@ -199,7 +199,8 @@ describe("a session", function()
           seen[#seen + 1] = ev.type
         end,
       })
-      assert.are.same({ "step_start", "sub_query", "exec_result", "step_start", "exec_result", "final" }, seen)
+      assert.are.same({ "session_start", "step_start", "root_response", "sub_query", "exec_result",
+        "step_start", "root_response", "exec_result", "final", "run_end" }, seen)
     end)
   end)
 

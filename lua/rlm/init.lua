@@ -1,5 +1,10 @@
 -- rlm: Recursive Language Model sessions for Lua. The root model writes
 -- Python that runs in a sandboxed REPL holding `context`; see docs/api.md.
+--
+-- A session is an engine (a coroutine of ours) that never calls a model
+-- itself: it hands out requests through poll() and takes the answers back
+-- through reply(). run() and step() are small blocking loops over poll();
+-- the adapters in rlm.adapters drive the same engine from an event loop.
 local core = require("rlm.core")
 local errors = require("rlm.errors")
 local options = require("rlm.options")
@@ -9,7 +14,7 @@ local sandbox = require("rlm.sandbox")
 local selftest = require("rlm.selftest")
 local util = require("rlm.util")
 
-local rlm = { _VERSION = "rlm 0.1.0", null = protocol.null }
+local rlm = { _VERSION = "rlm 0.2.0", null = protocol.null }
 
 local Session = {}
 Session.__index = Session
@@ -20,16 +25,26 @@ local START_TIMEOUT_MS = 30000
 -- Room for the driver's own "[truncated N chars]" marker before the host
 -- cuts again.
 local MARKER_SLACK = 64
+-- What the engine yields when it has nothing to do until the driver or a
+-- reply wakes it; any other yield comes from a user callback.
+local IDLE = {}
+
+local pack, unpack = util.pack, util.unpack
 
 function Session.new(opts)
   local o = options.check(opts)
   local self = setmetatable({
     opts = o,
+    depth = 0,
     history = {},
     iterations = 0,
     sub_calls = 0,
     tokens = { input = 0, output = 0, total = 0 },
     next_exec_id = 0,
+    next_request_id = 0,
+    outbox = {}, -- requests and events not yet handed out by poll()
+    inbox = {}, -- replies not yet taken by the engine
+    pending = {}, -- id -> request handed out and not yet answered
   }, Session)
   if type(o.context) == "string" then
     self.context_data, self.context_format = o.context, "text"
@@ -47,16 +62,16 @@ function Session.new(opts)
   return self
 end
 
--- Ends the session with err: the sandbox is torn down, and every later call
--- returns the same err.
+-- Ends the session with err: the sandbox is torn down, and every later
+-- call returns the same err.
 function Session:_fail(err)
   err.history = self.history
-  self.failed = err
+  self.failed = self.failed or err
   if self.driver then
     self.driver:close()
     self.driver = nil
   end
-  return nil, err
+  return nil, self.failed
 end
 
 function Session:_error(kind, message, fields)
@@ -68,6 +83,7 @@ function Session:_emit(ev)
   if not cb then
     return true
   end
+  ev.depth = ev.depth or self.depth
   local ok, e = util.call_protected(cb, ev)
   if not ok then
     return self:_error("callback_error", "on_event raised: " .. tostring(e))
@@ -85,11 +101,56 @@ local function exit_message(status, signal, stderr)
   return how .. (stderr ~= "" and (": " .. stderr) or "")
 end
 
--- Waits for the next message of one of the `allowed` types, turning every
--- other outcome into the error it means.
-function Session:_expect(allowed)
-  local drv = self.driver
-  local kind, a, b, c = drv:poll(-1)
+-- The next thing the engine must handle: "reply", reply (when accept_replies)
+-- or a driver event (kind, ...). Inside a blocking run() with nothing
+-- outstanding it waits in C; otherwise it yields IDLE until poll() is called
+-- again.
+function Session:_wait(accept_replies)
+  while true do
+    if accept_replies and #self.inbox > 0 then
+      return "reply", table.remove(self.inbox, 1)
+    end
+    local drv = self.driver
+    if not drv then
+      return "closed"
+    end
+    local blocking = self.blocking and next(self.pending) == nil and #self.outbox == 0
+    local kind, a, b, c = drv:poll(blocking and -1 or 0)
+    if kind then
+      return kind, a, b, c
+    end
+    coroutine.yield(IDLE)
+  end
+end
+
+-- The next event of a helper process the boot runs (the interpreter probe).
+-- With no helper: one turn of waiting for another session's probe, true, or
+-- false when this session blocks and cannot wait.
+function Session:_wait_helper(helper)
+  if not helper then
+    if self.blocking then
+      return false
+    end
+    coroutine.yield(IDLE)
+    return true
+  end
+  if self.helper ~= helper then
+    self.helper = helper
+    self:_watch(helper)
+  end
+  while true do
+    local kind, a, b, c = helper:poll(self.blocking and -1 or 0)
+    if kind then
+      self.helper = nil
+      return kind, a, b, c
+    end
+    coroutine.yield(IDLE)
+  end
+end
+
+-- Turns a driver event into the message it carries, when its type is one of
+-- `allowed`, or into the error it means.
+function Session:_driver_message(allowed, kind, a, b, c)
   if kind == "line" then
     local msg, why = protocol.decode(a, allowed)
     if not msg then
@@ -110,6 +171,7 @@ function Session:_expect(allowed)
     return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
       :format(self.opts.max_message_bytes))
   elseif kind == "exit" then
+    local drv = self.driver
     local kills, peak = drv:oom_kills()
     if kills > 0 then
       local how = drv:memory_mechanism()
@@ -125,6 +187,11 @@ function Session:_expect(allowed)
       { status = a, signal = b, stderr = c })
   end
   return self:_error("driver_exited", "the driver is gone")
+end
+
+-- Waits for the next message of one of the `allowed` types.
+function Session:_expect(allowed)
+  return self:_driver_message(allowed, self:_wait(false))
 end
 
 function Session:_send(msg)
@@ -151,18 +218,9 @@ local function checks_failed(checks)
 end
 
 function Session:_start()
-  if self.driver then
-    return true
-  end
-  if self.failed then
-    return nil, self.failed
-  end
-  if self.closed then
-    return nil, errors.new("driver_exited", "the session is closed", { history = self.history })
-  end
   -- Planted before the spawn, so that the leaked descriptor is there to leak.
   local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
-  local ok, err = self:_boot(canaries:info())
+  local ok, err = self:_boot(canaries)
   canaries:remove()
   return ok, err
 end
@@ -173,13 +231,18 @@ end
 function Session:_boot(canaries)
   local o = self.opts
   local context_bytes = #self.context_data
-  local drv, info = sandbox.start(o, self.context_data)
+  local drv, info = sandbox.start(o, self.context_data, function(helper)
+    return self:_wait_helper(helper)
+  end, self)
   if not drv then
     return self:_fail(info)
   end
   self.driver = drv
+  self:_watch(drv)
   self.context_data = nil
   drv:set_deadline(math.max(START_TIMEOUT_MS, o.step_timeout_ms))
+  local canary_info = canaries:info()
+  canaries:close_leaked() -- it only had to be there to leak into the spawn
 
   local hello, err = self:_expect({ hello = true, fatal = true })
   if not hello then
@@ -204,7 +267,7 @@ function Session:_boot(canaries)
     allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
     sys_path = info.sys_path, rlimits = rlimits })
   if ok then
-    ok, err = self:_send({ type = "self_test", absent = info.absent, canaries = canaries })
+    ok, err = self:_send({ type = "self_test", absent = info.absent, canaries = canary_info })
   end
   if ok then
     ok, err = self:_send({ type = "load_context", path = "/session/context",
@@ -320,19 +383,26 @@ function Session:_add_usage(who, usage)
   return true
 end
 
--- Calls a model callback (root_llm or llm_query) on the protected path and
--- checks what it returned: text, and optionally a usage table. Then the
--- deadline, which a callback that blocked may have passed.
-function Session:_call_model(who, fn, arg)
-  local ok, text, usage = util.call_protected(fn, arg)
-  if not ok then
-    return self:_error("callback_error", who .. " raised: " .. tostring(text))
+-- Hands a request to the outside world (through poll) and returns it.
+function Session:_request(req)
+  self.next_request_id = self.next_request_id + 1
+  req.id = self.next_request_id
+  req.t0 = core.now_ms()
+  self.pending[req.id] = req
+  self.outbox[#self.outbox + 1] = req
+  return req
+end
+
+-- Checks what a model callback gave back: text, and optionally a usage
+-- table. Then the deadline, which a callback that blocked may have passed.
+function Session:_model_result(who, reply)
+  if reply.failed then
+    return self:_error("callback_error", who .. " raised: " .. tostring(reply.message))
   end
-  if type(text) ~= "string" then
-    return self:_error("callback_error", who .. " returned " .. type(text) .. ", not a string")
+  if type(reply.text) ~= "string" then
+    return self:_error("callback_error", who .. " returned " .. type(reply.text) .. ", not a string")
   end
-  local err
-  ok, err = self:_add_usage(who, usage)
+  local ok, err = self:_add_usage(who, reply.usage)
   if not ok then
     return nil, err
   end
@@ -340,7 +410,7 @@ function Session:_call_model(who, fn, arg)
   if not ok then
     return nil, err
   end
-  return text, usage
+  return reply.text, reply.usage
 end
 
 function Session:_sub_query(msg)
@@ -362,17 +432,27 @@ function Session:_sub_query(msg)
     return nil, err
   end
   self.sub_calls = self.sub_calls + 1
-  local t0 = core.now_ms()
-  local text, usage = self:_call_model("llm_query", o.llm_query, msg.prompt)
+  self:_request({ type = "llm_query", prompt = msg.prompt, depth = self.depth,
+    driver_id = msg.id, exec_id = self.next_exec_id, index = self.sub_calls })
+  return true
+end
+
+-- The answer to one of the code's llm_query calls: back to the driver.
+function Session:_sub_answer(reply)
+  local req = reply.request
+  if req.exec_id ~= self.next_exec_id then
+    return true -- the exec it belonged to is over
+  end
+  local text, usage = self:_model_result("llm_query", reply)
   if not text then
     return nil, usage
   end
-  ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = msg.prompt,
-    response = text, latency_ms = core.now_ms() - t0, index = self.sub_calls, usage = usage })
+  local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = req.prompt,
+    response = text, latency_ms = core.now_ms() - req.t0, index = req.index, usage = usage })
   if not ok then
     return nil, err
   end
-  return self:_send({ type = "llm_result", id = msg.id, text = text })
+  return self:_send({ type = "llm_result", id = req.driver_id, text = text })
 end
 
 local EXEC_REPLIES = { exec_result = true, llm_query = true, fatal = true }
@@ -386,24 +466,32 @@ function Session:_exec(code)
     return nil, err
   end
   while true do
-    local msg
-    msg, err = self:_expect(EXEC_REPLIES)
-    if not msg then
-      return nil, err
-    end
-    if msg.type == "exec_result" then
-      if msg.id ~= id then
-        return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran")
-          :format(msg.id, id))
+    local kind, a, b, c = self:_wait(true)
+    if kind == "reply" then
+      ok, err = self:_sub_answer(a)
+      if not ok then
+        return nil, err
       end
-      local limit = self.opts.stdout_truncate_chars
-      msg.stdout = cut(msg.stdout, limit, false)
-      msg.error = msg.error and cut(msg.error, limit, true) or nil
-      return msg
-    end
-    ok, err = self:_sub_query(msg)
-    if not ok then
-      return nil, err
+    else
+      local msg
+      msg, err = self:_driver_message(EXEC_REPLIES, kind, a, b, c)
+      if not msg then
+        return nil, err
+      end
+      if msg.type == "exec_result" then
+        if msg.id ~= id then
+          return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran")
+            :format(msg.id, id))
+        end
+        local limit = self.opts.stdout_truncate_chars
+        msg.stdout = cut(msg.stdout, limit, false)
+        msg.error = msg.error and cut(msg.error, limit, true) or nil
+        return msg
+      end
+      ok, err = self:_sub_query(msg)
+      if not ok then
+        return nil, err
+      end
     end
   end
 end
@@ -416,6 +504,9 @@ local function final_of(f)
   return { kind = f.kind, value = f.value, answer = f.value }
 end
 
+-- Asks the root model (through poll/reply) and waits for its answer. The
+-- driver is idle meanwhile: anything it says is an error, and the step
+-- deadline still runs.
 function Session:_call_root(messages)
   local ok, err = self:_check_budget()
   if not ok then
@@ -425,7 +516,30 @@ function Session:_call_root(messages)
   for i, m in ipairs(messages) do
     copy[i] = { role = m.role, content = m.content }
   end
-  return self:_call_model("root_llm", self.opts.root_llm, copy)
+  local req = self:_request({ type = "root_llm", messages = copy, depth = self.depth })
+  while true do
+    local kind, a, b, c = self:_wait(true)
+    if kind ~= "reply" then
+      local _
+      _, err = self:_driver_message({ fatal = true }, kind, a, b, c)
+      if not err then
+        err = select(2, self:_error("protocol_error", "the driver spoke while the root model was asked"))
+      end
+      return nil, err
+    end
+    if a.request == req then
+      local text, usage = self:_model_result("root_llm", a)
+      if not text then
+        return nil, usage
+      end
+      ok, err = self:_emit({ type = "root_response", step = self.iterations, response = text,
+        latency_ms = core.now_ms() - req.t0, usage = usage })
+      if not ok then
+        return nil, err
+      end
+      return text
+    end
+  end
 end
 
 -- Runs the blocks of one response; returns the history entry.
@@ -472,20 +586,12 @@ function Session:_record(entry, feedback)
   return true
 end
 
--- One root turn: ask the root model, run the code it wrote, show it the
--- output. Returns the history entry, or nil, err.
-function Session:step()
-  local ok, err = self:_start()
-  if not ok then
-    return nil, err
-  end
-  if self.iterations >= self.opts.max_iterations then
-    return nil, errors.new("max_iterations", ("max_iterations (%d) root turns are spent")
-      :format(self.opts.max_iterations), { history = self.history })
-  end
+-- One root turn: ask the root model, run the code it wrote, record the
+-- output for the model. Returns the history entry, or nil, err.
+function Session:_turn()
   self.iterations = self.iterations + 1
   self.driver:set_deadline(self.opts.step_timeout_ms)
-  ok, err = self:_emit({ type = "step_start", step = self.iterations })
+  local ok, err = self:_emit({ type = "step_start", step = self.iterations })
   if not ok then
     return nil, err
   end
@@ -554,32 +660,299 @@ function Session:_last_chance()
     :format(self.opts.max_iterations), { history = self.history })
 end
 
+-- max_iterations counts the root turns of one question.
+function Session:_turns_spent()
+  return self.iterations - (self.turn_base or 0) >= self.opts.max_iterations
+end
+
+-- The engine's body: boot once, then root turns until the goal is met. A
+-- "step" event marks the end of each turn; the engine goes on only when
+-- polled again, so step() can stop between turns.
+function Session:_main()
+  local ev = self:_run_turns()
+  local r, e = ev.result, ev.err
+  local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
+    error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
+    sub_calls = self.sub_calls, tokens = { input = self.tokens.input, output = self.tokens.output,
+      total = self.tokens.total } })
+  if not ok and not e then
+    return { type = "error", err = err }
+  end
+  return ev
+end
+
+function Session:_run_turns()
+  if not self.started then
+    local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
+    if ok then
+      ok, err = self:_start()
+    end
+    if not ok then
+      return { type = "error", err = err }
+    end
+  end
+  while true do
+    if self.final and self.goal ~= "step" then
+      return { type = "done", result = self:_result(self.final) }
+    end
+    if self:_turns_spent() then
+      local result, err = self:_last_chance()
+      if not result then
+        return { type = "error", err = err }
+      end
+      return { type = "done", result = result }
+    end
+    local entry, err = self:_turn()
+    if not entry then
+      return { type = "error", err = err }
+    end
+    self.outbox[#self.outbox + 1] = { type = "step", entry = entry }
+    coroutine.yield(IDLE)
+  end
+end
+
+-- A yield from a user callback that runs inside the engine (on_event,
+-- cost_usd): passed on to whoever resumed us, when that is a coroutine.
+local function pass_through(...)
+  local co, main = coroutine.running()
+  if co == nil or main then
+    error("rlm: a callback yielded outside a coroutine; under an adapter on_event and cost_usd must not yield", 0)
+  end
+  return coroutine.yield(...)
+end
+
+local function take(queue)
+  return table.remove(queue, 1)
+end
+
+-- Resumes the engine until it has something for the outside or waits.
+function Session:_pump()
+  if not self.engine then
+    self.engine = coroutine.create(function()
+      return self:_main()
+    end)
+  end
+  local res = pack(coroutine.resume(self.engine))
+  while true do
+    if not res[1] then
+      error(debug.traceback(self.engine, "rlm: internal error: " .. tostring(res[2])), 0)
+    end
+    if coroutine.status(self.engine) == "dead" then
+      self.engine = nil
+      local ev = res[2]
+      if ev.type == "error" then
+        self:_fail(ev.err)
+        ev.err = self.failed
+      end
+      self.terminal = ev
+      return
+    end
+    if res[2] == IDLE then
+      return
+    end
+    res = pack(coroutine.resume(self.engine, pass_through(unpack(res, 2, res.n))))
+  end
+end
+
+--- The pump: what the session needs from the outside now, or nil when it
+-- must wait (for fd() to be readable or timeout() ms). Never blocks, except
+-- for the spawn of the sandbox at the first call and inside run()/step().
+function Session:poll()
+  if not self.terminal and (self.failed or self.closed) then
+    self.terminal = { type = "error", err = self.failed or errors.new("driver_exited",
+      "the session is closed", { history = self.history }) }
+  end
+  if self.terminal then
+    self.outbox, self.pending = {}, {}
+    return self.terminal
+  end
+  local ev = take(self.outbox)
+  if ev then
+    return ev
+  end
+  self:_pump()
+  return take(self.outbox) or self.terminal
+end
+
+-- The answer to a request poll() handed out: reply(id, text[, usage]), or
+-- reply(id, nil, message) when the call failed.
+function Session:reply(id, text, usage)
+  local req = self.pending[id]
+  if not req then
+    error(("rlm: reply to unknown request %s"):format(tostring(id)), 2)
+  end
+  self.pending[id] = nil
+  local r = { request = req, text = text, usage = usage }
+  if text == nil and type(usage) == "string" then
+    r.failed, r.message, r.usage = true, usage, nil
+  end
+  self.inbox[#self.inbox + 1] = r
+end
+
+-- A descriptor that is readable when the session has work to do; nil while
+-- no sandbox runs.
+function Session:fd()
+  if self.closed then
+    return self.waitset and self.waitset:fd() or nil
+  end
+  if not self.waitset then
+    self.waitset = assert(core.waitset())
+  end
+  return self.waitset:fd()
+end
+
+-- Puts a process's descriptor into the set behind fd(). Closing it takes it
+-- out again.
+function Session:_watch(d)
+  if self.waitset then
+    assert(self.waitset:add(d:fd()))
+  end
+end
+
+-- An adapter that watched fd() lets go of it; only then may it close.
+function Session:_unwatch()
+  self.on_close = nil
+  if self.closed and self.waitset then
+    self.waitset:close()
+    self.waitset = nil
+  end
+end
+
+-- How often to look while another session of this Lua state probes the
+-- interpreter: there is no descriptor to wait on then.
+local PROBE_WAIT_MS = 5
+
+-- Milliseconds until the session must be polled even if fd() stays quiet:
+-- -1 for no timer, 0 to poll now.
+function Session:timeout()
+  if #self.outbox > 0 or #self.inbox > 0 or self.terminal or not self.engine then
+    return 0
+  end
+  local d = self.driver or self.helper
+  return d and d:timeout() or PROBE_WAIT_MS
+end
+
+-- Calls the user callback a request names, on the protected path (a yield
+-- passes through to whoever resumed run()), and replies.
+function Session:_answer(req)
+  local fn = self.opts[req.type]
+  local arg = req.type == "root_llm" and req.messages or req.prompt
+  local res = pack(util.call_protected(fn, arg))
+  if res[1] then
+    self:reply(req.id, res[2], res[3])
+  else
+    self:reply(req.id, nil, tostring(res[2]))
+  end
+end
+
+-- The blocking loop under run() and step(): pumps and answers until an
+-- event of type `stop` (or the end).
+function Session:_drive(goal, stop)
+  self.goal = goal
+  self.blocking = true
+  while true do
+    local ev = self:poll()
+    if ev == nil then
+      -- Only an adapter leaves requests unanswered; wait for the driver.
+      ev = { type = "error", err = errors.new("protocol_error", "the session has requests outstanding "
+        .. "that no one answers (run() mixed with an adapter?)") }
+    end
+    if ev.type == "root_llm" or ev.type == "llm_query" then
+      self:_answer(ev)
+    elseif ev.type == stop or ev.type == "done" or ev.type == "error" then
+      self.blocking = false
+      return ev
+    end
+  end
+end
+
+-- A finished run may go on: step() after the final answer continues the
+-- same conversation.
+function Session:_resume_after_done()
+  if self.terminal and self.terminal.type == "done" then
+    self.terminal = nil
+  end
+end
+
+-- One root turn: ask the root model, run the code it wrote, show it the
+-- output. Returns the history entry, or nil, err.
+function Session:step()
+  if self.failed then
+    return nil, self.failed
+  end
+  if self:_turns_spent() and not self.closed then
+    return nil, errors.new("max_iterations", ("max_iterations (%d) root turns are spent")
+      :format(self.opts.max_iterations), { history = self.history })
+  end
+  self:_resume_after_done()
+  local ev = self:_drive("step", "step")
+  if ev.type == "step" then
+    return ev.entry
+  elseif ev.type == "done" then
+    return self.history[#self.history]
+  end
+  return nil, ev.err
+end
+
 -- Runs root turns until the code gives a final answer. Returns the result
 -- table, or nil, err.
 function Session:run()
-  while not self.final do
-    if self.iterations >= self.opts.max_iterations then
-      local ok, err = self:_start()
-      if not ok then
-        return nil, err
-      end
-      return self:_last_chance()
-    end
-    local entry, err = self:step()
-    if not entry then
-      return nil, err
-    end
+  local ev = self:_drive("run", nil)
+  if ev.type == "done" then
+    return ev.result
   end
-  return self:_result(self.final)
+  return nil, ev.err
+end
+
+-- How much of an earlier answer the summary of a follow-up shows.
+local SUMMARY_ANSWER_CHARS = 1000
+
+-- Turns a finished session toward a follow-up question: a new root
+-- conversation in the same REPL, opened with a short summary of the earlier
+-- ones. History, counters and budgets carry on. Raises on misuse.
+function Session:follow_up(question)
+  if type(question) ~= "string" or question == "" then
+    error("rlm: ask(question) takes a non-empty string", 3)
+  end
+  if not (self.terminal and self.terminal.type == "done") then
+    error("rlm: ask() follows a run that gave its answer (run() first)", 3)
+  end
+  self.asked = self.asked or {}
+  self.asked[#self.asked + 1] = { question = self.question or self.opts.query,
+    answer = self.final.answer, steps = #self.history - (self.history_mark or 0) }
+  self.question, self.history_mark = question, #self.history
+  self.messages = {
+    self.messages[1],
+    { role = "user", content = prompt.follow_up(self.asked, question, SUMMARY_ANSWER_CHARS) },
+  }
+  self.final, self.terminal = nil, nil
+  self.turn_base = self.iterations
+end
+
+-- A follow-up question after run(): see follow_up. Returns what run() does.
+function Session:ask(question)
+  self:follow_up(question)
+  return self:run()
 end
 
 -- Kills the sandbox and removes its workdir. Safe to call more than once.
 function Session:close()
   self.closed = true
+  if self.helper then
+    sandbox.forget_probe(self)
+    self.helper:close()
+    self.helper = nil
+  end
   if self.driver then
     local drv = self.driver
     self.driver = nil
     drv:close()
+  end
+  if self.on_close then
+    self.on_close() -- an adapter watches fd(): it lets go, then closes it
+  elseif self.waitset then
+    self.waitset:close()
+    self.waitset = nil
   end
 end
 

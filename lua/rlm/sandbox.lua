@@ -37,29 +37,73 @@ local function unavailable(message, fields)
 end
 
 -- One probe per (interpreter, module list) for the life of this Lua state.
+-- While one is in flight, the entry is { owner = session }, and other
+-- sessions of the state wait for it.
 local probe_cache = {}
 
-local function probe(python, modules)
-  local key = python .. "\0" .. table.concat(modules, "\0")
-  if probe_cache[key] then
-    return probe_cache[key]
-  end
+-- Runs the probe as a helper process and reads its one line; wait(helper)
+-- returns the helper's next event, blocking or yielding as the session does.
+local function run_probe(python, modules, wait)
   local script = find_file("probe.py")
   if not script then
     return unavailable("python/probe.py was not found next to the rlm modules")
   end
   local argv = util.append({ python, "-I", script }, modules)
-  local out, status = core.capture(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
-  if not out then
-    return unavailable(("asking %s about its installation: %s"):format(python, status))
+  local helper, err = core.helper(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
+  if not helper then
+    return unavailable(("asking %s about its installation: %s"):format(python, err))
   end
+  local out, status, problem = nil, nil, nil
+  while not status and not problem do
+    local kind, a, b = wait(helper)
+    if kind == "line" then
+      out = out or a
+    elseif kind == "exit" then
+      status = b ~= 0 and 128 + b or a
+    elseif kind == "timeout" then
+      problem = "timed out"
+    else
+      problem = "printed too much"
+    end
+  end
+  helper:close()
+  if problem then
+    return unavailable(("asking %s about its installation: %s"):format(python, problem))
+  end
+  out = out or ""
   local ok, info = pcall(protocol.decode_probe, out)
   if not ok or status ~= 0 or not info then
     return unavailable(("%s did not describe its installation (exit %s): %s")
       :format(python, tostring(status), out:sub(1, 200)))
   end
-  probe_cache[key] = info
   return info
+end
+
+local function probe(python, modules, wait, owner)
+  local key = python .. "\0" .. table.concat(modules, "\0")
+  while probe_cache[key] and probe_cache[key].owner do
+    -- Another session of this Lua state is asking; a blocking one cannot
+    -- wait for it, and asks too.
+    if not wait(nil) then
+      return run_probe(python, modules, wait)
+    end
+  end
+  if probe_cache[key] then
+    return probe_cache[key]
+  end
+  probe_cache[key] = { owner = owner }
+  local info, err = run_probe(python, modules, wait)
+  probe_cache[key] = info
+  return info, err
+end
+
+-- A session that goes away while it probes lets the others ask.
+function M.forget_probe(owner)
+  for key, entry in pairs(probe_cache) do
+    if entry.owner == owner then
+      probe_cache[key] = nil
+    end
+  end
 end
 
 -- The paths the sandbox binds read-only, from the probe's report:
@@ -78,8 +122,8 @@ local function cwd()
   return p and p:sub(1, 1) == "/" and p or nil
 end
 
--- start(opts, context_data) -> driver, info | nil, err
-function M.start(opts, context_data)
+-- start(opts, context_data, wait, owner) -> driver, info | nil, err
+function M.start(opts, context_data, wait, owner)
   local bwrap = core.find_program(opts.bwrap)
   if not bwrap then
     return unavailable(("bubblewrap (%q) was not found; the REPL never runs unsandboxed")
@@ -93,7 +137,7 @@ function M.start(opts, context_data)
   if not driver_py then
     return unavailable("python/repl_driver.py was not found next to the rlm modules")
   end
-  local info, perr = probe(python, util.append({}, M.default_modules, opts.allowed_modules))
+  local info, perr = probe(python, util.append({}, M.default_modules, opts.allowed_modules), wait, owner)
   if not info then
     return nil, perr
   end

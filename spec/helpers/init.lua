@@ -38,8 +38,8 @@ function H.fence(code)
   return "```repl\n" .. code .. "\n```"
 end
 
--- A session with test defaults; opts override them.
-function H.session(opts)
+-- Session options with test defaults; opts override them.
+function H.opts(opts)
   local o = {
     context = "hello world",
     root_llm = H.script({ H.fence("FINAL('done')") }),
@@ -52,7 +52,12 @@ function H.session(opts)
   for k, v in pairs(opts or {}) do
     o[k] = v
   end
-  return rlm.Session.new(o)
+  return o
+end
+
+-- A session with test defaults; opts override them.
+function H.session(opts)
+  return rlm.Session.new(H.opts(opts))
 end
 
 -- Runs a session to its end and closes it.

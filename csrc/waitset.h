@@ -1,0 +1,14 @@
+/* waitset.h: one descriptor that is readable whenever any of a changing set
+ * of descriptors is: an epoll set, level-triggered. A session hands it to
+ * the host's loop once and keeps it for life, while the processes behind it
+ * (the interpreter probe, the sandbox, nested sessions) come and go. */
+#ifndef RLM_WAITSET_H
+#define RLM_WAITSET_H
+
+/* Returns the set's descriptor (close-on-exec), or -1 with errno set. */
+int rlm_waitset_open(void);
+/* Adds or removes fd (readable interest). 0, or -1 with errno set. */
+int rlm_waitset_add(int set, int fd);
+int rlm_waitset_remove(int set, int fd);
+
+#endif

@@ -1,0 +1,61 @@
+-- rlm on a plain luv loop (require "luv"; also Neovim's vim.loop).
+--
+--   local session = require("rlm.adapters.luv").run(opts, function(err, result) ... end)
+--   uv.run()
+--
+-- root_llm and llm_query may answer at once, yield until a luv callback
+-- resumes them, or call done(text[, usage]) later: see rlm.async.invoke.
+local async = require("rlm.async")
+local rlm = require("rlm")
+
+local M = {}
+
+-- The host interface of rlm.async over a luv module (luv, or vim.loop).
+function M.host(uv)
+  return {
+    watch = function(fd, fn)
+      local p = assert(uv.new_poll(fd))
+      p:start("r", function()
+        fn()
+      end)
+      return function()
+        p:stop()
+        p:close()
+      end
+    end,
+    timer = function()
+      local t = assert(uv.new_timer())
+      return {
+        start = function(_, ms, fn)
+          t:stop()
+          t:start(ms, 0, fn)
+        end,
+        stop = function()
+          t:stop()
+        end,
+        close = function()
+          t:close()
+        end,
+      }
+    end,
+  }
+end
+
+-- Drives an existing session; the caller closes it. Returns cancel().
+function M.drive(session, cb, uv)
+  return async.drive(session, M.host(uv or require("luv")), cb)
+end
+
+-- The callback-last entry point: a new session from opts, driven to its end
+-- and closed, then cb(err, result). Misuse raises at once, as in
+-- Session.new. Returns the session (close() cancels the run).
+function M.run(opts, cb, uv)
+  local s = rlm.Session.new(opts)
+  M.drive(s, function(err, result)
+    s:close()
+    cb(err, result)
+  end, uv)
+  return s
+end
+
+return M
