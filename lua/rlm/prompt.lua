@@ -68,6 +68,24 @@ function M.first_user(query)
     "Answer with FINAL when you are sure."
 end
 
+-- The first user message of a follow-up question: where the last
+-- conversation ended, in a few lines, and the new question.
+function M.follow_up(previous, question, limit)
+  local lines = { "Earlier in this session you answered other questions; the REPL still holds "
+    .. "`context` and every variable you defined then. In short:" }
+  for _, p in ipairs(previous) do
+    local answer = p.answer
+    if #answer > limit then
+      answer = answer:sub(1, limit) .. " [...]"
+    end
+    lines[#lines + 1] = ("- Asked: %s\n  After %d step(s) you answered: %s"):format(
+      p.question or "(what `context` asked)", p.steps, answer)
+  end
+  lines[#lines + 1] = ""
+  lines[#lines + 1] = M.first_user(question)
+  return table.concat(lines, "\n")
+end
+
 M.NO_CODE = "Your response had no ```repl code block, so nothing ran. " ..
   "Write code in a ```repl block, or end with FINAL(answer) in one."
 
