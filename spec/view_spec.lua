@@ -1,0 +1,347 @@
+-- rlm.view: the HTML page of a trajectory log. The page is rendered in Lua,
+-- so most of it is pinned on the string; a headless Chromium then runs the
+-- page's script on a real session's log and the DOM it leaves is checked.
+local H = require("helpers")
+local log = require("rlm.log")
+local view = require("rlm.view")
+local cjson = require("cjson").new()
+
+local ARTIFACTS = "spec/artifacts"
+
+local function jsonl(events)
+  local out = {}
+  for i, ev in ipairs(events) do
+    out[i] = cjson.encode(ev)
+  end
+  return table.concat(out, "\n") .. "\n"
+end
+
+local function count(s, plain)
+  local n, at = 0, 1
+  while true do
+    local i = s:find(plain, at, true)
+    if not i then
+      return n
+    end
+    n, at = n + 1, i + #plain
+  end
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+local HOSTILE_SCRIPT = [[</script><script>document.title="pwned"</script>]]
+local HOSTILE_IMG = [[<img src=x onerror="document.body.setAttribute('data-pwned', '1')">]]
+
+-- A two-level run as the session writes it: the child session's events
+-- come while the parent's block runs, before the parent's sub_query.
+local NESTED = {
+  { type = "session_start", depth = 0, query = "the question", t_ms = 0, cost_usd = 0 },
+  { type = "step_start", depth = 0, step = 1, t_ms = 1 },
+  { type = "root_response", depth = 0, step = 1, response = "parent response", latency_ms = 10,
+    usage = { input_tokens = 100, output_tokens = 10 } },
+  { type = "session_start", depth = 1, query = "child question", t_ms = 12 },
+  { type = "step_start", depth = 1, step = 1, t_ms = 13 },
+  { type = "exec_result", depth = 1, step = 1, block = 1, code = "child_code()", stdout = "child out" },
+  { type = "final", depth = 1, step = 1, answer = "child answer", kind = "value" },
+  { type = "run_end", depth = 1, ok = true, answer = "child answer", iterations = 1, sub_calls = 0, t_ms = 20 },
+  { type = "sub_query", depth = 0, step = 1, index = 1, prompt = "child question", response = "child answer",
+    recursive = true, latency_ms = 9 },
+  { type = "sub_query", depth = 0, step = 1, index = 2, prompt = "p2", error = "refused", batch_index = 1,
+    batch_size = 2, latency_ms = 3 },
+  { type = "exec_result", depth = 0, step = 1, block = 1, code = "parent_code()", stdout = "parent out" },
+  { type = "step_start", depth = 0, step = 2, t_ms = 30 },
+  { type = "exec_result", depth = 0, step = 2, block = 1, code = "FINAL(1)", stdout = "" },
+  { type = "final", depth = 0, step = 2, answer = "parent answer", kind = "value" },
+  { type = "from_the_future", depth = 0, step = 2, note = "<b>kept as text</b>" },
+  { type = "run_end", depth = 0, ok = true, answer = "parent answer", iterations = 2, sub_calls = 2,
+    tokens = { input = 150, output = 25, total = 175 }, t_ms = 1500, cost_usd = 0.125 },
+}
+
+describe("rlm.view.html", function()
+  it("shows steps, blocks, sub-calls and the answer", function()
+    local page = view.html(jsonl(NESTED))
+    assert.matches("^<!DOCTYPE html>", page)
+    assert.are.equal(3, count(page, '<details class="step"'))
+    assert.are.equal(2, count(page, '<details class="sub"'))
+    assert.matches('<pre class="answer">parent answer</pre>', page, 1, true)
+    assert.matches('<pre class="code">parent_code()</pre>', page, 1, true)
+    assert.matches('<pre class="error">refused</pre>', page, 1, true)
+    assert.matches("batch 1/2", page, 1, true)
+    assert.matches('<pre class="text">the question</pre>', page, 1, true)
+  end)
+
+  it("puts a child run inside the parent's block that started it, before its sub-call", function()
+    local page = view.html(jsonl(NESTED))
+    local step1 = page:find('<details class="step" data-step="1" data-depth="0"', 1, true)
+    local child = page:find('<section class="run child" data-depth="1">', 1, true)
+    local child_step = page:find('<details class="step" data-step="1" data-depth="1"', 1, true)
+    local sub = page:find("child question</pre><h4>Response</h4>", 1, true)
+    local parent_out = page:find("parent out", 1, true)
+    local step2 = page:find('<details class="step" data-step="2" data-depth="0"', 1, true)
+    assert.truthy(step1 and child and child_step and sub and parent_out and step2)
+    assert.is_true(step1 < child and child < child_step and child_step < sub and sub < parent_out
+      and parent_out < step2)
+  end)
+
+  it("sums steps, sub-calls, tokens, cost and wall time at the top", function()
+    local page = view.html(jsonl(NESTED))
+    assert.matches('id="total-runs">1<', page, 1, true)
+    assert.matches('id="total-steps">3 (1 in child runs)<', page, 1, true)
+    assert.matches('id="total-sub-calls">2<', page, 1, true)
+    assert.matches('id="total-tokens">175 (150 in, 25 out)<', page, 1, true)
+    assert.matches('id="total-cost">$0.1250<', page, 1, true)
+    assert.matches('id="total-wall">1.50 s<', page, 1, true)
+  end)
+
+  it("shows events of unknown types, as text", function()
+    local page = view.html(jsonl(NESTED))
+    assert.matches('data-type="from_the_future"', page, 1, true)
+    assert.matches("&lt;b&gt;kept as text&lt;/b&gt;", page, 1, true)
+  end)
+
+  it("escapes hostile text everywhere, so that it stays text", function()
+    local events = {}
+    for _, ev in ipairs(NESTED) do
+      local copy = {}
+      for k, v in pairs(ev) do
+        copy[k] = type(v) == "string" and k ~= "type" and (v .. HOSTILE_SCRIPT .. HOSTILE_IMG) or v
+      end
+      events[#events + 1] = copy
+    end
+    events[#events + 1] = { type = HOSTILE_SCRIPT, depth = 0, [HOSTILE_IMG] = HOSTILE_IMG }
+    local page = view.html(jsonl(events))
+    assert.are.equal(1, count(page, "<script"))
+    assert.are.equal(0, count(page, "<img"))
+    assert.are.equal(0, count(page, "onerror=\""))
+    assert.is_true(count(page, "&lt;/script&gt;&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;") > 10)
+  end)
+
+  it("keeps the page's own script and style to a per-page nonce", function()
+    local page = view.html(jsonl(NESTED))
+    local n = page:match("script%-src 'nonce%-(%w+)'")
+    assert.truthy(n)
+    assert.matches('<script nonce="' .. n .. '">', page, 1, true)
+    assert.matches('<style nonce="' .. n .. '">', page, 1, true)
+  end)
+
+  it("skips malformed lines, counts them, and never fails", function()
+    -- one malformed line each
+    local bad = {
+      "not json",
+      "[1, 2, 3]",
+      '{"type": 5}',
+      '{"no": "type"}',
+      '"just a string"',
+      '{"type": "step_start", "step": ',
+      ("["):rep(5000) .. ("]"):rep(5000),
+      "\255\254{}",
+    }
+    local text = table.concat(bad, "\n") .. "\n\n   \n" .. jsonl(NESTED)
+    local page = view.html(text)
+    assert.matches('<p class="warn" id="malformed">' .. #bad .. " malformed lines skipped</p>", page, 1, true)
+    assert.are.equal(3, count(page, '<details class="step"'))
+  end)
+
+  -- Lines that are JSON but hold the wrong things: rendered, not raised on.
+  local odd = {
+    { type = "step_start", step = "one", depth = -3 },
+    { type = "step_start", step = 1, depth = 1e300 },
+    { type = "exec_result", step = 1e308, code = { "a", "table" }, stdout = 42, error = false },
+    { type = "sub_query", step = 1, usage = { input_tokens = "many" }, latency_ms = "slow", index = {} },
+    { type = "run_end", ok = "yes", tokens = "lots", answer = { nested = true } },
+    { type = "root_response", step = 2, response = ("x"):rep(300000), usage = { input_tokens = 1e20 } },
+    { type = "final" },
+    { type = "run_end", depth = 5 },
+  }
+  for i, ev in ipairs(odd) do
+    it("renders an odd event without raising (" .. i .. ")", function()
+      local page = view.html(jsonl({ { type = "session_start", depth = 0 }, { type = "step_start", step = 1 }, ev }))
+      assert.matches("</html>\n$", page)
+    end)
+  end
+
+  it("reads a log with a byte-order mark and CRLF line ends", function()
+    local text = "\239\187\191" .. jsonl(NESTED):gsub("\n", "\r\n")
+    local page = view.html(text)
+    assert.is_nil(page:find('id="malformed"', 1, true))
+    assert.are.equal(3, count(page, '<details class="step"'))
+  end)
+
+  it("renders an empty log", function()
+    local page = view.html("")
+    assert.matches('id="empty"', page, 1, true)
+    assert.matches('id="total-steps">0<', page, 1, true)
+  end)
+
+  it("shows each run of a file appended to more than once", function()
+    local one = {
+      { type = "step_start", step = 1 },
+      { type = "exec_result", step = 1, block = 1, code = "FINAL(1)", stdout = "" },
+      { type = "final", step = 1, answer = "1", kind = "value" },
+    }
+    local page = view.html(jsonl(one) .. jsonl(one) .. jsonl({ { type = "session_start", depth = 0 } }) .. jsonl(one))
+    assert.matches('id="total-runs">3<', page, 1, true)
+    assert.are.equal(3, count(page, '<details class="step"'))
+  end)
+
+  it("raises when the log is not a string", function()
+    local ok, err = pcall(view.html, {})
+    assert.is_false(ok)
+    assert.matches("the log must be a string, not table", err, 1, true)
+  end)
+end)
+
+local function shell_quote(s)
+  return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+-- Headless Chromium, when the machine has it (Debian: apt-get install
+-- chromium), or the one RLM_CHROMIUM names.
+local function find_chromium()
+  local env = os.getenv("RLM_CHROMIUM")
+  if env and env ~= "" then
+    return H.sh("test -x " .. shell_quote(env) .. " && echo yes") == "yes" and env or nil
+  end
+  local found = H.sh("command -v chromium || command -v chromium-browser || command -v google-chrome || true")
+  return found ~= "" and found or nil
+end
+
+describe("the page in headless Chromium", function()
+  local chromium = find_chromium()
+  local root = H.sh("pwd")
+  local name = "view-" .. H.lua_name():gsub("[^%w.]", "")
+  local page_path = root .. "/" .. ARTIFACTS .. "/" .. name .. ".html"
+  local shot_path = root .. "/" .. ARTIFACTS .. "/" .. name .. ".png"
+  local url = "file://" .. page_path
+  local result, run_err
+
+  local function browse(args)
+    local profile = H.sh("mktemp -d /tmp/rlm-chromium.XXXXXX")
+    local flags = {
+      "--headless", "--disable-gpu", "--no-first-run", "--disable-extensions", "--disable-sync",
+      "--disable-background-networking", "--disable-component-update", "--no-default-browser-check",
+      "--user-data-dir=" .. shell_quote(profile),
+    }
+    if H.sh("id -u") == "0" then
+      -- Chromium will not start its sandbox as root. These specs run as root
+      -- only in a throwaway container, on a page they just made; never pass
+      -- --no-sandbox to open pages you did not make.
+      flags[#flags + 1] = "--no-sandbox"
+    end
+    local out = H.sh(("timeout 120 %s %s %s 2>/dev/null"):format(shell_quote(chromium), table.concat(flags, " "), args))
+    os.execute("rm -rf " .. shell_quote(profile))
+    return out
+  end
+
+  local function dom(fragment)
+    return browse("--dump-dom " .. shell_quote(url .. (fragment or "")))
+  end
+
+  setup(function()
+    os.execute("mkdir -p " .. ARTIFACTS)
+    local log_path = root .. "/" .. ARTIFACTS .. "/" .. name .. ".jsonl"
+    local spent = 0
+    local on_event, writer = assert(log.jsonl(log_path, {
+      mode = "truncate",
+      cost_usd = function()
+        return spent
+      end,
+    }))
+    local script = H.script({
+      "Look first.\n" .. H.fence(("print(%q)\nbad = %q\nprint(bad)\nr = llm_query('summarise: ' + context)\nprint(r)")
+        :format(HOSTILE_SCRIPT, HOSTILE_IMG)),
+      H.fence("raise ValueError('needle in the error')"),
+      H.fence("FINAL('the answer is 42')"),
+    })
+    result, run_err = H.run({
+      query = "What is the answer?",
+      on_event = on_event,
+      root_llm = function(messages)
+        spent = spent + 0.01
+        return script(messages), { input_tokens = 100, output_tokens = 20 }
+      end,
+      llm_query = function(p)
+        spent = spent + 0.001
+        return "echo: " .. p, { input_tokens = 7, output_tokens = 3 }
+      end,
+    })
+    writer:close()
+    local f = assert(io.open(log_path, "rb"))
+    write(page_path, view.html(f:read("*a")))
+    f:close()
+  end)
+
+  after_each(H.assert_clean)
+
+  local function need_chromium()
+    if not chromium then
+      pending("no Chromium on this machine (apt-get install chromium, or set RLM_CHROMIUM)")
+      return false
+    end
+    return true
+  end
+
+  it("comes from a real session", function()
+    assert.is_nil(run_err, run_err and tostring(run_err))
+    assert.are.equal("the answer is 42", result.answer)
+  end)
+
+  it("runs its script and shows every step and the answer", function()
+    if not need_chromium() then
+      return
+    end
+    local d = dom()
+    assert.matches('data-ready="1"', d, 1, true)
+    assert.are.equal(3, count(d, '<details class="step"'))
+    assert.matches('<pre class="answer">the answer is 42</pre>', d, 1, true)
+    assert.matches('<pre class="text">What is the answer?</pre>', d, 1, true)
+    assert.matches('id="total-sub-calls">1<', d, 1, true)
+    assert.matches('id="total-tokens">370 (307 in, 63 out)<', d, 1, true)
+    assert.matches('id="total-cost">$0.0310<', d, 1, true)
+    assert.matches('<span id="count">3 steps</span>', d, 1, true)
+  end)
+
+  it("keeps hostile code and output inert text", function()
+    if not need_chromium() then
+      return
+    end
+    local d = dom()
+    assert.matches("<title>rlm trajectory</title>", d, 1, true)
+    assert.is_nil(d:find("<body[^>]*data%-pwned"))
+    assert.are.equal(0, count(d, "<img"))
+    assert.are.equal(1, count(d, "<script"))
+    -- as text: the DOM serialiser escapes <, > and & in text, not quotes
+    assert.matches([[&lt;/script&gt;&lt;script&gt;document.title="pwned"&lt;/script&gt;]], d, 1, true)
+    assert.matches([[&lt;img src=x onerror="document.body.setAttribute('data-pwned', '1')"&gt;]], d, 1, true)
+  end)
+
+  it("filters steps by the #q= search and marks the matches", function()
+    if not need_chromium() then
+      return
+    end
+    local d = dom("#q=Needle")
+    assert.matches('data-shown="1"', d, 1, true)
+    assert.are.equal(2, count(d, '<details class="step nomatch"'))
+    assert.matches('<details class="step" data-step="2"', d, 1, true)
+    assert.is_true(count(d, '<mark class="hit">needle</mark>') >= 2)
+    assert.matches('<span id="count">1 of 3 steps match</span>', d, 1, true)
+  end)
+
+  it("takes a screenshot", function()
+    if not need_chromium() then
+      return
+    end
+    os.remove(shot_path)
+    browse(("--hide-scrollbars --window-size=1200,1500 --screenshot=%s %s"):format(shell_quote(shot_path),
+      shell_quote(url)))
+    local f = assert(io.open(shot_path, "rb"), "no screenshot at " .. shot_path)
+    local png = f:read("*a")
+    f:close()
+    assert.are.equal("\137PNG\r\n\26\n", png:sub(1, 8))
+    assert.is_true(#png > 20000, #png)
+  end)
+end)
