@@ -174,10 +174,45 @@ def llm_query(prompt):
     return text
 
 
+class SubCallError(str):
+    """A failed sub-call's slot in llm_query_batched: a str, so joining the
+    answers works, that says "Error: ..." and can be told apart with
+    isinstance(answer, SubCallError)."""
+
+
 def llm_query_batched(prompts):
     if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
         raise TypeError("llm_query_batched() takes a list of str prompts")
-    return [llm_query(prompt) for prompt in prompts]
+    if not prompts:
+        return []
+    request_id = next(request_ids)
+    request = {"type": "llm_batch", "id": request_id, "prompts": list(prompts)}
+    data = encode(request)
+    if len(data) > session.message_limit:
+        raise ValueError(f"llm_query_batched prompts are {len(data)} bytes together, more than the "
+                         f"host accepts in one message ({session.message_limit} bytes): send fewer "
+                         f"or shorter prompts per batch")
+    send(request, data)
+    answers = [None] * len(prompts)
+    missing = len(prompts)
+    while missing:
+        reply = receive()
+        if reply is None:
+            os._exit(0)  # the host asked us to leave
+        index = reply.get("index")
+        if (reply["type"] != "llm_result" or reply.get("id") != request_id
+                or not isinstance(index, int) or isinstance(index, bool)
+                or not 0 <= index < len(prompts) or answers[index] is not None):
+            fatal(f"expected llm_result for batch {request_id}, got {reply['type']} "
+                  f"for {reply.get('id')!r} index {index!r}")
+        if reply.get("error") is not None:
+            answers[index] = SubCallError("Error: " + str(reply["error"]))
+        elif isinstance(reply.get("text"), str):
+            answers[index] = reply["text"]
+        else:
+            fatal(f"llm_result {request_id}[{index}] has neither a string 'text' nor an 'error'")
+        missing -= 1
+    return answers
 
 
 # --- Guardrails -------------------------------------------------------------
@@ -463,6 +498,7 @@ class Session:
             "FINAL_VAR": FINAL_VAR,
             "llm_query": llm_query,
             "llm_query_batched": llm_query_batched,
+            "SubCallError": SubCallError,
         }
 
     def allowed_modules(self):

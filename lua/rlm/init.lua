@@ -45,6 +45,8 @@ function Session.new(opts)
     outbox = {}, -- requests and events not yet handed out by poll()
     inbox = {}, -- replies not yet taken by the engine
     pending = {}, -- id -> request handed out and not yet answered
+    held = {}, -- sub-calls past max_concurrent_sub_calls, not yet handed out
+    in_flight = 0, -- sub-calls handed out and not yet answered
   }, Session)
   if type(o.context) == "string" then
     self.context_data, self.context_format = o.context, "text"
@@ -387,10 +389,21 @@ end
 function Session:_request(req)
   self.next_request_id = self.next_request_id + 1
   req.id = self.next_request_id
+  if req.type == "llm_query" and not self.blocking and self.in_flight >= self.opts.max_concurrent_sub_calls then
+    self.held[#self.held + 1] = req -- handed out when one in flight answers
+    return req
+  end
+  self:_hand_out(req)
+  return req
+end
+
+function Session:_hand_out(req)
   req.t0 = core.now_ms()
   self.pending[req.id] = req
   self.outbox[#self.outbox + 1] = req
-  return req
+  if req.type == "llm_query" then
+    self.in_flight = self.in_flight + 1
+  end
 end
 
 -- Checks what a model callback gave back: text, and optionally a usage
@@ -413,7 +426,42 @@ function Session:_model_result(who, reply)
   return reply.text, reply.usage
 end
 
+-- The code's llm_query_batched(prompts): every prompt that fits the budgets
+-- is handed out at once (up to max_concurrent_sub_calls in flight); the
+-- others get their error in their slot. Answers go back as they come.
+function Session:_sub_batch(msg)
+  local o = self.opts
+  local ok, err = self:_check_budget()
+  if not ok then
+    return nil, err
+  end
+  local n = #msg.prompts
+  for i, p in ipairs(msg.prompts) do
+    local problem
+    if o.max_sub_prompt_chars and utf8_len(p) > o.max_sub_prompt_chars then
+      problem = ("prompt %d is %d characters; the limit is %d (max_sub_prompt_chars): split it")
+        :format(i, utf8_len(p), o.max_sub_prompt_chars)
+    elseif self.sub_calls >= o.max_sub_calls then
+      problem = ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls)
+    end
+    if problem then
+      ok, err = self:_send({ type = "llm_result", id = msg.id, index = i - 1, error = problem })
+      if not ok then
+        return nil, err
+      end
+    else
+      self.sub_calls = self.sub_calls + 1
+      self:_request({ type = "llm_query", prompt = p, depth = self.depth, driver_id = msg.id,
+        exec_id = self.next_exec_id, index = self.sub_calls, batch_index = i, batch_size = n })
+    end
+  end
+  return true
+end
+
 function Session:_sub_query(msg)
+  if msg.type == "llm_batch" then
+    return self:_sub_batch(msg)
+  end
   local o = self.opts
   if o.max_sub_prompt_chars then
     local chars = utf8_len(msg.prompt)
@@ -440,22 +488,36 @@ end
 -- The answer to one of the code's llm_query calls: back to the driver.
 function Session:_sub_answer(reply)
   local req = reply.request
+  self.in_flight = self.in_flight - 1
+  local next_req = table.remove(self.held, 1)
+  if next_req then
+    self:_hand_out(next_req)
+  end
   if req.exec_id ~= self.next_exec_id then
     return true -- the exec it belonged to is over
   end
-  local text, usage = self:_model_result("llm_query", reply)
-  if not text then
-    return nil, usage
+  local text, usage, slot_error
+  if req.batch_index and (reply.failed or type(reply.text) ~= "string") then
+    -- In a batch, a failed call is the model's to handle, in its slot.
+    slot_error = reply.failed and ("llm_query failed: " .. tostring(reply.message):match("^[^\n]*"))
+      or ("llm_query returned " .. type(reply.text) .. ", not a string")
+  else
+    text, usage = self:_model_result("llm_query", reply)
+    if not text then
+      return nil, usage
+    end
   end
   local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = req.prompt,
-    response = text, latency_ms = core.now_ms() - req.t0, index = req.index, usage = usage })
+    response = text, error = slot_error, latency_ms = core.now_ms() - req.t0, index = req.index,
+    batch_index = req.batch_index, batch_size = req.batch_size, usage = usage })
   if not ok then
     return nil, err
   end
-  return self:_send({ type = "llm_result", id = req.driver_id, text = text })
+  return self:_send({ type = "llm_result", id = req.driver_id, text = text, error = slot_error,
+    index = req.batch_index and req.batch_index - 1 or nil })
 end
 
-local EXEC_REPLIES = { exec_result = true, llm_query = true, fatal = true }
+local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, fatal = true }
 
 -- Runs one block of code; answers the driver's calls back meanwhile.
 function Session:_exec(code)
@@ -483,6 +545,7 @@ function Session:_exec(code)
           return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran")
             :format(msg.id, id))
         end
+        self.held = {} -- a hostile driver may end an exec with calls still out
         local limit = self.opts.stdout_truncate_chars
         msg.stdout = cut(msg.stdout, limit, false)
         msg.error = msg.error and cut(msg.error, limit, true) or nil
@@ -845,6 +908,29 @@ function Session:_answer(req)
   end
 end
 
+-- The rest of a batch that starts with req, taken out of the outbox, where
+-- its requests sit in order, and answered by one llm_query_batch(prompts)
+-- call: a list of answers in order. A slot that is not a string is that
+-- sub-call's error; a raise fails every slot.
+function Session:_answer_batch(req)
+  local batch, prompts = { req }, { req.prompt }
+  while self.outbox[1] and self.outbox[1].driver_id == req.driver_id and self.outbox[1].batch_size do
+    local r = take(self.outbox)
+    batch[#batch + 1], prompts[#prompts + 1] = r, r.prompt
+  end
+  local ok, answers = util.call_protected(self.opts.llm_query_batch, prompts)
+  if ok and type(answers) ~= "table" then
+    ok, answers = false, "llm_query_batch returned " .. type(answers) .. ", not a list"
+  end
+  for i, r in ipairs(batch) do
+    if ok then
+      self:reply(r.id, answers[i])
+    else
+      self:reply(r.id, nil, tostring(answers))
+    end
+  end
+end
+
 -- The blocking loop under run() and step(): pumps and answers until an
 -- event of type `stop` (or the end).
 function Session:_drive(goal, stop)
@@ -857,7 +943,9 @@ function Session:_drive(goal, stop)
       ev = { type = "error", err = errors.new("protocol_error", "the session has requests outstanding "
         .. "that no one answers (run() mixed with an adapter?)") }
     end
-    if ev.type == "root_llm" or ev.type == "llm_query" then
+    if ev.type == "llm_query" and ev.batch_size and self.opts.llm_query_batch then
+      self:_answer_batch(ev)
+    elseif ev.type == "root_llm" or ev.type == "llm_query" then
       self:_answer(ev)
     elseif ev.type == stop or ev.type == "done" or ev.type == "error" then
       self.blocking = false

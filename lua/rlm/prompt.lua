@@ -17,8 +17,11 @@ In the REPL:
   of the context that code alone cannot handle. Every call costs time and
   money: prefer regular expressions and string methods where they suffice,
   and put many items into one prompt rather than one call per line.
-- `llm_query_batched(prompts)`: the same for a list of prompts; returns the
-  list of answers in order. Prefer it to calling llm_query in a loop.
+- `llm_query_batched(prompts)`: the same for a list of prompts, run side by
+  side; returns the list of answers in order. Prefer it to calling llm_query
+  in a loop: chunk the context into a few dozen prompts, each well under the
+  sub-model's window. A failed call's slot holds a `SubCallError` (a str
+  starting "Error:"); check with isinstance and retry or skip it.
 - Variables persist between runs; a run that raises an exception is rolled
   back (the names it set are undone) and you see the traceback.
 - Imports are limited to the standard library's data modules (re, json, math,

@@ -28,6 +28,18 @@ local function opt_string(v)
   return v == nil or v == cjson.null or type(v) == "string"
 end
 
+local function string_list(v)
+  if type(v) ~= "table" then
+    return false
+  end
+  for i = 1, #v do
+    if type(v[i]) ~= "string" then
+      return false
+    end
+  end
+  return true
+end
+
 local validators = {
   hello = function(m)
     return is_int(m.protocol) and type(m.python) == "string"
@@ -70,6 +82,9 @@ local validators = {
   llm_query = function(m)
     return is_int(m.id) and type(m.prompt) == "string"
   end,
+  llm_batch = function(m)
+    return is_int(m.id) and string_list(m.prompts) and #m.prompts >= 1 and next(m.prompts, #m.prompts) == nil
+  end,
   fatal = function(m)
     return opt_string(m.message)
   end,
@@ -102,18 +117,6 @@ function M.decode(line, allowed)
     msg.final = nil
   end
   return msg
-end
-
-local function string_list(v)
-  if type(v) ~= "table" then
-    return false
-  end
-  for i = 1, #v do
-    if type(v[i]) ~= "string" then
-      return false
-    end
-  end
-  return true
 end
 
 -- The probe's report (python/probe.py); it runs on the host, but its answer
