@@ -72,7 +72,9 @@ local function run_probe(python, modules, wait)
   end
   out = out or ""
   local ok, info = pcall(protocol.decode_probe, out)
-  if not ok or status ~= 0 or not info then
+  -- -1: the host reaped the helper itself (nginx's SIGCHLD handler waits
+  -- for any child), so its status is lost; its report still counts.
+  if not ok or (status ~= 0 and status ~= -1) or not info then
     return unavailable(("%s did not describe its installation (exit %s): %s")
       :format(python, tostring(status), out:sub(1, 200)))
   end
