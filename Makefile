@@ -17,7 +17,7 @@ abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
 
 DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
-  gcc make
+  lua-socket lua-sec openssl lua-luv chromium gcc make
 
 .PHONY: all deps test check demo clean install bench fuzz soak lint
 BUILD ?= build
@@ -59,7 +59,7 @@ demo: deps
 lint:
 	@dpkg-query -W -f='$${Status}\n' lua-check clang-format 2>/dev/null | grep -c 'install ok installed' | grep -q 2 || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua-check clang-format
-	luacheck lua spec bench examples
+	luacheck lua spec bench examples bin/rlm
 	clang-format --dry-run --Werror csrc/*.c csrc/*.h fuzz/*.c
 
 # The benchmarks: each figure beside a floor measured in the same run;
@@ -87,6 +87,39 @@ SOAK_SESSIONS ?= 1000
 soak: deps
 	@$(MAKE) --no-print-directory all
 	@$(call lua_env,lua5.4) SOAK_SESSIONS=$(SOAK_SESSIONS) lua5.4 spec/soak.lua
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the Lua modules for every Lua
+# ABI (LuaJIT reads the 5.1 tree) with the driver, the probe and the macOS
+# profile beside them (rlm.sandbox looks next to its own file), core.so,
+# and bin/rlm.
+PREFIX ?= /usr/local
+LUA_MODULES = $(shell cd lua && find rlm -name '*.lua' | sort)
+install: all
+	@set -e; for a in $(ABIS); do \
+	  share=$(DESTDIR)$(PREFIX)/share/lua/$$a; lib=$(DESTDIR)$(PREFIX)/lib/lua/$$a; \
+	  for m in $(LUA_MODULES); do install -D -m 644 lua/$$m $$share/$$m; done; \
+	  install -m 644 python/repl_driver.py python/probe.py sandbox/macos.sb $$share/rlm/; \
+	  install -D -m 755 $(BUILD)/$$a/rlm/core.so $$lib/rlm/core.so; \
+	  echo "installed $$share/rlm and $$lib/rlm/core.so"; \
+	done
+	install -D -m 755 bin/rlm $(DESTDIR)$(PREFIX)/bin/rlm
+
+# Sessions driven from inside real hosts: headless Neovim and nginx with the
+# Lua module (spec/hosts/). spec/hosts/deps installs neovim and nginx-core
+# and unpacks the Lua module into build/resty-root without installing it.
+.PHONY: test-nvim test-resty test-hosts
+test-nvim: deps
+	@spec/hosts/deps nvim
+	@$(MAKE) --no-print-directory $(BUILD)/5.1/rlm/core.so
+	@RLM_BUILD=$(abspath $(BUILD)) spec/hosts/run nvim
+test-resty: deps
+	@spec/hosts/deps nginx
+	@$(MAKE) --no-print-directory $(BUILD)/5.1/rlm/core.so
+	@RLM_BUILD=$(abspath $(BUILD)) spec/hosts/run nginx
+test-hosts: deps
+	@spec/hosts/deps nvim nginx
+	@$(MAKE) --no-print-directory $(BUILD)/5.1/rlm/core.so
+	@RLM_BUILD=$(abspath $(BUILD)) spec/hosts/run nvim nginx
 
 clean:
 	rm -rf build build-asan

@@ -16,6 +16,7 @@ sandbox, the pipes and the limits; your Lua callbacks own the models.]],
 dependencies = {
   "lua >= 5.1",
   "lua-cjson",
+  "luasocket", -- the HTTP transport of rlm.llm.openai and bin/rlm; https also needs luasec
 }
 external_dependencies = {
   LIBUV = { header = "uv.h", library = "uv" },
@@ -24,18 +25,26 @@ build = {
   type = "builtin",
   modules = {
     ["rlm"] = "lua/rlm/init.lua",
+    ["rlm.adapters.luv"] = "lua/rlm/adapters/luv.lua",
+    ["rlm.adapters.nvim"] = "lua/rlm/adapters/nvim.lua",
+    ["rlm.adapters.resty"] = "lua/rlm/adapters/resty.lua",
+    ["rlm.async"] = "lua/rlm/async.lua",
     ["rlm.errors"] = "lua/rlm/errors.lua",
+    ["rlm.llm.openai"] = "lua/rlm/llm/openai.lua",
+    ["rlm.llm.transport.luasocket"] = "lua/rlm/llm/transport/luasocket.lua",
+    ["rlm.log"] = "lua/rlm/log.lua",
     ["rlm.options"] = "lua/rlm/options.lua",
     ["rlm.prompt"] = "lua/rlm/prompt.lua",
     ["rlm.protocol"] = "lua/rlm/protocol.lua",
     ["rlm.sandbox"] = "lua/rlm/sandbox.lua",
     ["rlm.selftest"] = "lua/rlm/selftest.lua",
     ["rlm.util"] = "lua/rlm/util.lua",
+    ["rlm.view"] = "lua/rlm/view.lua",
     ["rlm.core"] = {
       sources = {
         "csrc/canary.c", "csrc/cgroup.c", "csrc/core.c", "csrc/driver.c", "csrc/framing.c",
         "csrc/sandbox.c", "csrc/seccomp.c", "csrc/smallfile.c",
-        "csrc/watchdog.c", "csrc/workdir.c",
+        "csrc/waitset.c", "csrc/watchdog.c", "csrc/workdir.c",
       },
       libraries = { "uv", "pthread" },
       incdirs = { "$(LIBUV_INCDIR)" },
@@ -43,6 +52,9 @@ build = {
     },
   },
   install = {
+    bin = {
+      ["rlm"] = "bin/rlm",
+    },
     lua = {
       ["rlm.repl_driver"] = "python/repl_driver.py",
       ["rlm.probe"] = "python/probe.py",

@@ -1,0 +1,216 @@
+-- rlm inside OpenResty (ngx_lua), without stalling the nginx worker.
+--
+--   local resty = require("rlm.adapters.resty")
+--   local result, err = resty.run(opts)         -- rewrite, access, content, timer
+--   resty.run(opts, function(err, result) end)  -- any phase with ngx.timer.at
+--
+-- ngx_lua has no way to wait on a raw descriptor, so the session is pumped
+-- with s:poll() and a short wait between polls: ngx.semaphore's wait, which
+-- yields the request's coroutine to nginx (the worker serves its other
+-- requests meanwhile) and wakes at once when a model callback answers.
+-- Each root_llm / llm_query call runs in a light thread of its own
+-- (ngx.thread.spawn), so callbacks may use cosockets, ngx.sleep and
+-- ngx.location.capture, and several sub-calls run at once. A callback may
+-- also return nothing and call done(text[, usage]) later, from any request
+-- or timer of the same worker (see rlm.async.invoke). on_event and cost_usd
+-- run inside the pump and must not yield.
+-- luacheck: read globals ngx
+local async = require("rlm.async")
+local errors = require("rlm.errors")
+local rlm = require("rlm")
+
+local M = {}
+
+-- The wait between polls while nothing happens: it starts short after any
+-- activity (the driver tends to speak again soon) and doubles up to the cap.
+-- Replies from callbacks wake the loop at once.
+M.MIN_WAIT_MS = 1
+M.MAX_WAIT_MS = 10
+
+-- Phases where the worker lets a request's coroutine wait (ngx.sleep,
+-- ngx.semaphore, ngx.thread). The TLS handshake phases allow it too, but
+-- a session there would hold the handshake.
+local WAITABLE = { rewrite = true, access = true, content = true, timer = true }
+
+local function check_phase(who)
+  local p = ngx.get_phase()
+  if not WAITABLE[p] then
+    error(("rlm.adapters.resty.%s: a session cannot wait in the '%s' phase (only in rewrite, access, "
+      .. "content and timer); pass a callback to run it in a timer"):format(who, p), 3)
+  end
+end
+
+local function exiting_error(s)
+  return errors.new("driver_exited", "the nginx worker is exiting; the session was closed",
+    { history = s.history })
+end
+
+-- The blocking loop: drives s in the current request (or timer) coroutine
+-- until its end. Returns result | nil, err.
+local function loop(s)
+  local semaphore = require("ngx.semaphore")
+  local wake = semaphore.new()
+  local threads, over = {}, false -- the light threads still running
+
+  local function answer(ev)
+    local fn = s.opts[ev.type]
+    local arg = ev.type == "root_llm" and ev.messages or ev.prompt
+    local t = ngx.thread.spawn(async.invoke, fn, arg, function(ok, text, usage)
+      if over then
+        return
+      end
+      -- done() may come from another request: raise nothing into it.
+      local sent, e
+      if ok then
+        sent, e = pcall(s.reply, s, ev.id, text, usage)
+      else
+        sent, e = pcall(s.reply, s, ev.id, nil, text)
+      end
+      if not sent then
+        ngx.log(ngx.ERR, "rlm: ", tostring(e))
+      end
+      wake:post(1)
+    end)
+    threads[t] = true
+  end
+
+  -- A finished light thread stays a zombie until its parent waits for it.
+  local function reap()
+    for t in pairs(threads) do
+      if coroutine.status(t) == "dead" then
+        threads[t] = nil
+        ngx.thread.wait(t)
+      end
+    end
+  end
+
+  local function finish()
+    over = true
+    for t in pairs(threads) do
+      threads[t] = nil
+      if coroutine.status(t) == "dead" then
+        ngx.thread.wait(t)
+      else
+        ngx.thread.kill(t)
+      end
+    end
+  end
+
+  local wait_ms = M.MIN_WAIT_MS
+  while true do
+    if ngx.worker.exiting() then
+      s:close()
+      finish()
+      return nil, exiting_error(s)
+    end
+    reap()
+    local ok, ev = pcall(s.poll, s)
+    if not ok then
+      s:close()
+      finish()
+      error(ev, 0)
+    end
+    if ev == nil then
+      local ms = s:timeout()
+      ms = (ms >= 0 and ms < wait_ms) and math.ceil(ms) or wait_ms
+      if ms > 0 then
+        wake:wait(ms / 1000)
+      else
+        ngx.sleep(0) -- "poll again now": still let the worker run its other events first
+      end
+      wait_ms = math.min(wait_ms * 2, M.MAX_WAIT_MS)
+    else
+      wait_ms = M.MIN_WAIT_MS
+      if ev.type == "root_llm" or ev.type == "llm_query" then
+        answer(ev)
+      elseif ev.type == "done" then
+        finish()
+        return ev.result
+      elseif ev.type == "error" then
+        finish()
+        return nil, ev.err
+      end
+    end
+  end
+end
+
+-- Runs fn in a timer (a context of its own, detached from the request), so
+-- that it may wait whatever phase the caller is in.
+local function in_timer(who, fn)
+  local ok, err = ngx.timer.at(0, function(premature)
+    fn(premature)
+  end)
+  if not ok then
+    error(("rlm.adapters.resty.%s: ngx.timer.at failed: %s"):format(who, tostring(err)), 3)
+  end
+end
+
+local function call_back(cb, err, result)
+  local ok, e = pcall(cb, err, result)
+  if not ok then
+    ngx.log(ngx.ERR, "rlm: the session's callback raised: ", tostring(e))
+  end
+end
+
+-- Drives an existing session to its end; the caller closes it.
+--   drive(s) -> result | nil, err        (rewrite, access, content, timer)
+--   drive(s, function(err, result) end)  (in a timer; returns at once)
+function M.drive(s, cb)
+  if cb == nil then
+    check_phase("drive")
+    return loop(s)
+  end
+  if type(cb) ~= "function" then
+    error("rlm.adapters.resty.drive: argument 2 must be a function(err, result)", 2)
+  end
+  in_timer("drive", function(premature)
+    if premature then
+      return call_back(cb, exiting_error(s))
+    end
+    local ok, result, err = pcall(loop, s)
+    if not ok then
+      result, err = nil, result -- an internal error: its message, as rlm.async gives it
+    end
+    call_back(cb, err, result)
+  end)
+end
+
+-- A new session from opts, driven to its end and closed. Misuse raises at
+-- once, as in Session.new.
+--   run(opts) -> result | nil, err        (rewrite, access, content, timer)
+--   run(opts, function(err, result) end)  (any phase with ngx.timer.at:
+--     the session runs in a timer; returns the session, whose close()
+--     cancels the run)
+function M.run(opts, cb)
+  if cb == nil then
+    check_phase("run")
+    local s = rlm.Session.new(opts)
+    local ok, result, err = pcall(loop, s)
+    s:close()
+    if not ok then
+      error(result, 0)
+    end
+    return result, err
+  end
+  if type(cb) ~= "function" then
+    error("rlm.adapters.resty.run: argument 2 must be a function(err, result)", 2)
+  end
+  local s = rlm.Session.new(opts)
+  in_timer("run", function(premature)
+    local result, err
+    if premature then
+      err = exiting_error(s)
+    else
+      local ok
+      ok, result, err = pcall(loop, s)
+      if not ok then
+        result, err = nil, result -- an internal error: its message, as rlm.async gives it
+      end
+    end
+    s:close()
+    call_back(cb, err, result)
+  end)
+  return s
+end
+
+return M

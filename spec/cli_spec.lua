@@ -1,0 +1,335 @@
+-- bin/rlm as a real process, under the Lua being tested, against the fake
+-- OpenAI-compatible server (spec/helpers/fake_openai.py).
+local H = require("helpers")
+local F = require("helpers.fake_openai")
+local errors = require("rlm.errors")
+local cjson = require("cjson")
+
+local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
+local BIN = root .. "/bin/rlm"
+local LUA = os.getenv("RLM_SPEC_LUA") or "lua5.4"
+local secret = assert(os.getenv("RLM_SPEC_SECRET"), "spec/run sets RLM_SPEC_SECRET")
+
+local srv
+
+local function q(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function slurp(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- Runs bin/rlm with args (a list, quoted here); opts.stdin feeds it,
+-- opts.env is a list of NAME=value set for it, opts.endpoint = false leaves
+-- out the --base-url/--model/--api-key-env the other runs get. Returns
+-- code, stdout, stderr.
+local function rlm(args, opts)
+  opts = opts or {}
+  local words = {}
+  if opts.endpoint ~= false then
+    words = { "--base-url", srv.url, "--model", "fake-root", "--sub-model", "fake-sub",
+      "--api-key-env", "RLM_SPEC_SECRET" }
+  end
+  for _, a in ipairs(args) do
+    words[#words + 1] = a
+  end
+  for i, w in ipairs(words) do
+    words[i] = q(w)
+  end
+  local out, err = os.tmpname(), os.tmpname()
+  local env = { "env", "-u", "RLM_BASE_URL", "-u", "RLM_MODEL", "-u", "RLM_SUB_MODEL", "-u", "RLM_API_KEY_ENV",
+    "TMPDIR=" .. H.tmpdir }
+  for _, e in ipairs(opts.env or {}) do
+    env[#env + 1] = q(e)
+  end
+  local cmd = ("%s %s %s %s >%s 2>%s"):format(table.concat(env, " "), LUA, BIN, table.concat(words, " "), out, err)
+  if opts.stdin then
+    cmd = "printf '%s' " .. q(opts.stdin) .. " | " .. cmd
+  else
+    cmd = cmd .. " </dev/null"
+  end
+  local p = assert(io.popen(cmd .. "; echo $?"))
+  local code = tonumber(p:read("*a"))
+  p:close()
+  local stdout, stderr = slurp(out), slurp(err)
+  os.remove(out)
+  os.remove(err)
+  return code, stdout, stderr
+end
+
+local context_file
+
+local function final_run(code)
+  srv:script({ { content = F.fence(code), usage = { 10, 5 } } })
+end
+
+describe("bin/rlm", function()
+  setup(function()
+    srv = F.start()
+    context_file = os.tmpname()
+    local f = assert(io.open(context_file, "wb"))
+    f:write("line one\nthe code is 7731\nline three\n")
+    f:close()
+  end)
+
+  teardown(function()
+    srv:stop()
+    os.remove(context_file)
+  end)
+
+  after_each(function()
+    assert.are.same({ srv.pid }, H.children())
+    assert.are.same({}, H.workdirs())
+  end)
+
+  describe("--help", function()
+    it("documents every flag and exits 0", function()
+      local code, out = rlm({ "--help" }, { endpoint = false })
+      assert.are.equal(0, code)
+      assert.matches("Usage: rlm %[options%] %-%-context FILE", out)
+      for _, flag in ipairs({ "--context", "--base-url", "--model", "--sub-model", "--api-key-env", "--max-iterations",
+        "--step-timeout-ms", "--max-sub-calls", "--max-cost-usd", "--trace", "--log", "rlm view",
+        "RLM_BASE_URL", "RLM_MODEL", "RLM_SUB_MODEL", "RLM_API_KEY_ENV", "OPENAI_API_KEY" }) do
+        assert.is_truthy(out:find(flag, 1, true), flag .. " is not in --help")
+      end
+    end)
+
+    it("lists one distinct exit status per error kind, as docs/cli.md does", function()
+      local _, out = rlm({ "--help" }, { endpoint = false })
+      local function codes(text)
+        local seen = {}
+        for n, kind in text:gmatch("\n%s*|?%s*`?(%d+)`?%s*|?%s*`?([%l_]+)`?") do
+          if errors.kinds[kind] then
+            seen[kind] = tonumber(n)
+          end
+        end
+        return seen
+      end
+      local help, doc = codes(out), codes(slurp(root .. "/docs/cli.md"))
+      local used = {}
+      for kind in pairs(errors.kinds) do
+        assert.is_number(help[kind], kind .. " has no exit status in --help")
+        assert.is_nil(used[help[kind]], "exit status " .. tostring(help[kind]) .. " is used twice")
+        assert.is_true(help[kind] > 2)
+        used[help[kind]] = kind
+      end
+      assert.are.same(help, doc)
+    end)
+  end)
+
+  describe("a usage error exits 2", function()
+    -- one row a case: args, run options, what stderr says (plain text)
+    local cases = {
+      { {}, {}, "no QUESTION given" },
+      { { "--context", "CTX" }, {}, "no QUESTION given" },
+      { { "what?" }, {}, "no --context FILE given" },
+      { { "--context", "CTX", "a", "b" }, {}, "one QUESTION only" },
+      { { "--api-key", "sk-oops", "--context", "CTX", "q" }, {}, "unknown flag --api-key" },
+      { { "-x", "--context", "CTX", "q" }, {}, "unknown flag -x" },
+      { { "--max-iterations", "many", "--context", "CTX", "q" }, {}, "--max-iterations wants a number" },
+      { { "--max-sub-calls", "1.5", "--context", "CTX", "q" }, {}, "--max-sub-calls wants an integer" },
+      { { "--max-iterations", "0", "--context", "CTX", "q" }, {}, "option 'max_iterations' must be an integer >= 1" },
+      { { "--temperature", "9", "--context", "CTX", "q" }, {}, "option 'temperature'" },
+      { { "--context" }, {}, "--context wants a value" },
+      { { "--trace=yes", "--context", "CTX", "q" }, {}, "--trace takes no value" },
+      { { "--price", "fake-root=cheap", "--context", "CTX", "q" }, {}, "--price wants MODEL=IN:OUT" },
+      { { "--context", "-", "-" }, { stdin = "x" }, "standard input (\"-\") can be read only once" },
+      { { "--context", "CTX", "--context", "CTX", "q" }, {}, "is given twice" },
+      { { "--max-cost-usd", "1", "--context", "CTX", "q" }, {}, "needs a price for model fake-root" },
+      { { "--context", "CTX", "q" }, { endpoint = false }, "no model: give --model NAME or set RLM_MODEL" },
+      { { "view" }, { endpoint = false }, "rlm view wants one log file" },
+    }
+    for _, case in ipairs(cases) do
+      it(("%s (%s)"):format(case[3], table.concat(case[1], " ")), function()
+        srv:script({})
+        local args = {}
+        for i, a in ipairs(case[1]) do
+          args[i] = a == "CTX" and context_file or a
+        end
+        local code, out, err = rlm(args, case[2])
+        assert.are.equal(2, code, err)
+        assert.are.equal("", out)
+        assert.is_truthy(err:find(case[3], 1, true), err)
+        assert.are.same({}, srv:requests()) -- no model was called
+      end)
+    end
+  end)
+
+  describe("an answer", function()
+    it("goes to stdout with exit 0; the key goes in a header, never in argv", function()
+      srv:script({
+        { content = F.fence("import re\nr = llm_query(re.search(r'code is (\\d+)', context).group(1))"),
+          usage = { 100, 20 } },
+        { content = "7731 confirmed", usage = { 10, 2 } },
+        { content = F.fence("FINAL(r)"), usage = { 150, 10 } },
+      })
+      local code, out, err = rlm({ "--context", context_file, "What is the code?" })
+      assert.are.equal(0, code, err)
+      assert.are.equal("7731 confirmed\n", out)
+      assert.are.equal("", err)
+      local reqs = srv:requests()
+      assert.are.equal(3, #reqs)
+      assert.are.same({ "fake-root", "fake-sub", "fake-root" }, { reqs[1].json.model, reqs[2].json.model,
+        reqs[3].json.model })
+      assert.are.equal("7731", reqs[2].json.messages[1].content)
+      assert.matches("What is the code%?", reqs[1].json.messages[2].content)
+      for _, r in ipairs(reqs) do
+        assert.are.equal("Bearer " .. secret, r.headers.authorization)
+        assert.are.same({}, r.argv_hits)
+      end
+    end)
+
+    it("takes the endpoint, the models and the key variable from the environment", function()
+      final_run("FINAL('from env')")
+      local code, out, err = rlm({ "--context", context_file, "q" }, { endpoint = false, env = {
+        "RLM_BASE_URL=" .. srv.url, "RLM_MODEL=env-root", "RLM_SUB_MODEL=env-sub", "RLM_API_KEY_ENV=RLM_SPEC_SECRET" } })
+      assert.are.equal(0, code, err)
+      assert.are.equal("from env\n", out)
+      local req = srv:requests()[1]
+      assert.are.equal("env-root", req.json.model)
+      assert.are.equal("Bearer " .. secret, req.headers.authorization)
+    end)
+
+    it("reads the key from OPENAI_API_KEY by default, and sends none when it is unset", function()
+      final_run("FINAL('k')")
+      local code = rlm({ "--base-url", srv.url, "--model", "m", "--context", context_file, "q" },
+        { endpoint = false, env = { "OPENAI_API_KEY=sk-fake-default" } })
+      assert.are.equal(0, code)
+      assert.are.equal("Bearer sk-fake-default", srv:requests()[1].headers.authorization)
+      final_run("FINAL('k')")
+      code = rlm({ "--base-url", srv.url, "--model", "m", "--context", context_file, "q" },
+        { endpoint = false, env = { "OPENAI_API_KEY=" } })
+      assert.are.equal(0, code)
+      assert.is_nil(srv:requests()[1].headers.authorization)
+    end)
+
+    it("sees several --context files as a dict keyed by their names", function()
+      final_run("import json\nFINAL(json.dumps(context, sort_keys=True))")
+      local code, out, err = rlm({ "--context", context_file, "--context", "-", "q" }, { stdin = "from stdin" })
+      assert.are.equal(0, code, err)
+      assert.are.same({ [context_file] = slurp(context_file), ["-"] = "from stdin" }, cjson.decode(out))
+    end)
+
+    it("sees one --context file as a str, and reads the question from stdin", function()
+      final_run("FINAL(type(context).__name__ + ':' + str(len(context)))")
+      local code, out, err = rlm({ "--context", context_file, "-" }, { stdin = "the question from stdin\n" })
+      assert.are.equal(0, code, err)
+      assert.are.equal("str:" .. #slurp(context_file) .. "\n", out)
+      assert.matches("the question from stdin", srv:requests()[1].json.messages[2].content)
+    end)
+
+    it("streams the steps to stderr with --trace, the answer alone on stdout", function()
+      srv:script({
+        { content = F.fence("print('looking')\nx = llm_query('sub?')"), usage = { 1, 1 } },
+        { content = "sub reply" },
+        { content = F.fence("FINAL('traced')") },
+      })
+      local code, out, err = rlm({ "--trace", "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.are.equal("traced\n", out)
+      assert.matches("== step 1", err)
+      assert.matches("print%('looking'%)", err)
+      assert.matches("%-%- output:\n  looking", err)
+      assert.matches("llm_query 1 .-sub%?.-sub reply", err)
+      assert.matches("== step 2", err)
+    end)
+  end)
+
+  describe("a failed run exits with its kind's status", function()
+    -- one row a case: the replies, extra args, status, kind
+    local cases = {
+      { { { content = F.fence("x = 1") }, { content = "no code, no answer" } },
+        { "--max-iterations", "1" }, 16, "max_iterations" },
+      { { { status = 400, json = { error = { message = "bad model" } } } }, {}, 19, "callback_error" },
+      { { { content = F.fence("llm_query('one too many')") } }, { "--max-sub-calls", "0" }, 14, "sub_call_budget" },
+      { { { content = F.fence("x = 1"), usage = { 1000, 1000 } }, { content = F.fence("FINAL('never')") } },
+        { "--price", "fake-root=1000:1000", "--price", "fake-sub=1:1", "--max-cost-usd", "0.5" }, 15, "cost_budget" },
+      { { { content = F.fence("x = 1"), usage = { 60, 60 } }, { content = F.fence("FINAL('never')") } },
+        { "--max-total-tokens", "100" }, 15, "cost_budget" },
+      { { { content = F.fence("while True:\n    pass") } }, { "--step-timeout-ms", "1500" }, 12, "step_timeout" },
+      { { { content = F.fence("b = b'x' * (400 << 20)") } }, { "--max-rss-bytes", tostring(96 * 2 ^ 20) },
+        13, "memory_limit" },
+      { { { content = F.fence("FINAL('never')") } }, { "--python", "/nonexistent/python3" }, 10, "sandbox_unavailable" },
+      { { { content = "too late", delay_ms = 3000 } }, { "--timeout-ms", "300", "--retries", "0" }, 19,
+        "callback_error" },
+    }
+    for _, case in ipairs(cases) do
+      it(("%d for %s (%s)"):format(case[3], case[4], table.concat(case[2], " ")), function()
+        srv:script(case[1])
+        local args = { "--context", context_file }
+        for _, a in ipairs(case[2]) do
+          args[#args + 1] = a
+        end
+        args[#args + 1] = "q"
+        local code, out, err = rlm(args)
+        assert.are.equal(case[3], code, err)
+        assert.are.equal("", out)
+        assert.matches("^rlm: " .. case[4] .. ": ", err)
+      end)
+    end
+
+    it("1 for a context file that cannot be read", function()
+      local code, out, err = rlm({ "--context", "/nonexistent/file", "q" })
+      assert.are.equal(1, code)
+      assert.are.equal("", out)
+      assert.matches("cannot read /nonexistent/file", err)
+    end)
+  end)
+
+  describe("--log and rlm view", function()
+    local log_path
+
+    before_each(function()
+      log_path = os.tmpname()
+      os.remove(log_path)
+    end)
+
+    after_each(function()
+      os.remove(log_path)
+    end)
+
+    it("writes the trajectory as JSON lines, which rlm view renders as HTML", function()
+      srv:script({
+        { content = F.fence("print('hello from the repl')") },
+        { content = F.fence("FINAL('logged')") },
+      })
+      local code, out, err = rlm({ "--log", log_path, "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.are.equal("logged\n", out)
+      local types = {}
+      for line in io.lines(log_path) do
+        local ev = cjson.decode(line)
+        assert.is_table(ev)
+        assert.is_string(ev.type)
+        types[ev.type] = (types[ev.type] or 0) + 1
+      end
+      assert.are.equal(2, types.step_start)
+      assert.are.equal(2, types.exec_result)
+      assert.are.equal(1, types.final)
+      assert.matches("hello from the repl", slurp(log_path))
+
+      local html
+      code, html, err = rlm({ "view", log_path }, { endpoint = false })
+      assert.are.equal(0, code, err)
+      assert.matches("^%s*<!DOCTYPE html>", html)
+      assert.matches("hello from the repl", html)
+    end)
+
+    it("fails with 1 when the log cannot be written", function()
+      final_run("FINAL('x')")
+      local code, _, err = rlm({ "--log", "/nonexistent/dir/run.jsonl", "--context", context_file, "q" })
+      assert.are.equal(1, code)
+      assert.matches("cannot write the log", err)
+    end)
+
+    it("rlm view fails with 1 on a log it cannot read", function()
+      local code, _, err = rlm({ "view", "/nonexistent/run.jsonl" }, { endpoint = false })
+      assert.are.equal(1, code)
+      assert.matches("cannot read", err)
+    end)
+  end)
+end)

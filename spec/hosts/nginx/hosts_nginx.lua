@@ -1,0 +1,180 @@
+-- The handlers of the nginx host test (spec/hosts/nginx/nginx.conf.in).
+-- luacheck: globals ngx
+local cjson = require("cjson")
+local resty = require("rlm.adapters.resty")
+
+local M = {}
+
+local tmpdir = os.getenv("RLM_HOSTS_TMPDIR")
+
+local function fence(code)
+  return "```repl\n" .. code .. "\n```"
+end
+
+-- The issue's scenario: the root model answers after a second (ngx.sleep in
+-- its light thread), the REPL spins for two seconds, four sub-calls each
+-- take 200 ms (three of them at once, through llm_query_batched), and the
+-- second root answer comes through done() from a timer. The JSON reply
+-- says what happened.
+function M.session()
+  local t0 = ngx.now()
+  local running, most = 0, 0
+  local turn = 0
+  local result, err = resty.run({
+    context = "the answer is in the sub-calls",
+    tmpdir = tmpdir,
+    step_timeout_ms = 30000,
+    root_llm = function(_, done)
+      turn = turn + 1
+      if turn == 1 then
+        ngx.sleep(1)
+        return fence("import time\nt0 = time.time()\nspins = 0\n"
+          .. "while time.time() - t0 < 2.0:\n    spins += 1\n"
+          .. "r = llm_query('ping')\nparts = llm_query_batched(['a', 'b', 'c'])\nprint(r, parts)")
+      end
+      assert(ngx.timer.at(1, function()
+        done(fence("FINAL(r + '/' + ''.join(parts))"))
+      end))
+    end,
+    llm_query = function(prompt)
+      running = running + 1
+      most = math.max(most, running)
+      ngx.sleep(0.2)
+      running = running - 1
+      return prompt == "ping" and "pong" or prompt:upper()
+    end,
+  })
+  ngx.say(cjson.encode({
+    answer = result and result.answer or cjson.null,
+    error = err and tostring(err) or cjson.null,
+    iterations = result and result.iterations or cjson.null,
+    sub_calls = result and result.sub_calls or cjson.null,
+    most_concurrent_sub_calls = most,
+    elapsed_ms = math.floor((ngx.now() - t0) * 1000),
+  }))
+end
+
+-- For comparison: Session:run() called in the worker without the adapter,
+-- the REPL spinning for a second. The worker serves nothing meanwhile.
+function M.blocking_run()
+  local s = require("rlm").Session.new({
+    context = "x",
+    tmpdir = tmpdir,
+    root_llm = function()
+      return fence("import time\nt0 = time.time()\nwhile time.time() - t0 < 1.0:\n    pass\nFINAL('spun')")
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  })
+  local result, err = s:run()
+  s:close()
+  ngx.say(result and result.answer or tostring(err))
+end
+
+-- The adapter alone, on a stand-in session that hands out three llm_query
+-- requests at once: each must run in a light thread of its own, so the three
+-- 200 ms calls take 200 ms, not 600.
+function M.concurrent()
+  local running, most, replies = 0, 0, {}
+  local outbox = {}
+  for i = 1, 3 do
+    outbox[i] = { type = "llm_query", id = i, prompt = "p" .. i, depth = 0 }
+  end
+  local fake = {
+    opts = {
+      llm_query = function(prompt)
+        running = running + 1
+        most = math.max(most, running)
+        ngx.sleep(0.2)
+        running = running - 1
+        return prompt:upper()
+      end,
+    },
+    poll = function()
+      if #outbox > 0 then
+        return table.remove(outbox, 1)
+      end
+      if #replies == 3 then
+        table.sort(replies)
+        return { type = "done", result = { answer = table.concat(replies, ",") } }
+      end
+    end,
+    reply = function(_, _, text)
+      replies[#replies + 1] = text
+    end,
+    timeout = function()
+      return -1
+    end,
+    close = function() end,
+  }
+  local t0 = ngx.now()
+  local result, err = resty.drive(fake)
+  ngx.say(cjson.encode({ answer = result and result.answer or tostring(err), most = most,
+    elapsed_ms = math.floor((ngx.now() - t0) * 1000) }))
+end
+
+-- The worker's own children while a session runs: os.execute's status (a
+-- raw wait status on LuaJIT: exit 3 is 768) and io.popen's output.
+function M.exec()
+  local status = os.execute("exit 3")
+  local p = io.popen("echo from-popen; exit 4")
+  local out = p:read("*a")
+  p:close()
+  ngx.say(cjson.encode({ execute = status, popen = out }))
+end
+
+-- Whether the worker catches SIGCHLD (nginx's handler), from /proc.
+function M.sigchld()
+  local f = assert(io.open("/proc/self/status"))
+  local status = f:read("*a")
+  f:close()
+  local hex = status:match("SigCgt:%s*(%x+)")
+  return tonumber(hex:sub(-5, -5), 16) % 2 == 1 and "caught" or "not caught"
+end
+
+local function small(phase)
+  return {
+    context = phase,
+    tmpdir = tmpdir,
+    root_llm = function()
+      return fence("FINAL('ok-' + context)")
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  }
+end
+
+local function text(result, err)
+  return result and result.answer or tostring(err)
+end
+
+-- The blocking form, in a phase that may wait.
+function M.blocking(phase)
+  ngx.ctx.answer = text(resty.run(small(phase)))
+end
+
+-- The callback form: the session runs in a timer, the answer lands in the
+-- shared dict under the phase's name.
+function M.callback(phase)
+  resty.run(small(phase), function(err, result)
+    ngx.shared.rlm_results:set(phase, text(result, err))
+  end)
+end
+
+-- The blocking form inside a timer's own context.
+function M.in_timer(phase)
+  assert(ngx.timer.at(0, function()
+    ngx.shared.rlm_results:set(phase, text(resty.run(small(phase))))
+  end))
+end
+
+-- The blocking form where the phase may not wait: it must refuse, naming
+-- the phase, before anything starts.
+function M.refused(phase)
+  local ok, err = pcall(resty.run, small(phase))
+  return ok and "ran" or tostring(err):gsub("\n", " ")
+end
+
+return M

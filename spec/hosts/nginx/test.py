@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""The nginx host test: rlm.adapters.resty inside Debian's nginx with the Lua
+module from build/resty-root (spec/hosts/deps nginx unpacks it).
+
+Starts nginx (master + one worker, a private prefix, a free port on
+127.0.0.1), runs the cases, stops nginx. Prints one "ok - ..." or
+"not ok - ..." line per case. Environment: RLM_ROOT (the checkout),
+RLM_BUILD (the build directory holding 5.1/rlm/core.so), RLM_RESTY_ROOT.
+"""
+import http.client
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.environ["RLM_ROOT"]
+BUILD = os.environ.get("RLM_BUILD", os.path.join(ROOT, "build"))
+RESTY = os.environ.get("RLM_RESTY_ROOT", os.path.join(ROOT, "build", "resty-root"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+PINGS = 100            # requests to /ping while the session runs
+PING_THREADS = 4       # clients at once
+P99_LIMIT_MS = 100     # a blocked worker shows seconds; a busy 2-core machine tens of ms
+PHASE_TIMEOUT_S = 30
+
+results = {"passed": 0, "failed": 0}
+
+
+def readable_by_others(path):
+    """Whether a user with no rights of its own can read path."""
+    path = os.path.realpath(path)
+    parts = path.split("/")
+    for i in range(2, len(parts)):
+        if not os.stat("/".join(parts[:i])).st_mode & 0o001:
+            return False
+    return bool(os.stat(path).st_mode & 0o004)
+
+
+# As root, the workers run as nobody, as in production, when nobody can read
+# the checkout; otherwise (a private clone) as root.
+WORKER_USER = "root"
+if os.geteuid() == 0 and all(readable_by_others(p) for p in (
+        os.path.join(ROOT, "lua/rlm/init.lua"), os.path.join(ROOT, "python/repl_driver.py"),
+        os.path.join(BUILD, "5.1/rlm/core.so"), os.path.join(RESTY, "usr/share/lua/5.1/resty/core.lua"))):
+    WORKER_USER = "nobody nogroup"
+
+
+def report(ok, name, detail=None):
+    if ok:
+        results["passed"] += 1
+        print("ok - nginx: %s%s" % (name, " (%s)" % detail if detail else ""), flush=True)
+    else:
+        results["failed"] += 1
+        print("not ok - nginx: %s: %s" % (name, detail), flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Server:
+    """nginx from a conf: the test's own (nginx.conf.in) or make_conf(server)."""
+
+    def __init__(self, make_conf=None, env=None):
+        self.prefix = tempfile.mkdtemp(prefix="rlm-nginx.")
+        self.tmpdir = os.path.join(self.prefix, "sessions")
+        os.mkdir(self.tmpdir)
+        os.mkdir(os.path.join(self.prefix, "logs"))
+        os.mkdir(os.path.join(self.prefix, "tmp"))
+        os.chmod(self.prefix, 0o755)
+        if os.geteuid() == 0 and WORKER_USER.startswith("nobody"):
+            nobody = pwd.getpwnam("nobody")
+            os.chown(self.tmpdir, nobody.pw_uid, nobody.pw_gid)
+        self.port = free_port()
+        if make_conf:
+            conf = make_conf(self)
+        else:
+            with open(os.path.join(HERE, "nginx.conf.in")) as f:
+                conf = f.read()
+            for key, value in (("@RESTY@", RESTY), ("@PREFIX@", self.prefix), ("@ROOT@", ROOT),
+                               ("@BUILD@", BUILD), ("@PORT@", str(self.port))):
+                conf = conf.replace(key, value)
+        conf = conf.replace("daemon off;\n", "daemon off;\nuser %s;\n" % WORKER_USER, 1)
+        self.conf = os.path.join(self.prefix, "nginx.conf")
+        with open(self.conf, "w") as f:
+            f.write(conf)
+        env = dict(os.environ, **(env or {}))
+        env["LD_LIBRARY_PATH"] = os.path.join(RESTY, "usr/lib/x86_64-linux-gnu")
+        env["RLM_HOSTS_TMPDIR"] = env["RLM_TMPDIR"] = self.tmpdir
+        self.proc = subprocess.Popen(
+            ["nginx", "-p", self.prefix, "-c", self.conf, "-e", os.path.join(self.prefix, "error.log")],
+            env=env, stdin=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while True:
+            try:
+                if self.get("/ping")[1].strip() == "pong":
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("nginx did not come up: " + self.log()[-2000:])
+            time.sleep(0.05)
+
+    def get(self, path, timeout=60, method="GET", body=None, headers=None):
+        t0 = time.perf_counter()
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            text = r.read().decode()
+            return r.status, text, (time.perf_counter() - t0) * 1000, dict(r.getheaders())
+        finally:
+            c.close()
+
+    def log(self):
+        text = ""
+        for name in ("error.log", "logs/error.log"):
+            try:
+                with open(os.path.join(self.prefix, name)) as f:
+                    text += f.read()
+            except OSError:
+                pass
+        return text
+
+    def master_children(self):
+        pids = []
+        task_dir = "/proc/%d/task" % self.proc.pid
+        for tid in os.listdir(task_dir):
+            with open(os.path.join(task_dir, tid, "children")) as f:
+                pids += [int(p) for p in f.read().split()]
+        return pids
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)  # graceful
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                workers = self.master_children()
+                self.proc.kill()
+                for pid in workers:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def state(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split()[1]
+    except OSError:
+        return None
+    return None
+
+
+def percentile(values, p):
+    values = sorted(values)
+    k = max(0, min(len(values) - 1, int(round(p / 100 * len(values) + 0.5)) - 1))
+    return values[k]
+
+
+def ping_many(srv, n, threads, spacing_s):
+    latencies, errors = [], []
+    lock = threading.Lock()
+
+    def worker(count):
+        for _ in range(count):
+            try:
+                status, body, ms, _ = srv.get("/ping", timeout=10)
+                with lock:
+                    if status == 200 and body.strip() == "pong":
+                        latencies.append(ms)
+                    else:
+                        errors.append("%s %r" % (status, body))
+            except OSError as e:
+                with lock:
+                    errors.append(str(e))
+            time.sleep(spacing_s)
+
+    ts = [threading.Thread(target=worker, args=(n // threads,)) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return latencies, errors
+
+
+def stats(lat):
+    return "p50 %.1f ms, p99 %.1f ms, max %.1f ms over %d requests" % (
+        percentile(lat, 50), percentile(lat, 99), max(lat), len(lat))
+
+
+def case_session(srv):
+    # The floor: the same requests with no session running.
+    floor, _ = ping_many(srv, PINGS, PING_THREADS, 0.03)
+    box = {}
+
+    def session():
+        box["t0"] = time.time()
+        try:
+            box["reply"] = srv.get("/session", timeout=90)
+        except OSError as e:
+            box["reply"] = (0, str(e), 0, {})
+        box["t1"] = time.time()
+
+    st = threading.Thread(target=session)
+    st.start()
+    time.sleep(0.02)  # from the start: the spawn of the sandbox is measured too
+    execs = []
+    ex = threading.Thread(target=lambda: [execs.append(srv.get("/exec")) or time.sleep(0.8)
+                                          for _ in range(3)])
+    ex.start()
+    p0 = time.time()
+    lat, errs = ping_many(srv, PINGS, PING_THREADS, 0.17)
+    p1 = time.time()
+    ex.join()
+    st.join()
+    status, body, _, _ = box["reply"]
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        reply = {"answer": None, "error": body}
+    report(status == 200 and reply.get("answer") == "pong/ABC",
+           "a session in content_by_lua ends with the right answer",
+           "%r after %s ms, %s iterations, %s sub-calls" % (
+               reply.get("answer"), reply.get("elapsed_ms"), reply.get("iterations"),
+               reply.get("sub_calls")) if reply.get("answer") else reply.get("error"))
+    report(reply.get("most_concurrent_sub_calls") == 3,
+           "llm_query_batched's three sub-calls run at once, in light threads",
+           "at most %s at once" % reply.get("most_concurrent_sub_calls"))
+    overlap = p0 >= box["t0"] and p1 <= box["t1"]
+    ok = not errs and len(lat) == PINGS and overlap and percentile(lat, 99) < P99_LIMIT_MS
+    report(ok, "the worker serves %d requests while the session runs (p99 < %d ms)" % (
+        PINGS, P99_LIMIT_MS),
+        "%s; floor without a session: %s; pings %.1f-%.1f s into a %.1f s session%s" % (
+            stats(lat) if lat else "none", stats(floor), p0 - box["t0"], p1 - box["t0"],
+            box["t1"] - box["t0"], "; errors: " + "; ".join(errs[:3]) if errs else ""))
+    contrast(srv)
+    ok, details = len(execs) == 3, []
+    for status, body, _, _ in execs:
+        try:
+            got = json.loads(body)
+        except ValueError:
+            got = {}
+        ok = ok and got.get("execute") == 768 and got.get("popen") == "from-popen\n"
+        details.append("os.execute('exit 3') -> %s, popen -> %r" % (got.get("execute"), got.get("popen")))
+    report(ok, "os.execute and io.popen work in the worker while the session runs", "; ".join(details))
+
+
+def contrast(srv):
+    """For comparison, not a case: Session:run() called directly in the
+    worker, the REPL spinning for a second."""
+    box = {}
+    st = threading.Thread(target=lambda: box.update(reply=srv.get("/blocking", timeout=60)))
+    st.start()
+    time.sleep(0.05)
+    lat, _ = ping_many(srv, 20, PING_THREADS, 0.05)
+    st.join()
+    print("# for contrast, Session:run() without the adapter: %s (%s)" % (
+        stats(lat) if lat else "no requests", box["reply"][1].strip()), flush=True)
+
+
+def case_concurrent(srv):
+    status, body, _, _ = srv.get("/concurrent")
+    got = json.loads(body) if status == 200 else {}
+    report(got.get("answer") == "P1,P2,P3" and got.get("most") == 3 and got.get("elapsed_ms", 1e9) < 500,
+           "requests outstanding together run at once, each in a light thread",
+           "%r: at most %s at once, three 200 ms calls in %s ms" % (
+               got.get("answer"), got.get("most"), got.get("elapsed_ms")) if got else body)
+
+
+def wait_result(srv, key):
+    deadline = time.time() + PHASE_TIMEOUT_S
+    while time.time() < deadline:
+        body = srv.get("/result?key=" + key)[1].strip()
+        if body:
+            return body
+        time.sleep(0.1)
+    return "(no result after %d s)" % PHASE_TIMEOUT_S
+
+
+def case_phases(srv):
+    for phase in ("rewrite", "access", "content"):
+        status, body, ms, _ = srv.get("/phase/" + phase)
+        report(body.strip() == "ok-" + phase, "the blocking form works in %s_by_lua" % phase,
+               "%r in %.0f ms" % (body.strip(), ms))
+    srv.get("/phase/timer")
+    got = wait_result(srv, "timer")
+    report(got == "ok-timer", "the blocking form works in an ngx.timer callback", repr(got))
+    for phase in ("log", "header_filter"):
+        _, _, _, headers = srv.get("/phase/" + phase)
+        got = wait_result(srv, phase)
+        report(got == "ok-" + phase, "the callback form works from %s_by_lua (in a timer)" % phase, repr(got))
+        if phase == "header_filter":
+            refused = headers.get("X-Rlm-Blocking", "")
+            report("'header_filter' phase" in refused,
+                   "the blocking form refuses header_filter_by_lua, naming the phase", refused)
+    body = srv.get("/phase/set")[1].strip()
+    report("'set' phase" in body, "the blocking form refuses set_by_lua, naming the phase", body)
+
+
+def case_reload(srv):
+    # rlm is loaded in the master (init_by_lua) and a worker ran sessions;
+    # the master must still reap the worker a reload retires.
+    old = int(srv.get("/pid")[1])
+    caught = srv.get("/sigchld")[1].strip()
+    os.kill(srv.proc.pid, signal.SIGHUP)
+    new, deadline = old, time.time() + 10
+    while new == old and time.time() < deadline:
+        time.sleep(0.1)
+        try:
+            new = int(srv.get("/pid")[1])
+        except (OSError, ValueError):
+            pass
+    deadline = time.time() + 10
+    while time.time() < deadline and (old in srv.master_children() or state(old) is not None):
+        time.sleep(0.1)
+    zombies = [p for p in srv.master_children() if state(p) == "Z"]
+    exited = ("worker process %d exited with code 0" % old) in srv.log()
+    report(new != old and old not in srv.master_children() and not zombies and exited,
+           "the master reaps its old worker after a reload",
+           "worker %d -> %d, zombies %s, %s; worker SIGCHLD: %s" % (
+               old, new, zombies or "none", "exit logged" if exited else "no exit logged", caught))
+
+
+EXAMPLE = os.path.join(ROOT, "examples", "openresty")
+SECRET = "sk-rlm-hosts-%d" % os.getpid()
+
+
+def example_conf(srv, fake_port):
+    """examples/openresty/nginx.conf as shipped, pointed at this checkout, the
+    unpacked module, a free port and the fake model server."""
+    with open(os.path.join(EXAMPLE, "nginx.conf")) as f:
+        conf = f.read()
+    for old, new in (
+            ("/usr/lib/nginx/modules/", os.path.join(RESTY, "usr/lib/nginx/modules") + "/"),
+            ("$prefix/../../build/5.1/", BUILD + "/5.1/"),
+            ("$prefix/../../lua/", ROOT + "/lua/"),
+            # Installed, lua-resty-core is on the default path; here it is unpacked.
+            ("$prefix/?.lua;;", EXAMPLE + "/?.lua;" + RESTY + "/usr/share/lua/5.1/?.lua;;"),
+            ("listen 127.0.0.1:8080;", "listen 127.0.0.1:%d;" % srv.port),
+            ("https://api.openai.com/v1/chat/completions",
+             "http://127.0.0.1:%d/v1/chat/completions" % fake_port)):
+        if old not in conf:
+            raise RuntimeError("examples/openresty/nginx.conf has no %r" % old)
+        conf = conf.replace(old, new)
+    return conf
+
+
+def case_example():
+    """The example app end to end, its models a stand-in OpenAI server."""
+    fake = subprocess.Popen([sys.executable, os.path.join(ROOT, "spec/helpers/fake_openai.py")],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    srv = None
+    try:
+        fake_port = int(fake.stdout.readline().split()[0])
+
+        def control(method, path, body=None):
+            c = http.client.HTTPConnection("127.0.0.1", fake_port, timeout=10)
+            c.request(method, path, body=json.dumps(body) if body is not None else None)
+            reply = json.loads(c.getresponse().read())
+            c.close()
+            return reply
+
+        control("POST", "/_control/script", {"replies": [
+            {"content": "```repl\nn = sum(1 for l in context.splitlines() if 'ERROR' in l)\n"
+                        "r = llm_query('say hi')\nFINAL(str(n) + ' ' + r)\n```", "usage": [100, 20]},
+            {"content": "hi", "usage": [5, 1], "delay_ms": 200},
+        ]})
+        srv = Server(lambda s: example_conf(s, fake_port),
+                     env={"RLM_API_KEY": SECRET, "RLM_ROOT_MODEL": "root-model",
+                          "RLM_SUB_MODEL": "sub-model"})
+        status, body, ms, _ = srv.get("/ask?q=How+many+errors%3F", method="POST",
+                                      body="ERROR a\nok\nERROR b\n",
+                                      headers={"Cookie": "session=client-secret"})
+        try:
+            got = json.loads(body)
+        except ValueError:
+            got = {"error": body}
+        reqs = control("GET", "/_control/requests")
+        models = [r["json"]["model"] for r in reqs if r.get("json")]
+        auth_ok = all(r["headers"].get("authorization") == "Bearer " + SECRET for r in reqs)
+        leaked = [r for r in reqs if "cookie" in r["headers"] or r.get("argv_hits")]
+        report(status == 200 and got.get("answer") == "2 hi" and models == ["root-model", "sub-model"]
+               and auth_ok and not leaked,
+               "examples/openresty answers through its proxied model endpoint",
+               "%s %r in %.0f ms; models %s; key in the header only: %s; tokens %s" % (
+                   status, got.get("answer") or got, ms, models, auth_ok and not leaked, got.get("tokens")))
+    finally:
+        if srv:
+            rc = srv.stop()
+            if rc != 0:
+                report(False, "the example's nginx stops cleanly", "exit %s: %s" % (rc, srv.log()[-1500:]))
+            subprocess.run(["rm", "-rf", srv.prefix])
+        fake.kill()
+        fake.wait()
+
+
+def main():
+    for path in (os.path.join(RESTY, "usr/lib/nginx/modules/ngx_http_lua_module.so"),
+                 os.path.join(BUILD, "5.1/rlm/core.so")):
+        if not os.path.exists(path):
+            report(False, "setup", "%s is missing (run spec/hosts/deps nginx and make)" % path)
+            return 1
+    print("# nginx workers run as " + WORKER_USER.split()[0], flush=True)
+    srv = Server()
+    print("# the worker's LuaJIT: " + srv.get("/luajit")[1].strip(), flush=True)
+    try:
+        for case in (case_session, case_concurrent, case_phases, case_reload):
+            try:
+                case(srv)
+            except Exception as e:  # a case that broke is a failure, the others still run
+                report(False, case.__name__, "%s: %s" % (type(e).__name__, e))
+    finally:
+        rc = srv.stop()
+        leftover = os.listdir(srv.tmpdir)
+        alive = state(srv.proc.pid) not in (None, "Z")
+        report(rc == 0 and not leftover and not alive, "nginx stops cleanly and leaves no workdir",
+               "exit %s, workdirs %s" % (rc, leftover or "none"))
+        log = srv.log()
+        bad = [l for l in log.splitlines() if "[alert]" in l or "[emerg]" in l or "[crit]" in l]
+        if bad or results["failed"]:
+            print("# error.log (alerts and the last lines), kept in " + srv.prefix)
+            for line in (bad + log.splitlines()[-30:])[:60]:
+                print("#   " + line)
+        else:
+            subprocess.run(["rm", "-rf", srv.prefix])
+    try:
+        case_example()
+    except Exception as e:
+        report(False, "case_example", "%s: %s" % (type(e).__name__, e))
+    print("# nginx: %d passed, %d failed" % (results["passed"], results["failed"]), flush=True)
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,437 @@
+-- The Neovim host test: sessions driven by rlm.adapters.nvim inside a
+-- headless editor, the way a plugin runs them. Run by spec/hosts/run:
+--
+--   nvim --headless --clean -u NONE -i NONE -n -c "luafile spec/hosts/nvim/test.lua"
+--
+-- with RLM_ROOT (the checkout), RLM_BUILD (the build directory holding
+-- 5.1/rlm/core.so) and RLM_HOSTS_TMPDIR (an empty directory for the
+-- workdirs). Prints one "ok - ..." or "not ok - ..." line per case, then
+-- quits the editor.
+-- luacheck: globals vim
+local root = assert(os.getenv("RLM_ROOT"), "RLM_ROOT")
+local build = os.getenv("RLM_BUILD") or (root .. "/build")
+local tmpdir = assert(os.getenv("RLM_HOSTS_TMPDIR"), "RLM_HOSTS_TMPDIR")
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+package.cpath = build .. "/5.1/?.so;" .. package.cpath
+
+local uv = vim.uv or vim.loop
+local adapter = require("rlm.adapters.nvim")
+
+local STALL_LIMIT_MS = 50
+local BEAT_MS = 10
+local TEST_TIMEOUT_MS = 120000
+
+local out = io.stdout
+local results = { passed = 0, failed = 0 }
+
+local function report(ok, name, detail)
+  if ok then
+    results.passed = results.passed + 1
+    out:write(("ok - nvim: %s%s\n"):format(name, detail and (" (" .. detail .. ")") or ""))
+  else
+    results.failed = results.failed + 1
+    out:write(("not ok - nvim: %s: %s\n"):format(name, tostring(detail)))
+  end
+  out:flush()
+end
+
+local function now_ms()
+  return uv.hrtime() / 1e6
+end
+
+local function fence(code)
+  return "```repl\n" .. code .. "\n```"
+end
+
+local function read_all(path)
+  local f = io.open(path, "rb")
+  if not f then
+    return nil
+  end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local my_pid = vim.fn.getpid()
+
+-- This editor's child processes (zombies included), read without spawning.
+local function children()
+  local pids = {}
+  local tasks = uv.fs_scandir("/proc/" .. my_pid .. "/task")
+  while tasks do
+    local tid = uv.fs_scandir_next(tasks)
+    if not tid then
+      break
+    end
+    for pid in (read_all("/proc/" .. my_pid .. "/task/" .. tid .. "/children") or ""):gmatch("%d+") do
+      pids[#pids + 1] = pid
+    end
+  end
+  return pids
+end
+
+local function workdirs()
+  local names = {}
+  local handle = uv.fs_scandir(tmpdir)
+  while handle do
+    local name = uv.fs_scandir_next(handle)
+    if not name then
+      break
+    end
+    names[#names + 1] = name
+  end
+  return names
+end
+
+-- Whether this process catches, ignores or defaults SIGCHLD (17).
+local function sigchld_disposition()
+  local status = read_all("/proc/self/status") or ""
+  local function has(field)
+    local hex = status:match(field .. ":%s*(%x+)")
+    local digit = tonumber(hex:sub(-5, -5), 16) -- bits 16..19; SIGCHLD is bit 16
+    return digit % 2 == 1
+  end
+  return has("SigCgt") and "caught" or has("SigIgn") and "ignored" or "default"
+end
+
+-- Waits until cond() holds (or ms pass) without blocking the loop, then
+-- calls k(held).
+local function wait_for(cond, ms, k)
+  local t0 = now_ms()
+  local t = uv.new_timer()
+  t:start(5, 5, vim.schedule_wrap(function()
+    if t:is_closing() then
+      return
+    end
+    local held = cond()
+    if held or now_ms() - t0 > ms then
+      t:stop()
+      t:close()
+      k(held)
+    end
+  end))
+end
+
+local cases = {}
+
+-- 1. The issue's scenario: the root model answers after 1 s (a loop timer
+-- resumes its coroutine), the REPL spins for 2 s, sub-calls answer through
+-- done() and at once; a 10 ms timer keeps beating, and the host spawns its
+-- own children meanwhile.
+cases[#cases + 1] = function(next_case)
+  local beats, last, max_gap, max_at, gaps, all_gaps = 0, nil, 0, 0, {}, {}
+  local t_start = now_ms()
+  local beat = uv.new_timer()
+  beat:start(BEAT_MS, BEAT_MS, function()
+    local t = now_ms()
+    if last then
+      local gap = t - last
+      all_gaps[#all_gaps + 1] = gap
+      if gap > max_gap then
+        max_gap, max_at = gap, t - t_start
+      end
+      if gap > STALL_LIMIT_MS then
+        gaps[#gaps + 1] = ("%.0f ms at +%.0f ms"):format(gap, t - t_start)
+      end
+    end
+    last = t
+    beats = beats + 1
+  end)
+
+  local system_checks, job_checks = {}, {}
+  local function host_children(label)
+    -- vim.fn.system needs an editor context: leave the timer callback.
+    vim.schedule(function()
+      local a = vim.fn.system("true")
+      local ok_true = vim.v.shell_error == 0 and a == ""
+      local b = vim.fn.system({ "sh", "-c", "echo out; exit 3" })
+      local ok_three = vim.v.shell_error == 3 and b == "out\n"
+      system_checks[#system_checks + 1] = { label = label, ok = ok_true and ok_three,
+        detail = ("true -> %d, exit 3 -> %d with %s"):format(ok_true and 0 or -1, vim.v.shell_error,
+          b:gsub("\n", "\\n")) }
+      local job = vim.fn.jobstart({ "sh", "-c", "exit 5" }, {
+        on_exit = function(_, code)
+          job_checks[#job_checks + 1] = { label = label, code = code }
+        end,
+      })
+      if job <= 0 then
+        job_checks[#job_checks + 1] = { label = label, code = "jobstart failed: " .. job }
+      end
+    end)
+  end
+  local probes = {}
+  for _, at in ipairs({ 500, 1500, 2500 }) do
+    local t = uv.new_timer()
+    t:start(at, 0, function()
+      t:close()
+      host_children(("+%d ms"):format(at))
+    end)
+    probes[#probes + 1] = t
+  end
+
+  local events, event_errors = 0, {}
+  local buf = vim.api.nvim_create_buf(false, true)
+  local sigchld_before = sigchld_disposition()
+  local turn = 0
+  local session = adapter.run({
+    context = "the answer is in the sub-calls",
+    tmpdir = tmpdir,
+    step_timeout_ms = 30000,
+    root_llm = function(_, done)
+      turn = turn + 1
+      if turn == 1 then
+        -- Yield; a loop timer resumes this coroutine a second later.
+        local co = coroutine.running()
+        local t = uv.new_timer()
+        t:start(1000, 0, function()
+          t:close()
+          coroutine.resume(co)
+        end)
+        coroutine.yield()
+        return fence("import time\nt0 = time.time()\nspins = 0\n"
+          .. "while time.time() - t0 < 2.0:\n    spins += 1\n"
+          .. "r = llm_query('ping')\nparts = llm_query_batched(['a', 'b', 'c'])\nprint(r, parts)")
+      end
+      -- Answer through done(), from a loop timer, a second later.
+      local t = uv.new_timer()
+      t:start(1000, 0, function()
+        t:close()
+        done(fence("FINAL(r + '/' + ''.join(parts))"))
+      end)
+    end,
+    llm_query = function(prompt, done)
+      if prompt == "ping" then
+        vim.defer_fn(function()
+          done("pong")
+        end, 100)
+        return
+      end
+      return prompt:upper()
+    end,
+    on_event = function(ev)
+      events = events + 1
+      local ok, e = pcall(vim.api.nvim_buf_set_lines, buf, -1, -1, false, { ev.type })
+      if not ok then
+        event_errors[#event_errors + 1] = e
+      end
+    end,
+  }, function(err, result)
+    local elapsed = now_ms() - t_start
+    beat:stop()
+    beat:close()
+    for _, t in ipairs(probes) do
+      if not t:is_closing() then
+        t:close()
+      end
+    end
+    local answer = result and result.answer
+    report(answer == "pong/ABC", "the session ends with the right answer",
+      err and tostring(err) or ("%q after %.0f ms, %d iterations, %d sub-calls")
+        :format(answer, elapsed, result.iterations, result.sub_calls))
+    local expected_beats = elapsed / BEAT_MS
+    table.sort(all_gaps)
+    local p99 = all_gaps[math.max(1, math.ceil(#all_gaps * 0.99))] or 0
+    report(max_gap <= STALL_LIMIT_MS and beats >= expected_beats * 0.5,
+      ("the editor never stalls past %d ms"):format(STALL_LIMIT_MS),
+      ("max gap between %d ms beats %.1f ms at +%.0f ms, p99 %.1f ms; %d beats in %.0f ms%s")
+        :format(BEAT_MS, max_gap, max_at, p99, beats, elapsed,
+          #gaps > 0 and ("; stalls: " .. table.concat(gaps, ", ")) or ""))
+    local ok_final, final_err = pcall(vim.api.nvim_buf_set_lines, buf, 0, 1, false, { "final" })
+    report(ok_final and #event_errors == 0 and events > 0,
+      "on_event and the final callback run where editor calls work",
+      ok_final and (#event_errors == 0 and (events .. " events") or event_errors[1]) or final_err)
+    -- Let the last jobs report their exit.
+    wait_for(function()
+      return #job_checks >= #system_checks and #system_checks == 3
+    end, 5000, function()
+      local ok, details = #system_checks == 3, {}
+      for _, c in ipairs(system_checks) do
+        ok = ok and c.ok
+        details[#details + 1] = c.label .. ": " .. c.detail
+      end
+      report(ok, "vim.fn.system works while a session runs", table.concat(details, "; "))
+      ok, details = #job_checks == 3, {}
+      for _, c in ipairs(job_checks) do
+        ok = ok and c.code == 5
+        details[#details + 1] = c.label .. ": exit " .. tostring(c.code)
+      end
+      report(ok, "jobstart() children report their exit code while a session runs",
+        table.concat(details, "; "))
+      local sigchld_after = sigchld_disposition()
+      report(sigchld_after == sigchld_before, "the editor's SIGCHLD disposition is unchanged",
+        sigchld_before .. " -> " .. sigchld_after)
+      vim.api.nvim_buf_delete(buf, { force = true })
+      wait_for(function()
+        return #children() == 0 and #workdirs() == 0
+      end, 5000, function(clean)
+        report(clean, "no child process or workdir outlives the session",
+          clean and "none" or ("children %s, workdirs %s"):format(
+            table.concat(children(), " "), table.concat(workdirs(), " ")))
+        next_case()
+      end)
+    end)
+  end)
+  assert(session, "run() returns the session")
+end
+
+-- 2. close() cancels a run whose root model never answers.
+cases[#cases + 1] = function(next_case)
+  local session
+  local t0 = now_ms()
+  session = adapter.run({
+    context = "x",
+    tmpdir = tmpdir,
+    root_llm = function() end, -- never calls done()
+    llm_query = function(p)
+      return p
+    end,
+    on_event = function(ev)
+      if ev.type == "step_start" then
+        vim.defer_fn(function()
+          session:close()
+        end, 100)
+      end
+    end,
+  }, function(err, result)
+    report(result == nil and err ~= nil and err.kind == "driver_exited",
+      "session:close() cancels the run", err and ("%s after %.0f ms"):format(err.kind, now_ms() - t0)
+        or "it finished")
+    wait_for(function()
+      return #children() == 0 and #workdirs() == 0
+    end, 5000, function(clean)
+      report(clean, "a cancelled session leaves no child process or workdir",
+        clean and "none" or table.concat(children(), " ") .. " / " .. table.concat(workdirs(), " "))
+      next_case()
+    end)
+  end)
+end
+
+-- 3. The example plugin: :RlmAsk over the current buffer, with stand-in
+-- models (the example's own models call an HTTP endpoint through curl).
+cases[#cases + 1] = function(next_case)
+  -- Installed the way a plugin manager would: on the runtimepath.
+  vim.opt.runtimepath:append(root .. "/examples/nvim")
+  vim.cmd("runtime plugin/rlm_ask.lua")
+  local plugin = require("rlm_ask")
+  plugin.setup({
+    tmpdir = tmpdir,
+    root_llm = function(messages, done)
+      vim.defer_fn(function()
+        if #messages == 2 then
+          done(fence("n = sum(1 for line in context.splitlines() if 'ERROR' in line)\n"
+            .. "FINAL(str(n) + ' errors')"))
+        end
+      end, 50)
+    end,
+    llm_query = function(p)
+      return p
+    end,
+    on_event = function(ev)
+      plugin.events = (plugin.events or 0) + 1
+      assert(ev.type)
+    end,
+  })
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { "ok", "ERROR one", "fine", "ERROR two", "ERROR three" })
+  vim.cmd("RlmAsk how many errors?")
+  wait_for(function()
+    return plugin.last_answer ~= nil or plugin.last_error ~= nil
+  end, 30000, function()
+    local shown = vim.fn.bufexists("rlm://answer") == 1
+      and table.concat(vim.fn.getbufline(vim.fn.bufnr("rlm://answer"), 1, "$"), "\n") or ""
+    report(plugin.last_answer == "3 errors" and shown:find("3 errors", 1, true) ~= nil,
+      ":RlmAsk answers about the current buffer", plugin.last_error and tostring(plugin.last_error)
+        or ("%q; answer buffer %q"):format(tostring(plugin.last_answer), shown))
+    next_case()
+  end)
+end
+
+-- 4. The example plugin's own models: curl through jobstart() against a
+-- stand-in OpenAI server, the key on curl's stdin, never its argv.
+cases[#cases + 1] = function(next_case)
+  local plugin = require("rlm_ask")
+  local port
+  local server = vim.fn.jobstart({ "python3", root .. "/spec/helpers/fake_openai.py" }, {
+    on_stdout = function(_, data)
+      port = port or tonumber((data[1] or ""):match("^(%d+)"))
+    end,
+  })
+  wait_for(function()
+    return port ~= nil
+  end, 10000, function()
+    if not port then
+      vim.fn.jobstop(server)
+      report(false, ":RlmAsk with the plugin's curl models", "the stand-in server did not start")
+      return next_case()
+    end
+    local base = ("http://127.0.0.1:%d"):format(port)
+    local function control(path, body)
+      local argv = { "curl", "-sS", base .. path }
+      if body then
+        vim.list_extend(argv, { "--data-binary", vim.json.encode(body) })
+      end
+      return vim.json.decode(vim.fn.system(argv))
+    end
+    control("/_control/script", { replies = {
+      { content = fence("r = llm_query('shout: ' + context.split()[0])\nFINAL(r)"), usage = { 50, 10 } },
+      { content = "HELLO", usage = { 5, 1 }, delay_ms = 100 },
+    } })
+    local secret = "sk-rlm-nvim-" .. my_pid
+    vim.env.RLM_BASE_URL, vim.env.RLM_API_KEY = base .. "/v1", secret
+    vim.env.RLM_ROOT_MODEL, vim.env.RLM_SUB_MODEL = "root-model", "sub-model"
+    plugin.setup({ tmpdir = tmpdir, on_event = function() end })
+    vim.api.nvim_buf_set_lines(0, 0, -1, false, { "hello world" })
+    vim.cmd("RlmAsk what does it say?")
+    wait_for(function()
+      return plugin.last_answer ~= nil or plugin.last_error ~= nil
+    end, 30000, function()
+      local reqs = control("/_control/requests")
+      local models, auth, leaked = {}, true, false
+      for _, r in ipairs(reqs) do
+        models[#models + 1] = type(r.json) == "table" and r.json.model or "?"
+        auth = auth and r.headers.authorization == "Bearer " .. secret
+        leaked = leaked or (type(r.argv_hits) == "table" and #r.argv_hits > 0)
+      end
+      vim.fn.jobstop(server)
+      report(plugin.last_answer == "HELLO" and table.concat(models, ",") == "root-model,sub-model"
+        and auth and not leaked, ":RlmAsk with the plugin's curl models",
+        plugin.last_error and tostring(plugin.last_error)
+          or ("%q; models %s; key in the header only: %s"):format(tostring(plugin.last_answer),
+            table.concat(models, ","), tostring(auth and not leaked)))
+      next_case()
+    end)
+  end)
+end
+
+local watchdog = uv.new_timer()
+local function finish()
+  if not watchdog:is_closing() then
+    watchdog:stop()
+    watchdog:close()
+  end
+  out:write(("# nvim: %d passed, %d failed\n"):format(results.passed, results.failed))
+  out:flush()
+  vim.cmd(results.failed == 0 and "qall!" or "cquit! 1")
+end
+
+watchdog:start(TEST_TIMEOUT_MS, 0, vim.schedule_wrap(function()
+  report(false, "the cases finish", ("still running after %d ms"):format(TEST_TIMEOUT_MS))
+  finish()
+end))
+
+local i = 0
+local function next_case()
+  i = i + 1
+  local case = cases[i]
+  if not case then
+    return finish()
+  end
+  vim.schedule(function()
+    local ok, e = pcall(case, next_case)
+    if not ok then
+      report(false, "case " .. i .. " runs", e)
+      next_case()
+    end
+  end)
+end
+next_case()
