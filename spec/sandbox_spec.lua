@@ -112,4 +112,12 @@ print('none')]], "none" },
     assert.is_nil(s:find("--ro-bind / ", 1, true))
     assert.is_nil(s:find("--bind /usr ", 1, true))
   end)
+
+  it("runs from a working directory above what it binds (/ and /usr)", function()
+    for _, dir in ipairs({ "/", "/usr" }) do
+      local out = H.sh(("cd %s && PWD=%s %s -e 'local H = require(\"helpers\") "
+        .. "local r, e = H.run({}) print(r and r.answer or tostring(e))' 2>&1"):format(dir, dir, H.lua_name()))
+      assert.are.equal("done", out)
+    end
+  end)
 end)

@@ -144,11 +144,12 @@ function M.start(opts, context_data, wait, owner)
     return nil, perr
   end
 
+  local ro = M.readonly_paths(info)
   local drv, serr = core.spawn({
     bwrap = bwrap,
     python = info.executable,
     driver = driver_py,
-    ro = M.readonly_paths(info),
+    ro = ro,
     tmpdir = opts.tmpdir,
     max_line = opts.max_message_bytes,
     max_rss = opts.max_rss_bytes,
@@ -165,8 +166,15 @@ function M.start(opts, context_data, wait, owner)
     return unavailable(werr)
   end
   -- Paths of the host the sandbox must not show; without PWD, only one.
+  -- A working directory above what is bound (/, /usr) is shown by design.
   local absent = { drv:workdir() }
-  absent[#absent + 1] = cwd()
+  local here = cwd()
+  for _, path in ipairs(ro) do
+    if here and (here == "/" or path:sub(1, #here + 1) == here .. "/") then
+      here = nil
+    end
+  end
+  absent[#absent + 1] = here
   return drv, { sys_path = info.sys_path, absent = absent }
 end
 
