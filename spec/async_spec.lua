@@ -5,35 +5,12 @@ local async = require("rlm.async")
 local core = require("rlm.core")
 local fence = H.fence
 
-local has_luv, uv = pcall(require, "luv")
+local L = require("helpers.luv")
+local has_luv, uv = L ~= nil, L and L.uv
 local luv_adapter = has_luv and require("rlm.adapters.luv")
-
--- Runs the luv loop until cond() holds (or the limit passes).
-local function run_until(cond, limit_ms)
-  local t0 = core.now_ms()
-  while not cond() do
-    assert(core.now_ms() - t0 < (limit_ms or 60000), "the loop did not finish in time")
-    uv.run("once")
-  end
-  uv.run("nowait") -- the close callbacks of the handles the run let go
-end
-
-local function after(ms, fn)
-  local t = uv.new_timer()
-  t:start(ms, 0, function()
-    t:close()
-    fn()
-  end)
-end
-
--- Yields until a luv timer resumes the running coroutine.
-local function sleep(ms)
-  local co = coroutine.running()
-  after(ms, function()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
+local run_until = L and L.run_until
+local after = L and L.after
+local sleep = L and L.sleep
 
 describe("the pump", function()
   after_each(H.assert_clean)

@@ -4,29 +4,20 @@ local H = require("helpers")
 local core = require("rlm.core")
 local fence = H.fence
 
-local has_luv, uv = pcall(require, "luv")
+local L = require("helpers.luv")
+local has_luv = L ~= nil
 local luv_adapter = has_luv and require("rlm.adapters.luv")
+local after = L and L.after
 
 local function run_luv(opts)
   local result, err, over
   luv_adapter.run(H.opts(opts), function(e, r)
     result, err, over = r, e, true
   end)
-  local t0 = core.now_ms()
-  while not over do
-    assert(core.now_ms() - t0 < 60000, "the loop did not finish in time")
-    uv.run("once")
-  end
-  uv.run("nowait")
-  return result, err
-end
-
-local function after(ms, fn)
-  local t = uv.new_timer()
-  t:start(ms, 0, function()
-    t:close()
-    fn()
+  L.run_until(function()
+    return over
   end)
+  return result, err
 end
 
 -- The code times its own batch, so the sandbox's start-up is left out.
@@ -152,11 +143,7 @@ describe_luv("llm_query_batched under the luv adapter", function()
     local result = assert(run_luv({
       root_llm = H.script({ TIMED_BATCH }),
       llm_query = function(p)
-        local co = coroutine.running()
-        after(100, function()
-          assert(coroutine.resume(co))
-        end)
-        coroutine.yield()
+        L.sleep(100)
         return "y:" .. p
       end,
     }))

@@ -54,6 +54,16 @@ local function module_list(v)
   return true
 end
 
+-- The checks, for other modules' option tables (rlm.llm.openai): each
+-- returns ok, "what was wanted".
+M.checks = {
+  integer = integer,
+  positive_number = positive_number,
+  non_negative_number = non_negative_number,
+  callable = callable,
+  non_empty_string = non_empty_string,
+}
+
 -- name = { check, default }; a default of nil means optional.
 local schema = {
   context = { context, "" },

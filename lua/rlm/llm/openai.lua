@@ -28,17 +28,9 @@ local EXCERPT_CHARS = 300
 
 local NAME = "rlm.llm.openai"
 
-local function is_callable(v)
-  if type(v) == "function" then
-    return true
-  end
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(mt.__call) == "function"
-end
-
-local function non_empty_string(v)
-  return type(v) == "string" and v ~= "", "a non-empty string"
-end
+local checks = require("rlm.options").checks
+local callable, integer, non_empty_string = checks.callable, checks.integer, checks.non_empty_string
+local positive_number, non_negative_number = checks.positive_number, checks.non_negative_number
 
 local function base_url(v)
   return type(v) == "string" and v:match("^[hH][tT][tT][pP][sS]?://[^/]") ~= nil,
@@ -54,24 +46,6 @@ local function number_in(lo, hi)
   return function(v)
     return type(v) == "number" and v >= lo and v <= hi, ("a number from %s to %s"):format(lo, hi)
   end
-end
-
-local function integer(min)
-  return function(v)
-    return type(v) == "number" and v == math.floor(v) and v >= min and v < 2 ^ 53, "an integer >= " .. min
-  end
-end
-
-local function positive_number(v)
-  return type(v) == "number" and v > 0 and v < math.huge, "a number > 0"
-end
-
-local function non_negative_number(v)
-  return type(v) == "number" and v >= 0 and v < math.huge, "a number >= 0"
-end
-
-local function callable(v)
-  return is_callable(v), "a function (or a callable table)"
 end
 
 local function string_map(v)

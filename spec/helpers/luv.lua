@@ -1,0 +1,39 @@
+-- luv helpers for the specs that drive sessions from a loop. nil when luv
+-- is not installed.
+local ok, uv = pcall(require, "luv")
+if not ok then
+  return nil
+end
+local core = require("rlm.core")
+
+local L = { uv = uv }
+
+-- Runs the loop until cond() holds (or the limit passes).
+function L.run_until(cond, limit_ms)
+  local t0 = core.now_ms()
+  while not cond() do
+    assert(core.now_ms() - t0 < (limit_ms or 60000), "the loop did not finish in time")
+    uv.run("once")
+  end
+  uv.run("nowait") -- the close callbacks of the handles the run let go
+end
+
+-- Calls fn once, ms from now.
+function L.after(ms, fn)
+  local t = uv.new_timer()
+  t:start(ms, 0, function()
+    t:close()
+    fn()
+  end)
+end
+
+-- Yields until a timer resumes the running coroutine.
+function L.sleep(ms)
+  local co = coroutine.running()
+  L.after(ms, function()
+    assert(coroutine.resume(co))
+  end)
+  coroutine.yield()
+end
+
+return L
