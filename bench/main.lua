@@ -126,6 +126,13 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    Lua heap's share is shown. Start: 100 sessions one after another, each kept
    open until all are started; the floor is 100 x the figure 1 floor's median,
    measured again here.
+7. **Concurrent sub-calls**: one session driven by the luv adapter; each
+   step's code times `llm_query_batched` of 64 prompts inside the REPL, and
+   each prompt is answered by a callback that finishes 50 ms later on a luv
+   timer. With `max_concurrent_sub_calls = 64` all are in flight at once;
+   the default 8 is shown beside it. Floor: 64 timers of 50 ms started
+   together on the same loop, measured by the root model's callback just
+   before it asks for each batch.
 ]]
 
 local function write_results(path, rows, info, seconds)

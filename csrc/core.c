@@ -564,6 +564,18 @@ static int waitset_change(lua_State *L, int add) {
 static int waitset_add(lua_State *L) { return waitset_change(L, 1); }
 static int waitset_remove(lua_State *L) { return waitset_change(L, 0); }
 
+/* w:wait(timeout_ms) -> true (readable) | false (timeout) | nil, message */
+static int waitset_wait(lua_State *L) {
+  int set = *check_waitset(L);
+  lua_Integer ms = luaL_checkinteger(L, 2);
+  int n =
+      rlm_waitset_wait(set, ms < 0 ? -1 : (int)(ms > INT_MAX ? INT_MAX : ms));
+  if (n < 0)
+    return fail(L, strerror(errno));
+  lua_pushboolean(L, n > 0);
+  return 1;
+}
+
 static int waitset_close(lua_State *L) {
   int *fd = luaL_checkudata(L, 1, WAITSET_MT);
   if (*fd >= 0) {
@@ -574,8 +586,9 @@ static int waitset_close(lua_State *L) {
 }
 
 static const luaL_Reg waitset_methods[] = {
-    {"fd", waitset_fd},       {"add", waitset_add}, {"remove", waitset_remove},
-    {"close", waitset_close}, {NULL, NULL},
+    {"fd", waitset_fd},         {"add", waitset_add},
+    {"remove", waitset_remove}, {"wait", waitset_wait},
+    {"close", waitset_close},   {NULL, NULL},
 };
 
 static const luaL_Reg canaries_methods[] = {

@@ -21,3 +21,11 @@ int rlm_waitset_remove(int set, int fd) {
     return 0;
   return -1;
 }
+
+int rlm_waitset_wait(int set, int timeout_ms) {
+  struct epoll_event ev;
+  int n = epoll_wait(set, &ev, 1, timeout_ms);
+  if (n < 0 && errno == EINTR)
+    return 0;
+  return n;
+}

@@ -10,5 +10,9 @@ int rlm_waitset_open(void);
 /* Adds or removes fd (readable interest). 0, or -1 with errno set. */
 int rlm_waitset_add(int set, int fd);
 int rlm_waitset_remove(int set, int fd);
+/* Waits until some descriptor of the set is readable or timeout_ms pass
+ * (-1: no limit). 1 when one is, 0 on timeout or a signal, -1 with errno
+ * set. */
+int rlm_waitset_wait(int set, int timeout_ms);
 
 #endif

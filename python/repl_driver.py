@@ -150,16 +150,19 @@ def safe_repr(value):
 request_ids = itertools.count(1)
 
 
-def llm_query(prompt):
-    if not isinstance(prompt, str):
-        raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
-    request_id = next(request_ids)
-    request = {"type": "llm_query", "id": request_id, "prompt": prompt}
+def send_request(request, what):
+    """Sends one call to the host, unless the host would refuse its size."""
     data = encode(request)
     if len(data) > session.message_limit:
-        raise ValueError(f"llm_query prompt is {len(prompt)} characters, more than the host "
-                         f"accepts in one message ({session.message_limit} bytes): split it")
+        raise ValueError(f"{what} is {len(data)} bytes as a message, more than the host accepts "
+                         f"({session.message_limit} bytes): split it into smaller calls")
     send(request, data)
+
+
+def call(request, what):
+    """One call back to the host: its answer, or its error raised here."""
+    request_id = request["id"] = next(request_ids)
+    send_request(request, what)
     reply = receive()
     if reply is None:
         os._exit(0)  # the host asked us to leave
@@ -180,21 +183,12 @@ class SubCallError(str):
     isinstance(answer, SubCallError)."""
 
 
-def llm_query_batched(prompts):
-    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
-        raise TypeError("llm_query_batched() takes a list of str prompts")
-    if not prompts:
-        return []
-    request_id = next(request_ids)
-    request = {"type": "llm_batch", "id": request_id, "prompts": list(prompts)}
-    data = encode(request)
-    if len(data) > session.message_limit:
-        raise ValueError(f"llm_query_batched prompts are {len(data)} bytes together, more than the "
-                         f"host accepts in one message ({session.message_limit} bytes): send fewer "
-                         f"or shorter prompts per batch")
-    send(request, data)
-    answers = [None] * len(prompts)
-    missing = len(prompts)
+def call_batch(request, n, what):
+    """One batch of calls: the answers in order, as they come, in any order."""
+    request_id = request["id"] = next(request_ids)
+    send_request(request, what)
+    answers = [None] * n
+    missing = n
     while missing:
         reply = receive()
         if reply is None:
@@ -202,7 +196,7 @@ def llm_query_batched(prompts):
         index = reply.get("index")
         if (reply["type"] != "llm_result" or reply.get("id") != request_id
                 or not isinstance(index, int) or isinstance(index, bool)
-                or not 0 <= index < len(prompts) or answers[index] is not None):
+                or not 0 <= index < n or answers[index] is not None):
             fatal(f"expected llm_result for batch {request_id}, got {reply['type']} "
                   f"for {reply.get('id')!r} index {index!r}")
         if reply.get("error") is not None:
@@ -213,6 +207,64 @@ def llm_query_batched(prompts):
             fatal(f"llm_result {request_id}[{index}] has neither a string 'text' nor an 'error'")
         missing -= 1
     return answers
+
+
+def str_list(value, what):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+        raise TypeError(f"{what} takes a list of str prompts")
+    return list(value)
+
+
+def llm_query(prompt):
+    if not isinstance(prompt, str):
+        raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
+    return call({"type": "llm_query", "prompt": prompt}, "the llm_query prompt")
+
+
+def llm_query_batched(prompts):
+    prompts = str_list(prompts, "llm_query_batched()")
+    if not prompts:
+        return []
+    return call_batch({"type": "llm_batch", "prompts": prompts}, len(prompts),
+                      "the llm_query_batched prompts together")
+
+
+def sub_session(prompt, context, what):
+    """The fields of one nested session: its question and, when given, its
+    context (a str, or anything json can write)."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"{what} takes a str prompt, not {type(prompt).__name__}")
+    query = {"prompt": prompt}
+    if isinstance(context, str):
+        query["context"], query["format"] = context, "text"
+    elif context is not None:
+        try:
+            query["context"] = json.dumps(context, allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{what}: context must be a str or JSON-able (dict, list, ...): "
+                            f"{exc}") from None
+        query["format"] = "json"
+    return query
+
+
+def rlm_query(prompt, context=None):
+    request = sub_session(prompt, context, "rlm_query()")
+    request["type"] = "rlm_query"
+    return call(request, "the rlm_query prompt and context")
+
+
+def rlm_query_batched(prompts, contexts=None):
+    prompts = str_list(prompts, "rlm_query_batched()")
+    if contexts is None:
+        contexts = [None] * len(prompts)
+    elif not isinstance(contexts, (list, tuple)) or len(contexts) != len(prompts):
+        raise TypeError("rlm_query_batched(prompts, contexts): contexts must be a list as long "
+                        "as prompts")
+    if not prompts:
+        return []
+    queries = [sub_session(p, c, "rlm_query_batched()") for p, c in zip(prompts, contexts)]
+    return call_batch({"type": "rlm_batch", "queries": queries}, len(queries),
+                      "the rlm_query_batched prompts and contexts together")
 
 
 # --- Guardrails -------------------------------------------------------------
@@ -498,6 +550,8 @@ class Session:
             "FINAL_VAR": FINAL_VAR,
             "llm_query": llm_query,
             "llm_query_batched": llm_query_batched,
+            "rlm_query": rlm_query,
+            "rlm_query_batched": rlm_query_batched,
             "SubCallError": SubCallError,
         }
 

@@ -31,37 +31,73 @@ local IDLE = {}
 
 local pack, unpack = util.pack, util.unpack
 
-function Session.new(opts)
-  local o = options.check(opts)
-  local self = setmetatable({
-    opts = o,
-    depth = 0,
-    history = {},
-    iterations = 0,
+-- What a session and the nested sessions it starts share: one budget, one
+-- cap on the sub-calls in flight, and the clock of the run.
+local function new_tree()
+  return {
     sub_calls = 0,
     tokens = { input = 0, output = 0, total = 0 },
+    in_flight = 0, -- sub-calls handed out and not yet answered
+    held = {}, -- { session =, req = }: past max_concurrent_sub_calls, not yet handed out
+    batches = 0,
+  }
+end
+
+-- A session over context_data (text, or a JSON document); parent is the
+-- session whose code started it with rlm_query, or nil.
+local function new_session(o, parent, context_data, context_format, description)
+  local self = setmetatable({
+    opts = o,
+    parent = parent,
+    depth = parent and parent.depth + 1 or 0,
+    tree = parent and parent.tree or new_tree(),
+    context_data = context_data,
+    context_format = context_format,
+    history = {},
+    iterations = 0,
     next_exec_id = 0,
     next_request_id = 0,
     outbox = {}, -- requests and events not yet handed out by poll()
     inbox = {}, -- replies not yet taken by the engine
     pending = {}, -- id -> request handed out and not yet answered
-    held = {}, -- sub-calls past max_concurrent_sub_calls, not yet handed out
-    in_flight = 0, -- sub-calls handed out and not yet answered
+    routes = {}, -- id -> { child =, id = } for a request passed on from a child
+    children = {}, -- nested sessions running for the current exec
+    queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
   }, Session)
-  if type(o.context) == "string" then
-    self.context_data, self.context_format = o.context, "text"
-  else
-    local ok, encoded = pcall(protocol.encode, o.context)
-    if not ok then
-      error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
-    end
-    self.context_data, self.context_format = encoded, "json"
-  end
+  self.tokens = self.tree.tokens
   self.messages = {
-    { role = "system", content = prompt.system(o) },
+    { role = "system", content = prompt.system(o, description, self.depth) },
     { role = "user", content = prompt.first_user(o.query) },
   }
   return self
+end
+
+function Session.new(opts)
+  local o = options.check(opts)
+  if type(o.context) == "string" then
+    return new_session(o, nil, o.context, "text", prompt.describe(o.context))
+  end
+  local ok, encoded = pcall(protocol.encode, o.context)
+  if not ok then
+    error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
+  end
+  return new_session(o, nil, encoded, "json", prompt.describe(o.context))
+end
+
+-- The nested session for one rlm_query: the same options and callbacks, the
+-- prompt as its question, and the given context (or the prompt) as its own.
+function Session:_new_child(call)
+  local o = {}
+  for k, v in pairs(self.opts) do
+    o[k] = v
+  end
+  o.query, o.context = call.prompt, nil
+  if call.context and call.format == "json" then
+    return new_session(o, self, call.context, "json",
+      ("a JSON document of %d bytes, loaded as a Python value"):format(#call.context))
+  end
+  local text = call.context or call.prompt
+  return new_session(o, self, text, "text", prompt.describe(text))
 end
 
 -- Ends the session with err: the sandbox is torn down, and every later
@@ -69,6 +105,7 @@ end
 function Session:_fail(err)
   err.history = self.history
   self.failed = self.failed or err
+  self:_end_children()
   if self.driver then
     self.driver:close()
     self.driver = nil
@@ -116,12 +153,24 @@ function Session:_wait(accept_replies)
     if not drv then
       return "closed"
     end
+    local nested = self.children[1] ~= nil
+    if nested then
+      local child, ev = self:_pump_children()
+      if child then
+        return "child", child, ev
+      end
+    end
     local blocking = self.blocking and next(self.pending) == nil and #self.outbox == 0
-    local kind, a, b, c = drv:poll(blocking and -1 or 0)
+    local kind, a, b, c = drv:poll((blocking and not nested) and -1 or 0)
     if kind then
       return kind, a, b, c
     end
-    coroutine.yield(IDLE)
+    if blocking then
+      -- Only nested sessions can have something: wait on all of them.
+      self:_waitset():wait(self:timeout())
+    else
+      coroutine.yield(IDLE)
+    end
   end
 end
 
@@ -163,8 +212,7 @@ function Session:_driver_message(allowed, kind, a, b, c)
     end
     return msg
   elseif kind == "timeout" then
-    return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms); the sandbox was killed")
-      :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
+    return self:_timeout_error()
   elseif kind == "memory" then
     return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%.0f bytes; peak seen %.0f bytes); "
       .. "the poll of its processes' memory killed it"):format(self.opts.max_rss_bytes, a),
@@ -242,7 +290,7 @@ function Session:_boot(canaries)
   self.driver = drv
   self:_watch(drv)
   self.context_data = nil
-  drv:set_deadline(math.max(START_TIMEOUT_MS, o.step_timeout_ms))
+  self:_set_deadline(math.max(START_TIMEOUT_MS, o.step_timeout_ms))
   local canary_info = canaries:info()
   canaries:close_leaked() -- it only had to be there to leak into the spawn
 
@@ -307,7 +355,7 @@ function Session:_boot(canaries)
   if msg.error then
     return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
   end
-  drv:set_deadline(0)
+  self:_set_deadline(0)
   return true
 end
 
@@ -337,15 +385,67 @@ end
 function Session:_deadline_check()
   if self.driver and self.driver:deadline_passed() then
     self.driver:kill()
-    return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms)")
-      :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
+    return self:_timeout_error()
   end
   return true
+end
+
+-- Arms the driver's deadline ms from now (0: none), or sooner when
+-- max_wall_ms ends first.
+function Session:_set_deadline(ms)
+  local left = self:_wall_left()
+  self.wall_cut = ms > 0 and left ~= nil and left < ms
+  if self.wall_cut then
+    ms = math.max(left, 1)
+  end
+  self.deadline_at = ms > 0 and core.now_ms() + ms or nil
+  self.driver:set_deadline(ms)
+end
+
+-- While a step waits on nested sessions its clock stops: they have their
+-- own steps and deadlines, and max_wall_ms bounds the whole.
+function Session:_pause_deadline()
+  if self.deadline_at and not self.paused_left then
+    self.paused_left = math.max(self.deadline_at - core.now_ms(), 1)
+    self:_set_deadline(0)
+  end
+end
+
+function Session:_resume_deadline()
+  if self.paused_left and not self.children[1] and self.driver then
+    local left = self.paused_left
+    self.paused_left = nil
+    self:_set_deadline(left)
+  end
+end
+
+-- Milliseconds left of max_wall_ms in this run, or nil.
+function Session:_wall_left()
+  local w, t0 = self.opts.max_wall_ms, self.tree.t0
+  return w and t0 and w - (core.now_ms() - t0) or nil
+end
+
+function Session:_wall_error()
+  local w = self.opts.max_wall_ms
+  return self:_error("cost_budget", ("the run took max_wall_ms (%.0f ms); it was stopped"):format(w),
+    { wall_ms = core.now_ms() - self.tree.t0, max_wall_ms = w })
+end
+
+function Session:_timeout_error()
+  if self.wall_cut then
+    return self:_wall_error()
+  end
+  return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms); the sandbox was killed")
+    :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
 end
 
 -- Checked before each root turn and each sub-call.
 function Session:_check_budget()
   local o = self.opts
+  local left = self:_wall_left()
+  if left and left <= 0 then
+    return self:_wall_error()
+  end
   if o.max_total_tokens and self.tokens.total >= o.max_total_tokens then
     return self:_error("cost_budget", ("used %d tokens of max_total_tokens %d")
       :format(self.tokens.total, o.max_total_tokens),
@@ -386,12 +486,18 @@ function Session:_add_usage(who, usage)
 end
 
 -- Hands a request to the outside world (through poll) and returns it.
+-- Sub-calls count against max_concurrent_sub_calls over the whole tree of
+-- sessions (a blocking run() makes them one at a time anyway).
 function Session:_request(req)
   self.next_request_id = self.next_request_id + 1
   req.id = self.next_request_id
-  if req.type == "llm_query" and not self.blocking and self.in_flight >= self.opts.max_concurrent_sub_calls then
-    self.held[#self.held + 1] = req -- handed out when one in flight answers
-    return req
+  if req.type == "llm_query" then
+    local tree = self.tree
+    if not tree.blocking and tree.in_flight >= self.opts.max_concurrent_sub_calls then
+      tree.held[#tree.held + 1] = { session = self, req = req } -- until one in flight answers
+      return req
+    end
+    tree.in_flight, req.counted = tree.in_flight + 1, true
   end
   self:_hand_out(req)
   return req
@@ -401,9 +507,39 @@ function Session:_hand_out(req)
   req.t0 = core.now_ms()
   self.pending[req.id] = req
   self.outbox[#self.outbox + 1] = req
-  if req.type == "llm_query" then
-    self.in_flight = self.in_flight + 1
+end
+
+-- A counted sub-call is over: the next held one, of any session of the
+-- tree, goes out.
+function Session:_release()
+  local tree = self.tree
+  tree.in_flight = tree.in_flight - 1
+  local h = table.remove(tree.held, 1)
+  if h then
+    tree.in_flight, h.req.counted = tree.in_flight + 1, true
+    h.session:_hand_out(h.req)
   end
+end
+
+-- Forgets the requests this session has out or held (its run ended, or an
+-- exec ended with calls still out), so that they stop counting.
+function Session:_drop_requests(exec_only)
+  local held = self.tree.held
+  for i = #held, 1, -1 do
+    if held[i].session == self then
+      table.remove(held, i)
+    end
+  end
+  if exec_only then
+    return
+  end
+  for _, req in pairs(self.pending) do
+    if req.counted then
+      req.counted = nil
+      self:_release()
+    end
+  end
+  self.outbox, self.pending, self.routes = {}, {}, {}
 end
 
 -- Checks what a model callback gave back: text, and optionally a usage
@@ -426,73 +562,108 @@ function Session:_model_result(who, reply)
   return reply.text, reply.usage
 end
 
--- The code's llm_query_batched(prompts): every prompt that fits the budgets
--- is handed out at once (up to max_concurrent_sub_calls in flight); the
--- others get their error in their slot. Answers go back as they come.
-function Session:_sub_batch(msg)
-  local o = self.opts
-  local ok, err = self:_check_budget()
-  if not ok then
-    return nil, err
+-- The calls one message of the code asks for: { {prompt=, context=,
+-- format=}, ... }, whether it is a batch, and whether they are nested
+-- sessions. Past max_depth a nested session is one sub-model call that reads
+-- the prompt and the context.
+function Session:_calls_of(msg)
+  local calls, batch = { msg }, msg.type == "llm_batch" or msg.type == "rlm_batch"
+  if msg.type == "llm_batch" then
+    for i, p in ipairs(msg.prompts) do
+      calls[i] = { prompt = p }
+    end
+  elseif msg.type == "rlm_batch" then
+    calls = msg.queries
   end
-  local n = #msg.prompts
-  for i, p in ipairs(msg.prompts) do
-    local problem
-    if o.max_sub_prompt_chars and utf8_len(p) > o.max_sub_prompt_chars then
-      problem = ("prompt %d is %d characters; the limit is %d (max_sub_prompt_chars): split it")
-        :format(i, utf8_len(p), o.max_sub_prompt_chars)
-    elseif self.sub_calls >= o.max_sub_calls then
+  local nested = msg.type == "rlm_query" or msg.type == "rlm_batch"
+  if nested and self.depth + 1 >= self.opts.max_depth then
+    for i, c in ipairs(calls) do
+      calls[i] = { prompt = c.context and (c.prompt .. "\n\n" .. c.context) or c.prompt }
+    end
+    nested = false
+  end
+  return calls, batch, nested
+end
+
+-- Why a prompt may not go out, or nil. `slot` is its place in a batch.
+function Session:_prompt_problem(p, slot)
+  local limit = self.opts.max_sub_prompt_chars
+  local chars = limit and utf8_len(p)
+  if not limit or chars <= limit then
+    return nil
+  end
+  if slot then
+    return ("prompt %d is %d characters; the limit is %d (max_sub_prompt_chars): split it")
+      :format(slot, chars, limit)
+  end
+  return ("llm_query prompt is %d characters; the limit is %d (max_sub_prompt_chars): split it "
+    .. "into smaller pieces"):format(chars, limit)
+end
+
+-- The code's llm_query, llm_query_batched, rlm_query or rlm_query_batched.
+-- Every call that fits the budgets goes out at once (up to
+-- max_concurrent_sub_calls in flight over the tree); the answers go back as
+-- they come. In a batch, a call that does not fit gets its error in its
+-- slot; a lone call past max_sub_calls ends the session.
+function Session:_sub_query(msg)
+  local o, tree = self.opts, self.tree
+  local calls, batch, nested = self:_calls_of(msg)
+  local ok, err
+  if batch then
+    ok, err = self:_check_budget()
+    if not ok then
+      return nil, err
+    end
+    tree.batches = tree.batches + 1
+  end
+  for i, c in ipairs(calls) do
+    local slot = batch and i or nil
+    local problem = self:_prompt_problem(c.prompt, slot)
+    if not problem and tree.sub_calls >= o.max_sub_calls then
+      if not batch then
+        return self:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
+          :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
+      end
       problem = ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls)
     end
+    if not problem and not batch then
+      ok, err = self:_check_budget()
+      if not ok then
+        return nil, err
+      end
+    end
     if problem then
-      ok, err = self:_send({ type = "llm_result", id = msg.id, index = i - 1, error = problem })
+      ok, err = self:_send({ type = "llm_result", id = msg.id, index = slot and slot - 1, error = problem })
       if not ok then
         return nil, err
       end
     else
-      self.sub_calls = self.sub_calls + 1
-      self:_request({ type = "llm_query", prompt = p, depth = self.depth, driver_id = msg.id,
-        exec_id = self.next_exec_id, index = self.sub_calls, batch_index = i, batch_size = n })
+      tree.sub_calls = tree.sub_calls + 1
+      local call = { prompt = c.prompt, depth = self.depth, driver_id = msg.id, exec_id = self.next_exec_id,
+        index = tree.sub_calls, batch_index = slot, batch_size = batch and #calls or nil,
+        batch_id = batch and tree.batches or nil }
+      if nested then
+        call.context, call.format = c.context, c.format
+        self:_queue_child(call)
+      else
+        call.type = "llm_query"
+        self:_request(call)
+      end
     end
   end
   return true
 end
 
-function Session:_sub_query(msg)
-  if msg.type == "llm_batch" then
-    return self:_sub_batch(msg)
-  end
-  local o = self.opts
-  if o.max_sub_prompt_chars then
-    local chars = utf8_len(msg.prompt)
-    if chars > o.max_sub_prompt_chars then
-      return self:_send({ type = "llm_result", id = msg.id, error = ("llm_query prompt is %d "
-        .. "characters; the limit is %d (max_sub_prompt_chars): split it into smaller pieces")
-        :format(chars, o.max_sub_prompt_chars) })
-    end
-  end
-  if self.sub_calls >= o.max_sub_calls then
-    return self:_error("sub_call_budget", ("the code asked for llm_query call %d; max_sub_calls is %d")
-      :format(self.sub_calls + 1, o.max_sub_calls), { sub_calls = self.sub_calls, max_sub_calls = o.max_sub_calls })
-  end
-  local ok, err = self:_check_budget()
-  if not ok then
-    return nil, err
-  end
-  self.sub_calls = self.sub_calls + 1
-  self:_request({ type = "llm_query", prompt = msg.prompt, depth = self.depth,
-    driver_id = msg.id, exec_id = self.next_exec_id, index = self.sub_calls })
-  return true
+-- What the code receives for a call: text, or the error for its slot (a
+-- batch) or to raise (a lone call).
+function Session:_send_result(call, text, problem)
+  return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
+    index = call.batch_index and call.batch_index - 1 or nil })
 end
 
 -- The answer to one of the code's llm_query calls: back to the driver.
 function Session:_sub_answer(reply)
   local req = reply.request
-  self.in_flight = self.in_flight - 1
-  local next_req = table.remove(self.held, 1)
-  if next_req then
-    self:_hand_out(next_req)
-  end
   if req.exec_id ~= self.next_exec_id then
     return true -- the exec it belonged to is over
   end
@@ -509,15 +680,106 @@ function Session:_sub_answer(reply)
   end
   local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = req.prompt,
     response = text, error = slot_error, latency_ms = core.now_ms() - req.t0, index = req.index,
-    batch_index = req.batch_index, batch_size = req.batch_size, usage = usage })
+    batch_index = req.batch_index, batch_size = req.batch_size, batch_id = req.batch_id, usage = usage })
   if not ok then
     return nil, err
   end
-  return self:_send({ type = "llm_result", id = req.driver_id, text = text, error = slot_error,
-    index = req.batch_index and req.batch_index - 1 or nil })
+  return self:_send_result(req, text, slot_error)
 end
 
-local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, fatal = true }
+-- Nested sessions. A child runs as an engine inside this one's: this
+-- session pumps it while its exec waits, passes its requests (root_llm,
+-- llm_query) out through its own poll() with the child's depth, and routes
+-- the replies back. Its descriptors join the root's waitset.
+
+function Session:_queue_child(call)
+  if #self.children >= self.opts.max_concurrent_sub_calls then
+    self.queued[#self.queued + 1] = call
+    return
+  end
+  local child = self:_new_child(call)
+  child.call = call
+  call.t0 = core.now_ms()
+  self:_root():_waitset() -- a blocking run() waits on it from now on
+  self.children[#self.children + 1] = child
+  self:_pause_deadline()
+end
+
+function Session:_root()
+  local s = self
+  while s.parent do
+    s = s.parent
+  end
+  return s
+end
+
+-- Runs each child until it waits; returns the first that ended, and how.
+function Session:_pump_children()
+  for i, child in ipairs(self.children) do
+    while true do
+      local ev = child:poll()
+      if not ev then
+        break
+      elseif ev.type == "done" or ev.type == "error" then
+        table.remove(self.children, i)
+        return child, ev
+      elseif ev.type == "root_llm" or ev.type == "llm_query" then
+        self:_forward(child, ev)
+      end -- a child's "step" is its own business
+    end
+  end
+end
+
+-- Hands a child's request out as this session's own, with a new id.
+function Session:_forward(child, ev)
+  local req = {}
+  for k, v in pairs(ev) do
+    req[k] = v
+  end
+  self.next_request_id = self.next_request_id + 1
+  req.id, req.counted = self.next_request_id, nil
+  self.routes[req.id] = { child = child, id = ev.id }
+  self:_hand_out(req)
+end
+
+-- A child ended: its sandbox goes, and its answer (or why it failed) goes
+-- to the code that asked.
+function Session:_child_done(child, ev)
+  child:close()
+  local call = child.call
+  local next_call = table.remove(self.queued, 1)
+  if next_call then
+    self:_queue_child(next_call)
+  end
+  self:_resume_deadline()
+  local text, problem
+  if ev.type == "done" then
+    text = ev.result.answer
+  else
+    problem = ("rlm_query failed (%s): %s"):format(ev.err.kind, tostring(ev.err.message):match("^[^\n]*"))
+  end
+  local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = call.prompt,
+    response = text, error = problem, latency_ms = core.now_ms() - call.t0, index = call.index,
+    batch_index = call.batch_index, batch_size = call.batch_size, batch_id = call.batch_id,
+    nested = true, iterations = child.iterations, error_kind = ev.err and ev.err.kind })
+  if not ok then
+    return nil, err
+  end
+  return self:_send_result(call, text, problem)
+end
+
+-- Closes the children and forgets the queued ones (an exec or the session
+-- ended).
+function Session:_end_children()
+  for _, child in ipairs(self.children) do
+    child:close()
+  end
+  self.children, self.queued = {}, {}
+  self.paused_left = nil
+end
+
+local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, rlm_query = true,
+  rlm_batch = true, fatal = true }
 
 -- Runs one block of code; answers the driver's calls back meanwhile.
 function Session:_exec(code)
@@ -531,32 +793,37 @@ function Session:_exec(code)
     local kind, a, b, c = self:_wait(true)
     if kind == "reply" then
       ok, err = self:_sub_answer(a)
-      if not ok then
-        return nil, err
-      end
+    elseif kind == "child" then
+      ok, err = self:_child_done(a, b)
     else
       local msg
       msg, err = self:_driver_message(EXEC_REPLIES, kind, a, b, c)
-      if not msg then
-        return nil, err
+      if msg and msg.type == "exec_result" then
+        return self:_exec_done(msg, id)
       end
-      if msg.type == "exec_result" then
-        if msg.id ~= id then
-          return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran")
-            :format(msg.id, id))
-        end
-        self.held = {} -- a hostile driver may end an exec with calls still out
-        local limit = self.opts.stdout_truncate_chars
-        msg.stdout = cut(msg.stdout, limit, false)
-        msg.error = msg.error and cut(msg.error, limit, true) or nil
-        return msg
-      end
-      ok, err = self:_sub_query(msg)
-      if not ok then
-        return nil, err
+      ok = msg ~= nil
+      if ok then
+        ok, err = self:_sub_query(msg)
       end
     end
+    if not ok then
+      return nil, err
+    end
   end
+end
+
+function Session:_exec_done(msg, id)
+  if msg.id ~= id then
+    return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran"):format(msg.id, id))
+  end
+  -- A hostile driver may end an exec with calls still out.
+  self:_drop_requests(true)
+  self:_end_children()
+  self:_resume_deadline()
+  local limit = self.opts.stdout_truncate_chars
+  msg.stdout = cut(msg.stdout, limit, false)
+  msg.error = msg.error and cut(msg.error, limit, true) or nil
+  return msg
 end
 
 local function final_of(f)
@@ -653,7 +920,7 @@ end
 -- output for the model. Returns the history entry, or nil, err.
 function Session:_turn()
   self.iterations = self.iterations + 1
-  self.driver:set_deadline(self.opts.step_timeout_ms)
+  self:_set_deadline(self.opts.step_timeout_ms)
   local ok, err = self:_emit({ type = "step_start", step = self.iterations })
   if not ok then
     return nil, err
@@ -673,7 +940,7 @@ function Session:_turn()
       return nil, feedback
     end
   end
-  self.driver:set_deadline(0)
+  self:_set_deadline(0)
   ok, err = self:_record(entry, feedback)
   if not ok then
     return nil, err
@@ -688,7 +955,7 @@ function Session:_result(final)
     kind = final.kind,
     var = final.var,
     iterations = self.iterations,
-    sub_calls = self.sub_calls,
+    sub_calls = self.tree.sub_calls,
     tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },
     history = self.history,
   }
@@ -697,7 +964,7 @@ end
 -- When the turns run out: one more root call that may only answer.
 function Session:_last_chance()
   self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
-  self.driver:set_deadline(self.opts.step_timeout_ms)
+  self:_set_deadline(self.opts.step_timeout_ms)
   local response, err = self:_call_root(self.messages)
   if not response then
     return nil, err
@@ -709,7 +976,7 @@ function Session:_last_chance()
     if not entry then
       return nil, err
     end
-    self.driver:set_deadline(0)
+    self:_set_deadline(0)
     if entry.final then
       local ok
       ok, err = self:_record(entry, nil)
@@ -736,7 +1003,7 @@ function Session:_main()
   local r, e = ev.result, ev.err
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
-    sub_calls = self.sub_calls, tokens = { input = self.tokens.input, output = self.tokens.output,
+    sub_calls = self.tree.sub_calls, tokens = { input = self.tokens.input, output = self.tokens.output,
       total = self.tokens.total } })
   if not ok and not e then
     return { type = "error", err = err }
@@ -745,6 +1012,9 @@ function Session:_main()
 end
 
 function Session:_run_turns()
+  if not self.parent then
+    self.tree.t0 = core.now_ms() -- max_wall_ms counts from here, over the tree
+  end
   if not self.started then
     local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
     if ok then
@@ -826,15 +1096,34 @@ function Session:poll()
       "the session is closed", { history = self.history }) }
   end
   if self.terminal then
-    self.outbox, self.pending = {}, {}
+    self:_drop_requests()
     return self.terminal
   end
-  local ev = take(self.outbox)
+  local ev = self:_next_out()
   if ev then
     return ev
   end
   self:_pump()
-  return take(self.outbox) or self.terminal
+  return self:_next_out() or self.terminal
+end
+
+-- Whether request id is still wanted: not answered, and (passed on from a
+-- child) the child has not ended.
+function Session:_wants(id)
+  local route = self.routes[id]
+  return self.pending[id] ~= nil and (not route or route.child:_wants(route.id))
+end
+
+-- The next event for the outside, leaving out the requests of children
+-- that ended before they were handed out.
+function Session:_next_out()
+  while true do
+    local ev = take(self.outbox)
+    if not ev or not ev.id or self:_wants(ev.id) then
+      return ev
+    end
+    self.pending[ev.id], self.routes[ev.id] = nil, nil
+  end
 end
 
 -- The answer to a request poll() handed out: reply(id, text[, usage]), or
@@ -845,6 +1134,19 @@ function Session:reply(id, text, usage)
     error(("rlm: reply to unknown request %s"):format(tostring(id)), 2)
   end
   self.pending[id] = nil
+  local route = self.routes[id]
+  if route then
+    -- A child's request: the answer is the child's, unless it has ended.
+    self.routes[id] = nil
+    if route.child.pending[route.id] then
+      route.child:reply(route.id, text, usage)
+    end
+    return
+  end
+  if req.counted then
+    req.counted = nil
+    self:_release()
+  end
   local r = { request = req, text = text, usage = usage }
   if text == nil and type(usage) == "string" then
     r.failed, r.message, r.usage = true, usage, nil
@@ -858,15 +1160,28 @@ function Session:fd()
   if self.closed then
     return self.waitset and self.waitset:fd() or nil
   end
-  if not self.waitset then
-    self.waitset = assert(core.waitset())
-  end
-  return self.waitset:fd()
+  return self:_waitset():fd()
 end
 
--- Puts a process's descriptor into the set behind fd(). Closing it takes it
--- out again.
+-- The set behind fd(), made on first use with the processes running then.
+function Session:_waitset()
+  if not self.waitset then
+    self.waitset = assert(core.waitset())
+    for _, d in ipairs({ self.driver or false, self.helper or false }) do
+      if d then
+        assert(self.waitset:add(d:fd()))
+      end
+    end
+  end
+  return self.waitset
+end
+
+-- Puts a process's descriptor into the set behind fd() (the root's, for a
+-- nested session). Closing it takes it out again.
 function Session:_watch(d)
+  if self.parent then
+    return self.parent:_watch(d)
+  end
   if self.waitset then
     assert(self.waitset:add(d:fd()))
   end
@@ -892,7 +1207,14 @@ function Session:timeout()
     return 0
   end
   local d = self.driver or self.helper
-  return d and d:timeout() or PROBE_WAIT_MS
+  local ms = d and d:timeout() or PROBE_WAIT_MS
+  for _, child in ipairs(self.children) do
+    local c = child:timeout()
+    if ms < 0 or (c >= 0 and c < ms) then
+      ms = c
+    end
+  end
+  return ms
 end
 
 -- Calls the user callback a request names, on the protected path (a yield
@@ -914,7 +1236,7 @@ end
 -- sub-call's error; a raise fails every slot.
 function Session:_answer_batch(req)
   local batch, prompts = { req }, { req.prompt }
-  while self.outbox[1] and self.outbox[1].driver_id == req.driver_id and self.outbox[1].batch_size do
+  while self.outbox[1] and self.outbox[1].batch_id == req.batch_id do
     local r = take(self.outbox)
     batch[#batch + 1], prompts[#prompts + 1] = r, r.prompt
   end
@@ -935,7 +1257,7 @@ end
 -- event of type `stop` (or the end).
 function Session:_drive(goal, stop)
   self.goal = goal
-  self.blocking = true
+  self.blocking, self.tree.blocking = true, true
   while true do
     local ev = self:poll()
     if ev == nil then
@@ -943,12 +1265,12 @@ function Session:_drive(goal, stop)
       ev = { type = "error", err = errors.new("protocol_error", "the session has requests outstanding "
         .. "that no one answers (run() mixed with an adapter?)") }
     end
-    if ev.type == "llm_query" and ev.batch_size and self.opts.llm_query_batch then
+    if ev.type == "llm_query" and ev.batch_id and self.opts.llm_query_batch then
       self:_answer_batch(ev)
     elseif ev.type == "root_llm" or ev.type == "llm_query" then
       self:_answer(ev)
     elseif ev.type == stop or ev.type == "done" or ev.type == "error" then
-      self.blocking = false
+      self.blocking, self.tree.blocking = false, false
       return ev
     end
   end
@@ -1026,6 +1348,8 @@ end
 -- Kills the sandbox and removes its workdir. Safe to call more than once.
 function Session:close()
   self.closed = true
+  self:_end_children()
+  self:_drop_requests()
   if self.helper then
     sandbox.forget_probe(self)
     self.helper:close()

@@ -21,7 +21,7 @@ In the REPL:
   side; returns the list of answers in order. Prefer it to calling llm_query
   in a loop: chunk the context into a few dozen prompts, each well under the
   sub-model's window. A failed call's slot holds a `SubCallError` (a str
-  starting "Error:"); check with isinstance and retry or skip it.
+  starting "Error:"); check with isinstance and retry or skip it.%s
 - Variables persist between runs; a run that raises an exception is rolled
   back (the names it set are undone) and you see the traceback.
 - Imports are limited to the standard library's data modules (re, json, math,
@@ -39,7 +39,19 @@ All blocks of a response run in order. When you know the answer, end with one of
 Call it inside a code block, after checking your answer with code. Do not
 guess: if you have not found it yet, keep working.]]
 
-local function describe(context)
+local NESTED = [[
+
+- `rlm_query(prompt, context=None)`: hands a sub-task to a nested session like
+  this one: a model that gets `prompt` as its question and `context` (a str,
+  dict or list; the prompt itself when None) in a REPL of its own, works on it
+  with code as you do, and returns its final answer as a str. It raises when
+  the nested session fails. Far slower and costlier than llm_query: use it
+  only for sub-tasks too large or too involved for one sub-model call.
+  `rlm_query_batched(prompts, contexts=None)` runs several side by side and
+  returns the answers in order (failures as `SubCallError` slots).]]
+
+-- describe(context) -> what the system prompt says `context` is.
+function M.describe(context)
   if type(context) == "string" then
     return ("a str of %d characters"):format(#context)
   end
@@ -52,14 +64,17 @@ local function describe(context)
     is_list and "list" or "dict", n, is_list and "items" or "keys")
 end
 
-function M.system(opts)
+-- The system prompt of a session at `depth` (0 for the root); `context` is
+-- how describe() put it.
+function M.system(opts, context, depth)
   local extra = ""
   if #opts.allowed_modules > 0 then
     extra = ", and also " .. table.concat(opts.allowed_modules, ", ")
   end
   local window = opts.max_sub_prompt_chars and tostring(opts.max_sub_prompt_chars)
     or "100000"
-  return SYSTEM:format(describe(opts.context), opts.stdout_truncate_chars, window, extra)
+  local nested = (depth or 0) + 1 < opts.max_depth and NESTED or ""
+  return SYSTEM:format(context, opts.stdout_truncate_chars, window, nested, extra)
 end
 
 function M.first_user(query)

@@ -40,6 +40,23 @@ local function string_list(v)
   return true
 end
 
+-- One nested session's question: a prompt and an optional context, text or
+-- a JSON document.
+local function sub_session(m)
+  if type(m) ~= "table" or type(m.prompt) ~= "string" then
+    return false
+  end
+  if m.context == nil or m.context == cjson.null then
+    m.context, m.format = nil, nil
+    return true
+  end
+  return type(m.context) == "string" and (m.format == "text" or m.format == "json")
+end
+
+local function is_list(v)
+  return type(v) == "table" and #v >= 1 and next(v, #v) == nil
+end
+
 local validators = {
   hello = function(m)
     return is_int(m.protocol) and type(m.python) == "string"
@@ -83,7 +100,21 @@ local validators = {
     return is_int(m.id) and type(m.prompt) == "string"
   end,
   llm_batch = function(m)
-    return is_int(m.id) and string_list(m.prompts) and #m.prompts >= 1 and next(m.prompts, #m.prompts) == nil
+    return is_int(m.id) and string_list(m.prompts) and is_list(m.prompts)
+  end,
+  rlm_query = function(m)
+    return is_int(m.id) and sub_session(m)
+  end,
+  rlm_batch = function(m)
+    if not is_int(m.id) or not is_list(m.queries) then
+      return false
+    end
+    for _, q in ipairs(m.queries) do
+      if not sub_session(q) then
+        return false
+      end
+    end
+    return true
   end,
   fatal = function(m)
     return opt_string(m.message)
