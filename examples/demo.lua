@@ -1,11 +1,20 @@
 -- make demo: an RLM session over 20 MB of synthetic service logs with three
--- facts hidden in them. The root model and the sub-model are scripted
--- stand-ins (no LLM is reachable here); the REPL, the sandbox and the
--- sub-calls are real. Plug in a real model by replacing the two callbacks
--- (see README.md).
+-- facts hidden in them. By default the root model and the sub-model are
+-- scripted stand-ins; the REPL, the sandbox and the sub-calls are real.
+-- With RLM_MODEL set (and RLM_BASE_URL for an endpoint other than OpenAI's)
+-- a real model does the same task through rlm.llm.openai:
+--   RLM_BASE_URL   an OpenAI-compatible endpoint, up to /v1
+--   RLM_MODEL      the root model; RLM_SUB_MODEL the sub-model (default: the same)
+--   RLM_API_KEY_ENV  the variable that holds the key (default OPENAI_API_KEY)
+--   RLM_DEMO_MAX_USD the spending cap where the models' prices are known (default 1)
+--   RLM_DEMO_MB    the size of the logs (default 20)
 local rlm = require("rlm")
 
 local MB = tonumber(os.getenv("RLM_DEMO_MB") or "20")
+local function env(name)
+  local v = os.getenv(name)
+  return v ~= "" and v or nil
+end
 
 -- The haystack ---------------------------------------------------------------
 
@@ -114,14 +123,51 @@ local function llm_query(prompt)
     approver or "NONE")
 end
 
+-- A real model ----------------------------------------------------------------
+
+-- The callbacks and budget options of rlm.llm.openai for RLM_MODEL, or nil.
+local function real_model()
+  local model = env("RLM_MODEL")
+  if not model then
+    if env("RLM_BASE_URL") then
+      io.stderr:write("make demo: RLM_BASE_URL is set but RLM_MODEL is not: set both for a real model\n")
+      os.exit(2)
+    end
+    return nil
+  end
+  local client = require("rlm.llm.openai").new({
+    base_url = env("RLM_BASE_URL") or "https://api.openai.com/v1",
+    model = model,
+    sub_model = env("RLM_SUB_MODEL"),
+    api_key_env = env("RLM_API_KEY_ENV") or "OPENAI_API_KEY",
+  })
+  local o = { root_llm = client.root_llm, llm_query = client.llm_query, client = client }
+  local sub = env("RLM_SUB_MODEL") or model
+  if client.has_price(model) and client.has_price(sub) then
+    o.cost_usd, o.max_total_cost_usd = client.cost_usd, tonumber(env("RLM_DEMO_MAX_USD") or "1")
+  else
+    o.max_total_tokens = 2000000 -- no prices for these models: cap the tokens instead
+  end
+  return o
+end
+
 -- The run ---------------------------------------------------------------------
 
 local function clock()
   return require("rlm.core").now_ms()
 end
 
-print("rlm demo: both the root model and the sub-model are SCRIPTED STAND-INS, not LLMs.")
-print("The REPL, the sandbox, the sub-calls and the data are real.\n")
+local real = real_model()
+if real then
+  print(("rlm demo with a real model: %s at %s (sub-model %s)."):format(env("RLM_MODEL"),
+    env("RLM_BASE_URL") or "https://api.openai.com/v1", env("RLM_SUB_MODEL") or env("RLM_MODEL")))
+  print(real.cost_usd and ("Spending stops at %.2f USD (RLM_DEMO_MAX_USD).\n"):format(real.max_total_cost_usd)
+    or "No prices known for these models: the run stops at 2,000,000 tokens.\n")
+else
+  print("rlm demo: both the root model and the sub-model are SCRIPTED STAND-INS, not LLMs.")
+  print("The REPL, the sandbox, the sub-calls and the data are real.")
+  print("Set RLM_MODEL (and RLM_BASE_URL) to run the same task with a real model.\n")
+end
 local t0 = clock()
 local logs = generate(MB * 2 ^ 20)
 print(("Generated %.1f MB of service logs (%.0f ms). Three facts are hidden in them.")
@@ -131,19 +177,24 @@ local question = "During incident INC-4471, which service failed, what was the r
   "error code, and who approved the rollback?"
 print("Question: " .. question .. "\n")
 
-local sub_calls = 0
-local session = rlm.Session.new({
+local opts = {
   context = logs,
   query = question,
-  root_llm = root_llm,
-  llm_query = function(p)
-    sub_calls = sub_calls + 1
-    return llm_query(p)
-  end,
-  max_iterations = 8,
+  root_llm = real and real.root_llm or root_llm,
+  llm_query = real and real.llm_query or llm_query,
+  cost_usd = real and real.cost_usd,
+  max_total_cost_usd = real and real.max_total_cost_usd,
+  max_total_tokens = real and real.max_total_tokens,
+  max_iterations = real and 20 or 8,
+  step_timeout_ms = real and 300000 or 60000,
   on_event = function(ev)
     if ev.type == "step_start" then
       io.write(("--- step %d ---\n"):format(ev.step))
+    elseif ev.type == "root_response" and real then
+      local prose = ev.response:gsub("```.*", ""):gsub("%s+$", "")
+      if prose ~= "" then
+        io.write("model: ", (prose:gsub("\n", "\n       ")), "\n")
+      end
     elseif ev.type == "exec_result" then
       io.write("code:\n", (ev.code:gsub("[^\n]+", "  | %0")), "\n")
       io.write("output:\n", ev.stdout == "" and "  (nothing printed)\n" or (ev.stdout:gsub("[^\n]+", "  > %0")))
@@ -152,8 +203,9 @@ local session = rlm.Session.new({
       end
     end
   end,
-})
-logs = nil -- luacheck: ignore (the session holds it until the sandbox has it)
+}
+local session = rlm.Session.new(opts)
+logs, opts.context = nil, nil -- luacheck: ignore (the session holds it until the sandbox has it)
 
 t0 = clock()
 local result, err = session:run()
@@ -164,10 +216,25 @@ if not result then
 end
 print(("\nAnswer after %d steps and %d sub-calls, in %.1f s:"):format(result.iterations,
   result.sub_calls, (clock() - t0) / 1000))
-for _, k in ipairs({ "service", "code", "approver" }) do
-  print(("  %-9s %s"):format(k, tostring(result.value[k])))
+local right
+if type(result.value) == "table" and not real then
+  for _, k in ipairs({ "service", "code", "approver" }) do
+    print(("  %-9s %s"):format(k, tostring(result.value[k])))
+  end
+  right = result.value.service == facts.service and result.value.code == facts.code
+    and result.value.approver == facts.approver
+else
+  -- A real model answers in its own words: look for the three facts in them.
+  print("  " .. result.answer:gsub("\n", "\n  "))
+  right = true
+  for _, fact in pairs(facts) do
+    right = right and result.answer:lower():find(fact:lower(), 1, true) ~= nil
+  end
 end
-local right = result.value.service == facts.service and result.value.code == facts.code
-  and result.value.approver == facts.approver
+if real then
+  local u = real.client.usage()
+  print(("Tokens: %d in, %d out over %d calls%s."):format(u.input_tokens, u.output_tokens, u.calls,
+    real.cost_usd and (", %.4f USD"):format(real.cost_usd()) or ""))
+end
 print(right and "\nThat is the right answer." or "\nThat is NOT the right answer.")
 os.exit(right and 0 or 1)

@@ -1,0 +1,91 @@
+-- make demo's script, both ways: with the scripted stand-ins, and with a
+-- "real" model (the fake OpenAI-compatible server) through rlm.llm.openai.
+local H = require("helpers")
+local F = require("helpers.fake_openai")
+
+local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
+local DEMO = root .. "/examples/demo.lua"
+local LUA = os.getenv("RLM_SPEC_LUA") or "lua5.4"
+
+local function q(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+-- Runs the demo with the environment `env` (NAME=value strings) on 1 MB of
+-- logs: exit code and output.
+local function demo(env)
+  local words = { "env", "-u", "RLM_BASE_URL", "-u", "RLM_MODEL", "-u", "RLM_SUB_MODEL", "-u",
+    "RLM_API_KEY_ENV", "TMPDIR=" .. H.tmpdir, "RLM_DEMO_MB=1" }
+  for _, e in ipairs(env or {}) do
+    words[#words + 1] = q(e)
+  end
+  local p = assert(io.popen(("%s %s %s 2>&1 </dev/null; echo \"exit $?\""):format(
+    table.concat(words, " "), LUA, DEMO)))
+  local out = p:read("*a")
+  p:close()
+  return tonumber(out:match("exit (%d+)%s*$")), out
+end
+
+describe("make demo", function()
+  local srv
+
+  setup(function()
+    srv = F.start()
+  end)
+
+  teardown(function()
+    srv:stop()
+  end)
+
+  after_each(function()
+    assert.are.same({}, H.workdirs()) -- the fake server is a child of ours: only workdirs are checked
+  end)
+
+  it("finds the three facts with the scripted stand-ins", function()
+    local code, out = demo()
+    assert.are.equal(0, code, out)
+    assert.matches("SCRIPTED STAND%-INS", out)
+    assert.matches("approver%s+m%.okafor", out)
+    assert.matches("That is the right answer", out)
+  end)
+
+  it("runs the same task with a real model when RLM_MODEL and RLM_BASE_URL are set", function()
+    srv:script({
+      { content = "I will pull the lines that matter and have the sub-model read them.\n" .. F.fence([[
+keep = [l for l in context.split('\n') if 'INC-4471' in l or 'root cause' in l or 'rollback' in l]
+print(len(keep), 'lines')
+summary = llm_query('Who failed, with what code, and who approved the rollback?\n' + '\n'.join(keep))
+print(summary)]]), usage = { 100, 40 } },
+      { content = "payments-gateway failed with PGW-503-POOL; m.okafor approved the rollback.",
+        usage = { 60, 20 } },
+      { content = F.fence("FINAL(summary)"), usage = { 200, 10 } },
+    })
+    local code, out = demo({ "RLM_BASE_URL=" .. srv.url, "RLM_MODEL=fake-root", "RLM_SUB_MODEL=fake-sub",
+      "RLM_API_KEY_ENV=RLM_SPEC_SECRET" })
+    assert.are.equal(0, code, out)
+    assert.matches("real model: fake%-root at http://127%.0%.0%.1:%d+/v1 %(sub%-model fake%-sub%)", out)
+    assert.matches("model: I will pull the lines", out, 1, true)
+    assert.matches("3 lines", out, 1, true)
+    assert.matches("Tokens: 360 in, 70 out over 3 calls", out, 1, true)
+    assert.matches("That is the right answer", out)
+    local reqs = srv:requests()
+    assert.are.equal(3, #reqs)
+    assert.are.same({ "fake-root", "fake-sub", "fake-root" },
+      { reqs[1].json.model, reqs[2].json.model, reqs[3].json.model })
+    assert.are.equal("Bearer " .. os.getenv("RLM_SPEC_SECRET"), reqs[1].headers.authorization)
+    assert.matches("m.okafor", reqs[2].json.messages[1].content, 1, true)
+  end)
+
+  it("says a real model's wrong answer is wrong", function()
+    srv:script({ { content = F.fence("FINAL('the cdn-edge, probably')"), usage = { 1, 1 } } })
+    local code, out = demo({ "RLM_BASE_URL=" .. srv.url, "RLM_MODEL=fake-root" })
+    assert.are.equal(1, code, out)
+    assert.matches("That is NOT the right answer", out)
+  end)
+
+  it("refuses RLM_BASE_URL without RLM_MODEL", function()
+    local code, out = demo({ "RLM_BASE_URL=" .. srv.url })
+    assert.are.equal(2, code, out)
+    assert.matches("RLM_MODEL is not", out)
+  end)
+end)
