@@ -104,11 +104,11 @@ describe("rlm_query", function()
     end)
     assert.are.equal(1, child_start)
     local inner = count(events, function(ev)
-      return ev.type == "sub_query" and ev.depth == 1 and ev.response == "4" and not ev.nested
+      return ev.type == "sub_query" and ev.depth == 1 and ev.response == "4" and not ev.recursive
     end)
     assert.are.equal(1, inner)
     local outer = count(events, function(ev)
-      return ev.type == "sub_query" and ev.depth == 0 and ev.nested and ev.response == "4 vowels"
+      return ev.type == "sub_query" and ev.depth == 0 and ev.recursive and ev.response == "4 vowels"
         and ev.iterations == 2 and ev.latency_ms > 0
     end)
     assert.are.equal(1, outer)

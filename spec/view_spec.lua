@@ -87,6 +87,46 @@ describe("rlm.view.html", function()
       and parent_out < step2)
   end)
 
+  it("keeps the nested sessions of a batch apart, though their events interleave", function()
+    local path = os.tmpname()
+    local on_event, writer = assert(log.jsonl(path, { mode = "truncate" }))
+    local result = assert(H.run({
+      max_depth = 2,
+      on_event = on_event,
+      root_llm = function(messages)
+        local q = messages[2].content:match("^Question: (%a+)")
+        if not q then
+          return H.fence("FINAL(' '.join(rlm_query_batched(['alpha', 'beta'])))")
+        elseif #messages == 2 then
+          return H.fence("import time\ntime.sleep(0.2)\nprint('first step of ' + context)")
+        end
+        return H.fence("FINAL(context + '-done')")
+      end,
+    }))
+    writer:close()
+    assert.are.equal("alpha-done beta-done", result.answer)
+    local f = assert(io.open(path, "rb"))
+    local text = f:read("*a")
+    f:close()
+    os.remove(path)
+    -- Both children ran their first step before either ran its second.
+    local a2 = text:find('"step":2[^\n]*"session":"1.1"') or text:find('"session":"1.1"[^\n]*"step":2')
+    local b1 = text:find('"first step of beta')
+    assert.truthy(a2 and b1 and b1 < a2, "the children's events did not interleave")
+
+    local page = view.html(text)
+    assert.are.equal(2, count(page, '<section class="run child" data-depth="1">'))
+    local first = page:find('<section class="run child"', 1, true)
+    local second = page:find('<section class="run child"', first + 1, true)
+    local one, two = page:sub(first, second - 1), page:sub(second)
+    assert.are.equal(2, count(one, '<details class="step" data-step="'))
+    assert.matches("first step of alpha", one, 1, true)
+    assert.matches("alpha-done", one, 1, true)
+    assert.is_nil(one:find("beta", 1, true))
+    assert.matches("first step of beta", two, 1, true)
+    assert.matches("beta-done", two, 1, true)
+  end)
+
   it("sums steps, sub-calls, tokens, cost and wall time at the top", function()
     local page = view.html(jsonl(NESTED))
     assert.matches('id="total-runs">1<', page, 1, true)

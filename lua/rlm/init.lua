@@ -63,7 +63,16 @@ local function new_session(o, parent, context_data, context_format, description)
     routes = {}, -- id -> { child =, id = } for a request passed on from a child
     children = {}, -- nested sessions running for the current exec
     queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
+    started_children = 0,
   }, Session)
+  -- Names the session in its events: "1" for the root, "1.2" for the second
+  -- session its code started, and so on.
+  if parent then
+    parent.started_children = parent.started_children + 1
+    self.session_id = parent.session_id .. "." .. parent.started_children
+  else
+    self.session_id = "1"
+  end
   self.tokens = self.tree.tokens
   self.messages = {
     { role = "system", content = prompt.system(o, description, self.depth) },
@@ -123,6 +132,7 @@ function Session:_emit(ev)
     return true
   end
   ev.depth = ev.depth or self.depth
+  ev.session = self.session_id
   local ok, e = util.call_protected(cb, ev)
   if not ok then
     return self:_error("callback_error", "on_event raised: " .. tostring(e))
@@ -761,7 +771,7 @@ function Session:_child_done(child, ev)
   local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = call.prompt,
     response = text, error = problem, latency_ms = core.now_ms() - call.t0, index = call.index,
     batch_index = call.batch_index, batch_size = call.batch_size, batch_id = call.batch_id,
-    nested = true, iterations = child.iterations, error_kind = ev.err and ev.err.kind })
+    recursive = true, iterations = child.iterations, error_kind = ev.err and ev.err.kind })
   if not ok then
     return nil, err
   end

@@ -119,10 +119,15 @@ end
 local function build(events)
   local model = { runs = {}, steps = 0, sub_calls = 0, child_steps = 0 }
   local stack = {} -- the open run at each depth
+  local by_session = {} -- session id ("1.2") -> its run, where events name it
 
-  local function new_run(depth, start_ev)
+  -- parent: the run this one hangs in, false for none, nil for the open run
+  -- one depth up.
+  local function new_run(depth, start_ev, parent)
     local run = { depth = depth, steps = {}, by_no = {}, items = {}, start = start_ev, events = {} }
-    local parent = depth > 0 and stack[depth - 1] or nil
+    if parent == nil then
+      parent = depth > 0 and stack[depth - 1] or nil
+    end
     if parent then
       run.parent = parent
       local step = parent.current
@@ -173,13 +178,20 @@ local function build(events)
   for _, ev in ipairs(events) do
     local depth = math.min(MAX_DEPTH, math.max(0, math.floor(num(ev.depth) or 0)))
     local t = ev.type
-    local run = stack[depth]
+    -- Events that name their session ("1", "1.2") go to its run, so the
+    -- nested sessions of a batch, which interleave, stay apart; older logs
+    -- go by depth alone.
+    local sid = type(ev.session) == "string" and ev.session:match("^%d[%d.]*$") and ev.session or nil
+    local run = (sid and by_session or stack)[sid or depth]
     if t == "session_start" then
-      run = new_run(depth, ev)
+      run = new_run(depth, ev, sid and (by_session[sid:match("^(.*)%.%d+$") or ""] or false))
     elseif not run or run.ended or (t == "step_start" and num(ev.step) and run.by_no[num(ev.step)]) then
       -- No session_start (an older log, or one that began mid-run), or a
       -- step number seen before: a new run, appended to the same file.
-      run = new_run(depth, nil)
+      run = new_run(depth, nil, sid and (by_session[sid:match("^(.*)%.%d+$") or ""] or false))
+    end
+    if sid then
+      by_session[sid] = run
     end
     run.events[#run.events + 1] = ev
     local step = ev.step ~= nil and step_of(run, ev.step, ev) or nil
