@@ -291,6 +291,28 @@ rlm_query('slow')]]) }, function()
     assert.are.equal("driver_exited", err.kind)
   end)
 
+  it("refuses a call made before the last one was answered (one call's prompts held at most)", function()
+    for _, second in ipairs({ "llm_query", "rlm_query" }) do
+      local calls = 0
+      local _, err = H.run({
+        guardrails = false,
+        max_depth = 2,
+        llm_query = function()
+          calls = calls + 1
+          return "x"
+        end,
+        root_llm = tree_model({ fence(("import os, time\n"
+          .. "os.write(1, b'{\"type\":\"llm_batch\",\"id\":1,\"prompts\":[\"a\",\"b\"]}\\n"
+          .. "{\"type\":\"%s\",\"id\":2,\"prompt\":\"c\"}\\n')\ntime.sleep(5)"):format(second)) },
+          function()
+            return fence("FINAL('child')")
+          end),
+      })
+      assert.are.equal("protocol_error", err.kind, second)
+      assert.matches("before its last one was answered", err.message)
+    end
+  end)
+
   it("refuses a malformed rlm_query from the driver as a protocol error", function()
     for _, line in ipairs({
       '{"type":"rlm_query","id":1}',

@@ -64,6 +64,7 @@ local function new_session(o, parent, context_data, context_format, description)
     children = {}, -- nested sessions running for the current exec
     queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
     started_children = 0,
+    open_slots = 0, -- answers the driver still waits for, for its current call
   }, Session)
   -- Names the session in its events: "1" for the root, "1.2" for the second
   -- session its code started, and so on.
@@ -619,6 +620,12 @@ function Session:_sub_query(msg)
   local o, tree = self.opts, self.tree
   local calls, batch, nested = self:_calls_of(msg)
   local ok, err
+  -- The driver waits for each call's answers before the next: so at most
+  -- one message's worth of prompts is ever held here.
+  if self.open_slots > 0 then
+    return self:_error("protocol_error", "the driver made a call before its last one was answered")
+  end
+  self.open_slots = #calls
   if batch then
     ok, err = self:_check_budget()
     if not ok then
@@ -643,7 +650,7 @@ function Session:_sub_query(msg)
       end
     end
     if problem then
-      ok, err = self:_send({ type = "llm_result", id = msg.id, index = slot and slot - 1, error = problem })
+      ok, err = self:_send_result({ driver_id = msg.id, batch_index = slot }, nil, problem)
       if not ok then
         return nil, err
       end
@@ -667,6 +674,7 @@ end
 -- What the code receives for a call: text, or the error for its slot (a
 -- batch) or to raise (a lone call).
 function Session:_send_result(call, text, problem)
+  self.open_slots = self.open_slots - 1
   return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
     index = call.batch_index and call.batch_index - 1 or nil })
 end
@@ -827,6 +835,7 @@ function Session:_exec_done(msg, id)
     return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran"):format(msg.id, id))
   end
   -- A hostile driver may end an exec with calls still out.
+  self.open_slots = 0
   self:_drop_requests(true)
   self:_end_children()
   self:_resume_deadline()
