@@ -198,6 +198,26 @@ except RuntimeError as e:
     end))
   end)
 
+  it("passes a child's batch to llm_query_batch under run(), whole", function()
+    local batches = {}
+    local result = assert(H.run({
+      max_depth = 2,
+      llm_query_batch = function(prompts)
+        batches[#batches + 1] = #prompts
+        local out = {}
+        for i, p in ipairs(prompts) do
+          out[i] = p .. "!"
+        end
+        return out
+      end,
+      root_llm = tree_model({ fence("FINAL(rlm_query('go'))") }, function()
+        return fence("FINAL(','.join(llm_query_batched(['x', 'y', 'z'])))")
+      end),
+    }))
+    assert.are.equal("x!,y!,z!", result.answer)
+    assert.are.same({ 3 }, batches)
+  end)
+
   it("gives a failed child its error in its slot of a batch", function()
     local result = assert(H.run({
       max_depth = 2,
