@@ -5,13 +5,19 @@
 -- the batch message, 64 requests handed out, 64 answers back in their slots.
 -- Floor: the same loop firing 64 timers of 50 ms started together, measured
 -- by the root model's callback just before it asks for each batch.
+--
+-- Beside it, what a nested session costs: rlm_query of a child that answers
+-- at once, timed in the REPL, against figure 1's floor (bubblewrap with the
+-- same binds and a driver that does nothing, spawn to first answer); and
+-- rlm_query_batched of 8 such children.
 local common = require("bench.common")
+local rlm = require("rlm")
 
 local M = {}
 
 local SIZES = {
-  full = { rounds = 20 },
-  tiny = { rounds = 2 },
+  full = { rounds = 20, nested = 20, batches = 5 },
+  tiny = { rounds = 2, nested = 2, batches = 1 },
 }
 
 local FAN_OUT, LATENCY_MS = 64, 50
@@ -95,6 +101,76 @@ local function measure(env, uv, adapter, rounds, cap)
   return r
 end
 
+local NESTED = [[
+```repl
+import time
+ts = []
+for i in range(%d):
+    t0 = time.perf_counter()
+    assert rlm_query('q%%d' %% i) == 'q%%d' %% i
+    ts.append((time.perf_counter() - t0) * 1000)
+for i in range(%d):
+    t0 = time.perf_counter()
+    assert len(rlm_query_batched(['b'] * 8)) == 8
+    ts.append(-(time.perf_counter() - t0) * 1000)
+print(' '.join('%%.3f' %% t for t in ts))
+```]]
+
+-- n nested sessions one after another, then `batches` batches of 8:
+-- { one = {ms...}, eight = {ms...} }.
+local function measure_nested(env, size)
+  local opts = common.session_opts(env, {
+    max_depth = 2,
+    max_sub_calls = size.nested + 8 * size.batches,
+    answers = { NESTED:format(size.nested, size.batches), "```repl\nFINAL('done')\n```" },
+  })
+  local root_llm = opts.root_llm
+  opts.root_llm = function(messages)
+    if messages[2].content:match("^Question: ") then
+      return "```repl\nFINAL(context)\n```" -- a nested session: answer at once
+    end
+    return root_llm(messages)
+  end
+  local s = rlm.Session.new(opts)
+  local entry, err = s:step()
+  s:close()
+  assert(entry and not entry.error, tostring(err or (entry and entry.error)))
+  local r = { one = {}, eight = {} }
+  for t in entry.stdout:gmatch("%S+") do
+    local ms = tonumber(t)
+    if ms >= 0 then
+      r.one[#r.one + 1] = ms
+    else
+      r.eight[#r.eight + 1] = -ms
+    end
+  end
+  return r
+end
+
+local function nested_rows(env, size)
+  local workdir = env.scratch .. "/concurrency-workdir"
+  os.execute("mkdir -p " .. common.quote(workdir))
+  local floor, why = common.floor(env, "first", 10, common.sandbox_echo_argv(env, workdir))
+  common.remove_tree(workdir)
+  local r = measure_nested(env, size)
+  local floor_stats = floor and #floor > 0 and common.summary(floor) or nil
+  local floor_name = "bwrap (same binds) + echo driver, spawn to first answer"
+  local one = common.time_row({
+    figure = "7", name = "rlm_query: a nested session that answers at once, one after another",
+    stats = common.summary(r.one), floor = floor_stats, floor_missing = why, floor_name = floor_name,
+  })
+  one.context = true
+  one.note = "timed in the REPL: spawn, self-test, context, one root turn and exec, teardown"
+  local eight = common.time_row({
+    figure = "7", name = "rlm_query_batched of 8 such nested sessions",
+    stats = common.summary(r.eight), floor = floor_stats, floor_missing = why, floor_name = floor_name,
+  })
+  eight.context = true
+  eight.note = ("%.2fx the one-at-a-time median per session; they start side by side on %s CPUs")
+    :format(eight.value / 8 / one.value, common.capture({ "nproc" }):gsub("%s+", ""))
+  return { one, eight }
+end
+
 function M.run(env)
   local ok, uv = pcall(require, "luv")
   local name = ("llm_query_batched of %d sub-calls of %d ms, all in flight"):format(FAN_OUT, LATENCY_MS)
@@ -123,6 +199,9 @@ function M.run(env)
   row.note = ("8 waves: the cap at work; %.2fx of 8 x the floor"):format(
     row.value / (8 * row.floor.value))
   rows[#rows + 1] = row
+  for _, r in ipairs(nested_rows(env, size)) do
+    rows[#rows + 1] = r
+  end
   return rows
 end
 

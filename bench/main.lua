@@ -132,7 +132,11 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    timer. With `max_concurrent_sub_calls = 64` all are in flight at once;
    the default 8 is shown beside it. Floor: 64 timers of 50 ms started
    together on the same loop, measured by the root model's callback just
-   before it asks for each batch.
+   before it asks for each batch. Beside it, what a nested session costs:
+   `rlm_query` of a child whose root model answers `FINAL(context)` at
+   once, timed in the REPL (spawn, self-test, context, one turn, teardown),
+   one after another and as `rlm_query_batched` of 8; the floor is figure
+   1's (bubblewrap with the same binds, spawn to first answer).
 ]]
 
 local function write_results(path, rows, info, seconds)
