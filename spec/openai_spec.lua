@@ -209,7 +209,8 @@ describe("rlm.llm.openai", function()
       local decoy = ("decoy-token-%d-%d"):format(H.pid(), math.random(1e9))
       local sleeper = assert(io.popen("echo $$; exec python3 -c 'import time; time.sleep(30)' " .. decoy, "r"))
       local pid = tonumber(sleeper:read("*l"))
-      -- wait for the exec, so that the scan does not race it
+      -- wait for the exec, so that the scan does not race it: until then
+      -- the command line is the shell's, which names time.sleep too
       local cmdline = ""
       for _ = 1, 200 do
         local f = io.open("/proc/" .. pid .. "/cmdline", "rb")
@@ -217,7 +218,7 @@ describe("rlm.llm.openai", function()
         if f then
           f:close()
         end
-        if cmdline:find("time.sleep", 1, true) then
+        if cmdline:find("^python3%z") then
           break
         end
         socket.sleep(0.01)

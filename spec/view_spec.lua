@@ -98,7 +98,9 @@ describe("rlm.view.html", function()
         if not q then
           return H.fence("FINAL(' '.join(rlm_query_batched(['alpha', 'beta'])))")
         elseif #messages == 2 then
-          return H.fence("import time\ntime.sleep(0.2)\nprint('first step of ' + context)")
+          -- alpha's first step outlasts beta's, so their events interleave
+          local secs = q == "alpha" and 0.8 or 0.05
+          return H.fence(("import time\ntime.sleep(%g)\nprint('first step of ' + context)"):format(secs))
         end
         return H.fence("FINAL(context + '-done')")
       end,
