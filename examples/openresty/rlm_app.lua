@@ -2,12 +2,16 @@
 -- document as the body; the answer comes back as JSON. The worker keeps
 -- serving its other requests while the session runs.
 --
--- The models are an OpenAI-compatible endpoint reached through an internal
--- proxy_pass location (nginx.conf's /_rlm_llm) with ngx.location.capture,
--- so no HTTP library is needed and every model call yields to nginx.
+-- The models are an OpenAI-compatible endpoint, through rlm.llm.openai
+-- over rlm.llm.transport.resty: ngx.location.capture to an internal
+-- proxy_pass location (nginx.conf's /_rlm_llm, which holds the URL and the
+-- key), so no HTTP library is needed and every model call, and every wait
+-- before a retry, yields to nginx.
 -- luacheck: globals ngx
 local cjson = require("cjson.safe")
 local resty = require("rlm.adapters.resty")
+local openai = require("rlm.llm.openai")
+local transport = require("rlm.llm.transport.resty")
 
 local M = {
   root_model = os.getenv("RLM_ROOT_MODEL") or "gpt-4o",
@@ -16,23 +20,15 @@ local M = {
   tmpdir = os.getenv("RLM_TMPDIR"), -- nil: $TMPDIR or /tmp
 }
 
--- One chat completion: text, usage | nil, message.
-local function chat(model, messages)
-  local res = ngx.location.capture(M.llm_location, {
-    method = ngx.HTTP_POST,
-    body = cjson.encode({ model = model, messages = messages }),
+-- A client per request, so that each answer reports its own usage.
+local function client()
+  return openai.new({
+    base_url = "http://localhost" .. M.llm_location, -- for messages; the location decides
+    model = M.root_model,
+    sub_model = M.sub_model,
+    transport = transport.new({ location = M.llm_location }),
+    sleep = transport.sleep,
   })
-  local reply = res.status == 200 and cjson.decode(res.body)
-  local message = type(reply) == "table" and type(reply.choices) == "table" and reply.choices[1]
-    and reply.choices[1].message
-  if type(message) ~= "table" or type(message.content) ~= "string" then
-    return nil, ("the model endpoint answered %d: %s"):format(res.status, tostring(res.body):sub(1, 300))
-  end
-  local usage = type(reply.usage) == "table" and {
-    input_tokens = tonumber(reply.usage.prompt_tokens) or 0,
-    output_tokens = tonumber(reply.usage.completion_tokens) or 0,
-  } or nil
-  return message.content, usage
 end
 
 local function request_body()
@@ -61,16 +57,13 @@ function M.ask()
   if ngx.req.get_method() ~= "POST" then
     return send(405, { error = "POST the document, with ?q=the question" })
   end
+  local models = client()
   local result, err = resty.run({
     context = request_body(),
     query = ngx.var.arg_q and ngx.unescape_uri(ngx.var.arg_q) or nil,
     tmpdir = M.tmpdir,
-    root_llm = function(messages)
-      return chat(M.root_model, messages)
-    end,
-    llm_query = function(prompt)
-      return chat(M.sub_model, { { role = "user", content = prompt } })
-    end,
+    root_llm = models.root_llm,
+    llm_query = models.llm_query,
     max_iterations = 20,
     step_timeout_ms = 120000,
   })

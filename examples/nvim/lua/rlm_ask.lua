@@ -2,58 +2,31 @@
 -- runs a session whose context is the current buffer and shows the answer
 -- in a scratch buffer, while the editor stays responsive.
 --
--- The default models are an OpenAI-compatible endpoint reached with curl
--- through jobstart(), so every model call is asynchronous:
+-- The default models are an OpenAI-compatible endpoint, through
+-- rlm.llm.openai over rlm.llm.transport.nvim (curl started by jobstart(), so
+-- every model call is asynchronous, and retries wait on a timer):
 --   RLM_BASE_URL (default https://api.openai.com/v1), RLM_API_KEY,
 --   RLM_ROOT_MODEL, RLM_SUB_MODEL.
 -- setup({ root_llm =, llm_query =, ... }) replaces them, and any other key
 -- is passed to rlm.Session.new.
 -- luacheck: read globals vim
 local adapter = require("rlm.adapters.nvim")
+local openai = require("rlm.llm.openai")
+local transport = require("rlm.llm.transport.nvim")
 
 local M = { config = {} }
 
--- POSTs {model=, messages=} and calls done(text, usage) or done(nil, why).
-local function chat(model, messages, done)
-  local base = os.getenv("RLM_BASE_URL") or "https://api.openai.com/v1"
-  local body_file = vim.fn.tempname()
-  vim.fn.writefile({ vim.json.encode({ model = model, messages = messages }) }, body_file)
-  local out = {}
-  local job = vim.fn.jobstart({ "curl", "-sS", "--fail-with-body", "-K", "-",
-    "-H", "Content-Type: application/json", "--data-binary", "@" .. body_file,
-    base .. "/chat/completions" }, {
-    stdout_buffered = true,
-    on_stdout = function(_, data)
-      out = data
-    end,
-    on_exit = function(_, code)
-      os.remove(body_file)
-      local text = table.concat(out, "\n")
-      local ok, reply = pcall(vim.json.decode, text)
-      if code ~= 0 or not ok or type(reply) ~= "table" or not reply.choices then
-        return done(nil, ("the model endpoint failed (curl exit %d): %s"):format(code, text:sub(1, 300)))
-      end
-      local usage = reply.usage and { input_tokens = reply.usage.prompt_tokens or 0,
-        output_tokens = reply.usage.completion_tokens or 0 }
-      done(reply.choices[1].message.content, usage)
-    end,
+-- The client for the default models, made when a question needs it (the
+-- key is read then, from $RLM_API_KEY).
+local function default_client()
+  return openai.new({
+    base_url = os.getenv("RLM_BASE_URL") or "https://api.openai.com/v1",
+    model = os.getenv("RLM_ROOT_MODEL") or "gpt-4o",
+    sub_model = os.getenv("RLM_SUB_MODEL") or "gpt-4o-mini",
+    api_key_env = "RLM_API_KEY",
+    transport = transport.new(),
+    sleep = transport.sleep,
   })
-  if job <= 0 then
-    os.remove(body_file)
-    return done(nil, "could not start curl")
-  end
-  -- The key goes through curl's stdin, not its command line.
-  local key = os.getenv("RLM_API_KEY") or ""
-  vim.fn.chansend(job, ('header = "Authorization: Bearer %s"\n'):format(key))
-  vim.fn.chanclose(job, "stdin")
-end
-
-local function default_root(messages, done)
-  chat(os.getenv("RLM_ROOT_MODEL") or "gpt-4o", messages, done)
-end
-
-local function default_sub(prompt, done)
-  chat(os.getenv("RLM_SUB_MODEL") or "gpt-4o-mini", { { role = "user", content = prompt } }, done)
 end
 
 function M.setup(config)
@@ -82,8 +55,12 @@ function M.ask(question, bufnr)
   for k, v in pairs(M.config) do
     opts[k] = v
   end
-  opts.root_llm = opts.root_llm or default_root
-  opts.llm_query = opts.llm_query or default_sub
+  if not (opts.root_llm and opts.llm_query) then
+    local client = default_client()
+    M.client = client
+    opts.root_llm = opts.root_llm or client.root_llm
+    opts.llm_query = opts.llm_query or client.llm_query
+  end
   opts.context = table.concat(vim.api.nvim_buf_get_lines(bufnr or 0, 0, -1, false), "\n")
   opts.query = question
   opts.on_event = opts.on_event or function(ev)

@@ -380,6 +380,8 @@ def case_example():
         control("POST", "/_control/script", {"replies": [
             {"content": "```repl\nn = sum(1 for l in context.splitlines() if 'ERROR' in l)\n"
                         "r = llm_query('say hi')\nFINAL(str(n) + ' ' + r)\n```", "usage": [100, 20]},
+            {"status": 429, "headers": {"retry-after-ms": "200"},
+             "json": {"error": {"message": "slow down"}}},
             {"content": "hi", "usage": [5, 1], "delay_ms": 200},
         ]})
         srv = Server(lambda s: example_conf(s, fake_port),
@@ -396,9 +398,11 @@ def case_example():
         models = [r["json"]["model"] for r in reqs if r.get("json")]
         auth_ok = all(r["headers"].get("authorization") == "Bearer " + SECRET for r in reqs)
         leaked = [r for r in reqs if "cookie" in r["headers"] or r.get("argv_hits")]
-        report(status == 200 and got.get("answer") == "2 hi" and models == ["root-model", "sub-model"]
-               and auth_ok and not leaked,
-               "examples/openresty answers through its proxied model endpoint",
+        report(status == 200 and got.get("answer") == "2 hi"
+               and models == ["root-model", "sub-model", "sub-model"] and auth_ok and not leaked
+               and got.get("tokens", {}).get("total") == 126,
+               "examples/openresty answers through rlm.llm.openai and its proxied model endpoint, "
+               "waiting out a 429",
                "%s %r in %.0f ms; models %s; key in the header only: %s; tokens %s" % (
                    status, got.get("answer") or got, ms, models, auth_ok and not leaked, got.get("tokens")))
     finally:

@@ -346,8 +346,10 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
--- 4. The example plugin's own models: curl through jobstart() against a
--- stand-in OpenAI server, the key on curl's stdin, never its argv.
+-- 4. The example plugin's own models: rlm.llm.openai over
+-- rlm.llm.transport.nvim (curl through jobstart()) against a stand-in OpenAI
+-- server: the key on curl's stdin, never its argv; a 429 waited out on a
+-- timer; the usage counted.
 cases[#cases + 1] = function(next_case)
   local plugin = require("rlm_ask")
   local port
@@ -374,6 +376,7 @@ cases[#cases + 1] = function(next_case)
     end
     control("/_control/script", { replies = {
       { content = fence("r = llm_query('shout: ' + context.split()[0])\nFINAL(r)"), usage = { 50, 10 } },
+      { status = 429, headers = { ["retry-after-ms"] = "200" }, json = { error = { message = "slow down" } } },
       { content = "HELLO", usage = { 5, 1 }, delay_ms = 100 },
     } })
     local secret = "sk-rlm-nvim-" .. my_pid
@@ -393,11 +396,14 @@ cases[#cases + 1] = function(next_case)
         leaked = leaked or (type(r.argv_hits) == "table" and #r.argv_hits > 0)
       end
       vim.fn.jobstop(server)
-      report(plugin.last_answer == "HELLO" and table.concat(models, ",") == "root-model,sub-model"
-        and auth and not leaked, ":RlmAsk with the plugin's curl models",
+      local usage = plugin.client and plugin.client.usage() or {}
+      report(plugin.last_answer == "HELLO" and table.concat(models, ",") == "root-model,sub-model,sub-model"
+        and auth and not leaked and usage.input_tokens == 55 and usage.output_tokens == 11,
+        ":RlmAsk with the plugin's models (rlm.llm.openai over curl)",
         plugin.last_error and tostring(plugin.last_error)
-          or ("%q; models %s; key in the header only: %s"):format(tostring(plugin.last_answer),
-            table.concat(models, ","), tostring(auth and not leaked)))
+          or ("%q; models %s; key in the header only: %s; tokens %s in, %s out"):format(
+            tostring(plugin.last_answer), table.concat(models, ","), tostring(auth and not leaked),
+            tostring(usage.input_tokens), tostring(usage.output_tokens)))
       next_case()
     end)
   end)

@@ -1,0 +1,158 @@
+-- rlm.llm.transport.nvim: rlm.llm.openai's transport inside Neovim. Each
+-- request is a curl process started with jobstart(), so the editor never
+-- waits on the network: the transport yields the coroutine it runs in (the
+-- one rlm.adapters.nvim runs each model callback in) and curl's exit resumes
+-- it.
+--
+-- Why curl through jobstart: Neovim has no HTTP client of its own; curl is
+-- what its own plugins shell out to, and jobstart() is there from 0.5 on
+-- (vim.system only from 0.10; Debian 12 ships 0.7). The API key and every
+-- other header go to curl on its stdin, as a config file (-K -), never on
+-- its command line, where other users' `ps` would see them; the body goes
+-- through a file in Neovim's private temporary directory (mode 0700).
+-- luacheck: read globals vim
+local M = {}
+
+-- The largest reply body kept; a longer one fails the request.
+M.DEFAULT_MAX_BODY_BYTES = 32 * 2 ^ 20
+
+-- A value in curl's config syntax: double quotes, with \ and " escaped.
+-- Newlines cannot be in a header; they are refused.
+local function quoted(s)
+  if s:find("[\r\n%z]") then
+    error("rlm.llm.transport.nvim: a header value holds a line break", 0)
+  end
+  return '"' .. s:gsub('[\\"]', "\\%0") .. '"'
+end
+
+local function read_file(path, max)
+  local f = io.open(path, "rb")
+  if not f then
+    return nil
+  end
+  local size = f:seek("end")
+  if max and size > max then
+    f:close()
+    return nil, size
+  end
+  f:seek("set", 0)
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- The headers of the last response in a -D dump (a 100 Continue comes
+-- first when curl sent "Expect"), with lower-case names.
+local function parse_headers(dump)
+  local last = {}
+  for block in (dump .. "\r\n\r\n"):gmatch("(.-)\r\n\r\n") do
+    if block:match("^HTTP/") then
+      last = {}
+      for name, value in block:gmatch("\n([^:\r\n]+):[ \t]*([^\r\n]*)") do
+        last[name:lower()] = value
+      end
+    end
+  end
+  return last
+end
+
+-- Yields the running coroutine until resume_with() is called with its
+-- results (at once is fine too).
+local function suspend(start)
+  local co, main = coroutine.running()
+  if not co or main then
+    error("rlm.llm.transport.nvim: must run in a coroutine (rlm.adapters.nvim runs model callbacks in one)", 0)
+  end
+  local results, waiting = nil, false
+  start(function(...)
+    results = { n = select("#", ...), ... }
+    if waiting then
+      waiting = false
+      local ok, err = coroutine.resume(co)
+      if not ok then
+        error(err, 0)
+      end
+    end
+  end)
+  if not results then
+    waiting = true
+    repeat
+      coroutine.yield()
+    until results
+  end
+  return (table.unpack or unpack)(results, 1, results.n)
+end
+
+-- new([opts]) -> transport(request): status, body, headers | nil, message.
+-- opts.curl: the curl binary (default "curl"); opts.max_body_bytes.
+function M.new(opts)
+  opts = opts or {}
+  local curl = opts.curl or "curl"
+  local max_body = opts.max_body_bytes or M.DEFAULT_MAX_BODY_BYTES
+  return function(request)
+    local base = vim.fn.tempname()
+    local body_in, body_out, head_out = base .. ".req", base .. ".body", base .. ".head"
+    local function cleanup()
+      os.remove(body_in)
+      os.remove(body_out)
+      os.remove(head_out)
+    end
+    local f = assert(io.open(body_in, "wb"))
+    f:write(request.body or "")
+    f:close()
+    local config = {}
+    for name, value in pairs(request.headers or {}) do
+      config[#config + 1] = "header = " .. quoted(name .. ": " .. value)
+    end
+    config[#config + 1] = "url = " .. quoted(request.url)
+    return suspend(function(finish)
+      local stdout, stderr = {}, {}
+      local job = vim.fn.jobstart({ curl, "-sS", "-K", "-", "-X", request.method or "POST",
+        "--data-binary", "@" .. body_in, "-o", body_out, "-D", head_out, "-w", "%{http_code}",
+        "--max-time", ("%.3f"):format((request.timeout_ms or 300000) / 1000),
+        "--max-filesize", tostring(max_body), "--proto", "=http,https" }, {
+        stdout_buffered = true,
+        stderr_buffered = true,
+        on_stdout = function(_, data)
+          stdout = data
+        end,
+        on_stderr = function(_, data)
+          stderr = data
+        end,
+        on_exit = function(_, code)
+          local status = tonumber(table.concat(stdout, ""))
+          if code ~= 0 or not status or status == 0 then
+            cleanup()
+            local why = table.concat(stderr, " "):gsub("%s+$", "")
+            return finish(nil, ("curl exit %d: %s"):format(code, why ~= "" and why or "no reply"))
+          end
+          local body, size = read_file(body_out, max_body)
+          local headers = parse_headers(read_file(head_out) or "")
+          cleanup()
+          if not body then
+            return finish(nil, size and ("the reply is %d bytes, more than %d"):format(size, max_body)
+              or "curl wrote no reply body")
+          end
+          finish(status, body, headers)
+        end,
+      })
+      if job <= 0 then
+        cleanup()
+        return finish(nil, ("could not start %s (jobstart returned %d)"):format(curl, job))
+      end
+      vim.fn.chansend(job, table.concat(config, "\n") .. "\n")
+      vim.fn.chanclose(job, "stdin")
+    end)
+  end
+end
+
+-- A sleep for rlm.llm.openai's retries that yields to the editor.
+function M.sleep(seconds)
+  return suspend(function(finish)
+    vim.defer_fn(function()
+      finish()
+    end, math.floor(seconds * 1000))
+  end)
+end
+
+return M
