@@ -11,6 +11,8 @@
 -- its command line, where other users' `ps` would see them; the body goes
 -- through a file in Neovim's private temporary directory (mode 0700).
 -- luacheck: read globals vim
+local unpack = require("rlm.util").unpack
+
 local M = {}
 
 -- The largest reply body kept; a longer one fails the request.
@@ -80,7 +82,7 @@ local function suspend(start)
       coroutine.yield()
     until results
   end
-  return (table.unpack or unpack)(results, 1, results.n)
+  return unpack(results, 1, results.n)
 end
 
 -- new([opts]) -> transport(request): status, body, headers | nil, message.
