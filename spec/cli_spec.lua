@@ -92,7 +92,8 @@ describe("bin/rlm", function()
       assert.are.equal(0, code)
       assert.matches("Usage: rlm %[options%] %-%-context FILE", out)
       for _, flag in ipairs({ "--context", "--base-url", "--model", "--sub-model", "--api-key-env", "--max-iterations",
-        "--step-timeout-ms", "--max-sub-calls", "--max-cost-usd", "--trace", "--log", "rlm view",
+        "--step-timeout-ms", "--max-sub-calls", "--max-cost-usd", "--max-depth", "--max-wall-ms", "--trace",
+        "--log", "rlm view",
         "RLM_BASE_URL", "RLM_MODEL", "RLM_SUB_MODEL", "RLM_API_KEY_ENV", "OPENAI_API_KEY" }) do
         assert.is_truthy(out:find(flag, 1, true), flag .. " is not in --help")
       end
@@ -160,6 +161,20 @@ describe("bin/rlm", function()
   end)
 
   describe("an answer", function()
+    it("can come through a nested session with --max-depth 2", function()
+      srv:script({
+        { content = F.fence("FINAL('got ' + rlm_query('shout it', 'inner ctx'))"), usage = { 10, 5 } },
+        { content = F.fence("FINAL(context.upper())"), usage = { 10, 5 } },
+      })
+      local code, out, err = rlm({ "--max-depth", "2", "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.are.equal("got INNER CTX\n", out)
+      local reqs = srv:requests()
+      assert.are.equal(2, #reqs)
+      assert.matches("Question: shout it", reqs[2].json.messages[2].content, 1, true)
+      assert.matches("rlm_query", reqs[1].json.messages[1].content, 1, true) -- the prompt teaches it
+    end)
+
     it("goes to stdout with exit 0; the key goes in a header, never in argv", function()
       srv:script({
         { content = F.fence("import re\nr = llm_query(re.search(r'code is (\\d+)', context).group(1))"),
@@ -251,6 +266,7 @@ describe("bin/rlm", function()
       { { { content = F.fence("x = 1"), usage = { 60, 60 } }, { content = F.fence("FINAL('never')") } },
         { "--max-total-tokens", "100" }, 15, "cost_budget" },
       { { { content = F.fence("while True:\n    pass") } }, { "--step-timeout-ms", "1500" }, 12, "step_timeout" },
+      { { { content = F.fence("while True:\n    pass") } }, { "--max-wall-ms", "1500" }, 15, "cost_budget" },
       { { { content = F.fence("b = b'x' * (400 << 20)") } }, { "--max-rss-bytes", tostring(96 * 2 ^ 20) },
         13, "memory_limit" },
       { { { content = F.fence("FINAL('never')") } }, { "--python", "/nonexistent/python3" }, 10, "sandbox_unavailable" },
