@@ -184,7 +184,8 @@ class SubCallError(str):
 
 
 def call_batch(request, n, what):
-    """One batch of calls: the answers in order, as they come, in any order."""
+    """One batch of calls: its answers arrive in any order and come back in the
+    order of the calls."""
     request_id = request["id"] = next(request_ids)
     send_request(request, what)
     answers = [None] * n
