@@ -142,13 +142,7 @@ describe("rlm.async.invoke", function()
   end)
 end)
 
-local describe_luv = has_luv and describe or function(name)
-  describe(name, function()
-    pending("luv is not installed (apt-get install lua-luv)")
-  end)
-end
-
-describe_luv("the luv adapter", function()
+H.describe_luv("the luv adapter", function()
   after_each(H.assert_clean)
 
   it("runs 100 concurrent sessions from one loop, each with the right answer", function()

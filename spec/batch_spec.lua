@@ -5,8 +5,7 @@ local core = require("rlm.core")
 local fence = H.fence
 
 local L = require("helpers.luv")
-local has_luv = L ~= nil
-local luv_adapter = has_luv and require("rlm.adapters.luv")
+local luv_adapter = L and require("rlm.adapters.luv")
 local after = L and L.after
 
 local function run_luv(opts)
@@ -130,13 +129,7 @@ time.sleep(5)]]) }),
   end)
 end)
 
-local describe_luv = has_luv and describe or function(name)
-  describe(name, function()
-    pending("luv is not installed (apt-get install lua-luv)")
-  end)
-end
-
-describe_luv("llm_query_batched under the luv adapter", function()
+H.describe_luv("llm_query_batched under the luv adapter", function()
   after_each(H.assert_clean)
 
   it("runs 16 calls of 100 ms side by side in under 400 ms", function()

@@ -135,36 +135,32 @@ describe("rlm_query", function()
     assert.are.equal("ABC", result.answer)
   end)
 
-  it("turns a child's step timeout into an exception in the parent's code", function()
-    local result = assert(H.run({
-      max_depth = 2,
-      step_timeout_ms = 1500,
-      root_llm = tree_model({ fence([[
+  -- A child's fatal error, and what made it: each reaches the parent's code
+  -- as an exception.
+  for _, case in ipairs({
+    { "step timeout", "step_timeout", { step_timeout_ms = 1500 }, "while True:\n    pass" },
+    { "memory kill", "memory_limit", { max_rss_bytes = 128 * 2 ^ 20, rss_poll_interval_ms = 10 },
+      "b = []\nwhile True:\n    b.append(bytearray(1 << 20))" },
+  }) do
+    local what, kind, limits, child_code = case[1], case[2], case[3], case[4]
+    it("turns a child's " .. what .. " into an exception in the parent's code", function()
+      local opts = {
+        max_depth = 2,
+        root_llm = tree_model({ fence([[
 try:
-    rlm_query('spin')
+    rlm_query('go')
 except RuntimeError as e:
     FINAL('caught: ' + str(e))]]) }, function()
-        return fence("while True:\n    pass")
-      end),
-    }))
-    assert.matches("^caught: rlm_query failed %(step_timeout%)", result.answer)
-  end)
-
-  it("turns a child's memory kill into an exception in the parent's code", function()
-    local result = assert(H.run({
-      max_depth = 2,
-      max_rss_bytes = 128 * 2 ^ 20,
-      rss_poll_interval_ms = 10,
-      root_llm = tree_model({ fence([[
-try:
-    rlm_query('grow')
-except RuntimeError as e:
-    FINAL('caught: ' + str(e))]]) }, function()
-        return fence("b = []\nwhile True:\n    b.append(bytearray(1 << 20))")
-      end),
-    }))
-    assert.matches("^caught: rlm_query failed %(memory_limit%)", result.answer)
-  end)
+          return fence(child_code)
+        end),
+      }
+      for k, v in pairs(limits) do
+        opts[k] = v
+      end
+      local result = assert(H.run(opts))
+      assert.matches("^caught: rlm_query failed %(" .. kind .. "%)", result.answer)
+    end)
+  end
 
   it("runs a batch of children side by side and answers in order", function()
     local events, on_event = recorder()
@@ -444,13 +440,7 @@ describe("max_wall_ms", function()
   end)
 end)
 
-local describe_luv = L and describe or function(name)
-  describe(name, function()
-    pending("luv is not installed (apt-get install lua-luv)")
-  end)
-end
-
-describe_luv("rlm_query under the luv adapter", function()
+H.describe_luv("rlm_query under the luv adapter", function()
   after_each(H.assert_clean)
 
   it("cancels a run while its children run, and leaves nothing behind", function()

@@ -144,6 +144,18 @@ function H.assert_clean()
   assert.are.same({}, H.workdirs())
 end
 
+-- describe(name, fn) for specs that need luv; without luv, one pending
+-- test says why.
+function H.describe_luv(name, fn)
+  local busted = require("busted")
+  if pcall(require, "luv") then
+    return busted.describe(name, fn)
+  end
+  busted.describe(name, function()
+    busted.pending("luv is not installed (apt-get install lua-luv)")
+  end)
+end
+
 function H.lua_name()
   return os.getenv("RLM_SPEC_LUA") or _VERSION
 end
