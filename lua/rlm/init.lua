@@ -532,18 +532,21 @@ function Session:_release()
   end
 end
 
--- Forgets the requests this session has out or held (its run ended, or an
--- exec ended with calls still out), so that they stop counting.
-function Session:_drop_requests(exec_only)
+-- Forgets the sub-calls this session has held back (an exec ended with
+-- calls still out).
+function Session:_drop_held()
   local held = self.tree.held
   for i = #held, 1, -1 do
     if held[i].session == self then
       table.remove(held, i)
     end
   end
-  if exec_only then
-    return
-  end
+end
+
+-- Forgets every request this session has out or held (its run ended), so
+-- that they stop counting.
+function Session:_drop_requests()
+  self:_drop_held()
   for _, req in pairs(self.pending) do
     if req.counted then
       req.counted = nil
@@ -836,7 +839,7 @@ function Session:_exec_done(msg, id)
   end
   -- A hostile driver may end an exec with calls still out.
   self.open_slots = 0
-  self:_drop_requests(true)
+  self:_drop_held()
   self:_end_children()
   self:_resume_deadline()
   local limit = self.opts.stdout_truncate_chars

@@ -183,12 +183,16 @@ local function build(events)
     -- go by depth alone.
     local sid = type(ev.session) == "string" and ev.session:match("^%d[%d.]*$") and ev.session or nil
     local run = (sid and by_session or stack)[sid or depth]
-    if t == "session_start" then
-      run = new_run(depth, ev, sid and (by_session[sid:match("^(.*)%.%d+$") or ""] or false))
-    elseif not run or run.ended or (t == "step_start" and num(ev.step) and run.by_no[num(ev.step)]) then
-      -- No session_start (an older log, or one that began mid-run), or a
-      -- step number seen before: a new run, appended to the same file.
-      run = new_run(depth, nil, sid and (by_session[sid:match("^(.*)%.%d+$") or ""] or false))
+    -- A session_start opens a run; so does an event with no open run (an
+    -- older log, or one that began mid-run) or a step number seen before (a
+    -- new run, appended to the same file).
+    if t == "session_start" or not run or run.ended
+      or (t == "step_start" and num(ev.step) and run.by_no[num(ev.step)]) then
+      local parent = nil -- by depth
+      if sid then
+        parent = by_session[sid:match("^(.*)%.%d+$") or ""] or false
+      end
+      run = new_run(depth, t == "session_start" and ev or nil, parent)
     end
     if sid then
       by_session[sid] = run
