@@ -983,7 +983,11 @@ int rlm_driver_backend_timeout(rlm_driver *d) {
 void rlm_driver_close(rlm_driver *d) {
   if (d == NULL)
     return;
+  int pin = -1;
   if (d->spawned && !d->exited) {
+    /* The sandbox's files are freed when the pin goes, off this thread. */
+    if (d->max_files > 0)
+      pin = rlm_workdir_pin(d->pid);
     kill_sandbox(d);
     stop_reading(d);
     uv_timer_stop(&d->deadline);
@@ -997,4 +1001,5 @@ void rlm_driver_close(rlm_driver *d) {
   close_loop(d);
   rlm_cgroup_remove(&d->cg);
   free_driver(d); /* the uid is free once the sandbox is reaped */
+  rlm_workdir_release(pin);
 }

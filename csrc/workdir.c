@@ -5,8 +5,11 @@
 #include "sandbox.h"
 #include "watchdog.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/statvfs.h>
@@ -44,13 +47,59 @@ int rlm_context_fd(const char *data, size_t len) {
   return fd;
 }
 
-int rlm_workdir_usage(pid_t launcher, uint64_t *bytes, uint64_t *files) {
+/* /proc/<init>/root/session, where init is the launcher's child. */
+static int workdir_path(pid_t launcher, char *path, size_t len) {
   pid_t pids[2];
   if (rlm_tree_pids(launcher, pids, 2) != 2)
     return -1;
+  snprintf(path, len, "/proc/%d/root" RLM_SANDBOX_WORKDIR, (int)pids[1]);
+  return 0;
+}
+
+int rlm_workdir_pin(pid_t launcher) {
   char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/root" RLM_SANDBOX_WORKDIR,
-           (int)pids[1]);
+  if (workdir_path(launcher, path, sizeof(path)) != 0)
+    return -1;
+  int fd;
+  while ((fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0 &&
+         errno == EINTR)
+    ;
+  return fd;
+}
+
+static void *release_pin(void *arg) {
+  close((int)(intptr_t)arg);
+  return NULL;
+}
+
+void rlm_workdir_release(int pin) {
+  if (pin < 0)
+    return;
+  /* The thread may outlive the Lua state, which unloads this library on
+   * close: keep it loaded for the life of the process. */
+  Dl_info self;
+  if (dladdr((void *)release_pin, &self) == 0 || self.dli_fname == NULL ||
+      dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == NULL) {
+    close(pin);
+    return;
+  }
+  pthread_t t;
+  pthread_attr_t attr;
+  int ok = pthread_attr_init(&attr) == 0;
+  if (ok && pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+      pthread_create(&t, &attr, release_pin, (void *)(intptr_t)pin) == 0) {
+    pthread_attr_destroy(&attr);
+    return;
+  }
+  if (ok)
+    pthread_attr_destroy(&attr);
+  close(pin);
+}
+
+int rlm_workdir_usage(pid_t launcher, uint64_t *bytes, uint64_t *files) {
+  char path[64];
+  if (workdir_path(launcher, path, sizeof(path)) != 0)
+    return -1;
   struct statvfs st;
   int rc;
   while ((rc = statvfs(path, &st)) != 0 && errno == EINTR)
