@@ -274,7 +274,7 @@ for name in ('irq', 'bus', 'acpi', 'scsi', 'driver', 'fs'):
         return entries
     attempt('/proc/' + name, listing)]] },
   { "reads host paths from mountinfo", "print(open('/proc/self/mountinfo').read())",
-    deny = { checkout, H.tmpdir } },
+    deny = { checkout, H.tmpdir, "/python/repl_driver.py" } }, -- a bind shows its path in its filesystem
   { "fills /session past max_rss_bytes where no cgroup counts it", [[
 chunk = b'x' * (8 << 20)
 with open('/session/fill', 'wb') as f:
