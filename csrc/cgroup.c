@@ -6,7 +6,9 @@
 
 #include "smallfile.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +56,30 @@ static int own_cgroup(const char *controller, char *out, size_t outlen) {
   return -1;
 }
 
+/* Removes what dead hosts left in parent: cgroups named rlm-<host pid>-<n>
+ * whose host is gone. A cgroup still holding a process does not go (rmdir
+ * says EBUSY); --die-with-parent has killed those by then anyway. */
+static void sweep(const char *parent) {
+  DIR *dir = opendir(parent);
+  if (dir == NULL)
+    return;
+  struct dirent *ent;
+  while ((ent = readdir(dir)) != NULL) {
+    int host, n, end = 0;
+    if (sscanf(ent->d_name, "rlm-%d-%d%n", &host, &n, &end) != 2 ||
+        ent->d_name[end] != '\0' || host <= 0 ||
+        (kill(host, 0) == 0 || errno != ESRCH))
+      continue;
+    char path[PATH_MAX + 256];
+    snprintf(path, sizeof(path), "%s/%s", parent, ent->d_name);
+    (void)rmdir(path);
+  }
+  closedir(dir);
+}
+
 static int make_child(char *dir, size_t len, const char *parent,
                       const char *name) {
+  sweep(parent);
   int w = snprintf(dir, len, "%s/%s", parent, name);
   if (w < 0 || (size_t)w >= len || mkdir(dir, 0700) != 0) {
     dir[0] = '\0';

@@ -7,10 +7,12 @@
 #include "driver.h"
 #include "sandbox.h"
 #include "seccomp.h"
+#include "uid.h"
 #include "waitset.h"
 #include "workdir.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,7 @@ static char *const sandbox_env[] = {
 
 typedef struct driver_ud {
   rlm_driver *d;
-  char workdir[PATH_MAX];
+  unsigned uid; /* the host uid the sandbox runs as */
 } driver_ud;
 
 static driver_ud *check_driver(lua_State *L) {
@@ -76,6 +78,7 @@ static void read_spec(lua_State *L, rlm_sandbox_spec *spec) {
   spec->python = opt_string(L, 1, "python");
   spec->driver = opt_string(L, 1, "driver");
   spec->seccomp_fd = 3; /* where the child finds the filter */
+  spec->driver_fd = -1;
   lua_getfield(L, 1, "ro");
   luaL_checktype(L, -1, LUA_TTABLE);
   size_t n_ro = lua_rawlen(L, -1);
@@ -104,73 +107,121 @@ static int push_argv(lua_State *L, rlm_argv *argv) {
   return 1;
 }
 
-/* core.spawn{bwrap=, python=, driver=, ro={...}, tmpdir=, max_line=,
- *            max_rss=, rss_interval_ms=} -> Driver | nil, message */
+/* Where the child finds what it is handed: the filter (bwrap reads it), the
+ * context (the driver maps it) and the driver's text (bwrap copies it). */
+#define CHILD_SECCOMP_FD 3
+#define CHILD_CONTEXT_FD 4
+#define CHILD_DRIVER_FD 5
+
+static void close_fd(int *fd) {
+  if (*fd >= 0) {
+    close(*fd);
+    *fd = -1;
+  }
+}
+
+/* core.spawn{bwrap=, python=, driver=, ro={...}, context=, max_line=,
+ *            max_rss=, rss_interval_ms=, cgroup=, workdir_bytes=,
+ *            workdir_files=, uid_first=, uid_count=}
+ *   -> Driver | nil, message */
 static int core_spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   rlm_sandbox_spec spec;
   read_spec(L, &spec);
-  const char *tmpdir = opt_string(L, 1, "tmpdir");
+  size_t context_len;
+  lua_getfield(L, 1, "context");
+  const char *context = lua_tolstring(L, -1, &context_len);
+  if (context == NULL)
+    luaL_error(L, "rlm.core.spawn: option 'context' must be a string");
+  lua_pop(L, 1); /* the table keeps it alive */
   size_t max_line = (size_t)opt_integer(L, 1, "max_line", 16 << 20);
   uint64_t max_rss = (uint64_t)opt_integer(L, 1, "max_rss", 0);
   unsigned interval = (unsigned)opt_integer(L, 1, "rss_interval_ms", 50);
+  spec.workdir_bytes = (uint64_t)opt_integer(L, 1, "workdir_bytes", 1 << 28);
+  uint64_t max_files = (uint64_t)opt_integer(L, 1, "workdir_files", 10000);
+  uint32_t uid_first = (uint32_t)opt_integer(L, 1, "uid_first", 1879048192);
+  uint32_t uid_count = (uint32_t)opt_integer(L, 1, "uid_count", 65536);
   lua_getfield(L, 1, "cgroup");
   int use_cgroup = lua_toboolean(L, -1);
   lua_pop(L, 1);
 
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
-  u->workdir[0] = '\0';
+  u->uid = 0;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
 
   char err[512];
-  if (rlm_workdir_create(tmpdir, u->workdir, sizeof(u->workdir)) != 0) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "creating the workdir in %s: %s", tmpdir,
-                    strerror(errno));
-    return 2;
+  int lock = -1, filter = -1, ctx = -1, drv_text = -1;
+  rlm_argv argv = {0}, stage = {0};
+  int as_root = geteuid() == 0;
+  u->uid = (unsigned)getuid();
+  if (as_root) {
+    /* Never host root inside: an unprivileged uid of the session's own. */
+    lock = rlm_uid_claim(uid_first, uid_count, &u->uid, err, sizeof(err));
+    if (lock < 0)
+      return fail(L, err);
+    spec.stage = &stage;
   }
-  spec.workdir = u->workdir;
-  int filter = rlm_seccomp_fd(err, sizeof(err));
-  if (filter < 0) {
-    (void)rlm_workdir_remove(u->workdir);
-    return fail(L, err);
+  if ((filter = rlm_seccomp_fd(err, sizeof(err))) < 0)
+    goto failed;
+  if ((ctx = rlm_context_fd(context, context_len)) < 0) {
+    snprintf(err, sizeof(err), "handing the context over: %s", strerror(errno));
+    goto failed;
   }
-  rlm_argv argv = {0};
-  if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0) {
-    close(filter);
-    (void)rlm_workdir_remove(u->workdir);
-    return fail(L, err);
+  if ((drv_text = open(spec.driver, O_RDONLY | O_CLOEXEC)) < 0) {
+    snprintf(err, sizeof(err), "opening %s: %s", spec.driver, strerror(errno));
+    goto failed;
   }
+  spec.seccomp_fd = CHILD_SECCOMP_FD;
+  spec.driver_fd = CHILD_DRIVER_FD;
+  if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
+    goto failed;
+  int handed[] = {filter, ctx, drv_text};
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.argv = argv.v;
   o.env = sandbox_env;
-  o.inherit_fd = filter;
-  o.workdir = u->workdir;
+  o.inherit_fds = handed;
+  o.n_inherit = 3;
+  o.run_as = as_root ? u->uid : 0;
+  o.uid_lock = lock; /* the driver's from here, whatever happens */
+  lock = -1;
+  o.stage = stage.v;
+  o.n_stage = stage.n;
   o.max_line = max_line;
   o.max_rss = max_rss;
+  o.max_files = max_files;
   o.rss_interval_ms = interval;
-  const char *base = strrchr(u->workdir, '/');
-  o.cgroup_name = use_cgroup ? (base ? base + 1 : u->workdir) : NULL;
+  o.cgroup = use_cgroup;
   u->d = rlm_driver_start(&o, err, sizeof(err));
-  close(filter); /* the child has its copy */
+  if (u->d == NULL)
+    goto failed;
+  close_fd(&filter); /* the child has its copies */
+  close_fd(&ctx);
+  close_fd(&drv_text);
   rlm_argv_free(&argv);
-  if (u->d == NULL) {
-    (void)rlm_workdir_remove(u->workdir);
-    return fail(L, err);
-  }
+  rlm_argv_free(&stage);
   return 1;
+
+failed:
+  close_fd(&lock);
+  close_fd(&filter);
+  close_fd(&ctx);
+  close_fd(&drv_text);
+  rlm_argv_free(&argv);
+  rlm_argv_free(&stage);
+  return fail(L, err);
 }
 
 /* core.sandbox_argv(spec) -> {argv...}: the command line spawn would use,
- * for tests and for the curious. The workdir is not created. */
+ * for tests and for the curious, with the driver bound from its path and
+ * nothing staged. */
 static int core_sandbox_argv(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   rlm_sandbox_spec spec;
   read_spec(L, &spec);
-  spec.workdir = opt_string(L, 1, "workdir");
+  spec.workdir_bytes = (uint64_t)opt_integer(L, 1, "workdir_bytes", 1 << 28);
   rlm_argv argv = {0};
   char err[512];
   if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
@@ -234,15 +285,14 @@ static int core_helper(lua_State *L) {
   int env_index = helper_env(L);
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
-  u->workdir[0] = '\0';
+  u->uid = 0;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.argv = argv;
   o.env = lua_touserdata(L, env_index);
-  o.inherit_fd = -1;
-  o.workdir = "";
+  o.uid_lock = -1;
   o.max_line = max_bytes;
   char err[512];
   u->d = rlm_driver_start(&o, err, sizeof(err));
@@ -310,13 +360,15 @@ static const char *event_name(rlm_event_kind k) {
     return "memory";
   case RLM_EV_OVERFLOW:
     return "overflow";
+  case RLM_EV_FILES:
+    return "files";
   }
   return "unknown";
 }
 
 /* d:poll(timeout_ms) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
- *   "memory", peak_bytes | "overflow" */
+ *   "memory", peak_bytes | "files", files | "overflow" */
 static int driver_poll(lua_State *L) {
   driver_ud *u = check_driver(L);
   int timeout = (int)luaL_optinteger(L, 2, -1);
@@ -337,6 +389,7 @@ static int driver_poll(lua_State *L) {
     n = 4;
     break;
   case RLM_EV_MEMORY:
+  case RLM_EV_FILES:
     lua_pushnumber(L, (lua_Number)ev->peak_bytes);
     n = 2;
     break;
@@ -436,22 +489,9 @@ static int driver_timeout(lua_State *L) {
   return 1;
 }
 
-static int driver_workdir(lua_State *L) {
-  lua_pushstring(L, check_driver(L)->workdir);
-  return 1;
-}
-
-static int driver_write_file(lua_State *L) {
-  driver_ud *u = check_driver(L);
-  const char *name = luaL_checkstring(L, 2);
-  size_t len;
-  const char *data = luaL_checklstring(L, 3, &len);
-  if (rlm_workdir_write(u->workdir, name, data, len) != 0) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "writing %s in the workdir: %s", name, strerror(errno));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
+/* d:uid() -> the host uid the sandbox runs as. */
+static int driver_uid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)check_driver(L)->uid);
   return 1;
 }
 
@@ -459,12 +499,7 @@ static int driver_close(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   rlm_driver *d = u->d;
   u->d = NULL;
-  if (d != NULL && rlm_driver_close(d) != 0) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "removing the workdir %s: %s", u->workdir,
-                    strerror(errno));
-    return 2;
-  }
+  rlm_driver_close(d);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -614,8 +649,7 @@ static const luaL_Reg driver_methods[] = {
     {"foreign_fds", driver_foreign_fds},
     {"fd", driver_fd},
     {"timeout", driver_timeout},
-    {"workdir", driver_workdir},
-    {"write_file", driver_write_file},
+    {"uid", driver_uid},
     {"close", driver_close},
     {NULL, NULL},
 };

@@ -3,11 +3,13 @@
  * floods its stdout fills the pipe and blocks instead of filling the host's
  * memory.
  *
- * The process is started with posix_spawn, not uv_spawn, and watched through
- * a pidfd: the child closes every descriptor but its three pipes (and the
- * seccomp filter) before its first exec, whatever the host leaked, and libuv
- * never installs its process-wide SIGCHLD handler, which would otherwise
- * change how the host's own children (Neovim's, nginx's) are reaped. */
+ * The process is started with posix_spawn (or, when it must drop to another
+ * uid, fork and exec), not uv_spawn, and watched through a pidfd: the child
+ * closes every descriptor but its three pipes and the ones it is handed
+ * (the seccomp filter, the context, the driver's text) before its first
+ * exec, whatever the host leaked, and libuv never installs its process-wide
+ * SIGCHLD handler, which would otherwise change how the host's own children
+ * (Neovim's, nginx's) are reaped. */
 #define _GNU_SOURCE
 #include "driver.h"
 
@@ -16,16 +18,21 @@
 #include "watchdog.h"
 #include "workdir.h"
 
+#include "sandbox.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -43,6 +50,7 @@ extern char **environ;
 #define LAUNCHER_GRACE_MS 500 /* after its namespace's init was killed */
 #define SANDBOX_TASKS 128     /* the cgroup's pids.max: threads, mostly */
 #define MAX_WRITE_QUEUE (256u << 20)
+#define MAX_INHERIT 8 /* descriptors handed to the child beyond 0..2 */
 
 struct rlm_driver {
   uv_loop_t loop;
@@ -67,11 +75,10 @@ struct rlm_driver {
   char err_tail[STDERR_TAIL + 1];
   size_t err_len;
 
-  uint64_t max_rss, peak_rss;
+  uint64_t max_rss, peak_rss, max_files;
   unsigned rss_interval_ms;
   rlm_cgroup cg;
-
-  char workdir[PATH_MAX];
+  int uid_lock; /* held while the sandbox's uid is ours; -1: none */
   char out_buf[READ_CHUNK];
   char err_buf[4096];
 };
@@ -366,15 +373,24 @@ static void on_deadline(uv_timer_t *t) {
   terminate(d, RLM_EV_TIMEOUT);
 }
 
+/* The memory of the tree plus what /session's tmpfs holds (where no cgroup
+ * charges it, this is the only count of it), and its files. */
 static void on_watchdog(uv_timer_t *t) {
   rlm_driver *d = t->data;
   if (!d->spawned || d->exited)
     return;
-  uint64_t rss = rlm_tree_rss(d->pid);
+  uint64_t rss = rlm_tree_rss(d->pid), bytes = 0, files = 0;
+  if (rlm_workdir_usage(d->pid, &bytes, &files) == 0)
+    rss += bytes;
   if (rss > d->peak_rss)
     d->peak_rss = rss;
-  if (rss > d->max_rss)
+  if (d->max_files > 0 && files > d->max_files) {
+    terminate(d, RLM_EV_FILES);
+    if (d->tail != NULL && d->tail->kind == RLM_EV_FILES)
+      d->tail->peak_bytes = files;
+  } else if (d->max_rss > 0 && rss > d->max_rss) {
     terminate(d, RLM_EV_MEMORY);
+  }
 }
 
 static void on_wait(uv_timer_t *t) {
@@ -400,6 +416,8 @@ static int init_pipe(rlm_driver *d, uv_pipe_t *p) {
 static void free_driver(rlm_driver *d) {
   if (d->pidfd >= 0)
     close(d->pidfd);
+  if (d->uid_lock >= 0)
+    close(d->uid_lock);
   while (d->head != NULL) {
     rlm_event *ev = d->head;
     d->head = ev->next;
@@ -426,14 +444,17 @@ static void close_loop(rlm_driver *d) {
   (void)uv_loop_close(&d->loop);
 }
 
-/* A pipe whose two ends are close-on-exec and numbered 10 or more, so that
- * the dup2s into 0..3 in the child cannot clobber one another. */
+/* Descriptors the child moves into 0..2 + MAX_INHERIT are first numbered
+ * above that, so that its dup2s cannot clobber one another. */
+#define FD_BASE (3 + MAX_INHERIT + 1)
+
+/* A pipe whose two ends are close-on-exec and numbered FD_BASE or more. */
 static int make_pipe(int fds[2]) {
   int raw[2];
   if (pipe2(raw, O_CLOEXEC) != 0)
     return -1;
   for (int i = 0; i < 2; i++) {
-    fds[i] = fcntl(raw[i], F_DUPFD_CLOEXEC, 10);
+    fds[i] = fcntl(raw[i], F_DUPFD_CLOEXEC, FD_BASE);
     close(raw[i]);
   }
   if (fds[0] < 0 || fds[1] < 0) {
@@ -456,48 +477,159 @@ static void close_pair(int fds[2]) {
     }
 }
 
-static int spawn_process(rlm_driver *d, const rlm_driver_opts *o, char *err,
-                         size_t errlen) {
-  int p_in[2] = {-1, -1}, p_out[2] = {-1, -1}, p_err[2] = {-1, -1};
-  int keep = -1, rc = -1;
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  int fa_ok = 0, attr_ok = 0;
+/* What the child of a fork does, in order, with only system calls: mount
+ * what its uid could not reach (see sandbox.h), drop to the uid, reset its
+ * signals, leave the host's session, set its descriptors, exec. A failure
+ * writes errno to `report` (close-on-exec: EOF means the exec happened). */
+typedef struct child_plan {
+  const rlm_driver_opts *o;
+  int fds[3 + MAX_INHERIT]; /* the child's 0, 1, 2, 3... from these */
+  int nfds, report;
+  char (*stage_dst)[64];
+  unsigned char *stage_dir; /* whether each staged path is a directory */
+} child_plan;
 
-  if (make_pipe(p_in) || make_pipe(p_out) || make_pipe(p_err)) {
-    snprintf(err, errlen, "pipe2: %s", strerror(errno));
-    goto out;
+__attribute__((noreturn)) static void child_fail(const child_plan *p) {
+  int e = errno;
+  while (write(p->report, &e, sizeof(e)) < 0 && errno == EINTR)
+    ;
+  _exit(127);
+}
+
+__attribute__((noreturn)) static void child_run(const child_plan *p) {
+  const rlm_driver_opts *o = p->o;
+  if (o->n_stage > 0) {
+    /* A mount namespace of this child's alone, where none of this
+     * propagates back to the host's. */
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0 ||
+        mount("rlm-stage", RLM_STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
+              "mode=0755,size=64k") != 0)
+      child_fail(p);
+    for (size_t i = 0; i < o->n_stage; i++) {
+      if (p->stage_dir[i]) {
+        if (mkdir(p->stage_dst[i], 0755) != 0)
+          child_fail(p);
+      } else {
+        int fd = open(p->stage_dst[i], O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+          child_fail(p);
+        close(fd);
+      }
+      if (mount(o->stage[i], p->stage_dst[i], NULL, MS_BIND | MS_REC, NULL) !=
+          0)
+        child_fail(p);
+    }
   }
-  int ends[3] = {p_in[0], p_out[1], p_err[1]};
-  for (int i = 0; i < 3; i++) {
-    struct stat st;
-    if (fstat(ends[i], &st) != 0) {
-      snprintf(err, errlen, "fstat: %s", strerror(errno));
+  if (o->run_as != 0 &&
+      (setgroups(0, NULL) != 0 || setresgid(o->run_as, o->run_as, o->run_as) ||
+       setresuid(o->run_as, o->run_as, o->run_as) != 0))
+    child_fail(p);
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      (void)sigaction(sig, &dfl, NULL); /* fails only for libc's own */
+  sigset_t none;
+  sigemptyset(&none);
+  if (sigprocmask(SIG_SETMASK, &none, NULL) != 0 || setsid() < 0)
+    child_fail(p);
+  for (int i = 0; i < p->nfds; i++)
+    if (dup2(p->fds[i], i) < 0)
+      child_fail(p);
+  /* Everything else goes, leaked host descriptors included; the report
+   * pipe closes at the exec. */
+  if (syscall(SYS_close_range, (unsigned)p->nfds, (unsigned)p->report - 1, 0) !=
+          0 ||
+      syscall(SYS_close_range, (unsigned)p->report + 1, ~0u, 0) != 0)
+    child_fail(p);
+  execve(o->argv[0], o->argv, o->env ? o->env : environ);
+  child_fail(p);
+}
+
+/* fork + child_run. Returns 0, or an errno value. */
+static int fork_child(rlm_driver *d, const rlm_driver_opts *o, const int *fds,
+                      int nfds) {
+  child_plan p;
+  memset(&p, 0, sizeof(p));
+  p.o = o;
+  p.nfds = nfds;
+  memcpy(p.fds, fds, (size_t)nfds * sizeof(int));
+  int report[2] = {-1, -1}, rc = 0;
+  if (o->n_stage > 0) {
+    p.stage_dst = calloc(o->n_stage, sizeof(*p.stage_dst));
+    p.stage_dir = calloc(o->n_stage, 1);
+    if (p.stage_dst == NULL || p.stage_dir == NULL) {
+      rc = ENOMEM;
       goto out;
     }
-    d->pipe_ino[i] = (unsigned long)st.st_ino;
+    for (size_t i = 0; i < o->n_stage; i++) {
+      struct stat st;
+      if (stat(o->stage[i], &st) != 0) {
+        rc = errno;
+        goto out;
+      }
+      p.stage_dir[i] = S_ISDIR(st.st_mode);
+      snprintf(p.stage_dst[i], sizeof(p.stage_dst[i]), RLM_STAGE_DIR "/%zu", i);
+    }
   }
-  if (o->inherit_fd >= 0 &&
-      (keep = fcntl(o->inherit_fd, F_DUPFD_CLOEXEC, 10)) < 0) {
-    snprintf(err, errlen, "fcntl(F_DUPFD_CLOEXEC): %s", strerror(errno));
+  if (make_pipe(report) != 0) {
+    rc = errno;
     goto out;
   }
+  p.report = report[1];
+  /* No handler of the host's may run in the child before it resets them. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pid_t pid = fork();
+  if (pid == 0)
+    child_run(&p);
+  int fork_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (pid < 0) {
+    rc = fork_errno;
+    goto out;
+  }
+  close(report[1]);
+  report[1] = -1;
+  int child_errno = 0;
+  ssize_t n;
+  while ((n = read(report[0], &child_errno, sizeof(child_errno))) < 0 &&
+         errno == EINTR)
+    ;
+  if (n > 0) {
+    rc = child_errno ? child_errno : EIO;
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+      ;
+    goto out;
+  }
+  d->pid = pid;
+out:
+  close_pair(report);
+  free(p.stage_dst);
+  free(p.stage_dir);
+  return rc;
+}
+
+/* posix_spawn with the same descriptors, signals and session. Returns 0, or
+ * an errno value. */
+static int posix_spawn_child(rlm_driver *d, const rlm_driver_opts *o,
+                             const int *fds, int nfds) {
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
   int e = posix_spawn_file_actions_init(&fa);
-  fa_ok = e == 0;
-  if (e == 0)
-    e = posix_spawn_file_actions_adddup2(&fa, p_in[0], 0);
-  if (e == 0)
-    e = posix_spawn_file_actions_adddup2(&fa, p_out[1], 1);
-  if (e == 0)
-    e = posix_spawn_file_actions_adddup2(&fa, p_err[1], 2);
-  if (e == 0 && keep >= 0)
-    e = posix_spawn_file_actions_adddup2(&fa, keep, 3);
+  if (e != 0)
+    return e;
+  for (int i = 0; i < nfds && e == 0; i++)
+    e = posix_spawn_file_actions_adddup2(&fa, fds[i], i);
   /* Everything else goes, leaked host descriptors included. */
   if (e == 0)
-    e = posix_spawn_file_actions_addclosefrom_np(&fa, keep >= 0 ? 4 : 3);
+    e = posix_spawn_file_actions_addclosefrom_np(&fa, nfds);
+  int attr_ok = 0;
   if (e == 0)
-    e = posix_spawnattr_init(&attr);
-  attr_ok = fa_ok && e == 0;
+    attr_ok = (e = posix_spawnattr_init(&attr)) == 0;
   sigset_t none, all;
   sigemptyset(&none);
   sigfillset(&all);
@@ -511,14 +643,53 @@ static int spawn_process(rlm_driver *d, const rlm_driver_opts *o, char *err,
     e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
                                             POSIX_SPAWN_SETSIGDEF |
                                             POSIX_SPAWN_SETSID);
-  if (e != 0) {
-    snprintf(err, errlen, "posix_spawn setup: %s", strerror(e));
+  if (e == 0)
+    e = posix_spawn(&d->pid, o->argv[0], &fa, &attr, (char *const *)o->argv,
+                    o->env ? (char *const *)o->env : environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (attr_ok)
+    posix_spawnattr_destroy(&attr);
+  return e;
+}
+
+static int spawn_process(rlm_driver *d, const rlm_driver_opts *o, char *err,
+                         size_t errlen) {
+  int p_in[2] = {-1, -1}, p_out[2] = {-1, -1}, p_err[2] = {-1, -1};
+  int keep[MAX_INHERIT], nkeep = 0, rc = -1;
+
+  if (o->n_inherit > MAX_INHERIT) {
+    snprintf(err, errlen, "too many descriptors for the child");
+    return -1;
+  }
+  if (make_pipe(p_in) || make_pipe(p_out) || make_pipe(p_err)) {
+    snprintf(err, errlen, "pipe2: %s", strerror(errno));
     goto out;
   }
-  e = posix_spawn(&d->pid, o->argv[0], &fa, &attr, (char *const *)o->argv,
-                  o->env ? (char *const *)o->env : environ);
+  int ends[3] = {p_in[0], p_out[1], p_err[1]};
+  for (int i = 0; i < 3; i++) {
+    struct stat st;
+    if (fstat(ends[i], &st) != 0) {
+      snprintf(err, errlen, "fstat: %s", strerror(errno));
+      goto out;
+    }
+    d->pipe_ino[i] = (unsigned long)st.st_ino;
+  }
+  int fds[3 + MAX_INHERIT] = {p_in[0], p_out[1], p_err[1]};
+  for (size_t i = 0; i < o->n_inherit; i++) {
+    if ((keep[nkeep] = fcntl(o->inherit_fds[i], F_DUPFD_CLOEXEC, FD_BASE)) <
+        0) {
+      snprintf(err, errlen, "fcntl(F_DUPFD_CLOEXEC): %s", strerror(errno));
+      goto out;
+    }
+    fds[3 + nkeep] = keep[nkeep];
+    nkeep++;
+  }
+  int nfds = 3 + nkeep;
+  int e = o->run_as != 0 || o->n_stage > 0 ? fork_child(d, o, fds, nfds)
+                                           : posix_spawn_child(d, o, fds, nfds);
   if (e != 0) {
-    snprintf(err, errlen, "spawning %s: %s", o->argv[0], strerror(e));
+    snprintf(err, errlen, "spawning %s%s: %s", o->argv[0],
+             o->run_as ? " as the sandbox's uid" : "", strerror(e));
     goto out;
   }
   d->spawned = 1;
@@ -558,15 +729,11 @@ static int spawn_process(rlm_driver *d, const rlm_driver_opts *o, char *err,
   }
   rc = 0;
 out:
-  if (fa_ok)
-    posix_spawn_file_actions_destroy(&fa);
-  if (attr_ok)
-    posix_spawnattr_destroy(&attr);
   close_pair(p_in);
   close_pair(p_out);
   close_pair(p_err);
-  if (keep >= 0)
-    close(keep);
+  for (int i = 0; i < nkeep; i++)
+    close(keep[i]);
   return rc;
 }
 
@@ -575,19 +742,22 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
   rlm_driver *d = calloc(1, sizeof(*d));
   if (d == NULL) {
     snprintf(err, errlen, "out of memory");
+    if (o->uid_lock >= 0)
+      close(o->uid_lock);
     return NULL;
   }
+  d->uid_lock = o->uid_lock;
+  d->pidfd = -1;
   int rc = uv_loop_init(&d->loop);
   if (rc != 0) {
     snprintf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));
-    free(d);
+    free_driver(d);
     return NULL;
   }
-  d->pidfd = -1;
   d->framer.max = o->max_line;
   d->max_rss = o->max_rss;
+  d->max_files = o->max_files;
   d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
-  snprintf(d->workdir, sizeof(d->workdir), "%s", o->workdir);
   init_timer(d, &d->deadline);
   init_timer(d, &d->watchdog);
   init_timer(d, &d->wait);
@@ -606,17 +776,20 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     free_driver(d);
     return NULL;
   }
-  if (o->cgroup_name != NULL && d->max_rss > 0) {
+  if (o->cgroup && d->max_rss > 0) {
     /* Now, while bubblewrap sets up: its children inherit the cgroup. What
-     * it forked before this is moved by rlm_driver_adopt after the hello. */
-    rlm_cgroup_create(&d->cg, o->cgroup_name, d->max_rss, SANDBOX_TASKS);
+     * it forked before this is moved by rlm_driver_adopt after the hello.
+     * The name says whose it is, so that a later host can sweep it. */
+    char name[64];
+    snprintf(name, sizeof(name), "rlm-%d-%d", (int)getpid(), (int)d->pid);
+    rlm_cgroup_create(&d->cg, name, d->max_rss, SANDBOX_TASKS);
     if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
       rlm_cgroup_remove(&d->cg);
   }
   uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
   d->reading = 1;
   uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
-  if (d->max_rss > 0)
+  if (d->max_rss > 0 || d->max_files > 0)
     uv_timer_start(&d->watchdog, on_watchdog, 0, d->rss_interval_ms);
   return d;
 }
@@ -807,10 +980,14 @@ int rlm_driver_backend_timeout(rlm_driver *d) {
   return d->head != NULL ? 0 : uv_backend_timeout(&d->loop);
 }
 
-int rlm_driver_close(rlm_driver *d) {
+void rlm_driver_close(rlm_driver *d) {
   if (d == NULL)
-    return 0;
+    return;
+  int pin = -1;
   if (d->spawned && !d->exited) {
+    /* The sandbox's files are freed when the pin goes, off this thread. */
+    if (d->max_files > 0)
+      pin = rlm_workdir_pin(d->pid);
     kill_sandbox(d);
     stop_reading(d);
     uv_timer_stop(&d->deadline);
@@ -823,7 +1000,6 @@ int rlm_driver_close(rlm_driver *d) {
   }
   close_loop(d);
   rlm_cgroup_remove(&d->cg);
-  int rc = d->workdir[0] ? rlm_workdir_remove(d->workdir) : 0;
-  free_driver(d);
-  return rc;
+  free_driver(d); /* the uid is free once the sandbox is reaped */
+  rlm_workdir_release(pin);
 }

@@ -13,6 +13,7 @@ typedef enum rlm_event_kind {
   RLM_EV_TIMEOUT,  /* the deadline passed; the sandbox was killed */
   RLM_EV_MEMORY,   /* the memory limit was passed; the sandbox was killed */
   RLM_EV_OVERFLOW, /* a line longer than the cap; the sandbox was killed */
+  RLM_EV_FILES,    /* /session held more than max_files files; killed */
 } rlm_event_kind;
 
 typedef struct rlm_event {
@@ -22,25 +23,34 @@ typedef struct rlm_event {
   size_t len;
   int64_t exit_status;
   int term_signal;
-  uint64_t peak_bytes; /* RLM_EV_MEMORY: the peak seen */
+  uint64_t peak_bytes; /* RLM_EV_MEMORY: the peak seen; RLM_EV_FILES: the
+                          files seen */
 } rlm_event;
 
 typedef struct rlm_driver rlm_driver;
 
 typedef struct rlm_driver_opts {
-  char *const *argv;       /* argv[0] is an absolute path */
-  char *const *env;        /* NULL: the host's */
-  int inherit_fd;          /* becomes fd 3 in the child; -1: none */
-  const char *workdir;     /* removed by rlm_driver_close */
-  size_t max_line;         /* bytes, without the newline */
-  uint64_t max_rss;        /* bytes over the whole sandbox; 0: no watchdog */
-  const char *cgroup_name; /* put the sandbox in a cgroup of this name, where
-                              one can be made; NULL: never */
+  char *const *argv;      /* argv[0] is an absolute path */
+  char *const *env;       /* NULL: the host's */
+  const int *inherit_fds; /* become 3, 4, ... in the child */
+  size_t n_inherit;
+  unsigned run_as;    /* nonzero (root host): the child drops to this uid and
+                         gid, with no supplementary groups, before its exec */
+  int uid_lock;       /* the lock that holds run_as; taken over (closed by
+                         rlm_driver_close, or at once on failure); -1: none */
+  char *const *stage; /* host paths the child mounts at RLM_STAGE_DIR/<i>,
+                         in a mount namespace of its own, before it drops to
+                         run_as (see sandbox.h) */
+  size_t n_stage;
+  size_t max_line;    /* bytes, without the newline */
+  uint64_t max_rss;   /* bytes over the whole sandbox, /session's tmpfs
+                         included; 0: no watchdog */
+  uint64_t max_files; /* files in /session; 0: not counted */
+  int cgroup;         /* put the sandbox in a cgroup where one can be made */
   unsigned rss_interval_ms;
 } rlm_driver_opts;
 
-/* Spawns the process. Returns NULL with a message in err (the workdir is
- * then the caller's to remove). */
+/* Spawns the process. Returns NULL with a message in err. */
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
                              size_t errlen);
 
@@ -82,8 +92,8 @@ int rlm_driver_adopt(rlm_driver *d);
 const char *rlm_driver_memory_mechanism(const rlm_driver *d);
 uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak);
 
-/* Kills the sandbox if it runs, reaps it, frees every handle and removes
- * the workdir. Returns 0, or -1 when the workdir could not be removed. */
-int rlm_driver_close(rlm_driver *d);
+/* Kills the sandbox if it runs, reaps it, frees every handle and lets go
+ * of its uid. There is nothing on the host's disk to remove. */
+void rlm_driver_close(rlm_driver *d);
 
 #endif

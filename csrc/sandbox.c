@@ -1,7 +1,9 @@
 /* sandbox.c: the bubblewrap policy. The driver sees an empty root holding
- * only the Python installation (read-only), itself (read-only), the session
- * workdir (read-write), a fresh /proc and a minimal /dev; every namespace is
- * new, so it has no network, no view of host processes and no SysV IPC. */
+ * only the Python installation (read-only), itself (read-only), /session (a
+ * size-limited tmpfs of its own), a read-only /proc with the host-global
+ * files that leak kernel state hidden, and a minimal read-only /dev; every
+ * namespace is new, so it has no network, no view of host processes and no
+ * SysV IPC. */
 #define _GNU_SOURCE
 #include "sandbox.h"
 
@@ -41,8 +43,32 @@ void rlm_argv_free(rlm_argv *a) {
 typedef struct exposer {
   rlm_argv *argv;
   rlm_argv seen;
+  rlm_argv *stage;
   int failed;
 } exposer;
+
+/* Whether a process with no privilege and none of the owners' ids can
+ * resolve path: every directory above it searchable by others. */
+static int reachable_by_others(const char *path) {
+  char dir[PATH_MAX];
+  size_t len = strlen(path);
+  if (len >= sizeof(dir))
+    return 0;
+  memcpy(dir, path, len + 1);
+  for (char *slash = strrchr(dir, '/'); slash != NULL;
+       slash = strrchr(dir, '/')) {
+    if (slash == dir)
+      slash[1] = '\0';
+    else
+      *slash = '\0';
+    struct stat st;
+    if (stat(dir, &st) != 0 || !(st.st_mode & S_IXOTH))
+      return 0;
+    if (slash == dir)
+      break;
+  }
+  return 1;
+}
 
 static int path_within(const char *path, const char *dir) {
   size_t n = strlen(dir);
@@ -140,8 +166,58 @@ static void expose(exposer *e, const char *path, int hops) {
   }
   if (curlen == 0)
     return;
-  emit(e, "--ro-bind", cur, cur);
+  if (e->stage != NULL && !reachable_by_others(cur)) {
+    char staged[64];
+    snprintf(staged, sizeof(staged), RLM_STAGE_DIR "/%zu", e->stage->n);
+    if (rlm_argv_push(e->stage, cur))
+      e->failed = 1;
+    emit(e, "--ro-bind", staged, cur);
+  } else {
+    emit(e, "--ro-bind", cur, cur);
+  }
   remember(e, cur);
+}
+
+/* Host-global files and directories of /proc that leak kernel state (or
+ * would let a process with privilege change it): each file is covered with
+ * /dev/null (on /proc, which is nodev, it cannot even be opened), each
+ * directory with an empty read-only tmpfs. What the interpreter reads
+ * (/proc/self, meminfo, stat, cpuinfo) stays. */
+static const char *const proc_files[] = {
+    "slabinfo",      "kpageflags",    "kpagecount", "kpagecgroup",
+    "timer_list",    "timer_stats",   "keys",       "key-users",
+    "sched_debug",   "sysrq-trigger", "kallsyms",   "modules",
+    "vmallocinfo",   "pagetypeinfo",  "zoneinfo",   "buddyinfo",
+    "iomem",         "ioports",       "kcore",      "kmsg",
+    "latency_stats", "lock_stat",     "mtrr",       "dma",
+    "config.gz",     "interrupts",    "softirqs",   "locks",
+    "partitions",    "diskstats",     "swaps",      "devices",
+    "misc",          "consoles",      "mdstat",     "allocinfo",
+    "version",       "cmdline",       "crypto",     "execdomains",
+    "vmstat",        "cgroups",       "fb",         NULL,
+};
+static const char *const proc_dirs[] = {
+    "irq",           "bus", "acpi", "scsi",     "driver",  "asound",
+    "dynamic_debug", "fs",  "tty",  "pressure", "sysvipc", NULL,
+};
+
+static void hide_proc(exposer *e) {
+  char host[64], inside[64];
+  struct stat st;
+  for (const char *const *p = proc_files; *p != NULL; p++) {
+    snprintf(host, sizeof(host), "/proc/%s", *p);
+    if (lstat(host, &st) == 0 && S_ISREG(st.st_mode))
+      emit(e, "--ro-bind", "/dev/null", host);
+  }
+  for (const char *const *p = proc_dirs; *p != NULL; p++) {
+    snprintf(inside, sizeof(inside), "/proc/%s", *p);
+    if (lstat(inside, &st) == 0 && S_ISDIR(st.st_mode)) {
+      emit(e, "--tmpfs", inside, NULL);
+      emit(e, "--remount-ro", inside, NULL);
+    }
+  }
+  /* /proc/sys and everything else left: read-only. */
+  emit(e, "--remount-ro", "/proc", NULL);
 }
 
 int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
@@ -166,7 +242,7 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
       "/dev",
       NULL,
   };
-  exposer e = {out, {0}, 0};
+  exposer e = {out, {0}, spec->stage, 0};
 
   if (rlm_argv_push(out, spec->bwrap))
     goto oom;
@@ -182,8 +258,22 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
              spec->python);
     goto fail;
   }
-  emit(&e, "--ro-bind", spec->driver, RLM_SANDBOX_DRIVER);
-  emit(&e, "--bind", spec->workdir, RLM_SANDBOX_WORKDIR);
+  if (spec->driver_fd >= 0) {
+    char fd[16];
+    snprintf(fd, sizeof(fd), "%d", spec->driver_fd);
+    emit(&e, "--ro-bind-data", fd, RLM_SANDBOX_DRIVER);
+  } else {
+    emit(&e, "--ro-bind", spec->driver, RLM_SANDBOX_DRIVER);
+  }
+  /* The workdir is the sandbox's own tmpfs: nothing it writes reaches the
+   * host's disk, and it goes with the mount namespace. bwrap mounts it
+   * nosuid and nodev. */
+  char size[32];
+  snprintf(size, sizeof(size), "%llu",
+           (unsigned long long)(spec->workdir_bytes ? spec->workdir_bytes : 1));
+  emit(&e, "--size", size, NULL);
+  emit(&e, "--tmpfs", RLM_SANDBOX_WORKDIR, NULL);
+  hide_proc(&e);
   emit(&e, "--remount-ro", "/", NULL);
   /* /dev is a tmpfs: writable, it would hold memory no RSS shows. */
   emit(&e, "--remount-ro", "/dev", NULL);

@@ -4,25 +4,37 @@
 #define RLM_SANDBOX_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-typedef struct rlm_argv {
+struct rlm_argv {
   char **v; /* NULL-terminated */
   size_t n, cap;
-} rlm_argv;
+};
+
+typedef struct rlm_argv rlm_argv;
 
 typedef struct rlm_sandbox_spec {
-  const char *bwrap;     /* absolute path of bubblewrap */
-  const char *python;    /* absolute path of the interpreter (realpath) */
-  const char *driver;    /* host path of repl_driver.py */
-  const char *workdir;   /* host path of the session workdir */
+  const char *bwrap;  /* absolute path of bubblewrap */
+  const char *python; /* absolute path of the interpreter (realpath) */
+  const char *driver; /* host path of repl_driver.py (when driver_fd < 0) */
+  int driver_fd;      /* the child's descriptor on the driver's text, copied in
+                         with --ro-bind-data so that no host path shows; -1: bind
+                         `driver` */
   const char *const *ro; /* host paths to expose read-only, at the same path */
   size_t n_ro;
-  int seccomp_fd; /* the filter's descriptor in the child; -1: none */
+  int seccomp_fd;         /* the filter's descriptor in the child; -1: none */
+  uint64_t workdir_bytes; /* size of the /session tmpfs */
+  rlm_argv *stage; /* non-NULL (root host): a path the sandbox's uid cannot
+                      reach is appended here and bound from
+                      RLM_STAGE_DIR/<index>, where the spawn mounts it */
 } rlm_sandbox_spec;
 
 /* Paths inside the sandbox. */
 #define RLM_SANDBOX_DRIVER "/rlm/repl_driver.py"
 #define RLM_SANDBOX_WORKDIR "/session"
+/* The host directory where a root host's spawn, in a mount namespace of its
+ * own, mounts what the sandbox's unprivileged uid could not reach. */
+#define RLM_STAGE_DIR "/run/rlm/stage"
 
 int rlm_argv_push(rlm_argv *a, const char *s);
 void rlm_argv_free(rlm_argv *a);

@@ -11,7 +11,13 @@
  * ioctls TIOCSTI and TIOCLINUX, compared on the low 32 bits of the request
  * (CVE-2019-10063). clone3 gets ENOSYS so that libc falls back to clone,
  * whose flags a filter can read. Another architecture's syscalls (x32, or
- * i386 through int 0x80) kill the process. */
+ * i386 through int 0x80) kill the process.
+ *
+ * No setuid or setgid file, and no device node, can be made: the chmod
+ * family and the calls that create a file or directory get EPERM when their
+ * mode has S_ISUID or S_ISGID; mknod and mknodat always; the setxattr family
+ * always (file capabilities are an xattr). openat2 gets ENOSYS (its mode sits
+ * in a struct the filter cannot read; libc falls back to openat). */
 #define _GNU_SOURCE
 #include "seccomp.h"
 
@@ -26,6 +32,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -48,6 +55,18 @@
 #define TIOCLINUX 0x541C
 #endif
 
+/* Newer than some headers; the numbers are the same on every architecture
+ * that has them. */
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452
+#endif
+#ifndef SYS_setxattrat
+#define SYS_setxattrat 463
+#endif
+
 #define NS_FLAGS                                                               \
   (CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID |  \
    CLONE_NEWNET | CLONE_NEWCGROUP)
@@ -55,6 +74,14 @@
 #define DENY_EPERM(nr)                                                         \
   BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (nr), 0, 1),                             \
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM)
+
+/* EPERM when the mode in argument k has the setuid or setgid bit. */
+#define DENY_SETID_MODE(nr, k)                                                 \
+  BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (nr), 0, 4),                             \
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LOW(k)),                          \
+      BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, S_ISUID | S_ISGID, 0, 1),           \
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),                    \
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
 
 static const struct sock_filter program[] = {
     BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
@@ -86,6 +113,36 @@ static const struct sock_filter program[] = {
     BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
 #endif
+
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat2, 0, 1),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+
+/* No setuid or setgid file or directory. */
+#ifdef SYS_chmod
+    DENY_SETID_MODE(SYS_chmod, 1),
+#endif
+    DENY_SETID_MODE(SYS_fchmod, 1),
+    DENY_SETID_MODE(SYS_fchmodat, 2),
+    DENY_SETID_MODE(SYS_fchmodat2, 2),
+#ifdef SYS_open
+    DENY_SETID_MODE(SYS_open, 2),
+#endif
+    DENY_SETID_MODE(SYS_openat, 3),
+#ifdef SYS_creat
+    DENY_SETID_MODE(SYS_creat, 1),
+#endif
+#ifdef SYS_mkdir
+    DENY_SETID_MODE(SYS_mkdir, 1),
+#endif
+    DENY_SETID_MODE(SYS_mkdirat, 2),
+#ifdef SYS_mknod
+    DENY_EPERM(SYS_mknod),
+#endif
+    DENY_EPERM(SYS_mknodat),
+    DENY_EPERM(SYS_setxattr),
+    DENY_EPERM(SYS_lsetxattr),
+    DENY_EPERM(SYS_fsetxattr),
+    DENY_EPERM(SYS_setxattrat),
 
 #ifdef SYS_fork
     DENY_EPERM(SYS_fork),

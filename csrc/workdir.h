@@ -1,20 +1,32 @@
-/* workdir.h: the session's private directory on the host (mode 0700), the
- * files the host hands the driver through it, and its removal. */
+/* workdir.h: the session's files. /session is a size-limited tmpfs inside
+ * the sandbox, never a directory on the host's disk; the context reaches the
+ * driver as a sealed memfd it inherits. */
 #ifndef RLM_WORKDIR_H
 #define RLM_WORKDIR_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
-/* Creates <base>/rlm-XXXXXX. Returns 0, or -1 with errno set. */
-int rlm_workdir_create(const char *base, char *out, size_t outlen);
+/* A sealed (no write, grow or shrink), close-on-exec memfd holding the
+ * data, positioned at 0. Returns the descriptor, or -1 with errno set. */
+int rlm_context_fd(const char *data, size_t len);
 
-/* Writes a new file `name` (no slashes) in dir; fails if it exists. Returns
- * 0, or -1 with errno set. */
-int rlm_workdir_write(const char *dir, const char *name, const char *data,
-                      size_t len);
+/* What the sandbox holds in /session: bytes of its tmpfs in use and files
+ * (inodes, the directory itself not counted), seen through the root of the
+ * pid namespace's init, the launcher's child. Returns 0, or -1 when the
+ * sandbox is not there (yet, or any more). */
+int rlm_workdir_usage(pid_t launcher, uint64_t *bytes, uint64_t *files);
 
-/* Removes dir and everything in it without following symlinks, however deep
- * the driver nested it. Returns 0, or -1 with errno set. */
-int rlm_workdir_remove(const char *dir);
+/* An O_PATH descriptor on /session, taken while the sandbox lives; -1 when
+ * it is gone. While it is open the tmpfs outlives the sandbox's mount
+ * namespace, so the kernel's teardown of whatever the sandbox left there
+ * (100k files: ~200 ms) happens when it is closed, not in the exit of the
+ * sandbox's init that close() waits for. */
+int rlm_workdir_pin(pid_t launcher);
+
+/* Closes a pin on a detached thread of its own (inline when no thread can
+ * be made), so that the teardown never runs on the caller's thread. */
+void rlm_workdir_release(int pin);
 
 #endif

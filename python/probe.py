@@ -1,8 +1,11 @@
 """Reports what of the host's filesystem this interpreter needs, as one JSON
 line: its real path, its ELF program interpreter, the existing sys.path
 directories and every file mapped once the given modules are imported. The
-host binds exactly these, read-only, into the sandbox. Trusted: it runs on
-the host, with no user input but module names."""
+host binds exactly these, read-only, into the sandbox. Directories that .pth
+files add to sys.path are reported apart (pth_paths): they can be anything (a
+project's checkout, with its .env), and are bound only when the user asks.
+Run with -I -S: site runs here, after the interpreter's own path is noted.
+Trusted: it runs on the host, with no user input but module names."""
 import importlib
 import json
 import os
@@ -73,6 +76,12 @@ def soname_links(files):
 
 
 def main():
+    import site
+    own = [p for p in sys.path if p]
+    site.main()  # no-op for what -S did not skip; adds site-packages and .pth paths
+    site_dirs = set(site.getsitepackages())
+    pth_paths = [p for p in sys.path
+                 if p and p not in own and p not in site_dirs and os.path.isdir(p)]
     failed = []
     for name in sys.argv[1:]:
         try:
@@ -85,7 +94,9 @@ def main():
         "executable": executable,
         "version": "%d.%d.%d" % sys.version_info[:3],
         "interpreter": elf_interpreter(executable),
-        "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
+        "sys_path": [p for p in sys.path
+                     if p and p not in pth_paths and os.path.isdir(p)],
+        "pth_paths": pth_paths,
         "files": files + soname_links(files),
         "missing": failed,
     }))

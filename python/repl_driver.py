@@ -5,7 +5,27 @@ stdout. The OS sandbox around this process is the security boundary; the
 guardrails here only keep a confused model on the rails.
 """
 
+import mmap
 import os
+
+# The context: a sealed memfd the host hands over at this descriptor. It is
+# mapped read-only here (load_context decodes it later) and the descriptor
+# goes with the others.
+CONTEXT_FD = 4
+
+
+def take_context():
+    try:
+        size = os.fstat(CONTEXT_FD).st_size
+    except OSError:
+        return None
+    try:
+        return mmap.mmap(CONTEXT_FD, 0, access=mmap.ACCESS_READ) if size else b""
+    except (OSError, ValueError):
+        return None
+
+
+CONTEXT_DATA = take_context()
 
 # First of all: no descriptor leaked by the host may reach untrusted code.
 # SC_OPEN_MAX is the soft RLIMIT_NOFILE.
@@ -18,7 +38,6 @@ import io
 import itertools
 import json
 import linecache
-import mmap
 import socket
 import string
 import sys
@@ -569,19 +588,22 @@ class Session:
             sys.path[:] = sys_path
         apply_rlimits(field(message, "rlimits", dict, {}))
 
-    def load_context(self, path, kind):
-        self.namespace["context"] = None  # free the old one before reading the new
-        if kind == "text":
-            context = read_text(path)
-        elif kind == "json":
-            with open(path, "rb") as file:
-                context = json.load(file)
-        else:
-            raise ValueError(f"unknown context format {kind!r}")
+    def load_context(self, kind):
+        global CONTEXT_DATA
+        data, CONTEXT_DATA = CONTEXT_DATA, None  # taken once
+        if data is None:
+            raise ValueError("the host handed over no context")
         try:
-            os.unlink(path)  # the file would be a second copy of the context
-        except OSError as exc:
-            print(f"repl_driver: cannot remove {path}: {exc}", file=sys.stderr, flush=True)
+            if kind == "text":
+                # Lua strings are bytes: invalid UTF-8 survives as surrogates.
+                context = str(data, "utf-8", "surrogateescape")
+            elif kind == "json":
+                context = json.loads(data[:])
+            else:
+                raise ValueError(f"unknown context format {kind!r}")
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()  # the last reference: the memfd is freed
         self.namespace["context"] = context
         return context
 
@@ -639,17 +661,6 @@ def apply_rlimits(limits):
         resource.setrlimit(which, (value, value))
 
 
-def read_text(path):
-    # Decoding straight from a read-only mapping keeps one copy of the text
-    # in anonymous memory, not two.
-    with open(path, "rb") as file:
-        if os.fstat(file.fileno()).st_size == 0:
-            return ""  # mmap refuses empty files
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
-            # Lua strings are bytes: invalid UTF-8 survives as surrogates.
-            return str(mapping, "utf-8", "surrogateescape")
-
-
 session = Session()
 
 
@@ -676,6 +687,11 @@ def self_test(absent, canaries):
         "capabilities": check_capabilities,
         "descriptors": check_descriptors,
         "environment": check_environment,
+        "host_sysctl": check_host_sysctl,
+        "device_nodes": check_device_nodes,
+        "workdir_mount": check_workdir_mount,
+        "setuid_files": check_setuid_files,
+        "proc_hidden": check_proc_hidden,
     }
     results = {}
     for name, check in checks.items():
@@ -852,6 +868,69 @@ def check_environment():
     return True, f"keys: {', '.join(sorted(os.environ))}"
 
 
+SYSCTL_PROBE = "/proc/sys/kernel/printk_ratelimit"
+
+
+def check_host_sysctl():
+    """A host-global sysctl must not open for writing (nothing is written)."""
+    try:
+        descriptor = os.open(SYSCTL_PROBE, os.O_WRONLY)
+    except OSError as exc:
+        return True, f"{SYSCTL_PROBE}: {exc.strerror}"
+    os.close(descriptor)
+    return False, f"{SYSCTL_PROBE} opens for writing"
+
+
+def check_device_nodes():
+    """The host's device nodes are bound in: their mode must not change
+    (set to what it is, so nothing changes even when it can)."""
+    mode = os.stat("/dev/null").st_mode & 0o7777
+    try:
+        os.chmod("/dev/null", mode)
+    except OSError as exc:
+        return True, f"chmod /dev/null: {exc.strerror}"
+    return False, "chmod /dev/null succeeded"
+
+
+def check_workdir_mount():
+    flags = os.statvfs("/session").f_flag
+    ok = bool(flags & os.ST_NOSUID) and bool(flags & os.ST_NODEV)
+    return ok, f"/session nosuid={bool(flags & os.ST_NOSUID)} nodev={bool(flags & os.ST_NODEV)}"
+
+
+def check_setuid_files():
+    path = "/session/.rlm_setuid_probe"
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o4755)
+    except OSError as exc:
+        return True, f"create mode 04755: {exc.strerror}"
+    try:
+        os.close(descriptor)
+        os.chmod(path, 0o2755)
+        return False, "a setgid file was made in /session"
+    except OSError as exc:
+        setuid = os.stat(path).st_mode & 0o6000
+        return not setuid, f"chmod 02755: {exc.strerror}; mode bits {oct(setuid)}"
+    finally:
+        os.unlink(path)
+
+
+HIDDEN_PROC = ("slabinfo", "kallsyms", "timer_list", "keys", "sched_debug", "kpageflags",
+               "modules", "vmallocinfo", "iomem")
+
+
+def check_proc_hidden():
+    shown = []
+    for name in HIDDEN_PROC:
+        try:
+            with open("/proc/" + name, "rb") as file:
+                if file.read(1):
+                    shown.append(name)
+        except OSError:
+            pass
+    return not shown, f"readable: {', '.join(shown)}" if shown else "none readable"
+
+
 # --- Main loop --------------------------------------------------------------
 
 def main():
@@ -883,12 +962,9 @@ def main():
 
 
 def load_context(message):
-    path = field(message, "path", str)
     kind = field(message, "format", str, "text")
-    if path is None:
-        fatal("load_context: missing field 'path'")
     try:
-        context = session.load_context(path, kind)
+        context = session.load_context(kind)
     except Exception as exc:
         return {"type": "ready", "error": f"{type(exc).__name__}: {exc}"}
     length = len(context) if isinstance(context, (str, list, dict)) else None

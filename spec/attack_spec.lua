@@ -34,6 +34,7 @@ local written = { -- where the cases try to write; none may exist afterwards
   home .. "/.rlm-attack-written", "/tmp/rlm-attack-written", "/dev/shm/rlm-attack-written",
   "/usr/rlm-attack-written",
 }
+local checkout = sh("pwd")
 local victim, listener, leaked
 local ports = {}
 
@@ -72,7 +73,8 @@ end
 local function fill(code)
   return (code:gsub("{(%u+)}", {
     HOME = home, CANARY = canary_file, VICTIM = tostring(victim), PORT = tostring(ports.tcp),
-    UNIX = H.tmpdir .. "-agent.sock", TRAP = trap_dir, ABSTRACT = abstract,
+    UNIX = H.tmpdir .. "-agent.sock", TRAP = trap_dir, ABSTRACT = abstract, CHECKOUT = checkout,
+    SPECTMP = H.tmpdir,
   }))
 end
 
@@ -226,6 +228,93 @@ for _ in range(3 * 1024):
   { "writes half a line and stalls", "os.write(1, b'{\"type\": \"exec_res')\ntime.sleep(60)", opts = { step_timeout_ms = 1500 } },
   { "closes its stdout", "os.close(1)\ntime.sleep(60)", opts = { step_timeout_ms = 1500 } },
   { "changes its user and root", "attempt('setuid', lambda: os.setuid(0))\nattempt('chroot', lambda: os.chroot('/session'))" },
+  -- Round two (issue 12): a root host's uid, setuid files, device nodes,
+  -- host sysctls, /session's quota, /proc, mountinfo.
+  { "writes a setuid or setgid file in /session", [[
+import stat
+def made(path):
+    m = os.stat(path).st_mode
+    if m & (stat.S_ISUID | stat.S_ISGID):
+        print('ESCAPED mode', path, oct(m))
+attempt('open 04755', lambda: os.close(os.open('/session/suid', os.O_WRONLY | os.O_CREAT, 0o4755)))
+open('/session/plain', 'w').write('x')
+attempt('chmod 04755', lambda: os.chmod('/session/plain', 0o4755))
+attempt('chmod 02755', lambda: os.chmod('/session/plain', 0o2755))
+fd = os.open('/session/plain', os.O_RDONLY)
+attempt('fchmod 06755', lambda: os.fchmod(fd, 0o6755))
+attempt('mkdir 02755', lambda: os.mkdir('/session/sgid', 0o2755))
+attempt('mknod', lambda: os.mknod('/session/node', 0o600 | stat.S_IFCHR, os.makedev(1, 7)))
+for name in os.listdir('/session'):
+    made('/session/' + name)
+syscall_escapes('fchmodat2', 452, -100, b'/session/plain', 0o4755, 0)
+print('openat2', libc().syscall(437, -100, b'/session/x', 0, 0), ctypes.get_errno())
+syscall_escapes('setxattr', 188, b'/session/plain', b'security.capability', b'x', 1, 0)
+made('/session/plain')]], modules = { "ctypes", "stat" } },
+  { "changes a host device node's mode", [[
+for dev in ('/dev/full', '/dev/null'):
+    mode = os.stat(dev).st_mode & 0o7777  # to what it is: nothing changes even if it works
+    attempt('chmod ' + dev, lambda: os.chmod(dev, mode))]] },
+  { "opens a host sysctl for writing", [[
+attempt('sysctl', lambda: os.open('/proc/sys/kernel/printk_ratelimit', os.O_WRONLY))
+attempt('core_pattern', lambda: os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY))
+attempt('sysrq', lambda: os.open('/proc/sysrq-trigger', os.O_WRONLY))]] },
+  { "reads host-global kernel state in /proc", [[
+for name in ('slabinfo', 'kpageflags', 'kpagecount', 'timer_list', 'keys', 'key-users', 'kallsyms',
+             'modules', 'sched_debug', 'vmallocinfo', 'iomem', 'interrupts', 'zoneinfo'):
+    def read(name=name):
+        data = open('/proc/' + name, 'rb').read(64)
+        if not data:
+            raise EOFError
+        return data
+    attempt('/proc/' + name, read)
+for name in ('irq', 'bus', 'acpi', 'scsi', 'driver', 'fs'):
+    def listing(name=name):
+        entries = os.listdir('/proc/' + name)
+        if not entries:
+            raise EOFError
+        return entries
+    attempt('/proc/' + name, listing)]] },
+  -- Checked inside: the whole of mountinfo is longer than the output the
+  -- host is shown. A bind shows its path in its filesystem, so the
+  -- driver's is looked for in that form too.
+  { "reads host paths from mountinfo", [[
+m = open('/proc/self/mountinfo').read()
+for w in ('{CHECKOUT}', '{SPECTMP}', '/python/repl_driver.py'):
+    if w in m:
+        print('ESCAPED mountinfo shows', w)
+print(len(m.splitlines()), 'mounts')]] },
+  { "fills /session past max_rss_bytes where no cgroup counts it", [[
+chunk = b'x' * (8 << 20)
+with open('/session/fill', 'wb') as f:
+    for i in range(75):
+        f.write(chunk)
+print('ESCAPED wrote 600 MiB')]], kind = "memory_limit",
+    opts = { memory_cgroup = false, max_rss_bytes = 256 * 2 ^ 20, workdir_max_bytes = 2 ^ 30 } },
+  { "writes past workdir_max_bytes", [[
+chunk = b'x' * (8 << 20)
+with open('/session/fill', 'wb') as f:
+    for i in range(40):
+        f.write(chunk)
+print('ESCAPED wrote 320 MiB')]], opts = { max_rss_bytes = 2 ^ 31 } },
+  { "makes 100k files in /session", [[
+for i in range(100000):
+    open('/session/f%d' % i, 'w').close()
+print('ESCAPED made 100k files')]], kind = "memory_limit", close_ms = 100 },
+  { "starts 401 threads under RLIMIT_NPROC 64 with no pids cgroup", [[
+import threading
+ev = threading.Event()
+started = 0
+try:
+    for _ in range(401):
+        threading.Thread(target=ev.wait).start()
+        started += 1
+except RuntimeError:
+    pass
+ev.set()
+print('started', started)]], opts = { memory_cgroup = false }, check = function(out)
+      local n = tonumber(out:match("started (%d+)"))
+      assert.is_true(n ~= nil and n < 64, "RLIMIT_NPROC did not hold: " .. out)
+    end },
 }
 
 local function run_case(case, guardrails)
@@ -251,9 +340,22 @@ local function run_case(case, guardrails)
   end
   local rss_before = host_rss_kb()
   local queues_before = case.ipc and sh("ipcs -q | grep -c '^0x' || true")
+  local dev_modes = sh("stat -c %a /dev/full /dev/null")
   session = H.session(opts)
   local ok, result, err = pcall(session.run, session)
+  local t0 = require("rlm.core").now_ms()
   session:close()
+  local close_ms = require("rlm.core").now_ms() - t0
+  assert.are.equal(dev_modes, sh("stat -c %a /dev/full /dev/null"), "a host device node changed")
+  if case.close_ms then
+    assert.is_true(close_ms < case.close_ms, ("close() took %.1f ms"):format(close_ms))
+  end
+  -- Through the guardrails the code cannot even start (no open, os or
+  -- threading): what the OS layer must do is checked with them off.
+  if case.kind and not guardrails then
+    assert.is_true(ok and not result and err.kind == case.kind,
+      "wanted " .. case.kind .. ", got " .. tostring(result and "a result" or err))
+  end
   assert.is_true(ok, "the session raised: " .. tostring(result))
   if case.bounded then
     assert.is_true(host_rss_kb() - rss_before < 64 * 1024, "host memory grew")
@@ -269,7 +371,7 @@ local function run_case(case, guardrails)
     assert.is_false(exists("/proc/" .. pid), "sandbox process " .. pid .. " outlived the session")
   end
   local history = (result or err).history or {}
-  if case.check and history[1] then
+  if case.check and history[1] and not guardrails then
     case.check(history[1].stdout)
   end
   if case.ipc then
@@ -313,7 +415,7 @@ describe("the attack suite", function()
     end)
   end
 
-  it("has at least 40 cases", function()
-    assert.is_true(#cases >= 40)
+  it("has at least 58 cases", function()
+    assert.is_true(#cases >= 58)
   end)
 end)

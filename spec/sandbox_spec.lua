@@ -99,13 +99,16 @@ print('none')]], "none" },
   it("binds only the interpreter's installation, read-only", function()
     local argv = core.sandbox_argv({
       bwrap = "/usr/bin/bwrap", python = "/usr/bin/python3.11", driver = "/d.py",
-      workdir = "/tmp/w", ro = { "/usr/lib/python3.11", "/usr/lib/python3.11/os.py" },
+      workdir_bytes = 4096, ro = { "/usr/lib/python3.11", "/usr/lib/python3.11/os.py" },
     })
     local s = table.concat(argv, " ")
     assert.matches("--ro-bind /usr/lib/python3.11 /usr/lib/python3.11", s, 1, true)
     assert.is_nil(s:find("/usr/lib/python3.11/os.py", 1, true)) -- inside a bound directory
     assert.matches("--ro-bind /usr/bin/python3.11 /usr/bin/python3.11", s, 1, true)
-    assert.matches("--bind /tmp/w /session", s, 1, true)
+    assert.matches("--size 4096 --tmpfs /session", s, 1, true) -- nothing of the host's disk
+    assert.matches("--ro-bind /dev/null /proc/slabinfo", s, 1, true)
+    assert.matches("--remount-ro /proc", s, 1, true)
+    assert.is_nil(s:find("--bind /tmp", 1, true))
     assert.matches("--unshare-all", s, 1, true)
     assert.matches("--die-with-parent", s, 1, true)
     assert.matches("--new-session", s, 1, true)

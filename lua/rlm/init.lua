@@ -228,6 +228,11 @@ function Session:_driver_message(allowed, kind, a, b, c)
     return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%.0f bytes; peak seen %.0f bytes); "
       .. "the poll of its processes' memory killed it"):format(self.opts.max_rss_bytes, a),
       { limit = self.opts.max_rss_bytes, peak = a, mechanism = "poll" })
+  elseif kind == "files" then
+    return self:_error("memory_limit", ("the sandbox made more than workdir_max_files (%d) files in /session "
+      .. "(%.0f seen); its tmpfs holds them in memory"):format(self.opts.workdir_max_files, a),
+      { limit = self.opts.max_rss_bytes, peak = self.driver and self.driver:peak_rss() or 0,
+        mechanism = "workdir files", files = a, max_files = self.opts.workdir_max_files })
   elseif kind == "overflow" then
     return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
       :format(self.opts.max_message_bytes))
@@ -331,8 +336,7 @@ function Session:_boot(canaries)
     ok, err = self:_send({ type = "self_test", absent = info.absent, canaries = canary_info })
   end
   if ok then
-    ok, err = self:_send({ type = "load_context", path = "/session/context",
-      format = self.context_format })
+    ok, err = self:_send({ type = "load_context", format = self.context_format })
   end
   if not ok then
     return nil, err
@@ -349,6 +353,10 @@ function Session:_boot(canaries)
   end
   if problem then
     return self:_error("sandbox_violation", "the driver's rlimits are not set: " .. problem)
+  end
+  problem = selftest.check_uids(tree, drv:uid())
+  if problem then
+    return self:_error("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
   end
   msg, err = self:_expect({ self_test_result = true, fatal = true })
   if not msg then
@@ -1367,7 +1375,7 @@ function Session:ask(question)
   return self:run()
 end
 
--- Kills the sandbox and removes its workdir. Safe to call more than once.
+-- Kills the sandbox (its /session goes with it). Safe to call more than once.
 function Session:close()
   self.closed = true
   self:_end_children()

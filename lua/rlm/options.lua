@@ -91,6 +91,11 @@ local schema = {
   allowed_modules = { module_list },
   bwrap = { non_empty_string, "bwrap" },
   tmpdir = { non_empty_string },
+  workdir_max_bytes = { integer(4096), 2 ^ 28 },
+  workdir_max_files = { integer(1), 10000 },
+  sandbox_uid_first = { integer(1), 1879048192 },
+  sandbox_uid_count = { integer(1), 65536 },
+  bind_pth_paths = { boolean, false },
   max_message_bytes = { integer(1024), 16 * 2 ^ 20 },
 }
 
@@ -128,6 +133,9 @@ function M.check(opts)
       end
     end
     out[name] = v
+  end
+  if out.sandbox_uid_first + out.sandbox_uid_count > 2 ^ 32 - 1 then
+    error("rlm.Session.new: options 'sandbox_uid_first' + 'sandbox_uid_count' must stay below 2^32 - 1", 3)
   end
   if out.max_total_cost_usd and not out.cost_usd then
     error("rlm.Session.new: option 'max_total_cost_usd' needs option 'cost_usd'", 3)

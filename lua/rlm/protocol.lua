@@ -162,6 +162,9 @@ function M.decode_probe(line)
   if type(info.interpreter) ~= "string" then
     info.interpreter = nil
   end
+  if not string_list(info.pth_paths) then
+    info.pth_paths = {}
+  end
   return info
 end
 

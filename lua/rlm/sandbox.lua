@@ -48,7 +48,7 @@ local function run_probe(python, modules, wait)
   if not script then
     return unavailable("python/probe.py was not found next to the rlm modules")
   end
-  local argv = util.append({ python, "-I", script }, modules)
+  local argv = util.append({ python, "-I", "-S", script }, modules)
   local helper, err = core.helper(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
   if not helper then
     return unavailable(("asking %s about its installation: %s"):format(python, err))
@@ -108,10 +108,16 @@ function M.forget_probe(owner)
   end
 end
 
+-- The sys.path the driver gets: the interpreter's own, plus the directories
+-- that .pth files add only when bind_pth_paths asks for them.
+function M.sys_path(info, bind_pth_paths)
+  return util.append({}, info.sys_path, bind_pth_paths and info.pth_paths or {})
+end
+
 -- The paths the sandbox binds read-only, from the probe's report:
 -- directories first, so that files inside them are not bound twice.
-function M.readonly_paths(info)
-  local ro = util.append({}, info.sys_path, info.files)
+function M.readonly_paths(info, bind_pth_paths)
+  local ro = util.append({}, M.sys_path(info, bind_pth_paths), info.files)
   if info.interpreter then
     ro[#ro + 1] = info.interpreter
   end
@@ -144,38 +150,38 @@ function M.start(opts, context_data, wait, owner)
     return nil, perr
   end
 
-  local ro = M.readonly_paths(info)
+  local ro = M.readonly_paths(info, opts.bind_pth_paths)
   local drv, serr = core.spawn({
     bwrap = bwrap,
     python = info.executable,
     driver = driver_py,
     ro = ro,
-    tmpdir = opts.tmpdir,
+    context = context_data,
     max_line = opts.max_message_bytes,
     max_rss = opts.max_rss_bytes,
     rss_interval_ms = opts.rss_poll_interval_ms,
     cgroup = opts.memory_cgroup,
+    workdir_bytes = opts.workdir_max_bytes,
+    workdir_files = opts.workdir_max_files,
+    uid_first = opts.sandbox_uid_first,
+    uid_count = opts.sandbox_uid_count,
   })
   if not drv then
     return unavailable("starting the sandbox: " .. tostring(serr))
   end
-  -- Written while the interpreter starts up.
-  local ok, werr = drv:write_file("context", context_data)
-  if not ok then
-    drv:close()
-    return unavailable(werr)
-  end
-  -- Paths of the host the sandbox must not show; without PWD, only one.
-  -- A working directory above what is bound (/, /usr) is shown by design.
-  local absent = { drv:workdir() }
-  local here = cwd()
-  for _, path in ipairs(ro) do
-    if here and (here == "/" or path:sub(1, #here + 1) == here .. "/") then
-      here = nil
+  -- Paths of the host the sandbox must not show: the working directory and
+  -- where the driver lives. One above what is bound (/, /usr) is shown by
+  -- design.
+  local absent = {}
+  for _, here in pairs({ cwd() or false, driver_py:match("^(.*)/[^/]*$") or false }) do
+    for _, path in ipairs(ro) do
+      if here and (here == "/" or path:sub(1, #here + 1) == here .. "/") then
+        here = nil
+      end
     end
+    absent[#absent + 1] = here or nil
   end
-  absent[#absent + 1] = here
-  return drv, { sys_path = info.sys_path, absent = absent }
+  return drv, { sys_path = M.sys_path(info, opts.bind_pth_paths), absent = absent }
 end
 
 return M

@@ -30,6 +30,37 @@ function M.rlimits(opts, context_bytes)
   }
 end
 
+-- check_uids(pids, want) -> nil | "what is wrong": every sandbox process,
+-- as the host sees it (/proc/<pid>/status), runs with real, effective, saved
+-- and filesystem uid and gid `want` (the sandbox's uid on a root host, the
+-- host's own otherwise), and never as 0 when the host is root. Checked here
+-- because inside, bwrap's nested user namespace shows only its own ids.
+function M.check_uids(pids, want)
+  local problems = {}
+  for _, pid in ipairs(pids) do
+    local f = io.open("/proc/" .. pid .. "/status", "r")
+    local text = f and f:read("*a") or ""
+    if f then
+      f:close()
+    end
+    for _, key in ipairs({ "Uid", "Gid" }) do
+      local ids = text:match("\n" .. key .. ":%s*([%d%s]-)\n")
+      local seen = {}
+      for id in (ids or ""):gmatch("%d+") do
+        seen[#seen + 1] = tonumber(id)
+      end
+      local fine = #seen == 4
+      for _, id in ipairs(seen) do
+        fine = fine and id == want and id ~= 0
+      end
+      if f and not fine then
+        problems[#problems + 1] = ("pid %d %s %s, wanted %d"):format(pid, key, ids or "?", want)
+      end
+    end
+  end
+  return #problems > 0 and table.concat(problems, "; ") or nil
+end
+
 local function parse_limit(s)
   if s == "unlimited" then
     return -1
