@@ -45,7 +45,7 @@ build = {
     ["rlm.core"] = {
       sources = {
         "csrc/canary.c", "csrc/cgroup.c", "csrc/core.c", "csrc/driver.c", "csrc/framing.c",
-        "csrc/sandbox.c", "csrc/seccomp.c", "csrc/smallfile.c",
+        "csrc/sandbox.c", "csrc/seccomp.c", "csrc/smallfile.c", "csrc/uid.c",
         "csrc/waitset.c", "csrc/watchdog.c", "csrc/workdir.c",
       },
       libraries = { "uv", "pthread" },
