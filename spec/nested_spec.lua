@@ -78,13 +78,13 @@ describe("rlm_query", function()
       root_llm = tree_model({
         fence("a = rlm_query('count the vowels', 'banana split')\nprint(a)"),
         function()
-          seen.after = { sandboxes = #H.children(), workdirs = #H.workdirs() }
+          seen.after = { sandboxes = #H.children() }
           return fence("FINAL('child said ' + a)")
         end,
       }, function(question, turn)
         assert.are.equal("count the vowels", question)
         if turn == 1 then
-          seen.during = { sandboxes = #H.children(), workdirs = #H.workdirs() }
+          seen.during = { sandboxes = #H.children() }
           return fence("n = llm_query('vowels in: ' + context)\nprint(n)")
         end
         return fence("FINAL(n + ' vowels')")
@@ -95,8 +95,8 @@ describe("rlm_query", function()
       end,
     }))
     assert.are.equal("child said 4 vowels", result.answer)
-    assert.are.same({ sandboxes = 2, workdirs = 2 }, seen.during)
-    assert.are.same({ sandboxes = 1, workdirs = 1 }, seen.after)
+    assert.are.same({ sandboxes = 2 }, seen.during)
+    assert.are.same({ sandboxes = 1 }, seen.after)
     assert.are.equal(2, result.sub_calls) -- the rlm_query and the child's llm_query
 
     local child_start = count(events, function(ev)
