@@ -234,7 +234,8 @@ function M.checks(opts)
     end
     local rc, out = M.try_bubblewrap(bwrap)
     if rc == 0 then
-      add("sandbox", "ok", "bubblewrap starts the sandbox's namespaces and mounts (user, pid, net, ipc, uts, cgroup; /proc)")
+      add("sandbox", "ok",
+        "bubblewrap starts the sandbox's namespaces and mounts (user, pid, net, ipc, uts, cgroup; /proc)")
     else
       add("sandbox", "error", ("bubblewrap cannot start the sandbox (exit %d: %s)%s"):format(rc, out, M.hint(out)))
     end

@@ -2,7 +2,7 @@
 -- (rlm.diagnose: bubblewrap and a trial run of it, user namespaces, the
 -- interpreter, the memory cgroup), the C core this Neovim loads, and one
 -- real session end to end with a stand-in model.
--- luacheck: read globals vim
+-- luacheck: read globals vim jit
 local M = {}
 
 -- vim.health.start/ok/... from 0.10, report_* in 0.8 and 0.9, the
