@@ -254,10 +254,15 @@ function M.new(opts)
     if scheme == "https" and not reused then
       -- verify = true: the chain against lua_ssl_trusted_certificate and,
       -- since a server name is given, the certificate against the host name.
-      ok, err = sock:sslhandshake(nil, host, true)
-      if not ok then
+      -- Under pcall: lua-resty-core 0.1.25 (Debian 12) asserts instead of
+      -- returning an error when a handshake that completed at once then
+      -- fails the host name check. Either way the connection is refused.
+      local done
+      done, ok, err = pcall(sock.sslhandshake, sock, nil, host, true)
+      if not (done and ok) then
         sock:close()
-        return nil, ("TLS handshake with %s: %s"):format(host, tostring(err))
+        return nil, ("TLS handshake with %s: %s"):format(host, done and tostring(err)
+          or ("failed (%s; nginx's error log names the cause)"):format(tostring(ok):match("[^\n]*")))
       end
     end
     ms = left_ms()
