@@ -121,5 +121,29 @@ test-hosts: deps
 	@$(MAKE) --no-print-directory $(BUILD)/5.1/rlm/core.so
 	@RLM_BUILD=$(abspath $(BUILD)) spec/hosts/run nvim nginx
 
+# make nvim: what a Neovim plugin manager runs in the clone (lazy.nvim's
+# `build = "make nvim"`). Neovim runs LuaJIT, the Lua 5.1 ABI, and its
+# loader finds C modules on 'runtimepath' as lua/<name>.so, so the 5.1 core
+# goes to lua/rlm/core.so (gitignored): the clone on 'runtimepath' is then
+# all Neovim needs. Installs only what that takes, with apt and only when
+# missing; not as root, it names what is missing and stops.
+NVIM_PKGS = gcc make libuv1-dev libluajit-5.1-dev lua-cjson bubblewrap python3
+NVIM_INC = $(firstword $(wildcard /usr/include/luajit-2.1) $(INC_5.1))
+.PHONY: nvim nvim-deps
+nvim: nvim-deps
+	@$(MAKE) --no-print-directory INC_5.1=$(NVIM_INC) $(BUILD)/5.1/rlm/core.so
+	@install -m 755 $(BUILD)/5.1/rlm/core.so lua/rlm/core.so
+	@echo "lua/rlm/core.so built for Neovim (Lua 5.1 ABI); check it with :checkhealth rlm"
+nvim-deps:
+	@command -v dpkg-query >/dev/null || { echo "make nvim: not a Debian system; needs a C compiler, libuv, LuaJIT (or Lua 5.1) headers, lua-cjson for Lua 5.1, bubblewrap and python3"; exit 0; }; \
+	missing=$$(for p in $(NVIM_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" -ne 0 ]; then \
+	  echo "make nvim: missing Debian packages:" $$missing; \
+	  echo "  install them first: sudo apt-get install" $$missing; exit 1; \
+	fi; \
+	echo "installing:" $$missing; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan lua/rlm/core.so

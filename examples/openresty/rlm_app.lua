@@ -2,11 +2,10 @@
 -- document as the body; the answer comes back as JSON. The worker keeps
 -- serving its other requests while the session runs.
 --
--- The models are an OpenAI-compatible endpoint, through rlm.llm.openai
--- over rlm.llm.transport.resty: ngx.location.capture to an internal
--- proxy_pass location (nginx.conf's /_rlm_llm, which holds the URL and the
--- key), so no HTTP library is needed and every model call, and every wait
--- before a retry, yields to nginx.
+-- The models are an OpenAI-compatible endpoint ($RLM_BASE_URL, default
+-- OpenAI's; the key from $RLM_API_KEY), through rlm.llm.openai over
+-- rlm.llm.transport.resty: cosockets, so every model call, and every wait
+-- before a retry, yields to nginx, in a request handler as in a timer.
 -- luacheck: globals ngx
 local cjson = require("cjson.safe")
 local resty = require("rlm.adapters.resty")
@@ -14,19 +13,21 @@ local openai = require("rlm.llm.openai")
 local transport = require("rlm.llm.transport.resty")
 
 local M = {
+  base_url = os.getenv("RLM_BASE_URL") or "https://api.openai.com/v1",
   root_model = os.getenv("RLM_ROOT_MODEL") or "gpt-4o",
   sub_model = os.getenv("RLM_SUB_MODEL") or "gpt-4o-mini",
-  llm_location = "/_rlm_llm",
   tmpdir = os.getenv("RLM_TMPDIR"), -- nil: $TMPDIR or /tmp
 }
 
--- A client per request, so that each answer reports its own usage.
+-- A client per request, so that each answer reports its own usage. The
+-- transport's connections are pooled by nginx across requests.
 local function client()
   return openai.new({
-    base_url = "http://localhost" .. M.llm_location, -- for messages; the location decides
+    base_url = M.base_url,
     model = M.root_model,
     sub_model = M.sub_model,
-    transport = transport.new({ location = M.llm_location }),
+    api_key_env = "RLM_API_KEY",
+    transport = transport.new(),
     sleep = transport.sleep,
   })
 end

@@ -24,6 +24,9 @@ A reply is an object; every field is optional:
   delay_ms  wait this long before answering
   chunked   send the body with chunked transfer encoding
   hangup    close the connection without answering
+  keepalive keep the connection open after the reply (no "Connection: close")
+Each recorded request has "peer_port", the client's port: two requests with
+the same one came over one connection.
 """
 import json
 import os
@@ -78,10 +81,11 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def send(self, status, body, headers=None, chunked=False):
+    def send(self, status, body, headers=None, chunked=False, keepalive=False):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Connection", "close")
+        if not keepalive:
+            self.send_header("Connection", "close")
         for k, v in (headers or {}).items():
             self.send_header(k, str(v))
         if chunked:
@@ -96,7 +100,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         else:
             self.wfile.write(body)
-        self.close_connection = True
+        self.close_connection = not keepalive
 
     def do_GET(self):
         if self.path == "/_control/requests":
@@ -128,6 +132,7 @@ class Handler(BaseHTTPRequestHandler):
             "headers": {k.lower(): v for k, v in self.headers.items()},
             "body": raw.decode("utf-8", "replace"),
             "json": parsed,
+            "peer_port": self.client_address[1],
         }
         auth = self.headers.get("Authorization") or ""
         if auth.startswith("Bearer ") and len(auth) > len("Bearer "):
@@ -151,7 +156,8 @@ class Handler(BaseHTTPRequestHandler):
         else:
             body = completion(reply, model)
         try:
-            self.send(reply.get("status", 200), body, reply.get("headers"), reply.get("chunked", False))
+            self.send(reply.get("status", 200), body, reply.get("headers"), reply.get("chunked", False),
+                      reply.get("keepalive", False))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout spec)
 

@@ -1,6 +1,4 @@
--- :RlmAsk {question}: ask a Recursive Language Model about the current
--- buffer. See docs/adapters.md.
+-- :RlmAsk, :RlmAskFiles and :RlmCancel when examples/nvim is on
+-- 'runtimepath'; require("rlm.nvim").setup({...}) defines them too.
 -- luacheck: read globals vim
-vim.api.nvim_create_user_command("RlmAsk", function(cmd)
-  require("rlm_ask").ask(cmd.args)
-end, { nargs = "+", desc = "Ask an RLM session about the current buffer" })
+require("rlm.nvim").commands()

@@ -177,4 +177,48 @@ function M.refused(phase)
   return ok and "ran" or tostring(err):gsub("\n", " ")
 end
 
+-- GET /transport?url=U[&n=N][&timeout_ms=T][&max=B]: N requests to U
+-- through one rlm.llm.transport.resty, as JSON: each one's status, body and
+-- error.
+function M.transport()
+  local transport = require("rlm.llm.transport.resty").new({
+    resolve = { localhost = "127.0.0.1", ["other.invalid"] = "127.0.0.1" },
+    max_body_bytes = tonumber(ngx.var.arg_max),
+  })
+  local url = ngx.unescape_uri(ngx.var.arg_url or "")
+  local out = {}
+  for i = 1, tonumber(ngx.var.arg_n) or 1 do
+    local t0 = ngx.now()
+    local status, body, headers = transport({ url = url, method = "POST",
+      headers = { ["content-type"] = "application/json", authorization = "Bearer sk-transport" },
+      body = cjson.encode({ model = "m" .. i, messages = {} }),
+      timeout_ms = tonumber(ngx.var.arg_timeout_ms) or 10000 })
+    ngx.update_time()
+    out[i] = { status = status or cjson.null, body = status and body or cjson.null,
+      error = (not status) and body or cjson.null,
+      content_type = headers and headers["content-type"] or cjson.null,
+      ms = math.floor((ngx.now() - t0) * 1000) }
+  end
+  ngx.say(cjson.encode(out))
+end
+
+-- From the log phase: a session in the adapter's callback form, its models
+-- rlm.llm.openai over the cosocket transport at ?url=BASE; the answer lands
+-- in the shared dict under ?key=.
+function M.transport_session()
+  local transport = require("rlm.llm.transport.resty")
+  local models = require("rlm.llm.openai").new({
+    base_url = ngx.unescape_uri(ngx.var.arg_url or ""),
+    model = "root-model",
+    sub_model = "sub-model",
+    transport = transport.new({ resolve = { localhost = "127.0.0.1" } }),
+    sleep = transport.sleep,
+  })
+  local key = ngx.var.arg_key
+  resty.run({ context = "ERROR a\nok\nERROR b\n", tmpdir = tmpdir,
+    root_llm = models.root_llm, llm_query = models.llm_query }, function(err, result)
+    ngx.shared.rlm_results:set(key, result and result.answer or ("error: " .. tostring(err)))
+  end)
+end
+
 return M

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 
 ROOT = os.environ["RLM_ROOT"]
 BUILD = os.environ.get("RLM_BUILD", os.path.join(ROOT, "build"))
@@ -88,7 +89,8 @@ class Server:
             with open(os.path.join(HERE, "nginx.conf.in")) as f:
                 conf = f.read()
             for key, value in (("@RESTY@", RESTY), ("@PREFIX@", self.prefix), ("@ROOT@", ROOT),
-                               ("@BUILD@", BUILD), ("@PORT@", str(self.port))):
+                               ("@BUILD@", BUILD), ("@PORT@", str(self.port)),
+                               ("@CA@", CERTS["ca"])):
                 conf = conf.replace(key, value)
         conf = conf.replace("daemon off;\n", "daemon off;\nuser %s;\n" % WORKER_USER, 1)
         self.conf = os.path.join(self.prefix, "nginx.conf")
@@ -338,6 +340,168 @@ def case_reload(srv):
                old, new, zombies or "none", "exit logged" if exited else "no exit logged", caught))
 
 
+CERTS = {}
+
+
+def make_certs(d):
+    """A CA and server certificates signed by it (for localhost and
+    127.0.0.1, and one for another name), and a second CA with a server
+    certificate of its own, with openssl."""
+    def run(*args):
+        subprocess.run(["openssl"] + list(args), check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, cwd=d)
+
+    for ca in ("ca", "otherca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", ca + ".key",
+            "-out", ca + ".pem", "-subj", "/CN=rlm test " + ca,
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    for name, ca, san in (("good", "ca", "DNS:localhost,IP:127.0.0.1"),
+                          ("wrongca", "otherca", "DNS:localhost,IP:127.0.0.1"),
+                          ("wronghost", "ca", "DNS:other.invalid")):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key", "-out", name + ".csr",
+            "-subj", "/CN=" + name)
+        with open(os.path.join(d, name + ".ext"), "w") as f:
+            f.write("subjectAltName=%s\nextendedKeyUsage=serverAuth\n" % san)
+        run("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+            "-CAcreateserial", "-days", "2", "-out", name + ".pem", "-extfile", name + ".ext")
+    CERTS.update({n: os.path.join(d, n + ".pem") for n in ("ca", "good", "wrongca", "wronghost")})
+    CERTS.update({n + "_key": os.path.join(d, n + ".key") for n in ("good", "wrongca", "wronghost")})
+    os.chmod(d, 0o755)
+    for name in os.listdir(d):
+        os.chmod(os.path.join(d, name), 0o644)  # nginx's workers may run as nobody
+
+
+class Fake:
+    """spec/helpers/fake_openai.py, plain or with a certificate."""
+
+    def __init__(self, cert=None):
+        argv = [sys.executable, os.path.join(ROOT, "spec/helpers/fake_openai.py")]
+        if cert:
+            argv += ["--tls", CERTS[cert], CERTS[cert + "_key"]]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        self.port = int(self.proc.stdout.readline().split()[0])
+        self.tls = cert is not None
+
+    def control(self, method, path, body=None):
+        if self.tls:
+            import ssl
+            ctx = ssl.create_default_context(cafile=CERTS["ca"])
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the fake's control only
+            c = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=10, context=ctx)
+        else:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        c.request(method, path, body=json.dumps(body) if body is not None else None)
+        reply = json.loads(c.getresponse().read())
+        c.close()
+        return reply
+
+    def script(self, replies):
+        self.control("POST", "/_control/script", {"replies": replies})
+
+    def requests(self):
+        return self.control("GET", "/_control/requests")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def transport(srv, url, **args):
+    q = "&".join("%s=%s" % (k, v) for k, v in args.items())
+    status, body, _, _ = srv.get("/transport?url=" + urllib.parse.quote(url, safe="") + ("&" + q if q else ""))
+    return json.loads(body) if status == 200 else [{"status": None, "error": "HTTP %s: %s" % (status, body)}]
+
+
+def case_transport(srv):
+    """rlm.llm.transport.resty against the fake server: plain HTTP, chunked,
+    keep-alive, a timeout and a bound, and TLS with the test's CA: a good
+    certificate, one from another CA and one for another name."""
+    plain = Fake()
+    fakes = {"good": Fake("good"), "wrongca": Fake("wrongca"), "wronghost": Fake("wronghost")}
+    try:
+        base = "http://127.0.0.1:%d/v1/chat/completions" % plain.port
+        plain.script([{"content": "plain"}, {"content": "chunked", "chunked": True}])
+        got = transport(srv, base, n=2)
+        reqs = plain.requests()
+        ok = [g["status"] for g in got] == [200, 200] and '"plain"' in (got[0]["body"] or "") \
+            and '"chunked"' in (got[1]["body"] or "") and len(reqs) == 2 \
+            and reqs[0]["headers"].get("authorization") == "Bearer sk-transport" \
+            and reqs[0]["json"]["model"] == "m1" and got[0]["content_type"] == "application/json"
+        report(ok, "the cosocket transport: HTTP/1.1 with Content-Length and chunked replies",
+               "%s in %s ms" % ([g["status"] or g["error"] for g in got], [g["ms"] for g in got]))
+
+        plain.script([{"content": "a", "keepalive": True}, {"content": "b", "keepalive": True},
+                      {"content": "c"}, {"content": "d"}])
+        got = transport(srv, base, n=4)
+        ports = [r["peer_port"] for r in plain.requests()]
+        report([g["status"] for g in got] == [200] * 4 and len(ports) == 4 and ports[0] == ports[1] == ports[2]
+               and ports[3] != ports[2],
+               "keep-alive: a connection goes back to the pool and is reused, one the server closes is not",
+               "client ports %s" % ports)
+
+        plain.script([{"content": "slow", "delay_ms": 3000}])
+        got = transport(srv, base, timeout_ms=500)[0]
+        report(got["status"] is None and "timeout" in (got["error"] or "") and got["ms"] < 2000,
+               "a request past its timeout_ms fails with a timeout", "%r after %s ms" % (got["error"], got["ms"]))
+
+        plain.script([{"content": "x" * 5000}, {"content": "y" * 5000, "chunked": True}])
+        got = transport(srv, base, n=2, max=1000)
+        report(all(g["status"] is None and "more than 1000" in (g["error"] or "")
+                   or "longer than 1000" in (g["error"] or "") for g in got),
+               "a reply past max_body_bytes fails (Content-Length and chunked)",
+               "; ".join(str(g["error"]) for g in got))
+
+        good = fakes["good"]
+        good.script([{"content": "over tls"}, {"content": "again", "keepalive": True},
+                     {"content": "pooled"}])
+        got = transport(srv, "https://localhost:%d/v1/chat/completions" % good.port, n=3)
+        ports = [r["peer_port"] for r in good.requests()]
+        report([g["status"] for g in got] == [200] * 3 and '"over tls"' in (got[0]["body"] or "")
+               and ports[1] == ports[2],
+               "TLS: a certificate from the trusted CA for the host name is accepted, and pooled",
+               "%s; client ports %s" % ([g["status"] or g["error"] for g in got], ports))
+
+        # nginx checks the name with X509_check_host, which knows no IP
+        # addresses: an IP literal over TLS fails closed.
+        got = transport(srv, "https://127.0.0.1:%d/v1/chat/completions" % good.port)[0]
+        report(got["status"] is None and (got["error"] or "").startswith("TLS handshake with 127.0.0.1: "),
+               "TLS: an IP literal is refused (nginx matches host names only)", got["error"])
+
+        # OpenSSL's words for an unknown issuer: X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE (21).
+        for name, want in (("wrongca", "unable to verify the first certificate"), ("wronghost", "host mismatch")):
+            fake = fakes[name]
+            fake.script([{"content": "must not be reached"}])
+            host = "localhost"
+            got = transport(srv, "https://%s:%d/v1/chat/completions" % (host, fake.port))[0]
+            reqs = fake.requests()
+            # The cause is in the message, or (lua-resty-core's assertion,
+            # see the transport) in nginx's error log.
+            err = got["error"] or ""
+            report(got["status"] is None and reqs == [] and (
+                       want in err or err.startswith("TLS handshake with localhost: failed (")),
+                   "TLS: %s is refused before anything is sent" % (
+                       "a certificate from another CA" if name == "wrongca" else "a certificate for another name"),
+                   "%r; requests seen by the server: %d" % (got["error"], len(reqs)))
+
+        good.script([
+            {"content": "```repl\nn = sum(1 for l in context.splitlines() if 'ERROR' in l)\n"
+                        "r = llm_query('say hi')\nFINAL(str(n) + ' ' + r)\n```", "usage": [100, 20]},
+            {"status": 429, "headers": {"retry-after-ms": "100"}, "json": {"error": {"message": "slow down"}}},
+            {"content": "hi", "usage": [5, 1], "chunked": True},
+        ])
+        srv.get("/transport_timer?key=tls_session&url=" + urllib.parse.quote(
+            "https://localhost:%d/v1" % good.port, safe=""))
+        got = wait_result(srv, "tls_session")
+        models = [r["json"]["model"] for r in good.requests() if r.get("json")]
+        report(got == "2 hi" and models == ["root-model", "sub-model", "sub-model"],
+               "a session in the callback form (a timer, started from log_by_lua) reaches its models over TLS "
+               "with the cosocket transport, waiting out a 429", "%r; models %s" % (got, models))
+    finally:
+        plain.stop()
+        for fake in fakes.values():
+            fake.stop()
+
+
 EXAMPLE = os.path.join(ROOT, "examples", "openresty")
 SECRET = "sk-rlm-hosts-%d" % os.getpid()
 
@@ -353,9 +517,7 @@ def example_conf(srv, fake_port):
             ("$prefix/../../lua/", ROOT + "/lua/"),
             # Installed, lua-resty-core is on the default path; here it is unpacked.
             ("$prefix/?.lua;;", EXAMPLE + "/?.lua;" + RESTY + "/usr/share/lua/5.1/?.lua;;"),
-            ("listen 127.0.0.1:8080;", "listen 127.0.0.1:%d;" % srv.port),
-            ("https://api.openai.com/v1/chat/completions",
-             "http://127.0.0.1:%d/v1/chat/completions" % fake_port)):
+            ("listen 127.0.0.1:8080;", "listen 127.0.0.1:%d;" % srv.port)):
         if old not in conf:
             raise RuntimeError("examples/openresty/nginx.conf has no %r" % old)
         conf = conf.replace(old, new)
@@ -386,7 +548,8 @@ def case_example():
         ]})
         srv = Server(lambda s: example_conf(s, fake_port),
                      env={"RLM_API_KEY": SECRET, "RLM_ROOT_MODEL": "root-model",
-                          "RLM_SUB_MODEL": "sub-model"})
+                          "RLM_SUB_MODEL": "sub-model",
+                          "RLM_BASE_URL": "http://127.0.0.1:%d/v1" % fake_port})
         status, body, ms, _ = srv.get("/ask?q=How+many+errors%3F", method="POST",
                                       body="ERROR a\nok\nERROR b\n",
                                       headers={"Cookie": "session=client-secret"})
@@ -401,7 +564,7 @@ def case_example():
         report(status == 200 and got.get("answer") == "2 hi"
                and models == ["root-model", "sub-model", "sub-model"] and auth_ok and not leaked
                and got.get("tokens", {}).get("total") == 126,
-               "examples/openresty answers through rlm.llm.openai and its proxied model endpoint, "
+               "examples/openresty answers through rlm.llm.openai over the cosocket transport, "
                "waiting out a 429",
                "%s %r in %.0f ms; models %s; key in the header only: %s; tokens %s" % (
                    status, got.get("answer") or got, ms, models, auth_ok and not leaked, got.get("tokens")))
@@ -422,10 +585,12 @@ def main():
             report(False, "setup", "%s is missing (run spec/hosts/deps nginx and make)" % path)
             return 1
     print("# nginx workers run as " + WORKER_USER.split()[0], flush=True)
+    certs = tempfile.mkdtemp(prefix="rlm-certs.")
+    make_certs(certs)
     srv = Server()
     print("# the worker's LuaJIT: " + srv.get("/luajit")[1].strip(), flush=True)
     try:
-        for case in (case_session, case_concurrent, case_phases, case_reload):
+        for case in (case_session, case_concurrent, case_phases, case_transport, case_reload):
             try:
                 case(srv)
             except Exception as e:  # a case that broke is a failure, the others still run
@@ -448,6 +613,7 @@ def main():
         case_example()
     except Exception as e:
         report(False, "case_example", "%s: %s" % (type(e).__name__, e))
+    subprocess.run(["rm", "-rf", certs])
     print("# nginx: %d passed, %d failed" % (results["passed"], results["failed"]), flush=True)
     return 1 if results["failed"] else 0
 

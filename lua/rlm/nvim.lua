@@ -1,0 +1,301 @@
+-- rlm.nvim: the Neovim plugin. With the clone on 'runtimepath' and the core
+-- built (`make nvim`):
+--
+--   require("rlm.nvim").setup({ base_url = "http://127.0.0.1:8080/v1", model = "qwen3" })
+--
+--   :RlmAsk {question}           about the current buffer
+--   :'<,'>RlmAsk {question}      about the selected lines
+--   :RlmAskFiles {question}      about the files of the argument list (:args *.log)
+--   :RlmCancel (or cancel_key)   ends the running session
+--
+-- The session runs on the editor's loop (rlm.adapters.nvim), so the editor
+-- stays responsive; its progress shows in a small floating window (or in
+-- the statusline through require("rlm.nvim").status()), and the answer in a
+-- scratch buffer, rlm://answer.
+--
+-- The models: an OpenAI-compatible endpoint through rlm.llm.openai over
+-- rlm.llm.transport.nvim (curl started by jobstart()). setup() options, each
+-- with an environment fallback: base_url ($RLM_BASE_URL, default
+-- https://api.openai.com/v1), model ($RLM_ROOT_MODEL, gpt-4o), sub_model
+-- ($RLM_SUB_MODEL, gpt-4o-mini), api_key_env (the NAME of the variable that
+-- holds the key, default "RLM_API_KEY"). root_llm and llm_query replace
+-- those models; any other key not listed below goes to rlm.Session.new
+-- (max_iterations, max_sub_calls, tmpdir, on_event...).
+-- luacheck: read globals vim
+local adapter = require("rlm.adapters.nvim")
+
+local M = { config = {} }
+
+-- setup() keys of the plugin itself; the others are session options.
+local PLUGIN_KEYS = {
+  base_url = true, model = true, sub_model = true, api_key_env = true,
+  progress = true, cancel_key = true, max_context_bytes = true,
+}
+M.defaults = {
+  progress = "float", -- "float", "statusline" (see status()) or false
+  cancel_key = "<C-c>", -- a normal-mode key mapped while a session runs; false: none
+  max_context_bytes = 256 * 2 ^ 20, -- the most a list of files may add up to
+}
+
+local function uv()
+  return vim.uv or vim.loop
+end
+
+local function option(name)
+  local v = M.config[name]
+  if v == nil then
+    v = M.defaults[name]
+  end
+  return v
+end
+
+-- The client for the endpoint, made when a question needs it (the key is
+-- read then, from the environment).
+local function default_client()
+  local openai = require("rlm.llm.openai")
+  local transport = require("rlm.llm.transport.nvim")
+  local c = M.config
+  return openai.new({
+    base_url = c.base_url or os.getenv("RLM_BASE_URL") or "https://api.openai.com/v1",
+    model = c.model or os.getenv("RLM_ROOT_MODEL") or "gpt-4o",
+    sub_model = c.sub_model or os.getenv("RLM_SUB_MODEL") or "gpt-4o-mini",
+    api_key_env = c.api_key_env or "RLM_API_KEY",
+    transport = transport.new(),
+    sleep = transport.sleep,
+  })
+end
+
+-- Progress: one line of text, shown in a floating window or left for the
+-- statusline.
+local progress = { text = "", win = nil, buf = nil }
+
+local function close_float()
+  if progress.win and vim.api.nvim_win_is_valid(progress.win) then
+    vim.api.nvim_win_close(progress.win, true)
+  end
+  progress.win = nil
+end
+
+local function show_progress(text)
+  progress.text = text
+  if option("progress") == "float" then
+    if not (progress.buf and vim.api.nvim_buf_is_valid(progress.buf)) then
+      progress.buf = vim.api.nvim_create_buf(false, true)
+    end
+    vim.api.nvim_buf_set_lines(progress.buf, 0, -1, false, { text })
+    local width = math.max(20, math.min(#text + 2, vim.o.columns - 4))
+    local conf = { relative = "editor", anchor = "NE", row = 1, col = vim.o.columns - 1, width = width,
+      height = 1, style = "minimal", focusable = false, border = "rounded", noautocmd = true }
+    if progress.win and vim.api.nvim_win_is_valid(progress.win) then
+      conf.noautocmd = nil
+      vim.api.nvim_win_set_config(progress.win, conf)
+    else
+      progress.win = vim.api.nvim_open_win(progress.buf, false, conf)
+    end
+  elseif option("progress") == "statusline" then
+    vim.cmd("redrawstatus")
+  end
+end
+
+-- The running session's progress, for a statusline:
+--   vim.o.statusline = "%f %= %{v:lua.require'rlm.nvim'.status()}"
+function M.status()
+  return M.session and progress.text or ""
+end
+
+local function show_answer(lines)
+  local name = "rlm://answer"
+  local buf = vim.fn.bufnr(name)
+  if buf < 0 then
+    buf = vim.api.nvim_create_buf(false, true)
+    vim.api.nvim_buf_set_name(buf, name)
+    vim.api.nvim_buf_set_option(buf, "filetype", "markdown")
+  end
+  vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
+  if vim.fn.bufwinid(buf) < 0 then
+    vim.cmd("botright split")
+    vim.api.nvim_win_set_buf(0, buf)
+    vim.cmd("wincmd p")
+  end
+  return buf
+end
+
+local cancel_mapped = nil
+
+local function unmap_cancel()
+  if cancel_mapped then
+    pcall(vim.keymap.del, "n", cancel_mapped)
+    cancel_mapped = nil
+  end
+end
+
+local function map_cancel()
+  local key = option("cancel_key")
+  if key and not cancel_mapped then
+    vim.keymap.set("n", key, M.cancel, { desc = "Cancel the running rlm session" })
+    cancel_mapped = key
+  end
+end
+
+local function finished()
+  M.session = nil
+  unmap_cancel()
+  close_float()
+  progress.text = ""
+end
+
+-- Ends the running session, if any (its sandbox is killed at once).
+function M.cancel()
+  local s = M.session
+  if not s then
+    return false
+  end
+  M.cancelled = true
+  finished()
+  s:close()
+  vim.notify("rlm: cancelled", vim.log.levels.WARN)
+  return true
+end
+
+-- The context of a list of files: each under a "=== path ===" line.
+function M.files_context(paths)
+  local parts, size = {}, 0
+  local max = option("max_context_bytes")
+  for _, path in ipairs(paths) do
+    local f, err = io.open(path, "rb")
+    if not f then
+      error("rlm: cannot read " .. tostring(err), 0)
+    end
+    local text = f:read("*a")
+    f:close()
+    size = size + #text
+    if size > max then
+      error(("rlm: the files add up to more than max_context_bytes (%d)"):format(max), 0)
+    end
+    parts[#parts + 1] = ("=== %s ===\n%s"):format(path, text)
+  end
+  return table.concat(parts, "\n")
+end
+
+-- Asks question about context (a string; default: the current buffer).
+-- Returns the session; M.cancel() or session:close() ends it. The answer
+-- lands in M.last_answer and rlm://answer, a failure in M.last_error.
+function M.ask(question, context, what)
+  local opts = {}
+  for k, v in pairs(M.config) do
+    if not PLUGIN_KEYS[k] then
+      opts[k] = v
+    end
+  end
+  if not (opts.root_llm and opts.llm_query) then
+    local client = default_client()
+    M.client = client
+    opts.root_llm = opts.root_llm or client.root_llm
+    opts.llm_query = opts.llm_query or client.llm_query
+  end
+  if type(context) == "number" or context == nil then
+    context = table.concat(vim.api.nvim_buf_get_lines(context or 0, 0, -1, false), "\n")
+  end
+  opts.context = context
+  opts.query = question
+  what = what or "the buffer"
+  local t0 = uv().hrtime()
+  local step, subs = 0, 0
+  local user_event = opts.on_event
+  opts.on_event = function(ev)
+    if user_event then
+      user_event(ev)
+    end
+    if M.session == nil then
+      return
+    end
+    if ev.type == "step_start" and ev.depth == 0 then
+      step = ev.step
+    elseif ev.type == "sub_query" then
+      subs = subs + 1
+    end
+    local key = option("cancel_key")
+    show_progress(("rlm: %s, step %d, %d sub-calls, %.0f s%s"):format(what, step, subs,
+      (uv().hrtime() - t0) / 1e9, key and (" (" .. key .. " cancels)") or ""))
+  end
+  M.last_answer, M.last_error, M.cancelled = nil, nil, false
+  if M.session then
+    local old = M.session
+    finished()
+    old:close()
+  end
+  local session
+  session = adapter.run(opts, function(err, result)
+    if M.session ~= session then
+      return -- cancelled, or superseded by a later question
+    end
+    finished()
+    if err then
+      M.last_error = err
+      vim.notify("rlm: " .. tostring(err), vim.log.levels.ERROR)
+      return
+    end
+    M.last_answer = result.answer
+    local lines = vim.split(result.answer, "\n", { plain = true })
+    lines[#lines + 1] = ""
+    lines[#lines + 1] = ("-- %s: %d steps, %d sub-calls, %.1f s"):format(question, result.iterations,
+      result.sub_calls, (uv().hrtime() - t0) / 1e9)
+    show_answer(lines)
+  end)
+  M.session = session
+  map_cancel()
+  show_progress(("rlm: %s, starting"):format(what))
+  return session
+end
+
+local function complain(f)
+  return function(cmd)
+    local ok, err = pcall(f, cmd)
+    if not ok then
+      vim.notify(tostring(err), vim.log.levels.ERROR)
+    end
+  end
+end
+
+-- Defines :RlmAsk, :RlmAskFiles and :RlmCancel (setup() calls it).
+function M.commands()
+  vim.api.nvim_create_user_command("RlmAsk", complain(function(cmd)
+    if cmd.range and cmd.range > 0 then
+      local lines = vim.api.nvim_buf_get_lines(0, cmd.line1 - 1, cmd.line2, false)
+      M.ask(cmd.args, table.concat(lines, "\n"), ("lines %d-%d"):format(cmd.line1, cmd.line2))
+    else
+      M.ask(cmd.args, 0, vim.fn.expand("%:t") ~= "" and vim.fn.expand("%:t") or "the buffer")
+    end
+  end), { nargs = "+", range = true, desc = "Ask an RLM session about the buffer or the selected lines" })
+  vim.api.nvim_create_user_command("RlmAskFiles", complain(function(cmd)
+    local files = vim.fn.argv()
+    if #files == 0 then
+      error("rlm: the argument list is empty (:args *.log first)", 0)
+    end
+    M.ask(cmd.args, M.files_context(files), ("%d files"):format(#files))
+  end), { nargs = "+", desc = "Ask an RLM session about the files of the argument list" })
+  vim.api.nvim_create_user_command("RlmCancel", function()
+    M.cancel()
+  end, { desc = "Cancel the running RLM session" })
+end
+
+-- setup(config): the plugin's options (above) and session options; defines
+-- the commands.
+function M.setup(config)
+  M.config = config or {}
+  M.commands()
+  return M
+end
+
+-- Leaving the editor ends a session still running.
+vim.api.nvim_create_autocmd("VimLeavePre", {
+  callback = function()
+    if M.session then
+      local s = M.session
+      finished()
+      s:close()
+    end
+  end,
+})
+
+return M

@@ -1,0 +1,46 @@
+-- rlm.diagnose: what the machine gives the sandbox, and the sentence that
+-- says which need is missing when bubblewrap cannot start.
+local diagnose = require("rlm.diagnose")
+
+describe("rlm.diagnose", function()
+  -- bubblewrap's output -> a pattern the explanation must match (one row a case)
+  local cases = {
+    { "bwrap: Unknown option --disable-userns", "older than 0%.8" },
+    { "bwrap: Can't mount proc on /newroot/proc: Operation not permitted", "systempaths=unconfined" },
+    { "bwrap: No permissions to creating new namespace, likely because the kernel does not allow "
+      .. "non-privileged user namespaces.", "namespace" },
+    { "bwrap: setting up uid map: Permission denied", "namespace" },
+  }
+  for _, case in ipairs(cases) do
+    it("explains " .. case[1]:sub(1, 50), function()
+      local why = diagnose.explain(case[1])
+      assert.is_string(why)
+      assert.matches(case[2], why)
+      assert.are.equal(" (" .. why .. ")", diagnose.hint(case[1]))
+    end)
+  end
+
+  it("says nothing about output it does not know", function()
+    assert.is_nil(diagnose.explain("python3: not found"))
+    assert.are.equal("", diagnose.hint("python3: not found"))
+  end)
+
+  it("finds bubblewrap runnable here, with the sandbox's namespaces and mounts", function()
+    local rows = {}
+    for _, row in ipairs(diagnose.checks()) do
+      rows[row.name] = row
+    end
+    assert.are.equal("ok", rows.bubblewrap.level, rows.bubblewrap.message)
+    assert.are.equal("ok", rows.sandbox.level, rows.sandbox.message)
+    assert.are.equal("ok", rows.interpreter.level, rows.interpreter.message)
+    -- "poll: why" where no cgroup may be made (an unprivileged user on v1)
+    local memory = rows["memory limit"].message
+    assert.is_truthy(memory:match("^cgroup v[12]: ") or memory:match("^poll: .+"), memory)
+  end)
+
+  it("reports a missing bubblewrap as an error naming the package", function()
+    local rows = diagnose.checks({ bwrap = "/nonexistent/bwrap" })
+    assert.are.equal("error", rows[1].level)
+    assert.matches("apt%-get install bubblewrap", rows[1].message)
+  end)
+end)

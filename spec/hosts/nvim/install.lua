@@ -1,0 +1,247 @@
+-- The Neovim install test: a copy of the clone, built with the documented
+-- command (`make nvim`), is the only thing added to 'runtimepath'; nothing
+-- touches package.path or package.cpath. Run by spec/hosts/run:
+--
+--   nvim --headless --clean -u NONE -i NONE -n --cmd "set rtp^=$CLONE" \
+--     -c "luafile spec/hosts/nvim/install.lua"
+--
+-- with RLM_CLONE (that copy) and RLM_HOSTS_TMPDIR (an empty directory for
+-- the workdirs). Prints one "ok - ..." / "not ok - ..." line per case and
+-- the :checkhealth rlm report as "# " lines, then quits.
+-- luacheck: globals vim
+local clone = assert(os.getenv("RLM_CLONE"), "RLM_CLONE")
+local tmpdir = assert(os.getenv("RLM_HOSTS_TMPDIR"), "RLM_HOSTS_TMPDIR")
+local uv = vim.uv or vim.loop
+local out = io.stdout
+local results = { passed = 0, failed = 0 }
+local cpath_before, path_before = package.cpath, package.path
+-- Messages as comment lines of the report, not glued to its "ok" lines.
+vim.notify = function(msg)
+  out:write("# notify: " .. tostring(msg) .. "\n")
+end
+
+local function report(ok, name, detail)
+  if ok then
+    results.passed = results.passed + 1
+    out:write(("ok - nvim-install: %s%s\n"):format(name, detail and (" (" .. detail .. ")") or ""))
+  else
+    results.failed = results.failed + 1
+    out:write(("not ok - nvim-install: %s: %s\n"):format(name, tostring(detail)))
+  end
+  out:flush()
+end
+
+local function fence(code)
+  return "```repl\n" .. code .. "\n```"
+end
+
+local function workdirs()
+  local names = {}
+  local handle = uv.fs_scandir(tmpdir)
+  while handle do
+    local name = uv.fs_scandir_next(handle)
+    if not name then
+      break
+    end
+    names[#names + 1] = name
+  end
+  return names
+end
+
+local function wait_for(cond, ms, k)
+  local t0 = uv.hrtime()
+  local t = uv.new_timer()
+  t:start(5, 5, vim.schedule_wrap(function()
+    if t:is_closing() then
+      return
+    end
+    local held = cond()
+    if held or (uv.hrtime() - t0) / 1e6 > ms then
+      t:stop()
+      t:close()
+      k(held)
+    end
+  end))
+end
+
+local function answer_buffer()
+  local buf = vim.fn.bufnr("rlm://answer")
+  return buf >= 0 and table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), "\n") or ""
+end
+
+local cases = {}
+local plugin
+
+-- 1. require("rlm") and its core come from the clone's lua/ directory.
+cases[#cases + 1] = function(next_case)
+  local ok, rlm = pcall(require, "rlm")
+  local core_ok, core = pcall(require, "rlm.core")
+  local so = vim.api.nvim_get_runtime_file("lua/rlm/core.so", true)[1] or "none"
+  report(ok and core_ok and so == clone .. "/lua/rlm/core.so" and package.cpath == cpath_before
+    and package.path == path_before,
+    "require('rlm') works with only the clone on 'runtimepath' (no package.cpath edits)",
+    ok and core_ok and ("%s from %s"):format(core._VERSION, so) or tostring(ok and core or rlm))
+  plugin = require("rlm.nvim")
+  next_case()
+end
+
+-- 2. :RlmAsk over the buffer, with a stand-in root model answering after
+-- 300 ms; the progress float is up meanwhile, the answer lands in
+-- rlm://answer.
+cases[#cases + 1] = function(next_case)
+  plugin.setup({
+    tmpdir = tmpdir,
+    root_llm = function(_, done)
+      vim.defer_fn(function()
+        done(fence("n = sum(1 for l in context.splitlines() if 'ERROR' in l)\nFINAL(str(n) + ' errors')"))
+      end, 300)
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  })
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { "ok", "ERROR one", "fine", "ERROR two", "ERROR three" })
+  vim.cmd("RlmAsk how many errors?")
+  local float_seen = false
+  wait_for(function()
+    float_seen = float_seen or plugin.status():find("rlm:", 1, true) ~= nil
+      and #vim.tbl_filter(function(w)
+        return vim.api.nvim_win_get_config(w).relative ~= ""
+      end, vim.api.nvim_list_wins()) > 0
+    return plugin.last_answer ~= nil or plugin.last_error ~= nil
+  end, 30000, function()
+    report(plugin.last_answer == "3 errors" and answer_buffer():find("3 errors", 1, true) and float_seen,
+      ":RlmAsk answers about the buffer in rlm://answer, with progress in a float",
+      plugin.last_error and tostring(plugin.last_error)
+        or ("%q; float seen: %s"):format(answer_buffer(), tostring(float_seen)))
+    next_case()
+  end)
+end
+
+-- 3. A range (a visual selection gives '<,'>): only those lines.
+cases[#cases + 1] = function(next_case)
+  plugin.setup({
+    tmpdir = tmpdir,
+    root_llm = function()
+      return fence("FINAL(context.replace('\\n', '|'))")
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  })
+  vim.cmd("enew")
+  vim.api.nvim_buf_set_lines(0, 0, -1, false, { "one", "two", "three", "four" })
+  vim.cmd("2,3RlmAsk what is selected?")
+  wait_for(function()
+    return plugin.last_answer ~= nil or plugin.last_error ~= nil
+  end, 30000, function()
+    report(plugin.last_answer == "two|three", ":'<,'>RlmAsk asks about the selected lines only",
+      tostring(plugin.last_answer or plugin.last_error))
+    next_case()
+  end)
+end
+
+-- 4. :RlmAskFiles over the argument list.
+cases[#cases + 1] = function(next_case)
+  local a, b = tmpdir .. "/../a.log", tmpdir .. "/../b.log"
+  for path, text in pairs({ [a] = "alpha\nERROR x\n", [b] = "beta\nERROR y\nERROR z\n" }) do
+    local f = assert(io.open(path, "w"))
+    f:write(text)
+    f:close()
+  end
+  vim.cmd("args " .. vim.fn.fnameescape(a) .. " " .. vim.fn.fnameescape(b))
+  plugin.setup({
+    tmpdir = tmpdir,
+    root_llm = function()
+      return fence("FINAL(str(context.count('=== ')) + ' files, ' + str(context.count('ERROR')) + ' errors')")
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  })
+  vim.cmd("RlmAskFiles how many errors?")
+  wait_for(function()
+    return plugin.last_answer ~= nil or plugin.last_error ~= nil
+  end, 30000, function()
+    os.remove(a)
+    os.remove(b)
+    vim.cmd("%argdelete")
+    report(plugin.last_answer == "2 files, 3 errors", ":RlmAskFiles asks about the files of the argument list",
+      tostring(plugin.last_answer or plugin.last_error))
+    next_case()
+  end)
+end
+
+-- 5. The cancel key ends a session whose model never answers: the sandbox
+-- and its workdir go, the float and the mapping too.
+cases[#cases + 1] = function(next_case)
+  plugin.setup({
+    tmpdir = tmpdir,
+    root_llm = function() end, -- never calls done
+    llm_query = function(p)
+      return p
+    end,
+  })
+  vim.cmd("RlmAsk will this ever end?")
+  wait_for(function()
+    return #workdirs() > 0 and vim.fn.maparg("<C-c>", "n") ~= ""
+  end, 10000, function(started)
+    local t0 = uv.hrtime()
+    vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes("<C-c>", true, false, true), "x", false)
+    local key_ms = (uv.hrtime() - t0) / 1e6
+    local closed = plugin.session == nil
+    wait_for(function()
+      return plugin.session == nil and #workdirs() == 0
+    end, 10000, function(gone)
+      local floats = #vim.tbl_filter(function(w)
+        return vim.api.nvim_win_get_config(w).relative ~= ""
+      end, vim.api.nvim_list_wins())
+      report(started and gone and plugin.cancelled and floats == 0 and vim.fn.maparg("<C-c>", "n") == "",
+        "<C-c> cancels the running session: no workdir, float or mapping is left",
+        ("started %s; the key closed it %s (%.0f ms); no workdir after %.0f ms; %d floats"):format(
+          tostring(started), closed and "at once" or "later", key_ms, (uv.hrtime() - t0) / 1e6, floats))
+      next_case()
+    end)
+  end)
+end
+
+-- 6. :checkhealth rlm: printed, with no ERROR row and the session row OK.
+cases[#cases + 1] = function(next_case)
+  out:write("\n")
+  vim.cmd("checkhealth rlm")
+  local lines = vim.api.nvim_buf_get_lines(0, 0, -1, false)
+  local text = table.concat(lines, "\n")
+  for _, line in ipairs(lines) do
+    if line ~= "" then
+      out:write("# " .. line .. "\n")
+    end
+  end
+  report(not text:find("ERROR") and text:find("OK: a sandboxed session answered", 1, true) ~= nil
+    and text:find("OK: rlm.core", 1, true) ~= nil,
+    ":checkhealth rlm reports the core, the sandbox and a session, with no error",
+    ("%d lines"):format(#lines))
+  next_case()
+end
+
+local function finish()
+  out:write(("# nvim-install: %d passed, %d failed\n"):format(results.passed, results.failed))
+  out:flush()
+  vim.cmd(results.failed == 0 and "qall!" or "cquit! 1")
+end
+
+local i = 0
+local function next_case()
+  i = i + 1
+  local case = cases[i]
+  if not case then
+    return finish()
+  end
+  vim.schedule(function()
+    local ok, e = pcall(case, next_case)
+    if not ok then
+      report(false, "case " .. i .. " runs", e)
+      next_case()
+    end
+  end)
+end
+next_case()
