@@ -5,6 +5,7 @@
 #include "canary.h"
 #include "compat.h"
 #include "driver.h"
+#include "framing.h"
 #include "sandbox.h"
 #include "seccomp.h"
 #include "waitset.h"
@@ -314,16 +315,27 @@ static const char *event_name(rlm_event_kind k) {
   return "unknown";
 }
 
-/* d:poll(timeout_ms) -> kind, ... | nil
+/* d:poll(timeout_ms[, max_values]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
- *   "memory", peak_bytes | "overflow" */
+ *   "memory", peak_bytes | "overflow" | "dense", values
+ * A line that could decode to more than max_values JSON values is not made
+ * a Lua string: "dense" says how many it holds (at least). */
 static int driver_poll(lua_State *L) {
   driver_ud *u = check_driver(L);
   int timeout = (int)luaL_optinteger(L, 2, -1);
+  lua_Integer max_values = luaL_optinteger(L, 3, 0);
   rlm_event *ev = rlm_driver_poll(u->d, timeout);
   if (ev == NULL)
     return 0;
   int n = 1;
+  if (ev->kind == RLM_EV_LINE && max_values > 0) {
+    size_t values = rlm_json_values(ev->data, ev->len, (size_t)max_values);
+    if (values > (size_t)max_values) {
+      lua_pushliteral(L, "dense");
+      lua_pushinteger(L, (lua_Integer)values);
+      return 2;
+    }
+  }
   lua_pushstring(L, event_name(ev->kind));
   switch (ev->kind) {
   case RLM_EV_LINE:

@@ -1,7 +1,14 @@
-/* driver.c: the driver process on its own libuv loop. Reading stops while
- * more than QUEUE_HIGH bytes of lines wait to be taken, so a driver that
- * floods its stdout fills the pipe and blocks instead of filling the host's
- * memory.
+/* driver.c: the driver process on its own libuv loop. The driver's stdout
+ * is read into one framing buffer (csrc/framing.c) and lines are taken out
+ * of it one at a time, as views, when the caller polls: reading stops while
+ * a complete line waits to be taken, so a driver that floods its stdout
+ * fills the pipe and blocks, and what the host holds for it is that buffer
+ * (at most max_line + 1 bytes) and a few terminal events, whatever it sends.
+ *
+ * The memory watchdog is a thread of its own per driver (see
+ * watchdog_main), so that it keeps polling while the host is busy elsewhere
+ * (a blocking model callback): it kills the sandbox itself and leaves a
+ * flag that the loop turns into RLM_EV_MEMORY.
  *
  * The process is started with posix_spawn, not uv_spawn, and watched through
  * a pidfd: the child closes every descriptor but its three pipes (and the
@@ -20,12 +27,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -36,7 +47,7 @@
 extern char **environ;
 
 #define READ_CHUNK 65536
-#define QUEUE_HIGH (1u << 20)
+#define WATCHDOG_STACK (256u << 10)
 #define STDERR_TAIL 4096
 #define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
 #define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
@@ -51,28 +62,37 @@ struct rlm_driver {
   pid_t pid;
   unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
   uv_pipe_t in, out, err;
-  uv_timer_t deadline, watchdog, wait, grace, launcher_grace;
+  uv_timer_t deadline, wait, grace, launcher_grace;
   int handles; /* initialised handles not yet closed */
 
   unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, reading : 1,
       in_closed : 1, terminal_queued : 1, exit_queued : 1, wait_expired : 1,
-      deadline_hit : 1;
+      deadline_hit : 1, paused : 1, grace_due : 1;
   int64_t exit_status;
   int term_signal;
 
   rlm_framer framer;
-  rlm_event *head, *tail;
-  size_t queued_bytes; /* of the line events in the queue */
+  rlm_event line;         /* the line last handed out: a view into framer */
+  rlm_event *head, *tail; /* terminal events: a handful at most */
 
   char err_tail[STDERR_TAIL + 1];
   size_t err_len;
 
-  uint64_t max_rss, peak_rss;
+  uint64_t max_rss;
   unsigned rss_interval_ms;
   rlm_cgroup cg;
 
+  /* The watchdog thread. It reads pid, pidfd, max_rss and rss_interval_ms,
+   * which do not change while it runs, and shares only these. */
+  pthread_t wd_thread;
+  int wd_started;
+  pthread_mutex_t wd_mu;
+  pthread_cond_t wd_cv;
+  int wd_stop;          /* under wd_mu */
+  atomic_int wd_breach; /* the thread killed the sandbox */
+  _Atomic uint64_t peak_rss;
+
   char workdir[PATH_MAX];
-  char out_buf[READ_CHUNK];
   char err_buf[4096];
 };
 
@@ -126,7 +146,7 @@ static void run_loop(rlm_driver *d, uv_run_mode mode) {
 }
 
 void rlm_event_free(rlm_event *ev) {
-  if (ev != NULL) {
+  if (ev != NULL && !ev->borrowed) {
     free(ev->data);
     free(ev);
   }
@@ -142,8 +162,6 @@ static rlm_event *event_new(rlm_event_kind kind) {
 static void queue_event(rlm_driver *d, rlm_event *ev) {
   if (ev == NULL)
     return;
-  if (ev->kind == RLM_EV_LINE)
-    d->queued_bytes += ev->len;
   if (d->tail)
     d->tail->next = ev;
   else
@@ -151,23 +169,10 @@ static void queue_event(rlm_driver *d, rlm_event *ev) {
   d->tail = ev;
 }
 
-static void drop_lines(rlm_driver *d) {
-  rlm_event **p = &d->head;
-  d->tail = NULL;
-  d->queued_bytes = 0;
-  while (*p != NULL) {
-    if ((*p)->kind == RLM_EV_LINE) {
-      rlm_event *dead = *p;
-      *p = dead->next;
-      rlm_event_free(dead);
-    } else {
-      d->tail = *p;
-      p = &(*p)->next;
-    }
-  }
-}
+static void drop_lines(rlm_driver *d) { rlm_framer_reset(&d->framer); }
 
 static void stop_reading(rlm_driver *d) {
+  d->paused = 0;
   if (d->reading) {
     uv_read_stop((uv_stream_t *)&d->out);
     d->reading = 0;
@@ -228,10 +233,16 @@ static void terminate(rlm_driver *d, rlm_event_kind kind) {
   drop_lines(d);
   rlm_event *ev = event_new(kind);
   if (ev != NULL)
-    ev->peak_bytes = d->peak_rss;
+    ev->peak_bytes = atomic_load(&d->peak_rss);
   queue_event(d, ev);
   uv_timer_stop(&d->deadline);
-  uv_timer_stop(&d->watchdog);
+}
+
+/* The watchdog thread killed the sandbox: say so, once, before anything
+ * else the loop learns about it (its exit). */
+static void check_breach(rlm_driver *d) {
+  if (atomic_load(&d->wd_breach) && !d->terminal_queued)
+    terminate(d, RLM_EV_MEMORY);
 }
 
 /* The exit is reported once the process is reaped and its stdout is drained,
@@ -262,6 +273,12 @@ static void maybe_queue_exit(rlm_driver *d) {
 static void on_grace(uv_timer_t *t) {
   rlm_driver *d = t->data;
   uv_timer_stop(t);
+  if (d->paused) {
+    /* Not silent: the host is not reading, a line waits to be taken. The
+     * grace starts again when reading does. */
+    d->grace_due = 1;
+    return;
+  }
   maybe_queue_exit(d);
 }
 
@@ -277,6 +294,10 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
   if (got == 0)
     return; /* not yet: readable pidfds mean exited, but be sure */
   uv_poll_stop(w);
+  if (atomic_load(&d->wd_breach) && !d->terminal_queued) {
+    d->killed = 1; /* the watchdog did */
+    terminate(d, RLM_EV_MEMORY);
+  }
   d->exited = 1;
   if (got < 0) { /* ECHILD: the host reaps children itself (SIGCHLD ignored) */
     d->exit_status = -1;
@@ -286,17 +307,20 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
     d->term_signal = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
   }
   uv_timer_stop(&d->deadline);
-  uv_timer_stop(&d->watchdog);
   uv_timer_stop(&d->launcher_grace);
   if (!d->out_eof && !d->killed)
     uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
   maybe_queue_exit(d);
 }
 
+/* Reads go straight into the framing buffer. No room (a partial line past
+ * the cap, or no memory) gives libuv an empty buffer: UV_ENOBUFS below. */
 static void alloc_out(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   rlm_driver *d = h->data;
+  size_t len;
   (void)hint;
-  *buf = uv_buf_init(d->out_buf, sizeof(d->out_buf));
+  char *p = rlm_framer_space(&d->framer, READ_CHUNK, &len);
+  *buf = uv_buf_init(p, (unsigned)len);
 }
 
 static void alloc_err(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -305,21 +329,34 @@ static void alloc_err(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   *buf = uv_buf_init(d->err_buf, sizeof(d->err_buf));
 }
 
-static int on_line(void *ud, char *line, size_t len) {
-  rlm_driver *d = ud;
-  rlm_event *ev = event_new(RLM_EV_LINE);
-  if (ev == NULL) {
-    free(line);
-    return -1;
+static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* Stops reading while a complete line waits: the back-pressure. */
+static void pause_reading(rlm_driver *d) {
+  stop_reading(d);
+  d->paused = 1;
+}
+
+static void resume_reading(rlm_driver *d) {
+  if (d->reading || d->out_eof || d->terminal_queued ||
+      uv_is_closing((uv_handle_t *)&d->out))
+    return;
+  d->paused = 0;
+  uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
+  d->reading = 1;
+  if (d->grace_due) {
+    d->grace_due = 0;
+    uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
   }
-  ev->data = line;
-  ev->len = len;
-  queue_event(d, ev);
-  return 0;
 }
 
 static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   rlm_driver *d = s->data;
+  (void)buf;
+  if (nread == UV_ENOBUFS) {
+    terminate(d, RLM_EV_OVERFLOW);
+    return;
+  }
   if (nread < 0) {
     d->out_eof = 1;
     stop_reading(d);
@@ -328,13 +365,11 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (d->terminal_queued)
     return;
-  if (rlm_framer_feed(&d->framer, buf->base, (size_t)nread, on_line, d) !=
-      RLM_FRAME_OK) {
+  rlm_framer_commit(&d->framer, (size_t)nread);
+  if (rlm_framer_ready(&d->framer))
+    pause_reading(d);
+  else if (rlm_framer_overflowed(&d->framer))
     terminate(d, RLM_EV_OVERFLOW);
-    return;
-  }
-  if (d->queued_bytes >= QUEUE_HIGH)
-    stop_reading(d);
 }
 
 static void on_read_err(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
@@ -366,15 +401,122 @@ static void on_deadline(uv_timer_t *t) {
   terminate(d, RLM_EV_TIMEOUT);
 }
 
-static void on_watchdog(uv_timer_t *t) {
-  rlm_driver *d = t->data;
-  if (!d->spawned || d->exited)
+/* What the watchdog counts against max_rss: the resident memory of the
+ * sandbox's processes. */
+static uint64_t watchdog_measure(rlm_driver *d) { return rlm_tree_rss(d->pid); }
+
+/* Whether the launcher has exited: its pid may then name another process. */
+static int launcher_exited(rlm_driver *d) {
+  struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n != 0; /* an error: do not trust the pid either */
+}
+
+/* Waits ms, or until told to stop. Returns nonzero when told to. */
+static int watchdog_sleep(rlm_driver *d, unsigned ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&d->wd_mu);
+  while (!d->wd_stop &&
+         pthread_cond_timedwait(&d->wd_cv, &d->wd_mu, &until) == 0)
+    ;
+  int stop = d->wd_stop;
+  pthread_mutex_unlock(&d->wd_mu);
+  return stop;
+}
+
+/* Polls the sandbox's memory every rss_interval_ms, whatever the host's
+ * thread is doing. On a breach it kills the pid namespace's init (the
+ * kernel then kills the rest), and the launcher too if that lingers; the
+ * loop learns of it from the launcher's exit or its next poll. A
+ * measurement counts only if the launcher was still alive after it: a
+ * reaped pid may be another process's by then. */
+static void *watchdog_main(void *arg) {
+  rlm_driver *d = arg;
+  while (!watchdog_sleep(d, 0)) {
+    if (launcher_exited(d))
+      break;
+    uint64_t rss = watchdog_measure(d);
+    if (launcher_exited(d))
+      break;
+    uint64_t peak = atomic_load(&d->peak_rss);
+    while (rss > peak &&
+           !atomic_compare_exchange_weak(&d->peak_rss, &peak, rss))
+      ;
+    if (rss > d->max_rss) {
+      atomic_store(&d->wd_breach, 1);
+      pid_t pids[2];
+      if (rlm_tree_pids(d->pid, pids, 2) == 2)
+        (void)kill(pids[1], SIGKILL);
+      else
+        kill_launcher(d);
+      if (!watchdog_sleep(d, LAUNCHER_GRACE_MS) && !launcher_exited(d))
+        kill_launcher(d);
+      break;
+    }
+    if (watchdog_sleep(d, d->rss_interval_ms))
+      break;
+  }
+  return NULL;
+}
+
+static int watchdog_start(rlm_driver *d, char *err, size_t errlen) {
+  pthread_condattr_t ca;
+  pthread_attr_t ta;
+  int e = pthread_condattr_init(&ca);
+  if (e == 0) {
+    e = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (e == 0)
+      e = pthread_cond_init(&d->wd_cv, &ca);
+    pthread_condattr_destroy(&ca);
+  }
+  if (e == 0 && (e = pthread_mutex_init(&d->wd_mu, NULL)) != 0)
+    pthread_cond_destroy(&d->wd_cv);
+  if (e != 0) {
+    snprintf(err, errlen, "the memory watchdog: %s", strerror(e));
+    return -1;
+  }
+  /* The thread takes none of the host's signals. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  e = pthread_attr_init(&ta);
+  if (e == 0) {
+    (void)pthread_attr_setstacksize(&ta, WATCHDOG_STACK);
+    e = pthread_create(&d->wd_thread, &ta, watchdog_main, d);
+    pthread_attr_destroy(&ta);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e != 0) {
+    pthread_mutex_destroy(&d->wd_mu);
+    pthread_cond_destroy(&d->wd_cv);
+    snprintf(err, errlen, "starting the memory watchdog: %s", strerror(e));
+    return -1;
+  }
+  d->wd_started = 1;
+  return 0;
+}
+
+static void watchdog_stop(rlm_driver *d) {
+  if (!d->wd_started)
     return;
-  uint64_t rss = rlm_tree_rss(d->pid);
-  if (rss > d->peak_rss)
-    d->peak_rss = rss;
-  if (rss > d->max_rss)
-    terminate(d, RLM_EV_MEMORY);
+  pthread_mutex_lock(&d->wd_mu);
+  d->wd_stop = 1;
+  pthread_cond_signal(&d->wd_cv);
+  pthread_mutex_unlock(&d->wd_mu);
+  pthread_join(d->wd_thread, NULL);
+  pthread_mutex_destroy(&d->wd_mu);
+  pthread_cond_destroy(&d->wd_cv);
+  d->wd_started = 0;
 }
 
 static void on_wait(uv_timer_t *t) {
@@ -416,7 +558,6 @@ static void close_loop(rlm_driver *d) {
   close_handle(d, &d->out);
   close_handle(d, &d->err);
   close_handle(d, &d->deadline);
-  close_handle(d, &d->watchdog);
   close_handle(d, &d->wait);
   close_handle(d, &d->grace);
   close_handle(d, &d->launcher_grace);
@@ -589,7 +730,6 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
   d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
   snprintf(d->workdir, sizeof(d->workdir), "%s", o->workdir);
   init_timer(d, &d->deadline);
-  init_timer(d, &d->watchdog);
   init_timer(d, &d->wait);
   init_timer(d, &d->grace);
   init_timer(d, &d->launcher_grace);
@@ -613,11 +753,14 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
       rlm_cgroup_remove(&d->cg);
   }
+  if (d->max_rss > 0 && watchdog_start(d, err, errlen) != 0) {
+    d->workdir[0] = '\0'; /* the caller's, on failure */
+    rlm_driver_close(d);
+    return NULL;
+  }
   uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
   d->reading = 1;
   uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
-  if (d->max_rss > 0)
-    uv_timer_start(&d->watchdog, on_watchdog, 0, d->rss_interval_ms);
   return d;
 }
 
@@ -652,7 +795,28 @@ int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
   return 0;
 }
 
+/* Lines come before the queued events (the exit follows what the driver
+ * said before it); a terminal condition the host enforced has dropped them
+ * already. */
+static int has_event(rlm_driver *d) {
+  check_breach(d);
+  return d->head != NULL || rlm_framer_ready(&d->framer);
+}
+
 static rlm_event *pop_event(rlm_driver *d) {
+  check_breach(d);
+  const char *line;
+  size_t len;
+  if (rlm_framer_next(&d->framer, &line, &len)) {
+    if (!rlm_framer_ready(&d->framer))
+      resume_reading(d);
+    memset(&d->line, 0, sizeof(d->line));
+    d->line.kind = RLM_EV_LINE;
+    d->line.data = (char *)line;
+    d->line.len = len;
+    d->line.borrowed = 1;
+    return &d->line;
+  }
   rlm_event *ev = d->head;
   if (ev == NULL)
     return NULL;
@@ -660,25 +824,18 @@ static rlm_event *pop_event(rlm_driver *d) {
   if (d->head == NULL)
     d->tail = NULL;
   ev->next = NULL;
-  if (ev->kind == RLM_EV_LINE)
-    d->queued_bytes -= ev->len;
-  if (d->queued_bytes < QUEUE_HIGH && !d->reading && !d->out_eof &&
-      !d->terminal_queued && !uv_is_closing((uv_handle_t *)&d->out)) {
-    uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
-    d->reading = 1;
-  }
   return ev;
 }
 
 rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
-  if (d->head == NULL) {
+  if (!has_event(d)) {
     if (timeout_ms == 0) {
       run_loop(d, UV_RUN_NOWAIT);
     } else {
       d->wait_expired = 0;
       if (timeout_ms > 0)
         uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
-      while (d->head == NULL && !d->wait_expired && uv_loop_alive(&d->loop))
+      while (!has_event(d) && !d->wait_expired && uv_loop_alive(&d->loop))
         run_loop(d, UV_RUN_ONCE);
       uv_timer_stop(&d->wait);
     }
@@ -691,7 +848,6 @@ void rlm_driver_kill(rlm_driver *d) {
   stop_reading(d);
   drop_lines(d);
   uv_timer_stop(&d->deadline);
-  uv_timer_stop(&d->watchdog);
 }
 
 void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms) {
@@ -799,22 +955,24 @@ int rlm_driver_alive(const rlm_driver *d) {
   return d->spawned && !d->exited && !d->killed;
 }
 
-uint64_t rlm_driver_peak_rss(const rlm_driver *d) { return d->peak_rss; }
+uint64_t rlm_driver_peak_rss(rlm_driver *d) {
+  return atomic_load(&d->peak_rss);
+}
 
 int rlm_driver_backend_fd(rlm_driver *d) { return uv_backend_fd(&d->loop); }
 
 int rlm_driver_backend_timeout(rlm_driver *d) {
-  return d->head != NULL ? 0 : uv_backend_timeout(&d->loop);
+  return has_event(d) ? 0 : uv_backend_timeout(&d->loop);
 }
 
 int rlm_driver_close(rlm_driver *d) {
   if (d == NULL)
     return 0;
+  watchdog_stop(d);
   if (d->spawned && !d->exited) {
     kill_sandbox(d);
     stop_reading(d);
     uv_timer_stop(&d->deadline);
-    uv_timer_stop(&d->watchdog);
     d->wait_expired = 0;
     uv_timer_start(&d->wait, on_wait, CLOSE_WAIT_MS, 0);
     while (!d->exited && !d->wait_expired)

@@ -8,7 +8,8 @@
 #include <stdint.h>
 
 typedef enum rlm_event_kind {
-  RLM_EV_LINE,     /* a complete line from the driver's stdout */
+  RLM_EV_LINE,     /* a complete line from the driver's stdout: a view,
+                      valid until the next poll (do not free its data) */
   RLM_EV_EXIT,     /* the sandbox exited; data holds the tail of its stderr */
   RLM_EV_TIMEOUT,  /* the deadline passed; the sandbox was killed */
   RLM_EV_MEMORY,   /* the memory limit was passed; the sandbox was killed */
@@ -23,6 +24,7 @@ typedef struct rlm_event {
   int64_t exit_status;
   int term_signal;
   uint64_t peak_bytes; /* RLM_EV_MEMORY: the peak seen */
+  int borrowed;        /* the driver's own (a line): rlm_event_free skips it */
 } rlm_event;
 
 typedef struct rlm_driver rlm_driver;
@@ -33,7 +35,8 @@ typedef struct rlm_driver_opts {
   int inherit_fd;          /* becomes fd 3 in the child; -1: none */
   const char *workdir;     /* removed by rlm_driver_close */
   size_t max_line;         /* bytes, without the newline */
-  uint64_t max_rss;        /* bytes over the whole sandbox; 0: no watchdog */
+  uint64_t max_rss;        /* bytes over the whole sandbox; 0: no watchdog
+                              (else a thread polls every rss_interval_ms) */
   const char *cgroup_name; /* put the sandbox in a cgroup of this name, where
                               one can be made; NULL: never */
   unsigned rss_interval_ms;
@@ -49,7 +52,8 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
 int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
 
 /* Waits up to timeout_ms (0: do not wait, <0: no limit) for the next event.
- * Returns it (free with rlm_event_free), or NULL when none came. */
+ * Returns it (free with rlm_event_free), or NULL when none came. A line is
+ * a view into the driver's framing buffer, good until the next call. */
 rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
 void rlm_event_free(rlm_event *ev);
 
@@ -70,7 +74,7 @@ size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
  * of the session's pipes nor bubblewrap's own; returns how many. */
 typedef void (*rlm_fd_visitor)(void *ud, int pid, int fd, const char *target);
 int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit, void *ud);
-uint64_t rlm_driver_peak_rss(const rlm_driver *d);
+uint64_t rlm_driver_peak_rss(rlm_driver *d);
 int rlm_driver_backend_fd(rlm_driver *d);
 int rlm_driver_backend_timeout(rlm_driver *d);
 
