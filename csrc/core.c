@@ -253,6 +253,14 @@ static int core_helper(lua_State *L) {
   return 1;
 }
 
+/* core.fd_headroom(need) -> free: how many descriptors this process can
+ * still open, counted up to need (at most 64). */
+static int core_fd_headroom(lua_State *L) {
+  lua_Integer need = luaL_checkinteger(L, 1);
+  lua_pushinteger(L, rlm_fd_headroom(need < 0 ? 0 : need > 64 ? 64 : (int)need));
+  return 1;
+}
+
 static int core_find_program(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   char out[PATH_MAX];
@@ -639,6 +647,7 @@ static const luaL_Reg core_functions[] = {
     {"helper", core_helper},
     {"waitset", core_waitset},
     {"find_program", core_find_program},
+    {"fd_headroom", core_fd_headroom},
     {"now_ms", core_now_ms},
     {"utf8_prefix", core_utf8_prefix},
     {"plant_canaries", core_plant_canaries},

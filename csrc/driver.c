@@ -711,8 +711,37 @@ out:
   return rc;
 }
 
+int rlm_fd_headroom(int need) {
+  int fds[64], n = 0;
+  if (need > 64)
+    need = 64;
+  while (n < need) {
+    int fd = n == 0 ? eventfd(0, EFD_CLOEXEC)
+                    : fcntl(fds[0], F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+      break;
+    fds[n++] = fd;
+  }
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+  return n;
+}
+
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
                              size_t errlen) {
+  /* libuv aborts the process when its loop cannot get its descriptors:
+   * make sure they are there first. */
+  int free_fds = rlm_fd_headroom(RLM_DRIVER_FDS);
+  if (free_fds < RLM_DRIVER_FDS) {
+    struct rlimit rl;
+    long soft = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
+    snprintf(err, errlen,
+             "too few free file descriptors (EMFILE): %d free of the %d a "
+             "driver needs (RLIMIT_NOFILE %ld)",
+             free_fds, RLM_DRIVER_FDS, soft);
+    errno = EMFILE;
+    return NULL;
+  }
   rlm_driver *d = calloc(1, sizeof(*d));
   if (d == NULL) {
     snprintf(err, errlen, "out of memory");

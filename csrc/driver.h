@@ -42,6 +42,15 @@ typedef struct rlm_driver_opts {
   unsigned rss_interval_ms;
 } rlm_driver_opts;
 
+/* How many descriptors this process can still open, counted up to `need`
+ * (by opening them and closing them again). */
+int rlm_fd_headroom(int need);
+
+/* What rlm_driver_start needs free: its loop (an epoll descriptor, libuv's
+ * signal pipes), three pipes while they are dup'd above 10, the pidfd and
+ * the inherited descriptor's copy. */
+#define RLM_DRIVER_FDS 16
+
 /* Spawns the process. Returns NULL with a message in err (the workdir is
  * then the caller's to remove). */
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
