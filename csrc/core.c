@@ -257,7 +257,9 @@ static int core_helper(lua_State *L) {
  * still open, counted up to need (at most 64). */
 static int core_fd_headroom(lua_State *L) {
   lua_Integer need = luaL_checkinteger(L, 1);
-  lua_pushinteger(L, rlm_fd_headroom(need < 0 ? 0 : need > 64 ? 64 : (int)need));
+  lua_pushinteger(L, rlm_fd_headroom(need < 0    ? 0
+                                     : need > 64 ? 64
+                                                 : (int)need));
   return 1;
 }
 
@@ -339,6 +341,7 @@ static int driver_poll(lua_State *L) {
   if (ev->kind == RLM_EV_LINE && max_values > 0) {
     size_t values = rlm_json_values(ev->data, ev->len, (size_t)max_values);
     if (values > (size_t)max_values) {
+      rlm_driver_line_taken(u->d);
       lua_pushliteral(L, "dense");
       lua_pushinteger(L, (lua_Integer)values);
       return 2;
@@ -348,6 +351,7 @@ static int driver_poll(lua_State *L) {
   switch (ev->kind) {
   case RLM_EV_LINE:
     lua_pushlstring(L, ev->data, ev->len);
+    rlm_driver_line_taken(u->d);
     n = 2;
     break;
   case RLM_EV_EXIT:

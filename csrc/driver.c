@@ -434,14 +434,48 @@ static int watchdog_sleep(rlm_driver *d, unsigned ms) {
   return stop;
 }
 
-/* Polls the sandbox's memory every rss_interval_ms, whatever the host's
- * thread is doing. On a breach it kills the pid namespace's init (the
- * kernel then kills the rest), and the launcher too if that lingers; the
- * loop learns of it from the launcher's exit or its next poll. A
+static uint64_t monotonic_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* How long until the next poll: rss_interval_ms, or less when the memory
+ * grows toward the limit: half the time the growth seen since the last
+ * poll would take to reach it (at least WATCHDOG_MIN_MS), and a fifth of the
+ * interval in the last eighth below the limit. So a steady climb is caught
+ * within about WATCHDOG_MIN_MS of its growth; only a burst out of a flat
+ * line can still run for a whole interval. */
+#define WATCHDOG_MIN_MS 1
+static unsigned watchdog_next_ms(rlm_driver *d, uint64_t rss,
+                                 uint64_t *last_rss, uint64_t *last_ms) {
+  uint64_t now = monotonic_ms();
+  unsigned ms = d->rss_interval_ms;
+  uint64_t headroom = d->max_rss > rss ? d->max_rss - rss : 0;
+  if (*last_ms != 0 && rss > *last_rss && now > *last_ms) {
+    /* bytes per ms since the last poll */
+    uint64_t rate = (rss - *last_rss) / (now - *last_ms);
+    if (rate > 0 && headroom / rate / 2 < ms)
+      ms = (unsigned)(headroom / rate / 2);
+  }
+  if (headroom < d->max_rss / 8 && ms > d->rss_interval_ms / 5)
+    ms = d->rss_interval_ms / 5;
+  if (ms < WATCHDOG_MIN_MS)
+    ms = WATCHDOG_MIN_MS;
+  *last_rss = rss;
+  *last_ms = now;
+  return ms;
+}
+
+/* Polls the sandbox's memory every rss_interval_ms (sooner near the limit),
+ * whatever the host's thread is doing. On a breach it kills the pid namespace's
+ * init (the kernel then kills the rest), and the launcher too if that lingers;
+ * the loop learns of it from the launcher's exit or its next poll. A
  * measurement counts only if the launcher was still alive after it: a
  * reaped pid may be another process's by then. */
 static void *watchdog_main(void *arg) {
   rlm_driver *d = arg;
+  uint64_t last_rss = 0, last_ms = 0;
   while (!watchdog_sleep(d, 0)) {
     if (launcher_exited(d))
       break;
@@ -463,7 +497,7 @@ static void *watchdog_main(void *arg) {
         kill_launcher(d);
       break;
     }
-    if (watchdog_sleep(d, d->rss_interval_ms))
+    if (watchdog_sleep(d, watchdog_next_ms(d, rss, &last_rss, &last_ms)))
       break;
   }
   return NULL;
@@ -716,8 +750,8 @@ int rlm_fd_headroom(int need) {
   if (need > 64)
     need = 64;
   while (n < need) {
-    int fd = n == 0 ? eventfd(0, EFD_CLOEXEC)
-                    : fcntl(fds[0], F_DUPFD_CLOEXEC, 0);
+    int fd =
+        n == 0 ? eventfd(0, EFD_CLOEXEC) : fcntl(fds[0], F_DUPFD_CLOEXEC, 0);
     if (fd < 0)
       break;
     fds[n++] = fd;
@@ -871,6 +905,8 @@ rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
   }
   return pop_event(d);
 }
+
+void rlm_driver_line_taken(rlm_driver *d) { rlm_framer_trim(&d->framer); }
 
 void rlm_driver_kill(rlm_driver *d) {
   kill_sandbox(d);

@@ -66,6 +66,10 @@ int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
 rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
 void rlm_event_free(rlm_event *ev);
 
+/* The caller has copied the line last polled: a large framing buffer that
+ * holds nothing more is freed now, not at the next read. */
+void rlm_driver_line_taken(rlm_driver *d);
+
 /* Kills the whole sandbox now (SIGKILL). */
 void rlm_driver_kill(rlm_driver *d);
 

@@ -43,6 +43,11 @@ int rlm_framer_overflowed(const rlm_framer *f);
 /* Bytes held (what was allocated), for accounting. */
 size_t rlm_framer_held(const rlm_framer *f);
 
+/* Gives a large buffer back when it holds little (after a long line was
+ * taken and copied), moving what it holds to a small one. Invalidates the
+ * last line's view. */
+void rlm_framer_trim(rlm_framer *f);
+
 /* Forgets every byte held and frees the buffer; the framer may be used
  * again. */
 void rlm_framer_reset(rlm_framer *f);

@@ -232,7 +232,7 @@ function Session:_driver_message(allowed, kind, a, b, c)
       { limit = self.opts.max_rss_bytes, peak = a, mechanism = "poll" })
   elseif kind == "dense" then
     return self:_error("protocol_error", ("the driver sent a line of %d JSON values or more; the limit is %d "
-      .. "(max_message_bytes / 128)"):format(a, self.max_values))
+      .. "(max_message_bytes / 256)"):format(a, self.max_values))
   elseif kind == "overflow" then
     return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
       :format(self.opts.max_message_bytes))
@@ -640,19 +640,20 @@ end
 -- slot; a lone call past max_sub_calls ends the session.
 function Session:_sub_query(msg)
   local o, tree = self.opts, self.tree
-  local calls, batch, nested = self:_calls_of(msg)
-  local ok, err
   -- The driver waits for each call's answers before the next: so at most
   -- one message's worth of prompts is ever held here.
   if self.open_slots > 0 then
     return self:_error("protocol_error", "the driver made a call before its last one was answered")
   end
-  if #calls > o.max_sub_calls then
+  local size = #(msg.prompts or msg.queries or {})
+  if size > o.max_sub_calls then
     -- The driver refuses such a batch in the code; past that, no host-side
     -- structure is built for it.
     return self:_error("protocol_error", ("the driver sent a batch of %d calls; max_sub_calls is %d")
-      :format(#calls, o.max_sub_calls))
+      :format(size, o.max_sub_calls))
   end
+  local calls, batch, nested = self:_calls_of(msg)
+  local ok, err
   self.open_slots = #calls
   if batch then
     ok, err = self:_check_budget()

@@ -33,7 +33,7 @@ end
 -- bytes (3 bytes of `"",` are a Lua string slot each). The driver checks
 -- the same bound before it sends a final value.
 function M.max_values(max_message_bytes)
-  return math.max(4096, math.floor(max_message_bytes / 128))
+  return math.max(4096, math.floor(max_message_bytes / 256))
 end
 
 local function opt_string(v)
