@@ -29,7 +29,6 @@ PROTOCOL_VERSION = 1
 DEFAULT_STDOUT_LIMIT = 2000
 DEFAULT_MESSAGE_LIMIT = 16 << 20
 DEFAULT_VALUE_LIMIT = (16 << 20) // 256
-DEFAULT_BATCH_LIMIT = 200
 DRIVER_FILE = __file__
 REAL_IMPORT = builtins.__import__
 
@@ -220,9 +219,6 @@ class SubCallError(str):
 def call_batch(request, n, what):
     """One batch of calls: its answers arrive in any order and come back in the
     order of the calls."""
-    if n > session.batch_limit:
-        raise ValueError(f"{what}: a batch of {n} calls; the session allows "
-                         f"{session.batch_limit} sub-calls in all (max_sub_calls): split it")
     if 4 * n + 64 > session.value_limit:
         raise ValueError(f"{what}: a batch of {n} calls is more than the host accepts in one "
                          f"message: split it")
@@ -235,13 +231,19 @@ def call_batch(request, n, what):
         if reply is None:
             os._exit(0)  # the host asked us to leave
         index = reply.get("index")
+        count = reply.get("count", 1)  # an error may fill several slots
         if (reply["type"] != "llm_result" or reply.get("id") != request_id
                 or not isinstance(index, int) or isinstance(index, bool)
-                or not 0 <= index < n or answers[index] is not None):
+                or not isinstance(count, int) or isinstance(count, bool) or count < 1
+                or not 0 <= index <= n - count
+                or any(a is not None for a in answers[index:index + count])
+                or (count > 1 and reply.get("error") is None)):
             fatal(f"expected llm_result for batch {request_id}, got {reply['type']} "
                   f"for {reply.get('id')!r} index {index!r}")
         if reply.get("error") is not None:
-            answers[index] = SubCallError("Error: " + str(reply["error"]))
+            error = SubCallError("Error: " + str(reply["error"]))
+            answers[index:index + count] = [error] * count
+            missing -= count - 1
         elif isinstance(reply.get("text"), str):
             answers[index] = reply["text"]
         else:
@@ -586,7 +588,6 @@ class Session:
         self.stdout_limit = DEFAULT_STDOUT_LIMIT
         self.message_limit = DEFAULT_MESSAGE_LIMIT
         self.value_limit = DEFAULT_VALUE_LIMIT
-        self.batch_limit = DEFAULT_BATCH_LIMIT
         self.guardrails = True
         self.extra_modules = frozenset()
         self.safe_builtins = guarded_builtins()
@@ -612,7 +613,6 @@ class Session:
         self.stdout_limit = max(0, field(message, "stdout_limit", int, DEFAULT_STDOUT_LIMIT))
         self.message_limit = field(message, "max_message_bytes", int, DEFAULT_MESSAGE_LIMIT)
         self.value_limit = field(message, "max_message_values", int, DEFAULT_VALUE_LIMIT)
-        self.batch_limit = field(message, "max_batch", int, DEFAULT_BATCH_LIMIT)
         self.guardrails = field(message, "guardrails", bool, True)
         self.extra_modules = frozenset(string_list(message, "allowed_modules", []))
         sys_path = string_list(message, "sys_path")

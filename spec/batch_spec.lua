@@ -115,22 +115,6 @@ FINAL(repr([x for x in a if isinstance(x, SubCallError)]))]]) }),
     assert.are.equal(6, refused)
   end)
 
-  it("refuses in the code a batch larger than max_sub_calls, and the run goes on", function()
-    local dispatched = 0
-    local root = H.script({ fence("a = llm_query_batched([str(i) for i in range(16)])"), fence("FINAL('on')") })
-    local result = assert(H.run({
-      max_sub_calls = 10,
-      llm_query = function(p)
-        dispatched = dispatched + 1
-        return p
-      end,
-      root_llm = root,
-    }))
-    assert.are.equal("on", result.answer)
-    assert.are.equal(0, dispatched)
-    assert.matches("a batch of 16 calls; the session allows 10", root.calls[2][#root.calls[2]].content)
-  end)
-
   it("refuses a malformed batch from the driver as a protocol error", function()
     local _, err = H.run({
       guardrails = false,

