@@ -32,8 +32,15 @@ end
 -- decoding it may build on the host is bounded by this count, not by the
 -- bytes (3 bytes of `"",` are a Lua string slot each). The driver checks
 -- the same bound before it sends a final value.
+-- PUC Lua 5.1 interns every string with a hash that samples a few bytes,
+-- so strings that differ only where it does not look all collide: decoding
+-- n of them costs O(n^2). There the cap is 16384 (a quarter of a second at
+-- worst here); LuaJIT and 5.2+ hash differently.
+local COLLIDING_HASH = _VERSION == "Lua 5.1" and not rawget(_G, "jit")
+
 function M.max_values(max_message_bytes)
-  return math.max(4096, math.floor(max_message_bytes / 256))
+  local n = math.max(4096, math.floor(max_message_bytes / 256))
+  return COLLIDING_HASH and math.min(n, 16384) or n
 end
 
 local function opt_string(v)
