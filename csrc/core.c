@@ -5,6 +5,7 @@
 #include "canary.h"
 #include "compat.h"
 #include "driver.h"
+#include "framing.h"
 #include "sandbox.h"
 #include "seccomp.h"
 #include "uid.h"
@@ -302,6 +303,16 @@ static int core_helper(lua_State *L) {
   return 1;
 }
 
+/* core.fd_headroom(need) -> free: how many descriptors this process can
+ * still open, counted up to need (at most 64). */
+static int core_fd_headroom(lua_State *L) {
+  lua_Integer need = luaL_checkinteger(L, 1);
+  lua_pushinteger(L, rlm_fd_headroom(need < 0    ? 0
+                                     : need > 64 ? 64
+                                                 : (int)need));
+  return 1;
+}
+
 static int core_find_program(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   char out[PATH_MAX];
@@ -366,20 +377,33 @@ static const char *event_name(rlm_event_kind k) {
   return "unknown";
 }
 
-/* d:poll(timeout_ms) -> kind, ... | nil
+/* d:poll(timeout_ms[, max_values]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
- *   "memory", peak_bytes | "files", files | "overflow" */
+ *   "memory", peak_bytes | "files", files | "overflow" | "dense", values
+ * A line that could decode to more than max_values JSON values is not made
+ * a Lua string: "dense" says how many it holds (at least). */
 static int driver_poll(lua_State *L) {
   driver_ud *u = check_driver(L);
   int timeout = (int)luaL_optinteger(L, 2, -1);
+  lua_Integer max_values = luaL_optinteger(L, 3, 0);
   rlm_event *ev = rlm_driver_poll(u->d, timeout);
   if (ev == NULL)
     return 0;
   int n = 1;
+  if (ev->kind == RLM_EV_LINE && max_values > 0) {
+    size_t values = rlm_json_values(ev->data, ev->len, (size_t)max_values);
+    if (values > (size_t)max_values) {
+      rlm_driver_line_taken(u->d);
+      lua_pushliteral(L, "dense");
+      lua_pushinteger(L, (lua_Integer)values);
+      return 2;
+    }
+  }
   lua_pushstring(L, event_name(ev->kind));
   switch (ev->kind) {
   case RLM_EV_LINE:
     lua_pushlstring(L, ev->data, ev->len);
+    rlm_driver_line_taken(u->d);
     n = 2;
     break;
   case RLM_EV_EXIT:
@@ -661,6 +685,7 @@ static const luaL_Reg core_functions[] = {
     {"helper", core_helper},
     {"waitset", core_waitset},
     {"find_program", core_find_program},
+    {"fd_headroom", core_fd_headroom},
     {"now_ms", core_now_ms},
     {"utf8_prefix", core_utf8_prefix},
     {"plant_canaries", core_plant_canaries},

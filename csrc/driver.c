@@ -1,7 +1,14 @@
-/* driver.c: the driver process on its own libuv loop. Reading stops while
- * more than QUEUE_HIGH bytes of lines wait to be taken, so a driver that
- * floods its stdout fills the pipe and blocks instead of filling the host's
- * memory.
+/* driver.c: the driver process on its own libuv loop. The driver's stdout
+ * is read into one framing buffer (csrc/framing.c) and lines are taken out
+ * of it one at a time, as views, when the caller polls: reading stops while
+ * a complete line waits to be taken, so a driver that floods its stdout
+ * fills the pipe and blocks, and what the host holds for it is that buffer
+ * (at most max_line + 1 bytes) and a few terminal events, whatever it sends.
+ *
+ * The memory watchdog is a thread of its own per driver (see
+ * watchdog_main), so that it keeps polling while the host is busy elsewhere
+ * (a blocking model callback): it kills the sandbox itself and leaves a
+ * flag that the loop turns into RLM_EV_MEMORY.
  *
  * The process is started with posix_spawn (or, when it must drop to another
  * uid, fork and exec), not uv_spawn, and watched through a pidfd: the child
@@ -25,14 +32,18 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -43,7 +54,7 @@
 extern char **environ;
 
 #define READ_CHUNK 65536
-#define QUEUE_HIGH (1u << 20)
+#define WATCHDOG_STACK (256u << 10)
 #define STDERR_TAIL 4096
 #define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
 #define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
@@ -52,6 +63,9 @@ extern char **environ;
 #define MAX_WRITE_QUEUE (256u << 20)
 #define MAX_INHERIT 8 /* descriptors handed to the child beyond 0..2 */
 
+/* What the watchdog thread ended the sandbox for. */
+enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };
+
 struct rlm_driver {
   uv_loop_t loop;
   uv_poll_t exit_watch; /* the pidfd turns readable when the process exits */
@@ -59,27 +73,38 @@ struct rlm_driver {
   pid_t pid;
   unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
   uv_pipe_t in, out, err;
-  uv_timer_t deadline, watchdog, wait, grace, launcher_grace;
+  uv_timer_t deadline, wait, grace, launcher_grace;
   int handles; /* initialised handles not yet closed */
 
   unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, reading : 1,
       in_closed : 1, terminal_queued : 1, exit_queued : 1, wait_expired : 1,
-      deadline_hit : 1;
+      deadline_hit : 1, paused : 1, grace_due : 1;
   int64_t exit_status;
   int term_signal;
 
   rlm_framer framer;
-  rlm_event *head, *tail;
-  size_t queued_bytes; /* of the line events in the queue */
+  rlm_event line;         /* the line last handed out: a view into framer */
+  rlm_event *head, *tail; /* terminal events: a handful at most */
 
   char err_tail[STDERR_TAIL + 1];
   size_t err_len;
 
-  uint64_t max_rss, peak_rss, max_files;
+  uint64_t max_rss, max_files;
   unsigned rss_interval_ms;
   rlm_cgroup cg;
   int uid_lock; /* held while the sandbox's uid is ours; -1: none */
-  char out_buf[READ_CHUNK];
+
+  /* The watchdog thread. It reads pid, pidfd, max_rss, max_files and
+   * rss_interval_ms, which do not change while it runs, and shares only
+   * these. */
+  pthread_t wd_thread;
+  int wd_started;
+  pthread_mutex_t wd_mu;
+  pthread_cond_t wd_cv;
+  int wd_stop;          /* under wd_mu */
+  atomic_int wd_breach; /* the thread killed the sandbox: a BREACH_ value */
+  _Atomic uint64_t peak_rss;
+  _Atomic uint64_t files_seen; /* in /session, at the last poll */
   char err_buf[4096];
 };
 
@@ -133,7 +158,7 @@ static void run_loop(rlm_driver *d, uv_run_mode mode) {
 }
 
 void rlm_event_free(rlm_event *ev) {
-  if (ev != NULL) {
+  if (ev != NULL && !ev->borrowed) {
     free(ev->data);
     free(ev);
   }
@@ -149,8 +174,6 @@ static rlm_event *event_new(rlm_event_kind kind) {
 static void queue_event(rlm_driver *d, rlm_event *ev) {
   if (ev == NULL)
     return;
-  if (ev->kind == RLM_EV_LINE)
-    d->queued_bytes += ev->len;
   if (d->tail)
     d->tail->next = ev;
   else
@@ -158,23 +181,10 @@ static void queue_event(rlm_driver *d, rlm_event *ev) {
   d->tail = ev;
 }
 
-static void drop_lines(rlm_driver *d) {
-  rlm_event **p = &d->head;
-  d->tail = NULL;
-  d->queued_bytes = 0;
-  while (*p != NULL) {
-    if ((*p)->kind == RLM_EV_LINE) {
-      rlm_event *dead = *p;
-      *p = dead->next;
-      rlm_event_free(dead);
-    } else {
-      d->tail = *p;
-      p = &(*p)->next;
-    }
-  }
-}
+static void drop_lines(rlm_driver *d) { rlm_framer_reset(&d->framer); }
 
 static void stop_reading(rlm_driver *d) {
+  d->paused = 0;
   if (d->reading) {
     uv_read_stop((uv_stream_t *)&d->out);
     d->reading = 0;
@@ -235,10 +245,24 @@ static void terminate(rlm_driver *d, rlm_event_kind kind) {
   drop_lines(d);
   rlm_event *ev = event_new(kind);
   if (ev != NULL)
-    ev->peak_bytes = d->peak_rss;
+    ev->peak_bytes = atomic_load(&d->peak_rss);
   queue_event(d, ev);
   uv_timer_stop(&d->deadline);
-  uv_timer_stop(&d->watchdog);
+}
+
+/* The watchdog thread killed the sandbox: say so, once, before anything
+ * else the loop learns about it (its exit). */
+static void report_breach(rlm_driver *d) {
+  int breach = atomic_load(&d->wd_breach);
+  terminate(d, breach == BREACH_FILES ? RLM_EV_FILES : RLM_EV_MEMORY);
+  if (breach == BREACH_FILES && d->tail != NULL &&
+      d->tail->kind == RLM_EV_FILES)
+    d->tail->peak_bytes = atomic_load(&d->files_seen);
+}
+
+static void check_breach(rlm_driver *d) {
+  if (atomic_load(&d->wd_breach) && !d->terminal_queued)
+    report_breach(d);
 }
 
 /* The exit is reported once the process is reaped and its stdout is drained,
@@ -269,6 +293,12 @@ static void maybe_queue_exit(rlm_driver *d) {
 static void on_grace(uv_timer_t *t) {
   rlm_driver *d = t->data;
   uv_timer_stop(t);
+  if (d->paused) {
+    /* Not silent: the host is not reading, a line waits to be taken. The
+     * grace starts again when reading does. */
+    d->grace_due = 1;
+    return;
+  }
   maybe_queue_exit(d);
 }
 
@@ -284,6 +314,10 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
   if (got == 0)
     return; /* not yet: readable pidfds mean exited, but be sure */
   uv_poll_stop(w);
+  if (atomic_load(&d->wd_breach) && !d->terminal_queued) {
+    d->killed = 1; /* the watchdog did */
+    report_breach(d);
+  }
   d->exited = 1;
   if (got < 0) { /* ECHILD: the host reaps children itself (SIGCHLD ignored) */
     d->exit_status = -1;
@@ -293,17 +327,20 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
     d->term_signal = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
   }
   uv_timer_stop(&d->deadline);
-  uv_timer_stop(&d->watchdog);
   uv_timer_stop(&d->launcher_grace);
   if (!d->out_eof && !d->killed)
     uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
   maybe_queue_exit(d);
 }
 
+/* Reads go straight into the framing buffer. No room (a partial line past
+ * the cap, or no memory) gives libuv an empty buffer: UV_ENOBUFS below. */
 static void alloc_out(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   rlm_driver *d = h->data;
+  size_t len;
   (void)hint;
-  *buf = uv_buf_init(d->out_buf, sizeof(d->out_buf));
+  char *p = rlm_framer_space(&d->framer, READ_CHUNK, &len);
+  *buf = uv_buf_init(p, (unsigned)len);
 }
 
 static void alloc_err(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -312,21 +349,34 @@ static void alloc_err(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   *buf = uv_buf_init(d->err_buf, sizeof(d->err_buf));
 }
 
-static int on_line(void *ud, char *line, size_t len) {
-  rlm_driver *d = ud;
-  rlm_event *ev = event_new(RLM_EV_LINE);
-  if (ev == NULL) {
-    free(line);
-    return -1;
+static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* Stops reading while a complete line waits: the back-pressure. */
+static void pause_reading(rlm_driver *d) {
+  stop_reading(d);
+  d->paused = 1;
+}
+
+static void resume_reading(rlm_driver *d) {
+  if (d->reading || d->out_eof || d->terminal_queued ||
+      uv_is_closing((uv_handle_t *)&d->out))
+    return;
+  d->paused = 0;
+  uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
+  d->reading = 1;
+  if (d->grace_due) {
+    d->grace_due = 0;
+    uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
   }
-  ev->data = line;
-  ev->len = len;
-  queue_event(d, ev);
-  return 0;
 }
 
 static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   rlm_driver *d = s->data;
+  (void)buf;
+  if (nread == UV_ENOBUFS) {
+    terminate(d, RLM_EV_OVERFLOW);
+    return;
+  }
   if (nread < 0) {
     d->out_eof = 1;
     stop_reading(d);
@@ -335,13 +385,11 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (d->terminal_queued)
     return;
-  if (rlm_framer_feed(&d->framer, buf->base, (size_t)nread, on_line, d) !=
-      RLM_FRAME_OK) {
+  rlm_framer_commit(&d->framer, (size_t)nread);
+  if (rlm_framer_ready(&d->framer))
+    pause_reading(d);
+  else if (rlm_framer_overflowed(&d->framer))
     terminate(d, RLM_EV_OVERFLOW);
-    return;
-  }
-  if (d->queued_bytes >= QUEUE_HIGH)
-    stop_reading(d);
 }
 
 static void on_read_err(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
@@ -373,24 +421,170 @@ static void on_deadline(uv_timer_t *t) {
   terminate(d, RLM_EV_TIMEOUT);
 }
 
-/* The memory of the tree plus what /session's tmpfs holds (where no cgroup
- * charges it, this is the only count of it), and its files. */
-static void on_watchdog(uv_timer_t *t) {
-  rlm_driver *d = t->data;
-  if (!d->spawned || d->exited)
-    return;
-  uint64_t rss = rlm_tree_rss(d->pid), bytes = 0, files = 0;
-  if (rlm_workdir_usage(d->pid, &bytes, &files) == 0)
+/* What the watchdog counts against max_rss: the resident memory of the
+ * sandbox's processes plus what /session's tmpfs holds (where no cgroup
+ * charges it, this is the only count of it); and the files in /session. */
+static uint64_t watchdog_measure(rlm_driver *d, uint64_t *files) {
+  uint64_t rss = rlm_tree_rss(d->pid), bytes = 0;
+  *files = 0;
+  if (rlm_workdir_usage(d->pid, &bytes, files) == 0)
     rss += bytes;
-  if (rss > d->peak_rss)
-    d->peak_rss = rss;
-  if (d->max_files > 0 && files > d->max_files) {
-    terminate(d, RLM_EV_FILES);
-    if (d->tail != NULL && d->tail->kind == RLM_EV_FILES)
-      d->tail->peak_bytes = files;
-  } else if (d->max_rss > 0 && rss > d->max_rss) {
-    terminate(d, RLM_EV_MEMORY);
+  return rss;
+}
+
+/* Whether the launcher has exited: its pid may then name another process. */
+static int launcher_exited(rlm_driver *d) {
+  struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n != 0; /* an error: do not trust the pid either */
+}
+
+/* Waits ms, or until told to stop. Returns nonzero when told to. */
+static int watchdog_sleep(rlm_driver *d, unsigned ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
   }
+  pthread_mutex_lock(&d->wd_mu);
+  while (!d->wd_stop &&
+         pthread_cond_timedwait(&d->wd_cv, &d->wd_mu, &until) == 0)
+    ;
+  int stop = d->wd_stop;
+  pthread_mutex_unlock(&d->wd_mu);
+  return stop;
+}
+
+static uint64_t monotonic_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* How long until the next poll: rss_interval_ms, or less when the memory
+ * grows toward the limit: half the time the growth seen since the last
+ * poll would take to reach it (at least WATCHDOG_MIN_MS), and a fifth of the
+ * interval in the last eighth below the limit. So a steady climb is caught
+ * within about WATCHDOG_MIN_MS of its growth; only a burst out of a flat
+ * line can still run for a whole interval. */
+#define WATCHDOG_MIN_MS 1
+static unsigned watchdog_next_ms(rlm_driver *d, uint64_t rss,
+                                 uint64_t *last_rss, uint64_t *last_ms) {
+  uint64_t now = monotonic_ms();
+  unsigned ms = d->rss_interval_ms;
+  if (d->max_rss == 0)
+    return ms; /* files only: no climb to watch */
+  uint64_t headroom = d->max_rss > rss ? d->max_rss - rss : 0;
+  if (*last_ms != 0 && rss > *last_rss && now > *last_ms) {
+    /* bytes per ms since the last poll */
+    uint64_t rate = (rss - *last_rss) / (now - *last_ms);
+    if (rate > 0 && headroom / rate / 2 < ms)
+      ms = (unsigned)(headroom / rate / 2);
+  }
+  if (headroom < d->max_rss / 8 && ms > d->rss_interval_ms / 5)
+    ms = d->rss_interval_ms / 5;
+  if (ms < WATCHDOG_MIN_MS)
+    ms = WATCHDOG_MIN_MS;
+  *last_rss = rss;
+  *last_ms = now;
+  return ms;
+}
+
+/* Polls the sandbox's memory every rss_interval_ms (sooner near the limit),
+ * whatever the host's thread is doing. On a breach it kills the pid namespace's
+ * init (the kernel then kills the rest), and the launcher too if that lingers;
+ * the loop learns of it from the launcher's exit or its next poll. A
+ * measurement counts only if the launcher was still alive after it: a
+ * reaped pid may be another process's by then. */
+static void *watchdog_main(void *arg) {
+  rlm_driver *d = arg;
+  uint64_t last_rss = 0, last_ms = 0;
+  while (!watchdog_sleep(d, 0)) {
+    if (launcher_exited(d))
+      break;
+    uint64_t files;
+    uint64_t rss = watchdog_measure(d, &files);
+    if (launcher_exited(d))
+      break;
+    atomic_store(&d->files_seen, files);
+    uint64_t peak = atomic_load(&d->peak_rss);
+    while (rss > peak &&
+           !atomic_compare_exchange_weak(&d->peak_rss, &peak, rss))
+      ;
+    int breach = d->max_files > 0 && files > d->max_files ? BREACH_FILES
+                 : d->max_rss > 0 && rss > d->max_rss     ? BREACH_MEMORY
+                                                          : BREACH_NONE;
+    if (breach != BREACH_NONE) {
+      atomic_store(&d->wd_breach, breach);
+      pid_t pids[2];
+      if (rlm_tree_pids(d->pid, pids, 2) == 2)
+        (void)kill(pids[1], SIGKILL);
+      else
+        kill_launcher(d);
+      if (!watchdog_sleep(d, LAUNCHER_GRACE_MS) && !launcher_exited(d))
+        kill_launcher(d);
+      break;
+    }
+    if (watchdog_sleep(d, watchdog_next_ms(d, rss, &last_rss, &last_ms)))
+      break;
+  }
+  return NULL;
+}
+
+static int watchdog_start(rlm_driver *d, char *err, size_t errlen) {
+  pthread_condattr_t ca;
+  pthread_attr_t ta;
+  int e = pthread_condattr_init(&ca);
+  if (e == 0) {
+    e = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (e == 0)
+      e = pthread_cond_init(&d->wd_cv, &ca);
+    pthread_condattr_destroy(&ca);
+  }
+  if (e == 0 && (e = pthread_mutex_init(&d->wd_mu, NULL)) != 0)
+    pthread_cond_destroy(&d->wd_cv);
+  if (e != 0) {
+    snprintf(err, errlen, "the memory watchdog: %s", strerror(e));
+    return -1;
+  }
+  /* The thread takes none of the host's signals. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  e = pthread_attr_init(&ta);
+  if (e == 0) {
+    (void)pthread_attr_setstacksize(&ta, WATCHDOG_STACK);
+    e = pthread_create(&d->wd_thread, &ta, watchdog_main, d);
+    pthread_attr_destroy(&ta);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e != 0) {
+    pthread_mutex_destroy(&d->wd_mu);
+    pthread_cond_destroy(&d->wd_cv);
+    snprintf(err, errlen, "starting the memory watchdog: %s", strerror(e));
+    return -1;
+  }
+  d->wd_started = 1;
+  return 0;
+}
+
+static void watchdog_stop(rlm_driver *d) {
+  if (!d->wd_started)
+    return;
+  pthread_mutex_lock(&d->wd_mu);
+  d->wd_stop = 1;
+  pthread_cond_signal(&d->wd_cv);
+  pthread_mutex_unlock(&d->wd_mu);
+  pthread_join(d->wd_thread, NULL);
+  pthread_mutex_destroy(&d->wd_mu);
+  pthread_cond_destroy(&d->wd_cv);
+  d->wd_started = 0;
 }
 
 static void on_wait(uv_timer_t *t) {
@@ -434,7 +628,6 @@ static void close_loop(rlm_driver *d) {
   close_handle(d, &d->out);
   close_handle(d, &d->err);
   close_handle(d, &d->deadline);
-  close_handle(d, &d->watchdog);
   close_handle(d, &d->wait);
   close_handle(d, &d->grace);
   close_handle(d, &d->launcher_grace);
@@ -737,8 +930,39 @@ out:
   return rc;
 }
 
+int rlm_fd_headroom(int need) {
+  int fds[64], n = 0;
+  if (need > 64)
+    need = 64;
+  while (n < need) {
+    int fd =
+        n == 0 ? eventfd(0, EFD_CLOEXEC) : fcntl(fds[0], F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+      break;
+    fds[n++] = fd;
+  }
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+  return n;
+}
+
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
                              size_t errlen) {
+  /* libuv aborts the process when its loop cannot get its descriptors:
+   * make sure they are there first. */
+  int free_fds = rlm_fd_headroom(RLM_DRIVER_FDS);
+  if (free_fds < RLM_DRIVER_FDS) {
+    struct rlimit rl;
+    long soft = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
+    snprintf(err, errlen,
+             "too few free file descriptors (EMFILE): %d free of the %d a "
+             "driver needs (RLIMIT_NOFILE %ld)",
+             free_fds, RLM_DRIVER_FDS, soft);
+    if (o->uid_lock >= 0)
+      close(o->uid_lock);
+    errno = EMFILE;
+    return NULL;
+  }
   rlm_driver *d = calloc(1, sizeof(*d));
   if (d == NULL) {
     snprintf(err, errlen, "out of memory");
@@ -759,7 +983,6 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
   d->max_files = o->max_files;
   d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
   init_timer(d, &d->deadline);
-  init_timer(d, &d->watchdog);
   init_timer(d, &d->wait);
   init_timer(d, &d->grace);
   init_timer(d, &d->launcher_grace);
@@ -786,11 +1009,14 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
       rlm_cgroup_remove(&d->cg);
   }
+  if ((d->max_rss > 0 || d->max_files > 0) &&
+      watchdog_start(d, err, errlen) != 0) {
+    rlm_driver_close(d);
+    return NULL;
+  }
   uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
   d->reading = 1;
   uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
-  if (d->max_rss > 0 || d->max_files > 0)
-    uv_timer_start(&d->watchdog, on_watchdog, 0, d->rss_interval_ms);
   return d;
 }
 
@@ -825,7 +1051,28 @@ int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
   return 0;
 }
 
+/* Lines come before the queued events (the exit follows what the driver
+ * said before it); a terminal condition the host enforced has dropped them
+ * already. */
+static int has_event(rlm_driver *d) {
+  check_breach(d);
+  return d->head != NULL || rlm_framer_ready(&d->framer);
+}
+
 static rlm_event *pop_event(rlm_driver *d) {
+  check_breach(d);
+  const char *line;
+  size_t len;
+  if (rlm_framer_next(&d->framer, &line, &len)) {
+    if (!rlm_framer_ready(&d->framer))
+      resume_reading(d);
+    memset(&d->line, 0, sizeof(d->line));
+    d->line.kind = RLM_EV_LINE;
+    d->line.data = (char *)line;
+    d->line.len = len;
+    d->line.borrowed = 1;
+    return &d->line;
+  }
   rlm_event *ev = d->head;
   if (ev == NULL)
     return NULL;
@@ -833,25 +1080,18 @@ static rlm_event *pop_event(rlm_driver *d) {
   if (d->head == NULL)
     d->tail = NULL;
   ev->next = NULL;
-  if (ev->kind == RLM_EV_LINE)
-    d->queued_bytes -= ev->len;
-  if (d->queued_bytes < QUEUE_HIGH && !d->reading && !d->out_eof &&
-      !d->terminal_queued && !uv_is_closing((uv_handle_t *)&d->out)) {
-    uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
-    d->reading = 1;
-  }
   return ev;
 }
 
 rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
-  if (d->head == NULL) {
+  if (!has_event(d)) {
     if (timeout_ms == 0) {
       run_loop(d, UV_RUN_NOWAIT);
     } else {
       d->wait_expired = 0;
       if (timeout_ms > 0)
         uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
-      while (d->head == NULL && !d->wait_expired && uv_loop_alive(&d->loop))
+      while (!has_event(d) && !d->wait_expired && uv_loop_alive(&d->loop))
         run_loop(d, UV_RUN_ONCE);
       uv_timer_stop(&d->wait);
     }
@@ -859,12 +1099,13 @@ rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
   return pop_event(d);
 }
 
+void rlm_driver_line_taken(rlm_driver *d) { rlm_framer_trim(&d->framer); }
+
 void rlm_driver_kill(rlm_driver *d) {
   kill_sandbox(d);
   stop_reading(d);
   drop_lines(d);
   uv_timer_stop(&d->deadline);
-  uv_timer_stop(&d->watchdog);
 }
 
 void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms) {
@@ -972,17 +1213,20 @@ int rlm_driver_alive(const rlm_driver *d) {
   return d->spawned && !d->exited && !d->killed;
 }
 
-uint64_t rlm_driver_peak_rss(const rlm_driver *d) { return d->peak_rss; }
+uint64_t rlm_driver_peak_rss(rlm_driver *d) {
+  return atomic_load(&d->peak_rss);
+}
 
 int rlm_driver_backend_fd(rlm_driver *d) { return uv_backend_fd(&d->loop); }
 
 int rlm_driver_backend_timeout(rlm_driver *d) {
-  return d->head != NULL ? 0 : uv_backend_timeout(&d->loop);
+  return has_event(d) ? 0 : uv_backend_timeout(&d->loop);
 }
 
 void rlm_driver_close(rlm_driver *d) {
   if (d == NULL)
     return;
+  watchdog_stop(d);
   int pin = -1;
   if (d->spawned && !d->exited) {
     /* The sandbox's files are freed when the pin goes, off this thread. */
@@ -991,7 +1235,6 @@ void rlm_driver_close(rlm_driver *d) {
     kill_sandbox(d);
     stop_reading(d);
     uv_timer_stop(&d->deadline);
-    uv_timer_stop(&d->watchdog);
     d->wait_expired = 0;
     uv_timer_start(&d->wait, on_wait, CLOSE_WAIT_MS, 0);
     while (!d->exited && !d->wait_expired)

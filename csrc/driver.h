@@ -8,7 +8,8 @@
 #include <stdint.h>
 
 typedef enum rlm_event_kind {
-  RLM_EV_LINE,     /* a complete line from the driver's stdout */
+  RLM_EV_LINE,     /* a complete line from the driver's stdout: a view,
+                      valid until the next poll (do not free its data) */
   RLM_EV_EXIT,     /* the sandbox exited; data holds the tail of its stderr */
   RLM_EV_TIMEOUT,  /* the deadline passed; the sandbox was killed */
   RLM_EV_MEMORY,   /* the memory limit was passed; the sandbox was killed */
@@ -25,6 +26,7 @@ typedef struct rlm_event {
   int term_signal;
   uint64_t peak_bytes; /* RLM_EV_MEMORY: the peak seen; RLM_EV_FILES: the
                           files seen */
+  int borrowed;        /* the driver's own (a line): rlm_event_free skips it */
 } rlm_event;
 
 typedef struct rlm_driver rlm_driver;
@@ -44,11 +46,22 @@ typedef struct rlm_driver_opts {
   size_t n_stage;
   size_t max_line;    /* bytes, without the newline */
   uint64_t max_rss;   /* bytes over the whole sandbox, /session's tmpfs
-                         included; 0: no watchdog */
+                         included; 0: no watchdog (else a thread polls every
+                         rss_interval_ms) */
   uint64_t max_files; /* files in /session; 0: not counted */
   int cgroup;         /* put the sandbox in a cgroup where one can be made */
   unsigned rss_interval_ms;
 } rlm_driver_opts;
+
+/* How many descriptors this process can still open, counted up to `need`
+ * (by opening them and closing them again). */
+int rlm_fd_headroom(int need);
+
+/* What rlm_driver_start needs free: its loop (an epoll descriptor, libuv's
+ * signal pipes), three pipes while they are dup'd above the inherited ones,
+ * the report pipe of a fork, the pidfd and the inherited descriptors'
+ * copies. */
+#define RLM_DRIVER_FDS 24
 
 /* Spawns the process. Returns NULL with a message in err. */
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
@@ -59,9 +72,14 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
 int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
 
 /* Waits up to timeout_ms (0: do not wait, <0: no limit) for the next event.
- * Returns it (free with rlm_event_free), or NULL when none came. */
+ * Returns it (free with rlm_event_free), or NULL when none came. A line is
+ * a view into the driver's framing buffer, good until the next call. */
 rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
 void rlm_event_free(rlm_event *ev);
+
+/* The caller has copied the line last polled: a large framing buffer that
+ * holds nothing more is freed now, not at the next read. */
+void rlm_driver_line_taken(rlm_driver *d);
 
 /* Kills the whole sandbox now (SIGKILL). */
 void rlm_driver_kill(rlm_driver *d);
@@ -80,7 +98,7 @@ size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
  * of the session's pipes nor bubblewrap's own; returns how many. */
 typedef void (*rlm_fd_visitor)(void *ud, int pid, int fd, const char *target);
 int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit, void *ud);
-uint64_t rlm_driver_peak_rss(const rlm_driver *d);
+uint64_t rlm_driver_peak_rss(rlm_driver *d);
 int rlm_driver_backend_fd(rlm_driver *d);
 int rlm_driver_backend_timeout(rlm_driver *d);
 

@@ -47,6 +47,7 @@ import types
 PROTOCOL_VERSION = 1
 DEFAULT_STDOUT_LIMIT = 2000
 DEFAULT_MESSAGE_LIMIT = 16 << 20
+DEFAULT_VALUE_LIMIT = (16 << 20) // 256
 DRIVER_FILE = __file__
 REAL_IMPORT = builtins.__import__
 
@@ -125,14 +126,46 @@ class FinalSignal(BaseException):
     code's `except Exception:` lets it through."""
 
 
-def finish(final):
-    # The host ends the session on a line longer than its limit; an
-    # exception here lets the model send something smaller instead.
+def count_values(value, limit):
+    """JSON values in `value` as the host counts them (csrc/framing.c:
+    an empty list or dict counts 2), stopping past limit."""
+    count, stack = 0, [value]
+    while stack and count <= limit:
+        v = stack.pop()
+        count += 1
+        if isinstance(v, dict):
+            count += 0 if v else 1
+            for k, item in v.items():
+                stack.append(item)
+        elif isinstance(v, list):
+            count += 0 if v else 1
+            stack.extend(v)
+    return count
+
+
+def final_problem(final):
+    """Why the host would refuse this final answer, or None. One check for
+    FINAL, FINAL_VAR and the answer dict: what the host refuses ends the
+    session, so a refusal here is an error the model sees instead."""
     size = len(encode(final))
     room = session.message_limit - 4 * session.stdout_limit - 4096
     if size > room:
-        raise ValueError(f"the final answer is {size} bytes as JSON; the host accepts about "
-                         f"{max(room, 0)}: answer with something smaller")
+        return (f"the final answer is {size} bytes as JSON; the host accepts about "
+                f"{max(room, 0)}: answer with something smaller")
+    room = session.value_limit - 64
+    values = count_values(final.get("value"), room)
+    if values > room:
+        return (f"the final answer holds more than {room} JSON values (lists, dicts and their "
+                f"items); answer with something smaller")
+    return None
+
+
+def finish(final):
+    # The host ends the session on a line longer than its limit; an
+    # exception here lets the model send something smaller instead.
+    problem = final_problem(final)
+    if problem is not None:
+        raise ValueError(problem)
     if session.final is None:  # kept here too, in case a bare except swallows the signal
         session.final = final
     raise FinalSignal
@@ -150,13 +183,13 @@ def FINAL_VAR(name):
     if name not in namespace:
         raise NameError(f"FINAL_VAR: name {name!r} is not defined")
     value = namespace[name]
-    shown = safe_repr(value)
     try:
-        # Parsed back, so the value is frozen now and surely serialisable later.
+        # Parsed back, so the value is frozen now and surely serialisable
+        # later. It travels once: the host makes its text answer from it.
         value, is_json = json.loads(json.dumps(value, allow_nan=False)), True
     except Exception:
-        value, is_json = shown, False
-    finish({"kind": "var", "name": name, "value": value, "json": is_json, "repr": shown})
+        value, is_json = safe_repr(value), False
+    finish({"kind": "var", "name": name, "value": value, "json": is_json})
 
 
 def safe_repr(value):
@@ -205,6 +238,9 @@ class SubCallError(str):
 def call_batch(request, n, what):
     """One batch of calls: its answers arrive in any order and come back in the
     order of the calls."""
+    if 4 * n + 64 > session.value_limit:
+        raise ValueError(f"{what}: a batch of {n} calls is more than the host accepts in one "
+                         f"message: split it")
     request_id = request["id"] = next(request_ids)
     send_request(request, what)
     answers = [None] * n
@@ -214,13 +250,19 @@ def call_batch(request, n, what):
         if reply is None:
             os._exit(0)  # the host asked us to leave
         index = reply.get("index")
+        count = reply.get("count", 1)  # an error may fill several slots
         if (reply["type"] != "llm_result" or reply.get("id") != request_id
                 or not isinstance(index, int) or isinstance(index, bool)
-                or not 0 <= index < n or answers[index] is not None):
+                or not isinstance(count, int) or isinstance(count, bool) or count < 1
+                or not 0 <= index <= n - count
+                or any(a is not None for a in answers[index:index + count])
+                or (count > 1 and reply.get("error") is None)):
             fatal(f"expected llm_result for batch {request_id}, got {reply['type']} "
                   f"for {reply.get('id')!r} index {index!r}")
         if reply.get("error") is not None:
-            answers[index] = SubCallError("Error: " + str(reply["error"]))
+            error = SubCallError("Error: " + str(reply["error"]))
+            answers[index:index + count] = [error] * count
+            missing -= count - 1
         elif isinstance(reply.get("text"), str):
             answers[index] = reply["text"]
         else:
@@ -542,13 +584,20 @@ def keep_end(text, limit):
 
 
 def answer_final(namespace):
+    """The answer dict's final answer, or None; (None, why) when it is too
+    big for the host."""
     answer = namespace.get("answer")
     try:
         if isinstance(answer, dict) and answer.get("ready"):
-            return {"kind": "answer", "value": str(answer.get("content"))}
+            final = {"kind": "answer", "value": str(answer.get("content"))}
+            problem = final_problem(final)
+            if problem is not None:
+                answer["ready"] = False  # or every later step would end the same way
+                return None, problem
+            return final, None
     except Exception:  # an odd `ready` or `content` is not worth failing over
         pass
-    return None
+    return None, None
 
 
 class Session:
@@ -557,6 +606,7 @@ class Session:
     def __init__(self):
         self.stdout_limit = DEFAULT_STDOUT_LIMIT
         self.message_limit = DEFAULT_MESSAGE_LIMIT
+        self.value_limit = DEFAULT_VALUE_LIMIT
         self.guardrails = True
         self.extra_modules = frozenset()
         self.safe_builtins = guarded_builtins()
@@ -581,6 +631,7 @@ class Session:
     def configure(self, message):
         self.stdout_limit = max(0, field(message, "stdout_limit", int, DEFAULT_STDOUT_LIMIT))
         self.message_limit = field(message, "max_message_bytes", int, DEFAULT_MESSAGE_LIMIT)
+        self.value_limit = field(message, "max_message_values", int, DEFAULT_VALUE_LIMIT)
         self.guardrails = field(message, "guardrails", bool, True)
         self.extra_modules = frozenset(string_list(message, "allowed_modules", []))
         sys_path = string_list(message, "sys_path")
@@ -635,7 +686,13 @@ class Session:
             error = keep_end(error, self.stdout_limit)
             self.namespace.clear()
             self.namespace.update(before)
-        return output.getvalue(), error, self.final or answer_final(self.namespace)
+        final = self.final
+        if final is None:
+            final, problem = answer_final(self.namespace)
+            if problem is not None:
+                refused = f"ValueError: answer['content']: {problem}"
+                error = refused if error is None else f"{error}\n{refused}"
+        return output.getvalue(), error, final
 
     def compile_step(self, code, filename):
         if not self.guardrails:

@@ -245,6 +245,10 @@ H.describe_luv("the luv adapter", function()
       handle:close()
     end)
     local shell_ok = 0
+    -- Turns of the loop while the step sleeps (the session itself wakes
+    -- the loop only when it has something to do).
+    local ticker = uv.new_timer()
+    ticker:start(20, 20, function() end)
     run_until(function()
       if result == nil and shell_ok < 5 then
         local rc, _, code = os.execute("exit 3")
@@ -255,6 +259,8 @@ H.describe_luv("the luv adapter", function()
       end
       return result ~= nil and #exits == 1
     end)
+    ticker:close()
+    uv.run("nowait")
     assert.are.equal("slept", result.answer)
     assert.are.same({ 7 }, exits)
     assert.are.equal(5, shell_ok)

@@ -105,7 +105,8 @@ FINAL(repr([(isinstance(x, SubCallError), x) for x in a]))]]) }),
         return p
       end,
       root_llm = H.script({ fence([[
-a = llm_query_batched([str(i) for i in range(16)])
+a = llm_query_batched([str(i) for i in range(6)])
+a += llm_query_batched([str(i) for i in range(10)])
 FINAL(repr([x for x in a if isinstance(x, SubCallError)]))]]) }),
     }))
     assert.are.equal(10, dispatched)

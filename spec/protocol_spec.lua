@@ -30,7 +30,9 @@ describe("the protocol", function()
       "protocol_error", "expected" },
     { "a line longer than max_message_bytes", "os.write(1, b'x' * 70000)", "protocol_error", "longer than max_message_bytes",
       { max_message_bytes = 65536 } },
-    { "deeply nested JSON", "os.write(1, b'[' * 100000 + b'\\n')", "protocol_error", "not JSON" },
+    { "deeply nested JSON", "os.write(1, b'[' * 15000 + b'\\n')", "protocol_error", "not JSON" },
+    { "a line of too many JSON values", "os.write(1, b'[' + b'0,' * 70000 + b'0]\\n')", "protocol_error",
+      "JSON values" },
     { "an exit", "os._exit(3)", "driver_exited", "exit status 3" },
     { "a kill", "import signal\nos.kill(os.getpid(), signal.SIGKILL)", "driver_exited", "" },
     { "a closed stdout", "os.close(1)\nos.close(2)\nimport time\ntime.sleep(0.3)\nos._exit(0)", "driver_exited", "" },
@@ -44,6 +46,43 @@ describe("the protocol", function()
       assert.is_table(err.history)
     end)
   end
+
+  -- Ids must be integers the host can print and compare.
+  local ids = { "1e999", "-1e999", "NaN", "1152921504606846976", "-1", "1.5", "2147483648", "\"7\"" }
+  for _, id in ipairs(ids) do
+    for _, msg in ipairs({
+      '{"type":"exec_result","id":%s,"stdout":"","error":null,"final":null}',
+      '{"type":"llm_query","id":%s,"prompt":"p"}',
+      '{"type":"llm_batch","id":%s,"prompts":["p"]}',
+    }) do
+      local line = msg:format(id)
+      it("ends with protocol_error, never a raise, on " .. line, function()
+        local result, err = hostile("os.write(1, b'" .. line:gsub("\\", "\\\\") .. "\\n')")
+        assert.is_nil(result)
+        assert.are.equal("protocol_error", err.kind)
+        assert.matches("malformed", err.message .. (id == "NaN" and " malformed" or ""))
+      end)
+    end
+  end
+
+  it("turns an error raised while handling the driver's input into protocol_error", function()
+    local protocol = require("rlm.protocol")
+    local decode = protocol.decode
+    local calls = 0
+    protocol.decode = function(...)
+      calls = calls + 1
+      if calls == 5 then -- the first line of the first step
+        error("boom")
+      end
+      return decode(...)
+    end
+    local ok, result, err = pcall(hostile, "print('hi')")
+    protocol.decode = decode
+    assert.is_true(ok, tostring(result))
+    assert.is_nil(result)
+    assert.are.equal("protocol_error", err.kind)
+    assert.matches("boom", err.message)
+  end)
 
   it("survives a flood of output on stderr", function()
     local result, err = hostile("for _ in range(2000):\n    os.write(2, b'e' * 4096)")

@@ -20,8 +20,9 @@ local Session = {}
 Session.__index = Session
 rlm.Session = Session
 
--- A driver that has not said hello within this long is not going to.
-local START_TIMEOUT_MS = 30000
+-- After its hello, the rest of the boot (self-test, context) may take this
+-- long, or step_timeout_ms when that is longer.
+local BOOT_TIMEOUT_MS = 30000
 -- Room for the driver's own "[truncated N chars]" marker before the host
 -- cuts again.
 local MARKER_SLACK = 64
@@ -65,6 +66,7 @@ local function new_session(o, parent, context_data, context_format, description)
     queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
     started_children = 0,
     open_slots = 0, -- answers the driver still waits for, for its current call
+    max_values = protocol.max_values(o.max_message_bytes), -- JSON values in one line
   }, Session)
   -- Names the session in its events: "1" for the root, "1.2" for the second
   -- session its code started, and so on.
@@ -172,7 +174,7 @@ function Session:_wait(accept_replies)
       end
     end
     local blocking = self.blocking and next(self.pending) == nil and #self.outbox == 0
-    local kind, a, b, c = drv:poll((blocking and not nested) and -1 or 0)
+    local kind, a, b, c = drv:poll((blocking and not nested) and -1 or 0, self.max_values)
     if kind then
       return kind, a, b, c
     end
@@ -233,6 +235,9 @@ function Session:_driver_message(allowed, kind, a, b, c)
       .. "(%.0f seen); its tmpfs holds them in memory"):format(self.opts.workdir_max_files, a),
       { limit = self.opts.max_rss_bytes, peak = self.driver and self.driver:peak_rss() or 0,
         mechanism = "workdir files", files = a, max_files = self.opts.workdir_max_files })
+  elseif kind == "dense" then
+    return self:_error("protocol_error", ("the driver sent a line of %d JSON values or more; the limit is %d "
+      .. "(max_message_bytes / 256)"):format(a, self.max_values))
   elseif kind == "overflow" then
     return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
       :format(self.opts.max_message_bytes))
@@ -306,7 +311,8 @@ function Session:_boot(canaries)
   self.driver = drv
   self:_watch(drv)
   self.context_data = nil
-  self:_set_deadline(math.max(START_TIMEOUT_MS, o.step_timeout_ms))
+  self.booting = "hello"
+  self:_set_deadline(o.start_timeout_ms)
   local canary_info = canaries:info()
   canaries:close_leaked() -- it only had to be there to leak into the spawn
 
@@ -319,6 +325,8 @@ function Session:_boot(canaries)
       :format(tostring(hello.protocol), protocol.VERSION))
   end
   self.started = true
+  self.booting = "boot"
+  self:_set_deadline(math.max(BOOT_TIMEOUT_MS, o.step_timeout_ms))
   if not drv:adopt() then
     return self:_error("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
   end
@@ -329,7 +337,8 @@ function Session:_boot(canaries)
   local rlimits = selftest.rlimits(o, context_bytes)
   local ok
   ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
-    max_message_bytes = o.max_message_bytes, guardrails = o.guardrails,
+    max_message_bytes = o.max_message_bytes, max_message_values = self.max_values,
+    guardrails = o.guardrails,
     allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
     sys_path = info.sys_path, rlimits = rlimits })
   if ok then
@@ -374,6 +383,7 @@ function Session:_boot(canaries)
   if msg.error then
     return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
   end
+  self.booting = nil
   self:_set_deadline(0)
   return true
 end
@@ -453,6 +463,15 @@ end
 function Session:_timeout_error()
   if self.wall_cut then
     return self:_wall_error()
+  end
+  if self.booting == "hello" then
+    return self:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
+      .. "(%.0f ms); the sandbox was killed"):format(self.opts.start_timeout_ms),
+      { timeout_ms = self.opts.start_timeout_ms })
+  elseif self.booting then
+    local ms = math.max(BOOT_TIMEOUT_MS, self.opts.step_timeout_ms)
+    return self:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
+      .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
   end
   return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms); the sandbox was killed")
     :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
@@ -585,15 +604,13 @@ function Session:_model_result(who, reply)
 end
 
 -- The calls one message of the code asks for: { {prompt=, context=,
--- format=}, ... }, whether it is a batch, and whether they are nested
+-- format=} or a prompt string, ... }, whether it is a batch, and whether they are nested
 -- sessions. Past max_depth a nested session is one sub-model call that reads
 -- the prompt and the context.
 function Session:_calls_of(msg)
   local calls, batch = { msg }, msg.type == "llm_batch" or msg.type == "rlm_batch"
   if msg.type == "llm_batch" then
-    for i, p in ipairs(msg.prompts) do
-      calls[i] = { prompt = p }
-    end
+    calls = msg.prompts -- strings: made calls one at a time, as they go out
   elseif msg.type == "rlm_batch" then
     calls = msg.queries
   end
@@ -629,13 +646,13 @@ end
 -- slot; a lone call past max_sub_calls ends the session.
 function Session:_sub_query(msg)
   local o, tree = self.opts, self.tree
-  local calls, batch, nested = self:_calls_of(msg)
-  local ok, err
   -- The driver waits for each call's answers before the next: so at most
   -- one message's worth of prompts is ever held here.
   if self.open_slots > 0 then
     return self:_error("protocol_error", "the driver made a call before its last one was answered")
   end
+  local calls, batch, nested = self:_calls_of(msg)
+  local ok, err
   self.open_slots = #calls
   if batch then
     ok, err = self:_check_budget()
@@ -645,14 +662,21 @@ function Session:_sub_query(msg)
     tree.batches = tree.batches + 1
   end
   for i, c in ipairs(calls) do
+    if type(c) == "string" then
+      c = { prompt = c }
+    end
     local slot = batch and i or nil
+    if batch and tree.sub_calls >= o.max_sub_calls then
+      -- The rest of the batch is past the budget: one error for all of its
+      -- slots, so what the host does stays bounded by the sub-calls left.
+      self.open_slots = self.open_slots - (#calls - i)
+      return self:_send_result({ driver_id = msg.id, batch_index = slot, count = #calls - i + 1 }, nil,
+        ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
+    end
     local problem = self:_prompt_problem(c.prompt, slot)
     if not problem and tree.sub_calls >= o.max_sub_calls then
-      if not batch then
-        return self:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
-          :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
-      end
-      problem = ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls)
+      return self:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
+        :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
     end
     if not problem and not batch then
       ok, err = self:_check_budget()
@@ -687,7 +711,7 @@ end
 function Session:_send_result(call, text, problem)
   self.open_slots = self.open_slots - 1
   return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
-    index = call.batch_index and call.batch_index - 1 or nil })
+    index = call.batch_index and call.batch_index - 1 or nil, count = call.count })
 end
 
 -- The answer to one of the code's llm_query calls: back to the driver.
@@ -856,9 +880,15 @@ function Session:_exec_done(msg, id)
   return msg
 end
 
+-- FINAL_VAR's value travels once: the answer is that string, or the
+-- value's JSON text (made here, not sent twice).
 local function final_of(f)
   if f.kind == "var" then
-    local answer = type(f.value) == "string" and f.value or f.repr or tostring(f.value)
+    local answer = f.value
+    if type(answer) ~= "string" then
+      local ok, text = pcall(protocol.encode, f.value)
+      answer = ok and text or tostring(f.value)
+    end
     return { kind = "var", var = f.name, value = f.value, answer = answer }
   end
   return { kind = f.kind, value = f.value, answer = f.value }
@@ -1098,7 +1128,14 @@ function Session:_pump()
   local res = pack(coroutine.resume(self.engine))
   while true do
     if not res[1] then
-      error(debug.traceback(self.engine, "rlm: internal error: " .. tostring(res[2])), 0)
+      -- The engine raised. Whatever the driver sent must not raise out of
+      -- run(), step(), poll() or an adapter: the session ends with an err.
+      local trace = debug.traceback(self.engine, tostring(res[2]))
+      self.engine = nil
+      self:_fail(errors.new("protocol_error", "rlm: internal error while handling the driver's input: "
+        .. trace))
+      self.terminal = { type = "error", err = self.failed }
+      return
     end
     if coroutine.status(self.engine) == "dead" then
       self.engine = nil

@@ -75,6 +75,7 @@ local schema = {
   on_event = { callable },
   max_iterations = { integer(1), 20 },
   step_timeout_ms = { positive_number, 60000 },
+  start_timeout_ms = { positive_number, 30000 },
   max_rss_bytes = { integer(0), 2 ^ 30 },
   rss_poll_interval_ms = { integer(1), 50 },
   memory_cgroup = { boolean, true },

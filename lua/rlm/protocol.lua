@@ -20,8 +20,27 @@ function M.encode(v)
   return json.encode(v)
 end
 
+-- Ids and counts: integers the host can print and compare, never 1e999
+-- (inf), NaN, a fraction, a negative or a number past 2^31.
+M.MAX_ID = 2 ^ 31 - 1
+
 local function is_int(v)
-  return type(v) == "number" and v == math.floor(v)
+  return type(v) == "number" and v >= 0 and v <= M.MAX_ID and v == math.floor(v)
+end
+
+-- The most JSON values a line may hold, for a max_message_bytes: what
+-- decoding it may build on the host is bounded by this count, not by the
+-- bytes (3 bytes of `"",` are a Lua string slot each). The driver checks
+-- the same bound before it sends a final value.
+-- PUC Lua 5.1 interns every string with a hash that samples a few bytes,
+-- so strings that differ only where it does not look all collide: decoding
+-- n of them costs O(n^2). There the cap is 16384 (a quarter of a second at
+-- worst here); LuaJIT and 5.2+ hash differently.
+local COLLIDING_HASH = _VERSION == "Lua 5.1" and not rawget(_G, "jit")
+
+function M.max_values(max_message_bytes)
+  local n = math.max(4096, math.floor(max_message_bytes / 256))
+  return COLLIDING_HASH and math.min(n, 16384) or n
 end
 
 local function opt_string(v)
@@ -94,7 +113,7 @@ local validators = {
       return type(f.value) == "string"
     end
     return f.kind == "var" and type(f.name) == "string" and type(f.json) == "boolean"
-      and opt_string(f.repr) and (f.json or type(f.value) == "string")
+      and f.value ~= nil and (f.json or type(f.value) == "string")
   end,
   llm_query = function(m)
     return is_int(m.id) and type(m.prompt) == "string"

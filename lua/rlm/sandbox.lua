@@ -19,22 +19,34 @@ M.default_modules = {
 
 local PROBE_TIMEOUT_MS = 20000
 
+local function unavailable(message, fields)
+  return nil, errors.new("sandbox_unavailable", message, fields)
+end
+
+-- The file next to the modules, or nil, err naming why it is not.
 local function find_file(name)
   local here = util.module_dir()
+  local problem
   for _, candidate in ipairs({
     here .. "/" .. name,                   -- installed: next to the modules
     here .. "/../../python/" .. name,      -- a checkout: lua/rlm/ -> python/
   }) do
-    if util.file_exists(candidate) then
+    local ok, why = util.file_exists(candidate)
+    if ok then
       return candidate
     end
+    problem = problem or why
   end
-  return nil
+  if problem then
+    return unavailable(("python/%s cannot be opened: %s"):format(name, problem))
+  end
+  return unavailable(("python/%s was not found next to the rlm modules"):format(name))
 end
 
-local function unavailable(message, fields)
-  return nil, errors.new("sandbox_unavailable", message, fields)
-end
+-- Descriptors a session's start needs free at once: the probe's and the
+-- driver's loops and pipes (rlm.core checks its own share again), the
+-- seccomp filter, the workdir and the waitset behind fd().
+local SESSION_FDS = 24
 
 -- One probe per (interpreter, module list) for the life of this Lua state.
 -- While one is in flight, the entry is { owner = session }, and other
@@ -44,9 +56,9 @@ local probe_cache = {}
 -- Runs the probe as a helper process and reads its one line; wait(helper)
 -- returns the helper's next event, blocking or yielding as the session does.
 local function run_probe(python, modules, wait)
-  local script = find_file("probe.py")
+  local script, ferr = find_file("probe.py")
   if not script then
-    return unavailable("python/probe.py was not found next to the rlm modules")
+    return nil, ferr
   end
   local argv = util.append({ python, "-I", "-S", script }, modules)
   local helper, err = core.helper(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
@@ -132,6 +144,11 @@ end
 
 -- start(opts, context_data, wait, owner) -> driver, info | nil, err
 function M.start(opts, context_data, wait, owner)
+  local free = core.fd_headroom(SESSION_FDS)
+  if free < SESSION_FDS then
+    return unavailable(("too few free file descriptors (EMFILE): %d free, a session needs %d to start")
+      :format(free, SESSION_FDS), { free_fds = free })
+  end
   local bwrap = core.find_program(opts.bwrap)
   if not bwrap then
     return unavailable(("bubblewrap (%q) was not found; the REPL never runs unsandboxed")
@@ -141,9 +158,9 @@ function M.start(opts, context_data, wait, owner)
   if not python then
     return unavailable(("the interpreter %q was not found"):format(opts.python))
   end
-  local driver_py = find_file("repl_driver.py")
+  local driver_py, ferr = find_file("repl_driver.py")
   if not driver_py then
-    return unavailable("python/repl_driver.py was not found next to the rlm modules")
+    return nil, ferr
   end
   local info, perr = probe(python, util.append({}, M.default_modules, opts.allowed_modules), wait, owner)
   if not info then

@@ -53,13 +53,18 @@ function M.module_dir()
   return (source:sub(1, 1) == "@" and source:sub(2) or source):match("^(.*)/[^/]*$") or "."
 end
 
+-- true, or false and why when the reason is not that the file is missing
+-- (EMFILE, EACCES: a file that is there but cannot be opened).
 function M.file_exists(path)
-  local f = io.open(path, "rb")
+  local f, msg, code = io.open(path, "rb")
   if f then
     f:close()
     return true
   end
-  return false
+  if code == 2 then -- ENOENT
+    return false
+  end
+  return false, msg
 end
 
 return M

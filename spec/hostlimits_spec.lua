@@ -1,0 +1,151 @@
+-- Limits the host enforces whatever it is doing: the memory watchdog during
+-- a blocking callback, the descriptors a session needs, the hello's own
+-- deadline, and the size of a final answer in every form.
+local H = require("helpers")
+local core = require("rlm.core")
+local fence = H.fence
+
+local MB = 2 ^ 20
+
+describe("the memory watchdog", function()
+  after_each(H.assert_clean)
+
+  -- A thread in the sandbox allocates as fast as it can while the host is
+  -- stuck in a 3 s llm_query callback: the watchdog's thread kills it.
+  local ALLOC = [[
+import threading
+hold = []
+def grab():
+    while True:
+        hold.append(bytearray(1 << 20))
+threading.Thread(target=grab, daemon=True).start()
+llm_query('block')
+FINAL('not reached')]]
+  for _, interval in ipairs({ 50, 10 }) do
+    it(("stops a sandbox during a blocking callback (%d ms poll, no cgroup), overshooting < 64 MiB")
+      :format(interval), function()
+      local limit = 200 * MB
+      local t0 = core.now_ms()
+      local result, err = H.run({
+        guardrails = false, -- threading is not among the REPL's modules
+        memory_cgroup = false,
+        max_rss_bytes = limit,
+        rss_poll_interval_ms = interval,
+        llm_query = function()
+          os.execute("sleep 3")
+          return "late"
+        end,
+        root_llm = H.script({ fence(ALLOC) }),
+      })
+      assert.is_nil(result)
+      assert.are.equal("memory_limit", err.kind)
+      assert.are.equal("poll", err.mechanism)
+      print(("\n# %s: watchdog at %d ms during a 3 s blocking callback: limit %d MiB, peak seen %.0f MiB "
+        .. "(overshoot %.1f MiB), run %.1f s"):format(H.lua_name(), interval, limit / MB, err.peak / MB,
+        (err.peak - limit) / MB, (core.now_ms() - t0) / 1000))
+      assert.is_true(err.peak - limit < 64 * MB, ("overshoot %.0f MiB"):format((err.peak - limit) / MB))
+    end)
+  end
+end)
+
+describe("descriptor exhaustion", function()
+  -- A Lua process with exactly `free` descriptors left starts its first
+  -- session: a structured sandbox_unavailable naming EMFILE, no abort.
+  local CHILD = [=[
+local H = require("helpers")
+local core = require("rlm.core")
+local free = tonumber(arg[1])
+local held = {}
+while true do
+  local f = io.open("/dev/null")
+  if not f then break end
+  held[#held + 1] = f
+end
+for _ = 1, free do
+  table.remove(held):close()
+end
+assert(core.fd_headroom(64) == free, "could not leave exactly " .. free .. " descriptors free")
+local result, err = H.run({})
+print(err and err.kind or "ok", err and err.message or result.answer)
+]=]
+  for _, free in ipairs({ 5, 1, 12 }) do
+    it(("ends the first session with %d free descriptors in sandbox_unavailable (EMFILE)"):format(free), function()
+      local script = H.tmpdir .. "-fds.lua"
+      local f = assert(io.open(script, "w"))
+      f:write(CHILD)
+      f:close()
+      local out = H.sh(("ulimit -n 64; %s %s %d 2>&1; echo \"status $?\""):format(H.lua_name(), script, free))
+      os.remove(script)
+      print(("\n# %s: %d free descriptors: %s"):format(H.lua_name(), free, out:gsub("\n", " | ")))
+      assert.matches("^sandbox_unavailable%s.*EMFILE", out)
+      assert.matches("status 0$", out)
+    end)
+  end
+end)
+
+describe("the hello", function()
+  after_each(H.assert_clean)
+
+  -- The driver is swapped for a script that never says hello.
+  local function silent_driver(opts)
+    local script = H.tmpdir .. "-silent.py"
+    local f = assert(io.open(script, "w"))
+    f:write("import time\ntime.sleep(60)\n")
+    f:close()
+    local spawn = core.spawn
+    core.spawn = function(spec)
+      spec.driver = script
+      return spawn(spec)
+    end
+    local t0 = core.now_ms()
+    local ok, result, err = pcall(H.run, opts)
+    core.spawn = spawn
+    os.remove(script)
+    assert(ok, result)
+    return result, err, core.now_ms() - t0
+  end
+
+  it("has its own deadline, start_timeout_ms, ending in sandbox_unavailable", function()
+    local result, err, ms = silent_driver({ start_timeout_ms = 1500, step_timeout_ms = 60000 })
+    assert.is_nil(result)
+    assert.are.equal("sandbox_unavailable", err.kind)
+    assert.matches("did not say hello within start_timeout_ms %(1500 ms%)", err.message)
+    assert.is_true(ms < 10000, ("took %.0f ms"):format(ms))
+  end)
+
+  it("is not step_timeout_ms, however short that is", function()
+    local result, err = silent_driver({ start_timeout_ms = 1000, step_timeout_ms = 200 })
+    assert.is_nil(result)
+    assert.are.equal("sandbox_unavailable", err.kind)
+    assert.matches("start_timeout_ms %(1000 ms%)", err.message)
+  end)
+end)
+
+describe("a final answer too large for the host", function()
+  after_each(H.assert_clean)
+
+  local forms = {
+    { "FINAL", "FINAL('z' * (80 << 10))" },
+    { "FINAL_VAR", "v = 'z' * (80 << 10)\nFINAL_VAR('v')" },
+    { "the answer dict", "answer['content'] = 'z' * (80 << 10)\nanswer['ready'] = True" },
+    { "FINAL_VAR of many values", "v = list(range(5000))\nFINAL_VAR('v')" },
+  }
+  for _, form in ipairs(forms) do
+    it("is an error the model sees, the REPL intact, through " .. form[1], function()
+      local root = H.script({ fence("keep = 41"), fence(form[2]), fence("FINAL(keep + 1)") })
+      local result, err = H.run({ max_message_bytes = 64 * 1024, root_llm = root })
+      assert.is_nil(err)
+      assert.are.equal("42", result.answer)
+      assert.matches("answer with something smaller", root.calls[3][#root.calls[3]].content)
+    end)
+  end
+
+  it("fits in the same limit in every form", function()
+    for _, code in ipairs({ "FINAL('z' * (40 << 10))", "v = 'z' * (40 << 10)\nFINAL_VAR('v')",
+      "answer['content'] = 'z' * (40 << 10)\nanswer['ready'] = True" }) do
+      local result, err = H.run({ max_message_bytes = 64 * 1024, root_llm = H.script({ fence(code) }) })
+      assert.is_nil(err)
+      assert.are.equal(40 * 1024, #result.answer)
+    end
+  end)
+end)

@@ -1,0 +1,102 @@
+-- The host stays small whatever the driver writes: floods of short lines,
+-- long lines, huge batches and deep JSON each end in a structured error
+-- with the host's peak memory (VmHWM, reset before each case) bounded.
+local H = require("helpers")
+
+local MB = 2 ^ 20
+
+-- Runs a session whose code is the file arg[1] (guardrails off, so that it
+-- can write to the protocol pipe) in a fresh Lua process of its own, so
+-- that no heap left free by an earlier case hides growth. Prints the error
+-- kind (or "ok"), the growth of that host's peak resident memory (VmHWM,
+-- reset just before the run) over its memory before, in bytes, its CPU
+-- seconds for the run, and the error message or the answer's length.
+local CHILD = [=[
+local H = require("helpers")
+local f = assert(io.open(arg[1]))
+local code = f:read("*a")
+f:close()
+local o = H.opts({ guardrails = false,
+  root_llm = H.script({ H.fence("import os\n" .. code), H.fence("FINAL('survived')") }) })
+local function status_kb(key)
+  local st = assert(io.open("/proc/self/status"))
+  local text = st:read("*a")
+  st:close()
+  return tonumber(text:match(key .. ":%s*(%d+)"))
+end
+collectgarbage()
+collectgarbage()
+local clear = assert(io.open("/proc/self/clear_refs", "w")) -- 5: VmHWM := VmRSS
+clear:write("5")
+clear:close()
+local base = status_kb("VmRSS")
+local c0 = os.clock()
+local result, err = H.run(o)
+local cpu = os.clock() - c0
+local growth = (status_kb("VmHWM") - base) * 1024
+print(("%s\t%d\t%.3f\t%s"):format(err and err.kind or "ok", growth, cpu,
+  err and err.message:gsub("\n", " ") or #result.answer))
+]=]
+
+local function measure(code)
+  local child_script, code_file = H.tmpdir .. "-hostmem.lua", H.tmpdir .. "-hostmem.py"
+  local f = assert(io.open(child_script, "w"))
+  f:write(CHILD)
+  f:close()
+  f = assert(io.open(code_file, "w"))
+  f:write(code)
+  f:close()
+  local out = H.sh(("%s %s %s 2>&1"):format(H.lua_name(), child_script, code_file))
+  os.remove(child_script)
+  os.remove(code_file)
+  local kind, growth, cpu, rest = out:match("^(%S+)\t(%S+)\t(%S+)\t(.*)$")
+  assert(kind, "the measuring child failed: " .. out)
+  return kind, tonumber(growth), tonumber(cpu), rest
+end
+
+local function report(what, growth, cpu)
+  print(("\n# %s: %s: host peak RSS +%.1f MiB, host CPU %.2f s"):format(H.lua_name(), what, growth / MB, cpu))
+end
+
+local BATCH = "os.write(1, b'{\"type\":\"llm_batch\",\"id\":1,\"prompts\":[' + b','.join(%s) + b']}\\n')"
+
+describe("the host's memory under a hostile driver", function()
+  after_each(H.assert_clean)
+
+  local cases = {
+    -- name, code, pattern of the error
+    { "a flood of 64 MiB of newlines", "os.write(1, b'\\n' * (64 << 20))", "not JSON" },
+    { "a flood of b'x\\n' (64 MiB)", "os.write(1, b'x\\n' * (32 << 20))", "not JSON" },
+    { "a flood of valid but unexpected lines (32 MiB)",
+      "os.write(1, b'{\"type\":\"configured\"}\\n' * ((32 << 20) // 22))", "expected" },
+    { "a long line past max_message_bytes (24 MiB, no newline)", "os.write(1, b'x' * (24 << 20))",
+      "longer than max_message_bytes" },
+    { "a 12 MB llm_batch frame of empty prompts", BATCH:format("[b'\"\"'] * 4000000"), "JSON values" },
+    { "an 11 MB llm_batch frame under the value cap",
+      BATCH:format("[b'\"%0180d\"' % i for i in range(60000)]"), "" },
+    { "a batch of strings Lua 5.1's hash cannot tell apart, under its cap",
+      BATCH:format("[b'\"%0180d\"' % i for i in range(16000)]"), "" },
+    { "a 12 MB rlm_batch frame", "os.write(1, b'{\"type\":\"rlm_batch\",\"id\":1,\"queries\":[' + "
+      .. "b','.join([b'{\"prompt\":\"\"}'] * 900000) + b']}\\n')", "JSON values" },
+    { "deep JSON (a million brackets)", "os.write(1, b'[' * (1 << 20) + b'\\n')", "JSON values" },
+    { "deep JSON under the value cap", "os.write(1, b'[' * 15000 + b'\\n')", "not JSON" },
+  }
+  for _, c in ipairs(cases) do
+    it("ends " .. c[1] .. " with protocol_error, the host growing < 32 MiB", function()
+      local kind, growth, cpu, message = measure(c[2])
+      report(c[1], growth, cpu)
+      assert.are.equal("protocol_error", kind, message)
+      assert.matches(c[3], message)
+      assert.is_true(growth < 32 * MB, ("the host grew by %.1f MiB"):format(growth / MB))
+      assert.is_true(cpu < 1, ("the host spent %.2f s of CPU"):format(cpu))
+    end)
+  end
+
+  it("takes a 16 MB FINAL_VAR string at a small multiple of its size", function()
+    local kind, growth, cpu, len = measure("s = 'y' * 16000000\nFINAL_VAR('s')")
+    report("a 16 MB FINAL_VAR string", growth, cpu)
+    assert.are.equal("ok", kind, len)
+    assert.are.equal("16000000", len)
+    assert.is_true(growth < 4 * 16 * MB, ("the host grew by %.1f MiB"):format(growth / MB))
+  end)
+end)
