@@ -31,6 +31,7 @@ CONTEXT_DATA = take_context()
 # SC_OPEN_MAX is the soft RLIMIT_NOFILE.
 os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 
+import _string
 import ast
 import collections
 import builtins
@@ -43,6 +44,7 @@ import string
 import sys
 import traceback
 import types
+import weakref
 
 PROTOCOL_VERSION = 1
 DEFAULT_STDOUT_LIMIT = 2000
@@ -50,6 +52,9 @@ DEFAULT_MESSAGE_LIMIT = 16 << 20
 DEFAULT_VALUE_LIMIT = (16 << 20) // 256
 DRIVER_FILE = __file__
 REAL_IMPORT = builtins.__import__
+# The driver's own module: once the REPL's namespace is sys.modules["__main__"]
+# (see Session), this is the only reference to it.
+DRIVER_MODULE = sys.modules[__name__]
 
 # The real protocol channels stay private to the driver.
 PROTOCOL_IN = sys.stdin.buffer
@@ -364,41 +369,93 @@ FRAME_ATTRIBUTES = frozenset("""
 """.split())
 REFUSED_NAMES = frozenset("""
     eval exec compile open getattr setattr delattr vars globals locals
-    __import__ __builtins__ breakpoint input
+    __import__ __builtins__ breakpoint input __loader__ __spec__ __rlm_attribute__
 """.split())
 FORMAT_METHODS = frozenset({"format", "format_map", "vformat"})
+# What the REPL's own code may call on a template it builds at run time:
+# screened routes these through guarded_attribute.
+ROUTED_METHODS = frozenset({"format", "format_map"})
+# Strings the allowed modules compile at run time (typing's string
+# annotations, dataclasses' generated methods) may also name these:
+# dataclasses writes frozen fields through object.__setattr__ and calls
+# __post_init__. Writes and a user method, no walk out of an object. Their
+# names are parameters and fields (a namedtuple's field may be `locals`) and
+# their builtins are the REPL's, so only these names are refused in them.
+RUNTIME_DUNDERS = frozenset({"__setattr__", "__delattr__", "__post_init__"})
+RUNTIME_REFUSED_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "__rlm_attribute__"})
 
 
 def is_dunder(name):
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
-def screen(tree):
-    """Raise GuardrailError at the first construct the guardrails refuse."""
+def is_refused_attribute(name, allowed=ALLOWED_DUNDERS):
+    return (is_dunder(name) and name not in allowed) or name in FRAME_ATTRIBUTES
+
+
+def screen(tree, runtime=False):
+    """Raise GuardrailError at the first construct the guardrails refuse.
+    runtime: the tree is a string an allowed module compiles while the code
+    runs (see RUNTIME_DUNDERS)."""
+    allowed = ALLOWED_DUNDERS | RUNTIME_DUNDERS if runtime else ALLOWED_DUNDERS
+    names = RUNTIME_REFUSED_NAMES if runtime else REFUSED_NAMES
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
-            if (is_dunder(node.attr) and node.attr not in ALLOWED_DUNDERS) \
-                    or node.attr in FRAME_ATTRIBUTES:
+            if is_refused_attribute(node.attr, allowed):
                 refuse(node, f"the attribute {node.attr!r}",
                        "dunder, frame and code attributes are off limits")
-        elif isinstance(node, ast.Name) and node.id in REFUSED_NAMES:
+            # Python 3.8 and 3.9's dataclasses hand generated code the
+            # builtins module as BUILTINS, for BUILTINS.object.
+            if runtime and isinstance(node.value, ast.Name) and node.value.id == "BUILTINS" \
+                    and node.attr != "object":
+                refuse(node, f"BUILTINS.{node.attr}", "only BUILTINS.object is allowed")
+        elif isinstance(node, ast.Name) and node.id in names:
             refuse(node, f"the name {node.id!r}",
                    "eval, exec, open, getattr and the like are off limits")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr in FORMAT_METHODS:
             for template in [node.func.value] + node.args[:1]:
                 if isinstance(template, ast.Constant) and isinstance(template.value, str) \
-                        and walks_into_dunders(template.value):
+                        and walks_out(template.value):
                     refuse(node, f"the format string {template.value[:60]!r}",
-                           "its fields walk into dunder attributes")
+                           "its fields walk into dunder or frame attributes")
 
 
-def walks_into_dunders(template):
+class RouteFormatting(ast.NodeTransformer):
+    """`x.format` and `x.format_map`, unless x is a literal the screen has
+    read: str.format walks attributes named in a template built at run time,
+    so the template is checked when the method is fetched."""
+
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        if node.attr not in ROUTED_METHODS or not isinstance(node.ctx, ast.Load) \
+                or (isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return node
+        call = ast.Call(func=ast.Name(id="__rlm_attribute__", ctx=ast.Load()),
+                        args=[node.value, ast.Constant(value=node.attr)], keywords=[])
+        return ast.copy_location(call, node)
+
+
+def walks_out(template):
+    """Whether a format template's fields walk into dunder or frame attributes."""
     try:
         fields = [(name, spec) for _, name, spec, _ in string.Formatter().parse(template)]
     except ValueError:
         return False  # malformed: it fails at run time anyway
-    return any("__" in (name or "") or walks_into_dunders(spec or "") for name, spec in fields)
+    for name, spec in fields:
+        if name and ("__" in name or any(is_attr and is_refused_attribute(str(part))
+                                         for is_attr, part in field_parts(name))):
+            return True
+        if spec and walks_out(spec):
+            return True
+    return False
+
+
+def field_parts(name):
+    try:
+        return list(_string.formatter_field_name_split(name)[1])
+    except ValueError:
+        return []
 
 
 def refuse(node, what, why):
@@ -416,6 +473,7 @@ def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
     if any(part.startswith("_") for part in parts):
         raise ImportError(f"import of private module {name!r} is refused by the REPL guardrails")
     module = REAL_IMPORT(name, None, None, fromlist, 0)
+    shield_modules()
     # Checked here: for a missing attribute, `from m import x` would fall
     # back to sys.modules["m.x"] and hand out the raw module.
     for item in fromlist or ():
@@ -444,7 +502,9 @@ class ModuleView:
             raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
         value = getattr(module, name)
         if is_visible(module, name, value):
-            return view_of(value) if isinstance(value, types.ModuleType) else value
+            if isinstance(value, types.ModuleType):
+                return view_of(value)
+            return GUARDED_MEMBERS.get((module.__name__, name), value)
         raise AttributeError(f"module {module.__name__!r} attribute {name!r} "
                              "is hidden by the REPL guardrails")
 
@@ -474,7 +534,7 @@ def view_of(module):
 
 
 def is_visible(module, name, value):
-    if name.startswith("_"):
+    if name.startswith("_") or any(value is shadow for shadow in SHADOW_FUNCTIONS):
         return False
     if module.__name__ == "io" and name not in IO_NAMES:
         return False
@@ -501,7 +561,214 @@ def guarded_builtins():
     table.update((name, value) for name, value in vars(builtins).items()
                  if isinstance(value, type) and issubclass(value, Exception))
     table["__import__"] = guarded_import
+    table["__rlm_attribute__"] = guarded_attribute
     return table
+
+
+# --- Guardrails: the allowed modules' own string evaluation and walks --------
+#
+# Some allowed functions evaluate strings or fetch attributes named by data,
+# with the real builtins: typing.get_type_hints and ForwardRef (string
+# annotations), dataclasses (generated methods, in the globals of the class's
+# module), collections.namedtuple, string.Formatter.get_field, and
+# operator.attrgetter/methodcaller. Under the guardrails the module-level
+# names they use (eval, exec, compile, getattr) are replaced in those modules
+# by versions that screen the string as REPL code is screened, run it with the
+# REPL's builtins, and never in the globals of a module the REPL may not
+# import; attrgetter and methodcaller are handed out as checked versions.
+
+def guarded_attribute(obj, name):
+    """getattr for names that come from data: the dunder and frame
+    attributes the screen refuses stay refused, and str.format comes back
+    as a version that checks its template."""
+    if not isinstance(name, str):
+        raise TypeError(f"attribute name must be a string, not {type(name).__name__}")
+    if is_refused_attribute(name):
+        raise GuardrailError(f"the attribute {name!r} is refused by the REPL guardrails "
+                             "(dunder, frame and code attributes are off limits)")
+    value = getattr(obj, name)
+    if name in ROUTED_METHODS:
+        if isinstance(obj, str):
+            return checked_format(value, obj)
+        if isinstance(obj, type) and issubclass(obj, str):
+            return checked_format(value, None)
+    return value
+
+
+def checked_format(method, template):
+    """str.format or str.format_map, refusing a template whose fields walk out;
+    template None: the method is unbound and the template is its first argument."""
+    def call(*args, **kwargs):
+        text = template if template is not None else (args[0] if args else None)
+        if isinstance(text, str) and walks_out(text):
+            raise GuardrailError(f"the format string {text[:60]!r} is refused by the REPL "
+                                 "guardrails (its fields walk into dunder or frame attributes)")
+        return method(*args, **kwargs)
+    return call
+
+
+def checked_names(names, what):
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: attribute name must be a string, not {type(name).__name__}")
+        for part in name.split("."):
+            if is_refused_attribute(part):
+                raise GuardrailError(f"{what}: the attribute {part!r} is refused by the REPL "
+                                     "guardrails (dunder, frame and code attributes are off limits)")
+
+
+def attrgetter(attr, *attrs):
+    """operator.attrgetter, fetching through guarded_attribute."""
+    names = (attr,) + attrs
+    checked_names(names, "attrgetter")
+
+    def resolve(obj, name):
+        for part in name.split("."):
+            obj = guarded_attribute(obj, part)
+        return obj
+
+    if not attrs:
+        return lambda obj: resolve(obj, attr)
+    return lambda obj: tuple(resolve(obj, name) for name in names)
+
+
+def methodcaller(name, *args, **kwargs):
+    """operator.methodcaller, fetching the method through guarded_attribute."""
+    checked_names((name,), "methodcaller")
+    return lambda obj: guarded_attribute(obj, name)(*args, **kwargs)
+
+
+GUARDED_MEMBERS = {("operator", "attrgetter"): attrgetter,
+                   ("operator", "methodcaller"): methodcaller}
+
+
+def runtime_code(source, filename, mode, flags=0, dont_inherit=False, optimize=-1):
+    """compile() for a string an allowed module evaluates: screened first."""
+    if isinstance(source, types.CodeType):
+        return source
+    tree = source if isinstance(source, ast.AST) else \
+        REAL_COMPILE(source, filename, mode, flags | ast.PyCF_ONLY_AST, True, optimize)
+    screen(tree, runtime=True)
+    tree = ast.fix_missing_locations(RouteFormatting().visit(tree))
+    if flags & ast.PyCF_ONLY_AST:
+        return tree
+    code = REAL_COMPILE(tree, filename, mode, flags, True, optimize)
+    screened_code.add(code)
+    return code
+
+
+def runtime_namespace(namespace, is_globals):
+    """The globals (or locals) a string from an allowed module runs in: the
+    REPL's own namespace as it is; a module's namespace only when the REPL
+    may import that module, as its view shows it; any other dict with the
+    REPL's builtins."""
+    if namespace is None or namespace is session.namespace:
+        return namespace
+    module = module_of_namespace(namespace)
+    if module is not None:
+        visible = {}
+        if module is not DRIVER_MODULE and allowed_name(module.__name__):
+            for name in dir(module):
+                value = getattr(module, name, None)
+                if is_visible(module, name, value):
+                    visible[name] = view_of(value) if isinstance(value, types.ModuleType) else value
+        if is_globals:
+            visible["__builtins__"] = GUARDED_BUILTINS
+        return visible
+    if is_globals and isinstance(namespace, dict) \
+            and namespace.get("__builtins__") in (None, builtins, vars(builtins)):
+        namespace["__builtins__"] = GUARDED_BUILTINS  # where eval would put the real ones
+    return namespace
+
+
+def module_of_namespace(namespace):
+    if namespace is vars(DRIVER_MODULE):
+        return DRIVER_MODULE
+    for module in list(sys.modules.values()):
+        if getattr(module, "__dict__", None) is namespace:
+            return module
+    return None
+
+
+def allowed_name(name):
+    parts = name.split(".")
+    return parts[0] in session.allowed_modules() and not any(p.startswith("_") for p in parts)
+
+
+def runtime_run(run, source, globals, locals, caller):
+    if globals is None:
+        globals = caller.f_globals
+        if locals is None:
+            locals = caller.f_locals
+    if not session.guardrails:
+        return run(source, globals, locals)
+    if isinstance(source, types.CodeType):
+        if source not in screened_code:
+            raise GuardrailError("code not compiled under the REPL guardrails is refused")
+        code = source
+    else:
+        code = runtime_code(source, "<string>", "eval" if run is REAL_EVAL else "exec")
+    globals = runtime_namespace(globals, True)
+    locals = globals if locals is None else runtime_namespace(locals, False)
+    return run(code, globals, locals)
+
+
+def shadow_eval(source, globals=None, locals=None):
+    return runtime_run(REAL_EVAL, source, globals, locals, sys._getframe(1))
+
+
+def shadow_exec(source, globals=None, locals=None):
+    return runtime_run(REAL_EXEC, source, globals, locals, sys._getframe(1))
+
+
+def shadow_compile(source, filename, mode, flags=0, dont_inherit=False, optimize=-1, **kwargs):
+    if not session.guardrails:
+        return REAL_COMPILE(source, filename, mode, flags, dont_inherit, optimize, **kwargs)
+    if kwargs:
+        raise GuardrailError(f"compile() with {sorted(kwargs)} is refused by the REPL guardrails")
+    return runtime_code(source, filename, mode, flags, dont_inherit, optimize)
+
+
+def shadow_getattr(obj, name, *default):
+    if not session.guardrails:
+        return getattr(obj, name, *default)
+    try:
+        return guarded_attribute(obj, name)
+    except AttributeError:
+        if default:
+            return default[0]
+        raise
+
+
+REAL_EVAL, REAL_EXEC, REAL_COMPILE = builtins.eval, builtins.exec, builtins.compile
+SHADOWS = {"eval": shadow_eval, "exec": shadow_exec, "compile": shadow_compile}
+SHADOW_FUNCTIONS = (shadow_eval, shadow_exec, shadow_compile, shadow_getattr)
+# getattr only where the names come from data and the module needs no dunder.
+SHADOWED_GETATTR = frozenset({"string"})
+# Evaluates typing's annotations from Python 3.14 on.
+SHADOWED_HELPERS = frozenset({"annotationlib"})
+shielded_modules = set()
+screened_code = weakref.WeakSet()
+
+
+def shield_modules():
+    """Install the shadows in every loaded module the REPL can reach. A
+    module that defines the name itself (re.compile) keeps its own."""
+    for name, module in list(sys.modules.items()):
+        if name in shielded_modules or not isinstance(module, types.ModuleType):
+            continue
+        top = name.split(".")[0]
+        if top not in session.allowed_modules() and top not in SHADOWED_HELPERS:
+            continue
+        shielded_modules.add(name)
+        namespace = vars(module)
+        shadows = dict(SHADOWS, getattr=shadow_getattr) if name in SHADOWED_GETATTR else SHADOWS
+        for builtin_name, shadow in shadows.items():
+            if builtin_name not in namespace:
+                namespace[builtin_name] = shadow
+
+
+GUARDED_BUILTINS = guarded_builtins()
 
 
 # --- Steps ------------------------------------------------------------------
@@ -609,11 +876,16 @@ class Session:
         self.value_limit = DEFAULT_VALUE_LIMIT
         self.guardrails = True
         self.extra_modules = frozenset()
-        self.safe_builtins = guarded_builtins()
+        self.safe_builtins = GUARDED_BUILTINS
         self.steps = 0
         self.final = None
-        self.namespace = {
-            "__name__": "__main__",
+        # The REPL's namespace is a module of its own, registered as
+        # __main__: typing and dataclasses look up the globals of a class's
+        # module in sys.modules, and must find these, not the driver's.
+        self.module = types.ModuleType("__main__")
+        sys.modules["__main__"] = self.module
+        self.namespace = vars(self.module)
+        self.namespace.update({
             "context": None,
             "answer": {"content": "", "ready": False},
             "FINAL": FINAL,
@@ -623,7 +895,7 @@ class Session:
             "rlm_query": rlm_query,
             "rlm_query_batched": rlm_query_batched,
             "SubCallError": SubCallError,
-        }
+        })
 
     def allowed_modules(self):
         return SAFE_MODULES | self.extra_modules
@@ -668,6 +940,8 @@ class Session:
         self.final = None
         error = None
         self.namespace["__builtins__"] = self.safe_builtins if self.guardrails else builtins
+        if self.guardrails:
+            shield_modules()
         try:
             compiled = self.compile_step(code, filename)
             saved = sys.stdout, sys.stderr
@@ -699,6 +973,7 @@ class Session:
             return compile(code, filename, "exec", dont_inherit=True)
         tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
         screen(tree)
+        tree = ast.fix_missing_locations(RouteFormatting().visit(tree))
         return compile(tree, filename, "exec", dont_inherit=True)
 
 

@@ -23,10 +23,33 @@ local function slurp(path)
   return s
 end
 
+-- Runs argv with its stdout on a pseudo-terminal, copying what the terminal
+-- shows to our stdout; stdin and stderr stay as they were. Exits as argv did.
+local PTY_RUN = [[
+import os, pty, sys
+saved_in, saved_err = os.dup(0), os.dup(2)
+pid, fd = pty.fork()
+if pid == 0:
+    os.dup2(saved_in, 0)
+    os.dup2(saved_err, 2)
+    os.execvp(sys.argv[1], sys.argv[1:])
+shown = b""
+while True:
+    try:
+        chunk = os.read(fd, 65536)
+    except OSError:  # EIO: the terminal's last writer has gone
+        break
+    if not chunk:
+        break
+    shown += chunk
+os.write(1, shown)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+]]
+
 -- Runs bin/rlm with args (a list, quoted here); opts.stdin feeds it,
 -- opts.env is a list of NAME=value set for it, opts.endpoint = false leaves
--- out the --base-url/--model/--api-key-env the other runs get. Returns
--- code, stdout, stderr.
+-- out the --base-url/--model/--api-key-env the other runs get, opts.tty puts
+-- its stdout on a pseudo-terminal. Returns code, stdout, stderr.
 local function rlm(args, opts)
   opts = opts or {}
   local words = {}
@@ -46,7 +69,9 @@ local function rlm(args, opts)
   for _, e in ipairs(opts.env or {}) do
     env[#env + 1] = q(e)
   end
-  local cmd = ("%s %s %s %s >%s 2>%s"):format(table.concat(env, " "), LUA, BIN, table.concat(words, " "), out, err)
+  local runner = opts.tty and "python3 -c " .. q(PTY_RUN) .. " " or ""
+  local cmd = ("%s %s%s %s %s >%s 2>%s"):format(table.concat(env, " "), runner, LUA, BIN, table.concat(words, " "),
+    out, err)
   if opts.stdin then
     cmd = "printf '%s' " .. q(opts.stdin) .. " | " .. cmd
   else
@@ -251,6 +276,62 @@ describe("bin/rlm", function()
       assert.matches("%-%- output:\n  looking", err)
       assert.matches("llm_query 1 .-sub%?.-sub reply", err)
       assert.matches("== step 2", err)
+    end)
+  end)
+
+  -- What the model and the sandbox write, with what a terminal acts on: an
+  -- OSC 52 clipboard write, a title, clear screen, a CSI as C1 (U+009B), a
+  -- carriage return and backspaces over the line, a lone ESC, a bell.
+  describe("terminal escapes", function()
+    local HOSTILE = [[\x1b]52;c;ZXZpbA==\x07\x1b]0;pwned\x07\x1b[2J\u009b31m\rover\x08\x08\x1b\x07 tab\tend]]
+    local SHOWN = [[\x1b]52;c;ZXZpbA==\x07\x1b]0;pwned\x07\x1b[2J\u009b31m\x0dover\x08\x08\x1b\x07 tab]] .. "\tend"
+    local RAW = "\27]52;c;ZXZpbA==\7\27]0;pwned\7\27[2J\194\15531m\rover\8\8\27\7 tab\tend"
+
+    -- Control characters but newline and tab, and C1 as UTF-8.
+    local function controls(s)
+      return s:find("[%z\1-\8\11-\31\127]") or s:find("\194[\128-\159]")
+    end
+
+    local function hostile_run()
+      srv:script({
+        { content = "Reply " .. RAW .. "\n" .. F.fence("print('" .. HOSTILE .. "')\nllm_query('x')") },
+        { content = "sub " .. RAW },
+        { content = F.fence("FINAL('" .. HOSTILE .. "')") },
+      })
+    end
+
+    it("escapes them in --trace and keeps newlines and tabs", function()
+      hostile_run()
+      local code, out, err = rlm({ "--trace", "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.is_nil(controls(err), err)
+      assert.is_truthy(err:find("-- output:\n  " .. SHOWN, 1, true), err)
+      assert.is_truthy(err:find("  =>\n  sub " .. SHOWN, 1, true), err)
+      assert.are.equal(RAW .. "\n", out)
+    end)
+
+    it("writes the answer verbatim to a pipe", function()
+      hostile_run()
+      local code, out, err = rlm({ "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.are.equal(RAW .. "\n", out)
+    end)
+
+    it("escapes the answer on a terminal", function()
+      hostile_run()
+      local code, out, err = rlm({ "--context", context_file, "q" }, { tty = true })
+      assert.are.equal(0, code, err)
+      out = out:gsub("\r\n", "\n") -- the terminal's own line ends
+      assert.is_nil(controls(out), out)
+      assert.are.equal(SHOWN .. "\n", out)
+    end)
+
+    it("escapes them in an error on stderr", function()
+      srv:script({ { status = 400, json = { error = { message = "bad " .. RAW } } } })
+      local code, _, err = rlm({ "--context", context_file, "q" })
+      assert.are.equal(19, code)
+      assert.is_nil(controls(err), err)
+      assert.is_truthy(err:find("bad " .. SHOWN, 1, true), err)
     end)
   end)
 

@@ -40,6 +40,111 @@ describe("the guardrails", function()
     end)
   end
 
+  -- Allowed functions that evaluate strings or fetch attributes named by
+  -- data, with the real builtins or in another module's globals: each case
+  -- prints ESCAPED if it reaches what the guardrails hide.
+  local bypasses = {
+    { "typing.get_type_hints on a string annotation", [[
+import typing
+class A:
+    x: "print('ESCAPED', __import__('os').getcwd())"
+typing.get_type_hints(A)]], "ImportError" },
+    { "a string annotation in a module named by __module__", [[
+import typing
+class A:
+    __module__ = 'os'
+    x: "print('ESCAPED', getcwd())"
+typing.get_type_hints(A)]], "NameError" },
+    { "a string annotation in the globals of a wrapped driver function", [[
+import typing, functools
+def g(x: "print('ESCAPED', os.getcwd())"): pass
+functools.update_wrapper(g, FINAL, assigned=())
+typing.get_type_hints(g)]], "NameError" },
+    { "a string annotation with empty globals, where eval adds the real builtins", [[
+import typing
+def g(x: "print('ESCAPED', __loader__.load_module('posix').getcwd())"): pass
+typing.get_type_hints(g, globalns={})]], "GuardrailError" },
+    { "a string annotation that walks dunders", [[
+import typing
+class A:
+    x: "print('ESCAPED', ().__class__.__base__.__subclasses__()[0])"
+typing.get_type_hints(A)]], "GuardrailError" },
+    { "string.Formatter().get_field", [[
+import string
+print('ESCAPED', string.Formatter().get_field('0.__globals__', (FINAL,), {})[0]['os'])]],
+      "GuardrailError" },
+    { "Formatter.get_field through super()", [[
+import string
+class F(string.Formatter): pass
+print('ESCAPED', super(F, F()).get_field('0.__globals__', (FINAL,), {})[0]['os'])]],
+      "GuardrailError" },
+    { "operator.attrgetter", [[
+import operator
+print('ESCAPED', operator.attrgetter('__globals__')(FINAL)['os'])]], "GuardrailError" },
+    { "operator.attrgetter's own type", [[
+import operator
+print('ESCAPED', type(operator.attrgetter('real'))('__globals__')(FINAL)['os'])]], "TypeError" },
+    { "operator.methodcaller", [[
+import operator
+print('ESCAPED', operator.methodcaller('__getattribute__', '__globals__')(FINAL)['os'])]],
+      "GuardrailError" },
+    { "a format template built at run time", [[
+t = '{0.__glo' + 'bals__[os]}'
+print('ESCAPED', t.format(FINAL))]], "GuardrailError" },
+    { "str.format called unbound", [[
+t = '{0.__glo' + 'bals__[os]}'
+print('ESCAPED', str.format(t, FINAL))]], "GuardrailError" },
+    { "str.format_map", [[
+t = '{x.__glo' + 'bals__[os]}'
+print('ESCAPED', t.format_map({'x': FINAL}))]], "GuardrailError" },
+    { "str.format passed as a value", [[
+t = '{0.__glo' + 'bals__[os]}'
+print('ESCAPED', list(map(str.format, [t], [FINAL])))]], "GuardrailError" },
+    { "str.format through methodcaller", [[
+import operator
+t = '{0.__glo' + 'bals__[os]}'
+print('ESCAPED', operator.methodcaller('format', FINAL)(t))]], "GuardrailError" },
+  }
+  for _, case in ipairs(bypasses) do
+    it("closes " .. case[1], function()
+      local err, out = step_error(case[2])
+      assert.is_string(err)
+      assert.is_nil(out:find("ESCAPED", 1, true), out)
+      assert.matches(case[3], err, 1, true)
+    end)
+  end
+
+  -- A string annotation resolves in the REPL's namespace (its __main__).
+  it("lets dataclasses, typing, namedtuple, enum and format through", function()
+    local err, out = step_error([[
+from dataclasses import dataclass, field, asdict
+import typing, collections, enum, operator, string
+@dataclass
+class P:
+    x: int
+    y: "list[int]" = field(default_factory=list)
+    format: str = 'f'
+    def __post_init__(self):
+        self.z = 1
+@dataclass(frozen=True, order=True)
+class Q:
+    a: int
+class T(typing.NamedTuple):
+    a: int
+    b: 'str' = 'x'
+class Tree:
+    kids: 'typing.List[Tree]'
+N = collections.namedtuple('N', 'a b')
+E = enum.Enum('E', 'x y')
+fmt = '{} {name}'
+print(P(1), Q(2) < Q(3), asdict(P(2))['x'], typing.get_type_hints(T)['b'].__name__, N(1, 2).b,
+      E.x.name, operator.attrgetter('real', 'imag')(3), operator.methodcaller('upper')('a'),
+      fmt.format(1, name='n'), str.format('{0.x}', P(7)), string.Formatter().format('{0.z}', P(3)),
+      typing.get_type_hints(Tree)['kids'] == typing.List[Tree])]])
+    assert.is_nil(err)
+    assert.are.equal("P(x=1, y=[], format='f') True 2 str 2 x (3, 0) A 1 n 7 1 True\n", out)
+  end)
+
   it("lets ordinary code through", function()
     local err, out = step_error([[
 import re, json, collections, itertools, math, statistics, textwrap, hashlib, base64
