@@ -4,6 +4,8 @@
 #ifndef RLM_DRIVER_H
 #define RLM_DRIVER_H
 
+#include "unit.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,7 +57,7 @@ typedef struct rlm_driver_opts {
 
 /* How many descriptors this process can still open, counted up to `need`
  * (by opening them and closing them again). */
-int rlm_fd_headroom(int need);
+RLM_FN int rlm_fd_headroom(int need);
 
 /* What rlm_driver_start needs free: its loop (an epoll descriptor, libuv's
  * signal pipes), three pipes while they are dup'd above the inherited ones,
@@ -64,54 +66,55 @@ int rlm_fd_headroom(int need);
 #define RLM_DRIVER_FDS 24
 
 /* Spawns the process. Returns NULL with a message in err. */
-rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
-                             size_t errlen);
+RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
+                                    size_t errlen);
 
 /* Queues `len` bytes plus a newline for the driver's stdin. Returns 0, or -1
  * when the driver is gone or the data holds a newline. */
-int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
+RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
 
 /* Waits up to timeout_ms (0: do not wait, <0: no limit) for the next event.
  * Returns it (free with rlm_event_free), or NULL when none came. A line is
  * a view into the driver's framing buffer, good until the next call. */
-rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
-void rlm_event_free(rlm_event *ev);
+RLM_FN rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
+RLM_FN void rlm_event_free(rlm_event *ev);
 
 /* The caller has copied the line last polled: a large framing buffer that
  * holds nothing more is freed now, not at the next read. */
-void rlm_driver_line_taken(rlm_driver *d);
+RLM_FN void rlm_driver_line_taken(rlm_driver *d);
 
 /* Kills the whole sandbox now (SIGKILL). */
-void rlm_driver_kill(rlm_driver *d);
+RLM_FN void rlm_driver_kill(rlm_driver *d);
 
 /* Arms the step deadline ms from now (0 disarms it). */
-void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms);
-int rlm_driver_deadline_passed(rlm_driver *d);
+RLM_FN void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms);
+RLM_FN int rlm_driver_deadline_passed(rlm_driver *d);
 
-int rlm_driver_pid(const rlm_driver *d);
-int rlm_driver_alive(const rlm_driver *d);
+RLM_FN int rlm_driver_pid(const rlm_driver *d);
+RLM_FN int rlm_driver_alive(const rlm_driver *d);
 
 /* The sandbox's processes (host pids, launcher first). Returns how many. */
-size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
+RLM_FN size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
 
 /* Calls visit for every descriptor held in the sandbox that is neither one
  * of the session's pipes nor bubblewrap's own; returns how many. */
 typedef void (*rlm_fd_visitor)(void *ud, int pid, int fd, const char *target);
-int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit, void *ud);
-uint64_t rlm_driver_peak_rss(rlm_driver *d);
-int rlm_driver_backend_fd(rlm_driver *d);
-int rlm_driver_backend_timeout(rlm_driver *d);
+RLM_FN int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit,
+                                  void *ud);
+RLM_FN uint64_t rlm_driver_peak_rss(rlm_driver *d);
+RLM_FN int rlm_driver_backend_fd(rlm_driver *d);
+RLM_FN int rlm_driver_backend_timeout(rlm_driver *d);
 
 /* The cgroup: moves every sandbox process into it (0, or -1 when one
  * would not move); how the memory limit is enforced ("cgroup v1",
  * "cgroup v2" or "poll"); and how often the kernel's OOM killer acted in it,
  * with the peak it charged. */
-int rlm_driver_adopt(rlm_driver *d);
-const char *rlm_driver_memory_mechanism(const rlm_driver *d);
-uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak);
+RLM_FN int rlm_driver_adopt(rlm_driver *d);
+RLM_FN const char *rlm_driver_memory_mechanism(const rlm_driver *d);
+RLM_FN uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak);
 
 /* Kills the sandbox if it runs, reaps it, frees every handle and lets go
  * of its uid. There is nothing on the host's disk to remove. */
-void rlm_driver_close(rlm_driver *d);
+RLM_FN void rlm_driver_close(rlm_driver *d);
 
 #endif
