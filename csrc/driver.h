@@ -17,6 +17,7 @@ typedef enum rlm_event_kind {
   RLM_EV_MEMORY,   /* the memory limit was passed; the sandbox was killed */
   RLM_EV_OVERFLOW, /* a line longer than the cap; the sandbox was killed */
   RLM_EV_FILES,    /* /session held more than max_files files; killed */
+  RLM_EV_FAILED,   /* the process could not be started; data says why */
 } rlm_event_kind;
 
 typedef struct rlm_event {
@@ -38,10 +39,15 @@ typedef struct rlm_driver_opts {
   char *const *env;       /* NULL: the host's */
   const int *inherit_fds; /* become 3, 4, ... in the child */
   size_t n_inherit;
-  unsigned run_as;    /* nonzero (root host): the child drops to this uid and
-                         gid, with no supplementary groups, before its exec */
-  int uid_lock;       /* the lock that holds run_as; taken over (closed by
-                         rlm_driver_close, or at once on failure); -1: none */
+  int claim_uid;      /* (a root host) claim a uid of the range below (see
+                         uid.h), and the child drops to it and its gid, with
+                         no supplementary groups, before its exec */
+  uint32_t uid_first, uid_count;
+  const char *context; /* NULL, or bytes handed over as a sealed memfd ... */
+  size_t context_len;
+  int context_at; /* ... at this index of inherit_fds (whose entry is not
+                     read); the caller keeps the bytes until
+                     rlm_driver_context_done or rlm_driver_close */
   char *const *stage; /* host paths the child mounts at RLM_STAGE_DIR/<i>,
                          in a mount namespace of its own, before it drops to
                          run_as (see sandbox.h) */
@@ -65,7 +71,12 @@ RLM_FN int rlm_fd_headroom(int need);
  * copies. */
 #define RLM_DRIVER_FDS 24
 
-/* Spawns the process. Returns NULL with a message in err. */
+/* Starts the process on a thread of the driver's own (the keeper): the
+ * context's memfd, the uid's claim, the fork or posix_spawn, the cgroup,
+ * then the memory watchdog; so this returns at once. The driver's fd turns
+ * readable when the start is over; a start that failed is an RLM_EV_FAILED
+ * event. Input sent meanwhile waits in the pipe. Returns NULL with a
+ * message in err when not even the thread could be had. */
 RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
                                     size_t errlen);
 
@@ -113,8 +124,16 @@ RLM_FN int rlm_driver_adopt(rlm_driver *d);
 RLM_FN const char *rlm_driver_memory_mechanism(const rlm_driver *d);
 RLM_FN uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak);
 
-/* Kills the sandbox if it runs, reaps it, frees every handle and lets go
- * of its uid. There is nothing on the host's disk to remove. */
+/* The host uid the sandbox runs as (0 until it has started). */
+RLM_FN unsigned rlm_driver_uid(const rlm_driver *d);
+
+/* Whether the keeper is done with opts.context: the caller may free it. */
+RLM_FN int rlm_driver_context_done(rlm_driver *d);
+
+/* Frees every handle of the host's side and returns without waiting: the
+ * keeper kills the sandbox if it runs, reaps it, removes its cgroup, lets
+ * go of its uid and frees the rest. There is nothing on the host's disk to
+ * remove. */
 RLM_FN void rlm_driver_close(rlm_driver *d);
 
 #endif
