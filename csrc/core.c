@@ -384,7 +384,7 @@ static const char *event_name(rlm_event_kind k) {
 /* d:poll(timeout_ms[, max_values]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
  *   "memory", peak_bytes | "files", files | "overflow" | "dense", values |
- *   "failed", message (the start failed: nothing ran) 
+ *   "failed", message (the start failed: nothing ran)
  * A line that could decode to more than max_values JSON values is not made
  * a Lua string: "dense" says how many it holds (at least). */
 static int driver_poll(lua_State *L) {

@@ -103,12 +103,12 @@ struct rlm_driver {
    * host reads them only after it has seen that (on_started). */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  atomic_int closing;    /* the host has called close(): stop, tear down */
-  int handed;            /* under mu: the host will not touch d again */
-  int ctx_busy;          /* under mu: the keeper reads the caller's context */
-  atomic_int ctx_done;   /* the keeper is done with the caller's context */
+  atomic_int closing;     /* the host has called close(): stop, tear down */
+  int handed;             /* under mu: the host will not touch d again */
+  int ctx_busy;           /* under mu: the keeper reads the caller's context */
+  atomic_int ctx_done;    /* the keeper is done with the caller's context */
   atomic_int start_state; /* START_ values */
-  uv_async_t started;    /* the keeper's word that the start is over */
+  uv_async_t started;     /* the keeper's word that the start is over */
   unsigned start_seen : 1, start_failed : 1, kill_pending : 1;
   char start_err[512];
 
@@ -801,8 +801,8 @@ out:
 
 /* posix_spawn with the same descriptors, signals and session. Returns 0, or
  * an errno value. */
-static int posix_spawn_child(rlm_driver *d, const rlm_driver *o,
-                             const int *fds, int nfds) {
+static int posix_spawn_child(rlm_driver *d, const rlm_driver *o, const int *fds,
+                             int nfds) {
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t attr;
   int e = posix_spawn_file_actions_init(&fa);
@@ -960,6 +960,37 @@ static int keeper_start(rlm_driver *d) {
   return 0;
 }
 
+/* The teardowns handed to keepers and not yet over, process-wide (threads
+ * and children are the process's, not one Lua state's): a host that exits
+ * right after close() waits for them, up to EXIT_WAIT_MS, at exit, so that
+ * it reaps its own children rather than leave them to init. */
+#define EXIT_WAIT_MS 2000
+static pthread_mutex_t teardowns_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t teardowns_cv = PTHREAD_COND_INITIALIZER;
+static int teardowns;
+static pthread_once_t teardowns_once = PTHREAD_ONCE_INIT;
+
+static void wait_teardowns(void) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += EXIT_WAIT_MS / 1000;
+  pthread_mutex_lock(&teardowns_mu);
+  while (teardowns > 0 &&
+         pthread_cond_timedwait(&teardowns_cv, &teardowns_mu, &until) == 0)
+    ;
+  pthread_mutex_unlock(&teardowns_mu);
+}
+
+static void register_exit_wait(void) { (void)atexit(wait_teardowns); }
+
+static void teardowns_add(int n) {
+  pthread_mutex_lock(&teardowns_mu);
+  teardowns += n;
+  if (teardowns == 0)
+    pthread_cond_broadcast(&teardowns_cv);
+  pthread_mutex_unlock(&teardowns_mu);
+}
+
 /* Waits up to ms (<0: no limit) for the launcher to exit. */
 static int wait_launcher(rlm_driver *d, int ms) {
   struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
@@ -1021,6 +1052,7 @@ static void *keeper_main(void *arg) {
   pthread_mutex_destroy(&d->mu);
   pthread_cond_destroy(&d->cv);
   free_driver(d);
+  teardowns_add(-1);
   return NULL;
 }
 
@@ -1163,6 +1195,7 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     snprintf(err, errlen, "too many descriptors for the child");
     return NULL;
   }
+  (void)pthread_once(&teardowns_once, register_exit_wait);
   if (pin_library() != 0) {
     snprintf(err, errlen, "keeping rlm.core loaded: %s", dlerror());
     return NULL;
@@ -1460,8 +1493,8 @@ int rlm_driver_adopt(rlm_driver *d) {
 }
 
 const char *rlm_driver_memory_mechanism(const rlm_driver *d) {
-  return !d->spawned           ? "poll"
-         : d->cg.version == 2    ? "cgroup v2"
+  return !d->spawned          ? "poll"
+         : d->cg.version == 2 ? "cgroup v2"
          : d->cg.version == 1 ? "cgroup v1"
                               : "poll";
 }
@@ -1488,13 +1521,9 @@ int rlm_driver_backend_timeout(rlm_driver *d) {
   return has_event(d) ? 0 : uv_backend_timeout(&d->loop);
 }
 
-unsigned rlm_driver_uid(const rlm_driver *d) {
-  return d->spawned ? d->uid : 0;
-}
+unsigned rlm_driver_uid(const rlm_driver *d) { return d->spawned ? d->uid : 0; }
 
-int rlm_driver_context_done(rlm_driver *d) {
-  return atomic_load(&d->ctx_done);
-}
+int rlm_driver_context_done(rlm_driver *d) { return atomic_load(&d->ctx_done); }
 
 /* Never waits for the sandbox: the keeper kills and reaps it. What waits is
  * the keeper's slice of the caller's context, if it is writing one (a
@@ -1510,6 +1539,7 @@ void rlm_driver_close(rlm_driver *d) {
   pthread_mutex_unlock(&d->mu);
   stop_reading(d);
   close_loop(d); /* the pidfd's watch too: from here only the keeper reaps */
+  teardowns_add(1);
   pthread_mutex_lock(&d->mu);
   d->handed = 1;
   pthread_cond_broadcast(&d->cv);

@@ -39,15 +39,15 @@ typedef struct rlm_driver_opts {
   char *const *env;       /* NULL: the host's */
   const int *inherit_fds; /* become 3, 4, ... in the child */
   size_t n_inherit;
-  int claim_uid;      /* (a root host) claim a uid of the range below (see
-                         uid.h), and the child drops to it and its gid, with
-                         no supplementary groups, before its exec */
+  int claim_uid; /* (a root host) claim a uid of the range below (see
+                    uid.h), and the child drops to it and its gid, with
+                    no supplementary groups, before its exec */
   uint32_t uid_first, uid_count;
   const char *context; /* NULL, or bytes handed over as a sealed memfd ... */
   size_t context_len;
-  int context_at; /* ... at this index of inherit_fds (whose entry is not
-                     read); the caller keeps the bytes until
-                     rlm_driver_context_done or rlm_driver_close */
+  int context_at;     /* ... at this index of inherit_fds (whose entry is not
+                         read); the caller keeps the bytes until
+                         rlm_driver_context_done or rlm_driver_close */
   char *const *stage; /* host paths the child mounts at RLM_STAGE_DIR/<i>,
                          in a mount namespace of its own, before it drops to
                          run_as (see sandbox.h) */

@@ -90,3 +90,43 @@ H.describe_luv("50 sessions started from one luv callback", function()
     assert.is_true(wall < 5, ("close() took %.2f ms (median)"):format(wall))
   end)
 end)
+
+describe("a host that exits right after close()", function()
+  after_each(H.assert_clean)
+
+  it("leaves no sandbox process, not even a zombie for init to reap", function()
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local rlm = require("rlm")
+local s = rlm.Session.new({ context = "x", tmpdir = ]], ("%q"):format(H.tmpdir), [[,
+  root_llm = function() return "```repl\nprint(1)\n```" end,
+  llm_query = function(p) return p end })
+assert(s:step())
+io.stdout:write(table.concat(s.driver:tree(), " "), "\n")
+io.stdout:flush()
+s:close()
+os.exit(0, true)
+]])
+    f:close()
+    local lua = os.getenv("RLM_SPEC_LUA") or "lua5.4"
+    local p = assert(io.popen(lua .. " " .. script))
+    local out = p:read("*a")
+    p:close()
+    os.remove(script)
+    local pids = {}
+    for pid in out:gmatch("%d+") do
+      pids[#pids + 1] = pid
+    end
+    assert.is_true(#pids >= 2, "the sandbox's processes: " .. out)
+    local left = {}
+    for _, pid in ipairs(pids) do
+      local st = io.open("/proc/" .. pid .. "/stat")
+      if st then
+        left[#left + 1] = pid .. ": " .. st:read("*a")
+        st:close()
+      end
+    end
+    assert.are.same({}, left)
+  end)
+end)
