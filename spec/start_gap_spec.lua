@@ -84,7 +84,9 @@ H.describe_luv("50 sessions started from one luv callback", function()
       .. "its wall-clock median %.2f ms; the loop's longest gap %.0f ms (wall clock)"):format(H.lua_name(), start_cpu,
       closes[math.ceil(#closes / 2)], closes[#closes], wall, worst))
     assert.are.same({}, errors)
-    assert.is_true(start_cpu < 250, ("starting 50 sessions took %.0f ms of CPU"):format(start_cpu))
+    -- AddressSanitizer's build (make check) costs about twice the CPU.
+    local bound = (os.getenv("LD_PRELOAD") or ""):match("asan") and 500 or 250
+    assert.is_true(start_cpu < bound, ("starting 50 sessions took %.0f ms of CPU"):format(start_cpu))
     assert.is_true(closes[#closes] < 5, ("a close() took %.2f ms of CPU"):format(closes[#closes]))
     -- It does not wait for the sandbox (it did: 5-25 ms each).
     assert.is_true(wall < 5, ("close() took %.2f ms (median)"):format(wall))
