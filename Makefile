@@ -4,8 +4,10 @@ CFLAGS ?= -O2 -g
 WARN = -std=c11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes
 ALL_CFLAGS = $(WARN) -fPIC -fvisibility=hidden $(CFLAGS) $(XCFLAGS)
 LDLIBS = -luv -lpthread
-SRC = $(wildcard csrc/*.c)
-HDR = $(wildcard csrc/*.h)
+# One unit (csrc/rlm.c includes the others): every function static, only
+# luaopen_rlm_core exported.
+SRC = csrc/rlm.c
+HDR = $(wildcard csrc/*.c csrc/*.h)
 
 # ABI name -> headers. LuaJIT uses the 5.1 ABI and the 5.1 build.
 INC_5.1 = /usr/include/lua5.1
@@ -76,7 +78,7 @@ fuzz: deps
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev
 	@mkdir -p build/fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -I$(INC_5.4) -o build/fuzz/framing_fuzz \
-	  fuzz/framing_fuzz.c csrc/framing.c -llua5.4
+	  fuzz/framing_fuzz.c -llua5.4
 	cp -r fuzz/corpus build/fuzz/corpus-run
 	LUA_CPATH="/usr/lib/x86_64-linux-gnu/lua/5.4/?.so;;" build/fuzz/framing_fuzz \
 	  -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 build/fuzz/corpus-run fuzz/corpus

@@ -46,11 +46,9 @@ build = {
     ["rlm.util"] = "lua/rlm/util.lua",
     ["rlm.view"] = "lua/rlm/view.lua",
     ["rlm.core"] = {
-      sources = {
-        "csrc/canary.c", "csrc/cgroup.c", "csrc/core.c", "csrc/driver.c", "csrc/framing.c",
-        "csrc/sandbox.c", "csrc/seccomp.c", "csrc/smallfile.c", "csrc/uid.c",
-        "csrc/waitset.c", "csrc/watchdog.c", "csrc/workdir.c",
-      },
+      -- One unit that includes every other C file: its functions are all
+      -- static, and the module exports luaopen_rlm_core alone.
+      sources = { "csrc/rlm.c" },
       libraries = { "uv", "pthread" },
       incdirs = { "$(LIBUV_INCDIR)" },
       libdirs = { "$(LIBUV_LIBDIR)" },

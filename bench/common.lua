@@ -8,7 +8,7 @@ local rlm = require("rlm")
 local M = {}
 
 -- In the order bench/run reports them; each is the module bench.<name>.
-M.FIGURES = { "cold_start", "step", "llm_query", "context", "watchdog", "host_cost", "concurrency" }
+M.FIGURES = { "cold_start", "step", "llm_query", "context", "watchdog", "host_cost", "concurrency", "start_gap" }
 
 M.now_ms = core.now_ms
 M.MB = 2 ^ 20
@@ -122,10 +122,15 @@ function M.status_kb(pid, key)
   return s and tonumber(s:match("\n" .. key .. ":%s*(%d+)"))
 end
 
+-- The children of every thread of pid: rlm.core starts each sandbox from
+-- a thread of its own.
 function M.children(pid)
   local out = {}
-  for p in (M.read_file(("/proc/%d/task/%d/children"):format(pid, pid)) or ""):gmatch("%d+") do
-    out[#out + 1] = tonumber(p)
+  local tasks = M.capture({ "ls", "/proc/" .. pid .. "/task" })
+  for tid in tasks:gmatch("%d+") do
+    for p in (M.read_file(("/proc/%d/task/%s/children"):format(pid, tid)) or ""):gmatch("%d+") do
+      out[#out + 1] = tonumber(p)
+    end
   end
   return out
 end

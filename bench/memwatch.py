@@ -22,7 +22,12 @@ def read(path):
 
 
 def children(pid):
-    return [int(p) for p in read(f"/proc/{pid}/task/{pid}/children").split()]
+    # Every thread's: rlm.core starts each sandbox from a thread of its own.
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    return [int(p) for t in tasks for p in read(f"/proc/{pid}/task/{t}/children").split()]
 
 
 def find_driver(host):

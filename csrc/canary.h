@@ -5,6 +5,8 @@
 #ifndef RLM_CANARY_H
 #define RLM_CANARY_H
 
+#include "unit.h"
+
 #include <limits.h>
 
 typedef struct rlm_canaries {
@@ -19,11 +21,12 @@ typedef struct rlm_canaries {
 
 /* Plants what can be planted (a failing piece is left out: -1 or ""), under
  * dir for the unix socket. */
-void rlm_canaries_plant(rlm_canaries *c, const char *home, const char *dir);
+RLM_FN void rlm_canaries_plant(rlm_canaries *c, const char *home,
+                               const char *dir);
 /* The leaked descriptor is needed only across the spawn: closing it then
  * keeps the host's other children (a host may spawn while a session boots)
  * from inheriting it. */
-void rlm_canaries_close_leaked(rlm_canaries *c);
-void rlm_canaries_remove(rlm_canaries *c);
+RLM_FN void rlm_canaries_close_leaked(rlm_canaries *c);
+RLM_FN void rlm_canaries_remove(rlm_canaries *c);
 
 #endif

@@ -33,8 +33,18 @@ static char *const sandbox_env[] = {
 
 typedef struct driver_ud {
   rlm_driver *d;
-  unsigned uid; /* the host uid the sandbox runs as */
+  int ctx_ref; /* the context string, in the registry while the driver's
+                  keeper may read it; LUA_NOREF */
 } driver_ud;
+
+/* Lets go of the context string once the keeper is done with it. */
+static void release_context(lua_State *L, driver_ud *u) {
+  if (u->ctx_ref != LUA_NOREF &&
+      (u->d == NULL || rlm_driver_context_done(u->d))) {
+    luaL_unref(L, LUA_REGISTRYINDEX, u->ctx_ref);
+    u->ctx_ref = LUA_NOREF;
+  }
+}
 
 static driver_ud *check_driver(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
@@ -148,28 +158,18 @@ static int core_spawn(lua_State *L) {
 
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
-  u->uid = 0;
+  u->ctx_ref = LUA_NOREF;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
 
   char err[512];
-  int lock = -1, filter = -1, ctx = -1, drv_text = -1;
+  int filter = -1, drv_text = -1;
   rlm_argv argv = {0}, stage = {0};
   int as_root = geteuid() == 0;
-  u->uid = (unsigned)getuid();
-  if (as_root) {
-    /* Never host root inside: an unprivileged uid of the session's own. */
-    lock = rlm_uid_claim(uid_first, uid_count, &u->uid, err, sizeof(err));
-    if (lock < 0)
-      return fail(L, err);
+  if (as_root)
     spec.stage = &stage;
-  }
   if ((filter = rlm_seccomp_fd(err, sizeof(err))) < 0)
     goto failed;
-  if ((ctx = rlm_context_fd(context, context_len)) < 0) {
-    snprintf(err, sizeof(err), "handing the context over: %s", strerror(errno));
-    goto failed;
-  }
   if ((drv_text = open(spec.driver, O_RDONLY | O_CLOEXEC)) < 0) {
     snprintf(err, sizeof(err), "opening %s: %s", spec.driver, strerror(errno));
     goto failed;
@@ -178,16 +178,19 @@ static int core_spawn(lua_State *L) {
   spec.driver_fd = CHILD_DRIVER_FD;
   if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
     goto failed;
-  int handed[] = {filter, ctx, drv_text};
+  int handed[] = {filter, -1, drv_text}; /* the keeper makes the context's */
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.argv = argv.v;
   o.env = sandbox_env;
   o.inherit_fds = handed;
   o.n_inherit = 3;
-  o.run_as = as_root ? u->uid : 0;
-  o.uid_lock = lock; /* the driver's from here, whatever happens */
-  lock = -1;
+  o.context = context;
+  o.context_len = context_len;
+  o.context_at = CHILD_CONTEXT_FD - 3;
+  o.claim_uid = as_root;
+  o.uid_first = uid_first;
+  o.uid_count = uid_count;
   o.stage = stage.v;
   o.n_stage = stage.n;
   o.max_line = max_line;
@@ -198,17 +201,17 @@ static int core_spawn(lua_State *L) {
   u->d = rlm_driver_start(&o, err, sizeof(err));
   if (u->d == NULL)
     goto failed;
-  close_fd(&filter); /* the child has its copies */
-  close_fd(&ctx);
+  /* The keeper reads the context off this thread: the string stays. */
+  lua_getfield(L, 1, "context");
+  u->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  close_fd(&filter); /* the driver has its copies */
   close_fd(&drv_text);
   rlm_argv_free(&argv);
   rlm_argv_free(&stage);
   return 1;
 
 failed:
-  close_fd(&lock);
   close_fd(&filter);
-  close_fd(&ctx);
   close_fd(&drv_text);
   rlm_argv_free(&argv);
   rlm_argv_free(&stage);
@@ -286,14 +289,13 @@ static int core_helper(lua_State *L) {
   int env_index = helper_env(L);
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
-  u->uid = 0;
+  u->ctx_ref = LUA_NOREF;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.argv = argv;
   o.env = lua_touserdata(L, env_index);
-  o.uid_lock = -1;
   o.max_line = max_bytes;
   char err[512];
   u->d = rlm_driver_start(&o, err, sizeof(err));
@@ -373,13 +375,16 @@ static const char *event_name(rlm_event_kind k) {
     return "overflow";
   case RLM_EV_FILES:
     return "files";
+  case RLM_EV_FAILED:
+    return "failed";
   }
   return "unknown";
 }
 
 /* d:poll(timeout_ms[, max_values]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
- *   "memory", peak_bytes | "files", files | "overflow" | "dense", values
+ *   "memory", peak_bytes | "files", files | "overflow" | "dense", values |
+ *   "failed", message (the start failed: nothing ran)
  * A line that could decode to more than max_values JSON values is not made
  * a Lua string: "dense" says how many it holds (at least). */
 static int driver_poll(lua_State *L) {
@@ -387,6 +392,7 @@ static int driver_poll(lua_State *L) {
   int timeout = (int)luaL_optinteger(L, 2, -1);
   lua_Integer max_values = luaL_optinteger(L, 3, 0);
   rlm_event *ev = rlm_driver_poll(u->d, timeout);
+  release_context(L, u);
   if (ev == NULL)
     return 0;
   int n = 1;
@@ -415,6 +421,10 @@ static int driver_poll(lua_State *L) {
   case RLM_EV_MEMORY:
   case RLM_EV_FILES:
     lua_pushnumber(L, (lua_Number)ev->peak_bytes);
+    n = 2;
+    break;
+  case RLM_EV_FAILED:
+    lua_pushlstring(L, ev->data ? ev->data : "", ev->len);
     n = 2;
     break;
   default:
@@ -513,9 +523,9 @@ static int driver_timeout(lua_State *L) {
   return 1;
 }
 
-/* d:uid() -> the host uid the sandbox runs as. */
+/* d:uid() -> the host uid the sandbox runs as (0 until it has started). */
 static int driver_uid(lua_State *L) {
-  lua_pushinteger(L, (lua_Integer)check_driver(L)->uid);
+  lua_pushinteger(L, (lua_Integer)rlm_driver_uid(check_driver(L)->d));
   return 1;
 }
 
@@ -523,7 +533,8 @@ static int driver_close(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   rlm_driver *d = u->d;
   u->d = NULL;
-  rlm_driver_close(d);
+  rlm_driver_close(d); /* never waits for the sandbox; the context is free */
+  release_context(L, u);
   lua_pushboolean(L, 1);
   return 1;
 }

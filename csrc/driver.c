@@ -22,12 +22,14 @@
 
 #include "cgroup.h"
 #include "framing.h"
+#include "uid.h"
 #include "watchdog.h"
 #include "workdir.h"
 
 #include "sandbox.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -54,7 +56,8 @@
 extern char **environ;
 
 #define READ_CHUNK 65536
-#define WATCHDOG_STACK (256u << 10)
+#define KEEPER_STACK (256u << 10)
+#define CHILD_STACK (64u << 10) /* the launcher's, until its exec */
 #define STDERR_TAIL 4096
 #define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
 #define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
@@ -94,19 +97,40 @@ struct rlm_driver {
   rlm_cgroup cg;
   int uid_lock; /* held while the sandbox's uid is ours; -1: none */
 
-  /* The watchdog thread. It reads pid, pidfd, max_rss, max_files and
-   * rss_interval_ms, which do not change while it runs, and shares only
-   * these. */
-  pthread_t wd_thread;
-  int wd_started;
-  pthread_mutex_t wd_mu;
-  pthread_cond_t wd_cv;
-  int wd_stop;          /* under wd_mu */
-  atomic_int wd_breach; /* the thread killed the sandbox: a BREACH_ value */
+  /* The keeper thread (keeper_main): it starts the process, watches its
+   * memory, and after close() kills, reaps and frees it all. It writes pid,
+   * pidfd, cg, uid and uid_lock before it publishes start_state, and the
+   * host reads them only after it has seen that (on_started). */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  atomic_int closing;     /* the host has called close(): stop, tear down */
+  int handed;             /* under mu: the host will not touch d again */
+  int ctx_busy;           /* under mu: the keeper reads the caller's context */
+  atomic_int ctx_done;    /* the keeper is done with the caller's context */
+  atomic_int start_state; /* START_ values */
+  uv_async_t started;     /* the keeper's word that the start is over */
+  unsigned start_seen : 1, start_failed : 1, kill_pending : 1;
+  char start_err[512];
+
+  /* What the keeper starts, its own copies. */
+  char **argv, **env, **stage;
+  size_t n_stage;
+  int child_fds[3 + MAX_INHERIT]; /* the child's 0, 1, 2, 3...; owned */
+  int nfds;
+  const char *context; /* the caller's, until ctx_done */
+  size_t context_len;
+  int context_at; /* the context memfd's place among child_fds; -1: none */
+  int claim_uid, want_cgroup;
+  uint32_t uid_first, uid_count, uid;
+  unsigned run_as; /* nonzero: the child drops to this uid before exec */
+
+  atomic_int wd_breach; /* the keeper killed the sandbox: a BREACH_ value */
   _Atomic uint64_t peak_rss;
   _Atomic uint64_t files_seen; /* in /session, at the last poll */
   char err_buf[4096];
 };
+
+enum { START_PENDING, START_OK, START_FAILED };
 
 typedef struct write_req {
   uv_write_t req;
@@ -224,6 +248,10 @@ static void on_launcher_grace(uv_timer_t *t) {
  * lingers, the launcher gets SIGKILL too (--die-with-parent then takes the
  * rest down). */
 static void kill_sandbox(rlm_driver *d) {
+  if (!d->spawned && !d->start_failed) {
+    d->kill_pending = 1; /* still starting: when it has (on_started) */
+    return;
+  }
   if (!d->spawned || d->exited || d->killed)
     return;
   d->killed = 1;
@@ -452,12 +480,12 @@ static int watchdog_sleep(rlm_driver *d, unsigned ms) {
     until.tv_sec++;
     until.tv_nsec -= 1000000000L;
   }
-  pthread_mutex_lock(&d->wd_mu);
-  while (!d->wd_stop &&
-         pthread_cond_timedwait(&d->wd_cv, &d->wd_mu, &until) == 0)
+  pthread_mutex_lock(&d->mu);
+  while (!atomic_load(&d->closing) &&
+         pthread_cond_timedwait(&d->cv, &d->mu, &until) == 0)
     ;
-  int stop = d->wd_stop;
-  pthread_mutex_unlock(&d->wd_mu);
+  int stop = atomic_load(&d->closing);
+  pthread_mutex_unlock(&d->mu);
   return stop;
 }
 
@@ -502,8 +530,7 @@ static unsigned watchdog_next_ms(rlm_driver *d, uint64_t rss,
  * the loop learns of it from the launcher's exit or its next poll. A
  * measurement counts only if the launcher was still alive after it: a
  * reaped pid may be another process's by then. */
-static void *watchdog_main(void *arg) {
-  rlm_driver *d = arg;
+static void watchdog_run(rlm_driver *d) {
   uint64_t last_rss = 0, last_ms = 0;
   while (!watchdog_sleep(d, 0)) {
     if (launcher_exited(d))
@@ -534,57 +561,6 @@ static void *watchdog_main(void *arg) {
     if (watchdog_sleep(d, watchdog_next_ms(d, rss, &last_rss, &last_ms)))
       break;
   }
-  return NULL;
-}
-
-static int watchdog_start(rlm_driver *d, char *err, size_t errlen) {
-  pthread_condattr_t ca;
-  pthread_attr_t ta;
-  int e = pthread_condattr_init(&ca);
-  if (e == 0) {
-    e = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    if (e == 0)
-      e = pthread_cond_init(&d->wd_cv, &ca);
-    pthread_condattr_destroy(&ca);
-  }
-  if (e == 0 && (e = pthread_mutex_init(&d->wd_mu, NULL)) != 0)
-    pthread_cond_destroy(&d->wd_cv);
-  if (e != 0) {
-    snprintf(err, errlen, "the memory watchdog: %s", strerror(e));
-    return -1;
-  }
-  /* The thread takes none of the host's signals. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  e = pthread_attr_init(&ta);
-  if (e == 0) {
-    (void)pthread_attr_setstacksize(&ta, WATCHDOG_STACK);
-    e = pthread_create(&d->wd_thread, &ta, watchdog_main, d);
-    pthread_attr_destroy(&ta);
-  }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (e != 0) {
-    pthread_mutex_destroy(&d->wd_mu);
-    pthread_cond_destroy(&d->wd_cv);
-    snprintf(err, errlen, "starting the memory watchdog: %s", strerror(e));
-    return -1;
-  }
-  d->wd_started = 1;
-  return 0;
-}
-
-static void watchdog_stop(rlm_driver *d) {
-  if (!d->wd_started)
-    return;
-  pthread_mutex_lock(&d->wd_mu);
-  d->wd_stop = 1;
-  pthread_cond_signal(&d->wd_cv);
-  pthread_mutex_unlock(&d->wd_mu);
-  pthread_join(d->wd_thread, NULL);
-  pthread_mutex_destroy(&d->wd_mu);
-  pthread_cond_destroy(&d->wd_cv);
-  d->wd_started = 0;
 }
 
 static void on_wait(uv_timer_t *t) {
@@ -612,6 +588,12 @@ static void free_driver(rlm_driver *d) {
     close(d->pidfd);
   if (d->uid_lock >= 0)
     close(d->uid_lock);
+  for (size_t i = 0; i < sizeof(d->child_fds) / sizeof(int); i++)
+    if (d->child_fds[i] >= 0)
+      close(d->child_fds[i]);
+  free(d->argv);
+  free(d->env);
+  free(d->stage);
   while (d->head != NULL) {
     rlm_event *ev = d->head;
     d->head = ev->next;
@@ -631,6 +613,7 @@ static void close_loop(rlm_driver *d) {
   close_handle(d, &d->wait);
   close_handle(d, &d->grace);
   close_handle(d, &d->launcher_grace);
+  close_handle(d, &d->started);
   while (d->handles > 0)
     run_loop(d, UV_RUN_ONCE);
   /* Every handle is closed, so this cannot report EBUSY. */
@@ -675,7 +658,7 @@ static void close_pair(int fds[2]) {
  * signals, leave the host's session, set its descriptors, exec. A failure
  * writes errno to `report` (close-on-exec: EOF means the exec happened). */
 typedef struct child_plan {
-  const rlm_driver_opts *o;
+  const rlm_driver *o;
   int fds[3 + MAX_INHERIT]; /* the child's 0, 1, 2, 3... from these */
   int nfds, report;
   char (*stage_dst)[64];
@@ -690,7 +673,7 @@ __attribute__((noreturn)) static void child_fail(const child_plan *p) {
 }
 
 __attribute__((noreturn)) static void child_run(const child_plan *p) {
-  const rlm_driver_opts *o = p->o;
+  const rlm_driver *o = p->o;
   if (o->n_stage > 0) {
     /* A mount namespace of this child's alone, where none of this
      * propagates back to the host's. */
@@ -714,9 +697,12 @@ __attribute__((noreturn)) static void child_run(const child_plan *p) {
         child_fail(p);
     }
   }
+  /* The raw system calls: libc's wrappers would set the ids of every
+   * thread of the host, whose memory this child shares. */
   if (o->run_as != 0 &&
-      (setgroups(0, NULL) != 0 || setresgid(o->run_as, o->run_as, o->run_as) ||
-       setresuid(o->run_as, o->run_as, o->run_as) != 0))
+      (syscall(SYS_setgroups, 0, NULL) != 0 ||
+       syscall(SYS_setresgid, o->run_as, o->run_as, o->run_as) != 0 ||
+       syscall(SYS_setresuid, o->run_as, o->run_as, o->run_as) != 0))
     child_fail(p);
   struct sigaction dfl;
   memset(&dfl, 0, sizeof(dfl));
@@ -741,8 +727,13 @@ __attribute__((noreturn)) static void child_run(const child_plan *p) {
   child_fail(p);
 }
 
-/* fork + child_run. Returns 0, or an errno value. */
-static int fork_child(rlm_driver *d, const rlm_driver_opts *o, const int *fds,
+static int child_entry(void *arg) { child_run(arg); }
+
+/* child_run in a child that shares the host's memory until its exec (as
+ * posix_spawn does): a fork would make every page of the host's
+ * copy-on-write, and the host's thread would pay for it in page faults
+ * while the sandboxes start. Returns 0, or an errno value. */
+static int fork_child(rlm_driver *d, const rlm_driver *o, const int *fds,
                       int nfds) {
   child_plan p;
   memset(&p, 0, sizeof(p));
@@ -776,10 +767,12 @@ static int fork_child(rlm_driver *d, const rlm_driver_opts *o, const int *fds,
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  pid_t pid = fork();
-  if (pid == 0)
-    child_run(&p);
-  int fork_errno = errno;
+  char *stack = malloc(CHILD_STACK);
+  pid_t pid = stack == NULL ? -1
+                            : clone(child_entry, stack + CHILD_STACK,
+                                    CLONE_VM | CLONE_VFORK | SIGCHLD, &p);
+  int fork_errno = stack == NULL ? ENOMEM : errno;
+  free(stack); /* the child has exec'd or exited */
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (pid < 0) {
     rc = fork_errno;
@@ -808,8 +801,8 @@ out:
 
 /* posix_spawn with the same descriptors, signals and session. Returns 0, or
  * an errno value. */
-static int posix_spawn_child(rlm_driver *d, const rlm_driver_opts *o,
-                             const int *fds, int nfds) {
+static int posix_spawn_child(rlm_driver *d, const rlm_driver *o, const int *fds,
+                             int nfds) {
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t attr;
   int e = posix_spawn_file_actions_init(&fa);
@@ -845,47 +838,15 @@ static int posix_spawn_child(rlm_driver *d, const rlm_driver_opts *o,
   return e;
 }
 
-static int spawn_process(rlm_driver *d, const rlm_driver_opts *o, char *err,
-                         size_t errlen) {
-  int p_in[2] = {-1, -1}, p_out[2] = {-1, -1}, p_err[2] = {-1, -1};
-  int keep[MAX_INHERIT], nkeep = 0, rc = -1;
-
-  if (o->n_inherit > MAX_INHERIT) {
-    snprintf(err, errlen, "too many descriptors for the child");
+static int spawn_process(rlm_driver *d, char *err, size_t errlen) {
+  int e = d->run_as != 0 || d->n_stage > 0
+              ? fork_child(d, d, d->child_fds, d->nfds)
+              : posix_spawn_child(d, d, d->child_fds, d->nfds);
+  if (e != 0) {
+    snprintf(err, errlen, "spawning %s%s: %s", d->argv[0],
+             d->run_as ? " as the sandbox's uid" : "", strerror(e));
     return -1;
   }
-  if (make_pipe(p_in) || make_pipe(p_out) || make_pipe(p_err)) {
-    snprintf(err, errlen, "pipe2: %s", strerror(errno));
-    goto out;
-  }
-  int ends[3] = {p_in[0], p_out[1], p_err[1]};
-  for (int i = 0; i < 3; i++) {
-    struct stat st;
-    if (fstat(ends[i], &st) != 0) {
-      snprintf(err, errlen, "fstat: %s", strerror(errno));
-      goto out;
-    }
-    d->pipe_ino[i] = (unsigned long)st.st_ino;
-  }
-  int fds[3 + MAX_INHERIT] = {p_in[0], p_out[1], p_err[1]};
-  for (size_t i = 0; i < o->n_inherit; i++) {
-    if ((keep[nkeep] = fcntl(o->inherit_fds[i], F_DUPFD_CLOEXEC, FD_BASE)) <
-        0) {
-      snprintf(err, errlen, "fcntl(F_DUPFD_CLOEXEC): %s", strerror(errno));
-      goto out;
-    }
-    fds[3 + nkeep] = keep[nkeep];
-    nkeep++;
-  }
-  int nfds = 3 + nkeep;
-  int e = o->run_as != 0 || o->n_stage > 0 ? fork_child(d, o, fds, nfds)
-                                           : posix_spawn_child(d, o, fds, nfds);
-  if (e != 0) {
-    snprintf(err, errlen, "spawning %s%s: %s", o->argv[0],
-             o->run_as ? " as the sandbox's uid" : "", strerror(e));
-    goto out;
-  }
-  d->spawned = 1;
   d->pidfd = (int)syscall(SYS_pidfd_open, d->pid, 0);
   if (d->pidfd < 0) {
     /* Kernels before 5.3: the process cannot be watched safely. */
@@ -893,41 +854,10 @@ static int spawn_process(rlm_driver *d, const rlm_driver_opts *o, char *err,
     (void)kill(d->pid, SIGKILL);
     while (waitpid(d->pid, NULL, 0) < 0 && errno == EINTR)
       ;
-    d->spawned = 0;
-    goto out;
+    return -1;
   }
   (void)fcntl(d->pidfd, F_SETFD, FD_CLOEXEC); /* pidfds are, but be sure */
-  close(p_in[0]);
-  close(p_out[1]);
-  close(p_err[1]);
-  p_in[0] = p_out[1] = p_err[1] = -1;
-  if ((e = uv_pipe_open(&d->in, p_in[1])) == 0)
-    p_in[1] = -1;
-  if (e == 0 && (e = uv_pipe_open(&d->out, p_out[0])) == 0)
-    p_out[0] = -1;
-  if (e == 0 && (e = uv_pipe_open(&d->err, p_err[0])) == 0)
-    p_err[0] = -1;
-  if (e == 0 && (e = uv_poll_init(&d->loop, &d->exit_watch, d->pidfd)) == 0) {
-    d->exit_watch.data = d;
-    d->handles++;
-    e = uv_poll_start(&d->exit_watch, UV_READABLE, on_process_exit);
-  }
-  if (e != 0) {
-    snprintf(err, errlen, "watching the driver: %s", uv_strerror(e));
-    kill_launcher(d);
-    while (waitpid(d->pid, NULL, 0) < 0 && errno == EINTR)
-      ;
-    d->spawned = 0;
-    goto out;
-  }
-  rc = 0;
-out:
-  close_pair(p_in);
-  close_pair(p_out);
-  close_pair(p_err);
-  for (int i = 0; i < nkeep; i++)
-    close(keep[i]);
-  return rc;
+  return 0;
 }
 
 int rlm_fd_headroom(int need) {
@@ -946,6 +876,306 @@ int rlm_fd_headroom(int need) {
   return n;
 }
 
+/* The context, written into a sealed memfd in slices, so that a close()
+ * that comes meanwhile waits for one slice at most. */
+#define CONTEXT_SLICE (1u << 20)
+static int write_context(rlm_driver *d, char *err, size_t errlen) {
+  pthread_mutex_lock(&d->mu);
+  int go = !atomic_load(&d->closing);
+  d->ctx_busy = go;
+  pthread_mutex_unlock(&d->mu);
+  int fd = -1, e = ECANCELED;
+  if (go) {
+    e = 0;
+    fd = rlm_context_open();
+    if (fd < 0)
+      e = errno;
+    size_t off = 0;
+    while (e == 0 && off < d->context_len) {
+      if (atomic_load(&d->closing)) {
+        e = ECANCELED;
+        break;
+      }
+      size_t n = d->context_len - off;
+      if (n > CONTEXT_SLICE)
+        n = CONTEXT_SLICE;
+      if (rlm_context_append(fd, d->context + off, n) != 0)
+        e = errno;
+      off += n;
+    }
+  }
+  pthread_mutex_lock(&d->mu);
+  d->ctx_busy = 0;
+  d->context = NULL;
+  atomic_store(&d->ctx_done, 1);
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  int high = -1;
+  if (e == 0 && rlm_context_seal(fd) == 0 &&
+      (high = fcntl(fd, F_DUPFD_CLOEXEC, FD_BASE)) >= 0)
+    d->child_fds[3 + d->context_at] = high;
+  else if (e == 0)
+    e = errno;
+  if (fd >= 0)
+    close(fd);
+  if (e != 0) {
+    snprintf(err, errlen, "handing the context over: %s", strerror(e));
+    return -1;
+  }
+  return 0;
+}
+
+/* The start, on the keeper: the context, the uid, the process, its
+ * cgroup. Returns 0, or -1 with start_err set. */
+static int keeper_start(rlm_driver *d) {
+  char *err = d->start_err;
+  size_t errlen = sizeof(d->start_err);
+  if (d->context_at >= 0 && write_context(d, err, errlen) != 0)
+    return -1;
+  if (d->claim_uid) {
+    /* Never host root inside: an unprivileged uid of the session's own. */
+    uint32_t uid;
+    d->uid_lock = rlm_uid_claim(d->uid_first, d->uid_count, &uid, err, errlen);
+    if (d->uid_lock < 0)
+      return -1;
+    d->uid = uid;
+    d->run_as = uid;
+  }
+  if (atomic_load(&d->closing)) {
+    snprintf(err, errlen, "closed before it started");
+    return -1;
+  }
+  if (spawn_process(d, err, errlen) != 0)
+    return -1;
+  if (d->want_cgroup && d->max_rss > 0) {
+    /* Now, while bubblewrap sets up: its children inherit the cgroup. What
+     * it forked before this is moved by rlm_driver_adopt after the hello.
+     * The name says whose it is, so that a later host can sweep it. */
+    char name[64];
+    snprintf(name, sizeof(name), "rlm-%d-%d", (int)getpid(), (int)d->pid);
+    rlm_cgroup_create(&d->cg, name, d->max_rss, SANDBOX_TASKS);
+    if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
+      rlm_cgroup_remove(&d->cg);
+  }
+  return 0;
+}
+
+/* The teardowns handed to keepers and not yet over, process-wide (threads
+ * and children are the process's, not one Lua state's): a host that exits
+ * right after close() waits for them, up to EXIT_WAIT_MS, at exit, so that
+ * it reaps its own children rather than leave them to init. */
+#define EXIT_WAIT_MS 2000
+static pthread_mutex_t teardowns_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t teardowns_cv = PTHREAD_COND_INITIALIZER;
+static int teardowns;
+static pthread_once_t teardowns_once = PTHREAD_ONCE_INIT;
+
+static void wait_teardowns(void) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += EXIT_WAIT_MS / 1000;
+  pthread_mutex_lock(&teardowns_mu);
+  while (teardowns > 0 &&
+         pthread_cond_timedwait(&teardowns_cv, &teardowns_mu, &until) == 0)
+    ;
+  pthread_mutex_unlock(&teardowns_mu);
+}
+
+static void register_exit_wait(void) { (void)atexit(wait_teardowns); }
+
+static void teardowns_add(int n) {
+  pthread_mutex_lock(&teardowns_mu);
+  teardowns += n;
+  if (teardowns == 0)
+    pthread_cond_broadcast(&teardowns_cv);
+  pthread_mutex_unlock(&teardowns_mu);
+}
+
+/* Waits up to ms (<0: no limit) for the launcher to exit. */
+static int wait_launcher(rlm_driver *d, int ms) {
+  struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, ms);
+  while (n < 0 && errno == EINTR);
+  return n != 0;
+}
+
+/* After close(): kill what still runs (the pid namespace's init, then the
+ * launcher if it lingers), reap the launcher, remove the cgroup, let go of
+ * the uid, and drop /session's pin only then (its tmpfs's teardown). */
+static void keeper_teardown(rlm_driver *d) {
+  int pin = -1;
+  if (!d->exited) {
+    if (d->max_files > 0)
+      pin = rlm_workdir_pin(d->pid);
+    pid_t pids[2];
+    if (!(rlm_tree_pids(d->pid, pids, 2) == 2 && kill(pids[1], SIGKILL) == 0 &&
+          wait_launcher(d, LAUNCHER_GRACE_MS)))
+      kill_launcher(d);
+    while (!wait_launcher(d, CLOSE_WAIT_MS))
+      kill_launcher(d); /* a launcher that will not go: again, and wait */
+    /* ECHILD: the host reaps children itself (SIGCHLD ignored, nginx). */
+    while (waitpid(d->pid, NULL, WNOHANG) < 0 && errno == EINTR)
+      ;
+  }
+  rlm_cgroup_remove(&d->cg);
+  if (pin >= 0)
+    close(pin);
+}
+
+/* The keeper: one thread per driver, from the start to the reaping. It
+ * forks the launcher, so it must outlive it: bubblewrap's --die-with-parent
+ * follows the thread that forked it (and so the host, whose exit ends every
+ * thread). */
+static void *keeper_main(void *arg) {
+  rlm_driver *d = arg;
+  int rc = keeper_start(d);
+  for (int i = 0; i < d->nfds; i++)
+    if (d->child_fds[i] >= 0) {
+      close(d->child_fds[i]); /* the child has its copies */
+      d->child_fds[i] = -1;
+    }
+  pthread_mutex_lock(&d->mu);
+  atomic_store(&d->start_state, rc == 0 ? START_OK : START_FAILED);
+  if (!atomic_load(&d->closing))
+    uv_async_send(&d->started);
+  pthread_mutex_unlock(&d->mu);
+  if (rc == 0 && (d->max_rss > 0 || d->max_files > 0))
+    watchdog_run(d);
+  pthread_mutex_lock(&d->mu);
+  while (!d->handed)
+    pthread_cond_wait(&d->cv, &d->mu);
+  pthread_mutex_unlock(&d->mu);
+  if (rc == 0)
+    keeper_teardown(d);
+  pthread_mutex_destroy(&d->mu);
+  pthread_cond_destroy(&d->cv);
+  free_driver(d);
+  teardowns_add(-1);
+  return NULL;
+}
+
+/* The keeper's report, on the host's loop: the process runs (watch it, read
+ * it), or it could not start (an event says why). */
+static void on_started(uv_async_t *a) {
+  rlm_driver *d = a->data;
+  int state = atomic_load(&d->start_state);
+  if (state == START_PENDING || d->start_seen)
+    return;
+  d->start_seen = 1;
+  uv_unref((uv_handle_t *)a);
+  if (state == START_FAILED) {
+    d->start_failed = 1;
+    uv_timer_stop(&d->deadline);
+    if (!d->terminal_queued) {
+      rlm_event *ev = event_new(RLM_EV_FAILED);
+      if (ev != NULL && (ev->data = strdup(d->start_err)) != NULL)
+        ev->len = strlen(ev->data);
+      queue_event(d, ev);
+      d->terminal_queued = 1;
+    }
+    return;
+  }
+  d->spawned = 1;
+  int e = uv_poll_init(&d->loop, &d->exit_watch, d->pidfd);
+  if (e == 0) {
+    d->exit_watch.data = d;
+    d->handles++;
+    e = uv_poll_start(&d->exit_watch, UV_READABLE, on_process_exit);
+  }
+  if (e != 0) {
+    /* Unwatched, it must not run: killed now, reaped by the keeper. */
+    kill_launcher(d);
+    d->killed = 1;
+    snprintf(d->start_err, sizeof(d->start_err), "watching the driver: %s",
+             uv_strerror(e));
+    terminate(d, RLM_EV_FAILED);
+    if (d->tail != NULL && d->tail->kind == RLM_EV_FAILED &&
+        (d->tail->data = strdup(d->start_err)) != NULL)
+      d->tail->len = strlen(d->tail->data);
+    return;
+  }
+  if (!d->terminal_queued) {
+    uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
+    d->reading = 1;
+  }
+  uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
+  if (d->kill_pending) {
+    d->kill_pending = 0;
+    kill_sandbox(d);
+  }
+}
+
+/* A copy of a NULL-terminated list of strings (n: how many, when it is not
+ * terminated), in one block. */
+static char **copy_strings(char *const *v, size_t n) {
+  if (v == NULL)
+    return NULL;
+  if (n == (size_t)-1)
+    for (n = 0; v[n] != NULL; n++)
+      ;
+  size_t bytes = (n + 1) * sizeof(char *);
+  for (size_t i = 0; i < n; i++)
+    bytes += strlen(v[i]) + 1;
+  char **out = malloc(bytes);
+  if (out == NULL)
+    return NULL;
+  char *p = (char *)(out + n + 1);
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(v[i]) + 1;
+    out[i] = memcpy(p, v[i], len);
+    p += len;
+  }
+  out[n] = NULL;
+  return out;
+}
+
+/* Keeps this library loaded for the life of the process: the keeper may
+ * outlive the Lua state, which unloads it on close. */
+static int pin_library(void) {
+  Dl_info self;
+  return dladdr((void *)keeper_main, &self) != 0 && self.dli_fname != NULL &&
+                 dlopen(self.dli_fname,
+                        RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) != NULL
+             ? 0
+             : -1;
+}
+
+static int start_keeper(rlm_driver *d) {
+  pthread_condattr_t ca;
+  int e = pthread_condattr_init(&ca);
+  if (e == 0) {
+    e = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (e == 0)
+      e = pthread_cond_init(&d->cv, &ca);
+    pthread_condattr_destroy(&ca);
+  }
+  if (e == 0 && (e = pthread_mutex_init(&d->mu, NULL)) != 0)
+    pthread_cond_destroy(&d->cv);
+  if (e != 0)
+    return e;
+  /* The thread takes none of the host's signals. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_attr_t ta;
+  pthread_t t;
+  e = pthread_attr_init(&ta);
+  if (e == 0) {
+    (void)pthread_attr_setstacksize(&ta, KEEPER_STACK);
+    (void)pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    e = pthread_create(&t, &ta, keeper_main, d);
+    pthread_attr_destroy(&ta);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e != 0) {
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+  }
+  return e;
+}
+
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
                              size_t errlen) {
   /* libuv aborts the process when its loop cannot get its descriptors:
@@ -958,30 +1188,58 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
              "too few free file descriptors (EMFILE): %d free of the %d a "
              "driver needs (RLIMIT_NOFILE %ld)",
              free_fds, RLM_DRIVER_FDS, soft);
-    if (o->uid_lock >= 0)
-      close(o->uid_lock);
     errno = EMFILE;
+    return NULL;
+  }
+  if (o->n_inherit > MAX_INHERIT) {
+    snprintf(err, errlen, "too many descriptors for the child");
+    return NULL;
+  }
+  (void)pthread_once(&teardowns_once, register_exit_wait);
+  if (pin_library() != 0) {
+    snprintf(err, errlen, "keeping rlm.core loaded: %s", dlerror());
     return NULL;
   }
   rlm_driver *d = calloc(1, sizeof(*d));
   if (d == NULL) {
     snprintf(err, errlen, "out of memory");
-    if (o->uid_lock >= 0)
-      close(o->uid_lock);
     return NULL;
   }
-  d->uid_lock = o->uid_lock;
+  d->uid_lock = -1;
   d->pidfd = -1;
+  d->uid = (uint32_t)getuid();
+  for (size_t i = 0; i < sizeof(d->child_fds) / sizeof(int); i++)
+    d->child_fds[i] = -1;
+  d->argv = copy_strings(o->argv, (size_t)-1);
+  d->env = copy_strings(o->env, (size_t)-1);
+  d->stage = copy_strings(o->stage, o->n_stage);
+  d->n_stage = o->n_stage;
+  if (d->argv == NULL || (o->env != NULL && d->env == NULL) ||
+      (o->n_stage > 0 && d->stage == NULL)) {
+    snprintf(err, errlen, "out of memory");
+    free_driver(d);
+    return NULL;
+  }
+  d->context = o->context;
+  d->context_len = o->context_len;
+  d->context_at = o->context != NULL ? o->context_at : -1;
+  if (d->context_at < 0)
+    atomic_store(&d->ctx_done, 1);
+  d->claim_uid = o->claim_uid;
+  d->uid_first = o->uid_first;
+  d->uid_count = o->uid_count;
+  d->want_cgroup = o->cgroup;
+  d->framer.max = o->max_line;
+  d->max_rss = o->max_rss;
+  d->max_files = o->max_files;
+  d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
+
   int rc = uv_loop_init(&d->loop);
   if (rc != 0) {
     snprintf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));
     free_driver(d);
     return NULL;
   }
-  d->framer.max = o->max_line;
-  d->max_rss = o->max_rss;
-  d->max_files = o->max_files;
-  d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
   init_timer(d, &d->deadline);
   init_timer(d, &d->wait);
   init_timer(d, &d->grace);
@@ -989,35 +1247,69 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
   if ((rc = init_pipe(d, &d->in)) != 0 || (rc = init_pipe(d, &d->out)) != 0 ||
       (rc = init_pipe(d, &d->err)) != 0) {
     snprintf(err, errlen, "uv_pipe_init: %s", uv_strerror(rc));
-    close_loop(d);
-    free_driver(d);
-    return NULL;
+    goto failed;
   }
+  if ((rc = uv_async_init(&d->loop, &d->started, on_started)) != 0) {
+    snprintf(err, errlen, "uv_async_init: %s", uv_strerror(rc));
+    goto failed;
+  }
+  d->started.data = d;
+  d->handles++;
 
-  if (spawn_process(d, o, err, errlen) != 0) {
-    close_loop(d);
-    free_driver(d);
-    return NULL;
+  /* The pipes and the handed descriptors, here: the host writes to the
+   * driver's stdin at once, and the child's ends wait for the keeper. */
+  int p_in[2] = {-1, -1}, p_out[2] = {-1, -1}, p_err[2] = {-1, -1};
+  if (make_pipe(p_in) || make_pipe(p_out) || make_pipe(p_err)) {
+    snprintf(err, errlen, "pipe2: %s", strerror(errno));
+    goto failed_pipes;
   }
-  if (o->cgroup && d->max_rss > 0) {
-    /* Now, while bubblewrap sets up: its children inherit the cgroup. What
-     * it forked before this is moved by rlm_driver_adopt after the hello.
-     * The name says whose it is, so that a later host can sweep it. */
-    char name[64];
-    snprintf(name, sizeof(name), "rlm-%d-%d", (int)getpid(), (int)d->pid);
-    rlm_cgroup_create(&d->cg, name, d->max_rss, SANDBOX_TASKS);
-    if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
-      rlm_cgroup_remove(&d->cg);
+  int ends[3] = {p_in[0], p_out[1], p_err[1]};
+  for (int i = 0; i < 3; i++) {
+    struct stat st;
+    if (fstat(ends[i], &st) != 0) {
+      snprintf(err, errlen, "fstat: %s", strerror(errno));
+      goto failed_pipes;
+    }
+    d->pipe_ino[i] = (unsigned long)st.st_ino;
   }
-  if ((d->max_rss > 0 || d->max_files > 0) &&
-      watchdog_start(d, err, errlen) != 0) {
-    rlm_driver_close(d);
-    return NULL;
+  if ((rc = uv_pipe_open(&d->in, p_in[1])) == 0)
+    p_in[1] = -1;
+  if (rc == 0 && (rc = uv_pipe_open(&d->out, p_out[0])) == 0)
+    p_out[0] = -1;
+  if (rc == 0 && (rc = uv_pipe_open(&d->err, p_err[0])) == 0)
+    p_err[0] = -1;
+  if (rc != 0) {
+    snprintf(err, errlen, "watching the driver: %s", uv_strerror(rc));
+    goto failed_pipes;
   }
-  uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
-  d->reading = 1;
-  uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
+  d->child_fds[0] = p_in[0];
+  d->child_fds[1] = p_out[1];
+  d->child_fds[2] = p_err[1];
+  d->nfds = 3 + (int)o->n_inherit;
+  for (size_t i = 0; i < o->n_inherit; i++) {
+    if ((int)i == d->context_at)
+      continue; /* the keeper makes it */
+    if ((d->child_fds[3 + i] =
+             fcntl(o->inherit_fds[i], F_DUPFD_CLOEXEC, FD_BASE)) < 0) {
+      snprintf(err, errlen, "fcntl(F_DUPFD_CLOEXEC): %s", strerror(errno));
+      goto failed;
+    }
+  }
+  if ((rc = start_keeper(d)) != 0) {
+    snprintf(err, errlen, "starting the sandbox's keeper thread: %s",
+             strerror(rc));
+    goto failed;
+  }
   return d;
+
+failed_pipes:
+  close_pair(p_in);
+  close_pair(p_out);
+  close_pair(p_err);
+failed:
+  close_loop(d);
+  free_driver(d);
+  return NULL;
 }
 
 static void on_write(uv_write_t *req, int status) {
@@ -1026,7 +1318,9 @@ static void on_write(uv_write_t *req, int status) {
 }
 
 int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
-  if (!d->spawned || d->exited || d->killed || d->in_closed)
+  /* While it starts, what is sent waits in the pipe. */
+  if (d->start_failed || d->kill_pending || d->exited || d->killed ||
+      d->in_closed)
     return -1;
   if (memchr(data, '\n', len) != NULL)
     return -1;
@@ -1111,7 +1405,7 @@ void rlm_driver_kill(rlm_driver *d) {
 void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms) {
   d->deadline_hit = 0;
   uv_timer_stop(&d->deadline);
-  if (ms > 0 && d->spawned && !d->exited) {
+  if (ms > 0 && !d->start_failed && !d->exited) {
     uv_update_time(&d->loop);
     uv_timer_start(&d->deadline, on_deadline, ms, 0);
   }
@@ -1186,7 +1480,7 @@ int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit,
 }
 
 int rlm_driver_adopt(rlm_driver *d) {
-  if (d->cg.version == 0)
+  if (!d->spawned || d->cg.version == 0)
     return 0;
   int pids[256];
   size_t n = rlm_driver_tree(d, pids, 256);
@@ -1199,18 +1493,22 @@ int rlm_driver_adopt(rlm_driver *d) {
 }
 
 const char *rlm_driver_memory_mechanism(const rlm_driver *d) {
-  return d->cg.version == 2   ? "cgroup v2"
+  return !d->spawned          ? "poll"
+         : d->cg.version == 2 ? "cgroup v2"
          : d->cg.version == 1 ? "cgroup v1"
                               : "poll";
 }
 
 uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak) {
+  *peak = 0;
+  if (!d->spawned)
+    return 0;
   *peak = rlm_cgroup_peak(&d->cg);
   return rlm_cgroup_oom_kills(&d->cg);
 }
 
 int rlm_driver_alive(const rlm_driver *d) {
-  return d->spawned && !d->exited && !d->killed;
+  return !d->start_failed && !d->kill_pending && !d->exited && !d->killed;
 }
 
 uint64_t rlm_driver_peak_rss(rlm_driver *d) {
@@ -1223,26 +1521,27 @@ int rlm_driver_backend_timeout(rlm_driver *d) {
   return has_event(d) ? 0 : uv_backend_timeout(&d->loop);
 }
 
+unsigned rlm_driver_uid(const rlm_driver *d) { return d->spawned ? d->uid : 0; }
+
+int rlm_driver_context_done(rlm_driver *d) { return atomic_load(&d->ctx_done); }
+
+/* Never waits for the sandbox: the keeper kills and reaps it. What waits is
+ * the keeper's slice of the caller's context, if it is writing one (a
+ * millisecond or so), since the caller may free it once this returns. */
 void rlm_driver_close(rlm_driver *d) {
   if (d == NULL)
     return;
-  watchdog_stop(d);
-  int pin = -1;
-  if (d->spawned && !d->exited) {
-    /* The sandbox's files are freed when the pin goes, off this thread. */
-    if (d->max_files > 0)
-      pin = rlm_workdir_pin(d->pid);
-    kill_sandbox(d);
-    stop_reading(d);
-    uv_timer_stop(&d->deadline);
-    d->wait_expired = 0;
-    uv_timer_start(&d->wait, on_wait, CLOSE_WAIT_MS, 0);
-    while (!d->exited && !d->wait_expired)
-      run_loop(d, UV_RUN_ONCE);
-    uv_timer_stop(&d->wait);
-  }
-  close_loop(d);
-  rlm_cgroup_remove(&d->cg);
-  free_driver(d); /* the uid is free once the sandbox is reaped */
-  rlm_workdir_release(pin);
+  pthread_mutex_lock(&d->mu);
+  atomic_store(&d->closing, 1);
+  pthread_cond_broadcast(&d->cv);
+  while (d->ctx_busy)
+    pthread_cond_wait(&d->cv, &d->mu);
+  pthread_mutex_unlock(&d->mu);
+  stop_reading(d);
+  close_loop(d); /* the pidfd's watch too: from here only the keeper reaps */
+  teardowns_add(1);
+  pthread_mutex_lock(&d->mu);
+  d->handed = 1;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
 }

@@ -4,6 +4,8 @@
 #ifndef RLM_DRIVER_H
 #define RLM_DRIVER_H
 
+#include "unit.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,6 +17,7 @@ typedef enum rlm_event_kind {
   RLM_EV_MEMORY,   /* the memory limit was passed; the sandbox was killed */
   RLM_EV_OVERFLOW, /* a line longer than the cap; the sandbox was killed */
   RLM_EV_FILES,    /* /session held more than max_files files; killed */
+  RLM_EV_FAILED,   /* the process could not be started; data says why */
 } rlm_event_kind;
 
 typedef struct rlm_event {
@@ -36,10 +39,15 @@ typedef struct rlm_driver_opts {
   char *const *env;       /* NULL: the host's */
   const int *inherit_fds; /* become 3, 4, ... in the child */
   size_t n_inherit;
-  unsigned run_as;    /* nonzero (root host): the child drops to this uid and
-                         gid, with no supplementary groups, before its exec */
-  int uid_lock;       /* the lock that holds run_as; taken over (closed by
-                         rlm_driver_close, or at once on failure); -1: none */
+  int claim_uid; /* (a root host) claim a uid of the range below (see
+                    uid.h), and the child drops to it and its gid, with
+                    no supplementary groups, before its exec */
+  uint32_t uid_first, uid_count;
+  const char *context; /* NULL, or bytes handed over as a sealed memfd ... */
+  size_t context_len;
+  int context_at;     /* ... at this index of inherit_fds (whose entry is not
+                         read); the caller keeps the bytes until
+                         rlm_driver_context_done or rlm_driver_close */
   char *const *stage; /* host paths the child mounts at RLM_STAGE_DIR/<i>,
                          in a mount namespace of its own, before it drops to
                          run_as (see sandbox.h) */
@@ -55,7 +63,7 @@ typedef struct rlm_driver_opts {
 
 /* How many descriptors this process can still open, counted up to `need`
  * (by opening them and closing them again). */
-int rlm_fd_headroom(int need);
+RLM_FN int rlm_fd_headroom(int need);
 
 /* What rlm_driver_start needs free: its loop (an epoll descriptor, libuv's
  * signal pipes), three pipes while they are dup'd above the inherited ones,
@@ -63,55 +71,69 @@ int rlm_fd_headroom(int need);
  * copies. */
 #define RLM_DRIVER_FDS 24
 
-/* Spawns the process. Returns NULL with a message in err. */
-rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
-                             size_t errlen);
+/* Starts the process on a thread of the driver's own (the keeper): the
+ * context's memfd, the uid's claim, the fork or posix_spawn, the cgroup,
+ * then the memory watchdog; so this returns at once. The driver's fd turns
+ * readable when the start is over; a start that failed is an RLM_EV_FAILED
+ * event. Input sent meanwhile waits in the pipe. Returns NULL with a
+ * message in err when not even the thread could be had. */
+RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
+                                    size_t errlen);
 
 /* Queues `len` bytes plus a newline for the driver's stdin. Returns 0, or -1
  * when the driver is gone or the data holds a newline. */
-int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
+RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
 
 /* Waits up to timeout_ms (0: do not wait, <0: no limit) for the next event.
  * Returns it (free with rlm_event_free), or NULL when none came. A line is
  * a view into the driver's framing buffer, good until the next call. */
-rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
-void rlm_event_free(rlm_event *ev);
+RLM_FN rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
+RLM_FN void rlm_event_free(rlm_event *ev);
 
 /* The caller has copied the line last polled: a large framing buffer that
  * holds nothing more is freed now, not at the next read. */
-void rlm_driver_line_taken(rlm_driver *d);
+RLM_FN void rlm_driver_line_taken(rlm_driver *d);
 
 /* Kills the whole sandbox now (SIGKILL). */
-void rlm_driver_kill(rlm_driver *d);
+RLM_FN void rlm_driver_kill(rlm_driver *d);
 
 /* Arms the step deadline ms from now (0 disarms it). */
-void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms);
-int rlm_driver_deadline_passed(rlm_driver *d);
+RLM_FN void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms);
+RLM_FN int rlm_driver_deadline_passed(rlm_driver *d);
 
-int rlm_driver_pid(const rlm_driver *d);
-int rlm_driver_alive(const rlm_driver *d);
+RLM_FN int rlm_driver_pid(const rlm_driver *d);
+RLM_FN int rlm_driver_alive(const rlm_driver *d);
 
 /* The sandbox's processes (host pids, launcher first). Returns how many. */
-size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
+RLM_FN size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
 
 /* Calls visit for every descriptor held in the sandbox that is neither one
  * of the session's pipes nor bubblewrap's own; returns how many. */
 typedef void (*rlm_fd_visitor)(void *ud, int pid, int fd, const char *target);
-int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit, void *ud);
-uint64_t rlm_driver_peak_rss(rlm_driver *d);
-int rlm_driver_backend_fd(rlm_driver *d);
-int rlm_driver_backend_timeout(rlm_driver *d);
+RLM_FN int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit,
+                                  void *ud);
+RLM_FN uint64_t rlm_driver_peak_rss(rlm_driver *d);
+RLM_FN int rlm_driver_backend_fd(rlm_driver *d);
+RLM_FN int rlm_driver_backend_timeout(rlm_driver *d);
 
 /* The cgroup: moves every sandbox process into it (0, or -1 when one
  * would not move); how the memory limit is enforced ("cgroup v1",
  * "cgroup v2" or "poll"); and how often the kernel's OOM killer acted in it,
  * with the peak it charged. */
-int rlm_driver_adopt(rlm_driver *d);
-const char *rlm_driver_memory_mechanism(const rlm_driver *d);
-uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak);
+RLM_FN int rlm_driver_adopt(rlm_driver *d);
+RLM_FN const char *rlm_driver_memory_mechanism(const rlm_driver *d);
+RLM_FN uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak);
 
-/* Kills the sandbox if it runs, reaps it, frees every handle and lets go
- * of its uid. There is nothing on the host's disk to remove. */
-void rlm_driver_close(rlm_driver *d);
+/* The host uid the sandbox runs as (0 until it has started). */
+RLM_FN unsigned rlm_driver_uid(const rlm_driver *d);
+
+/* Whether the keeper is done with opts.context: the caller may free it. */
+RLM_FN int rlm_driver_context_done(rlm_driver *d);
+
+/* Frees every handle of the host's side and returns without waiting: the
+ * keeper kills the sandbox if it runs, reaps it, removes its cgroup, lets
+ * go of its uid and frees the rest. There is nothing on the host's disk to
+ * remove. */
+RLM_FN void rlm_driver_close(rlm_driver *d);
 
 #endif

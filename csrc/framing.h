@@ -8,6 +8,8 @@
 #ifndef RLM_FRAMING_H
 #define RLM_FRAMING_H
 
+#include "unit.h"
+
 #include <stddef.h>
 
 typedef struct rlm_framer {
@@ -24,38 +26,38 @@ typedef struct rlm_framer {
  * max + 1 bytes in all). Returns NULL with *len 0 when there is no room: the
  * partial line has reached max + 1 bytes without a newline (an overflow), or
  * memory ran out. */
-char *rlm_framer_space(rlm_framer *f, size_t want, size_t *len);
+RLM_FN char *rlm_framer_space(rlm_framer *f, size_t want, size_t *len);
 
 /* The caller wrote n bytes at the pointer rlm_framer_space returned. */
-void rlm_framer_commit(rlm_framer *f, size_t n);
+RLM_FN void rlm_framer_commit(rlm_framer *f, size_t n);
 
 /* Takes the next complete line: *line points into the buffer (its newline
  * replaced by a NUL) and stays valid until the next space/commit/free.
  * Returns 1, or 0 when no complete line is held. */
-int rlm_framer_next(rlm_framer *f, const char **line, size_t *len);
+RLM_FN int rlm_framer_next(rlm_framer *f, const char **line, size_t *len);
 
 /* Whether a complete line is held (it does not take it). */
-int rlm_framer_ready(rlm_framer *f);
+RLM_FN int rlm_framer_ready(rlm_framer *f);
 
 /* Whether the partial line has passed max: the stream is broken. */
-int rlm_framer_overflowed(const rlm_framer *f);
+RLM_FN int rlm_framer_overflowed(const rlm_framer *f);
 
 /* Bytes held (what was allocated), for accounting. */
-size_t rlm_framer_held(const rlm_framer *f);
+RLM_FN size_t rlm_framer_held(const rlm_framer *f);
 
 /* Gives a large buffer back when it holds little (after a long line was
  * taken and copied), moving what it holds to a small one. Invalidates the
  * last line's view. */
-void rlm_framer_trim(rlm_framer *f);
+RLM_FN void rlm_framer_trim(rlm_framer *f);
 
 /* Forgets every byte held and frees the buffer; the framer may be used
  * again. */
-void rlm_framer_reset(rlm_framer *f);
-void rlm_framer_free(rlm_framer *f);
+RLM_FN void rlm_framer_reset(rlm_framer *f);
+RLM_FN void rlm_framer_free(rlm_framer *f);
 
 /* An upper bound on the number of JSON values in s (1 + the commas,
  * brackets and braces outside strings): what decoding it can build. Stops
  * counting past limit. Whatever s holds, even what is not JSON. */
-size_t rlm_json_values(const char *s, size_t n, size_t limit);
+RLM_FN size_t rlm_json_values(const char *s, size_t n, size_t limit);
 
 #endif

@@ -3,6 +3,8 @@
 #ifndef RLM_SANDBOX_H
 #define RLM_SANDBOX_H
 
+#include "unit.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,13 +38,13 @@ typedef struct rlm_sandbox_spec {
  * own, mounts what the sandbox's unprivileged uid could not reach. */
 #define RLM_STAGE_DIR "/run/rlm/stage"
 
-int rlm_argv_push(rlm_argv *a, const char *s);
-void rlm_argv_free(rlm_argv *a);
+RLM_FN int rlm_argv_push(rlm_argv *a, const char *s);
+RLM_FN void rlm_argv_free(rlm_argv *a);
 
 /* Builds the full argv (bwrap ... -- python driver). Returns 0, or -1 with a
  * message in err. */
-int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
-                     size_t errlen);
+RLM_FN int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out,
+                            char *err, size_t errlen);
 
 /* The macOS command: sandbox-exec with the profile sandbox/macos.sb and its
  * parameters, then the interpreter and the driver. Untested on macOS (the
@@ -53,12 +55,12 @@ typedef struct rlm_macos_spec {
   const char *python, *python_prefix, *driver, *workdir;
 } rlm_macos_spec;
 
-int rlm_macos_argv(const rlm_macos_spec *spec, rlm_argv *out, char *err,
-                   size_t errlen);
+RLM_FN int rlm_macos_argv(const rlm_macos_spec *spec, rlm_argv *out, char *err,
+                          size_t errlen);
 
 /* Finds an executable: an absolute or relative path is checked as given, a
  * bare name is looked up on the host's PATH. Returns 0 and the absolute path
  * in out, or -1. */
-int rlm_find_program(const char *name, char *out, size_t outlen);
+RLM_FN int rlm_find_program(const char *name, char *out, size_t outlen);
 
 #endif

@@ -2,14 +2,16 @@
 #ifndef RLM_SECCOMP_H
 #define RLM_SECCOMP_H
 
+#include "unit.h"
+
 #include <stddef.h>
 
 /* Returns a sealed, close-on-exec memfd holding the filter (a raw array of
  * struct sock_filter, as bwrap --seccomp reads it), positioned at 0; or -1
  * with a message in err. */
-int rlm_seccomp_fd(char *err, size_t errlen);
+RLM_FN int rlm_seccomp_fd(char *err, size_t errlen);
 
 /* The filter itself, for tests: its length in instructions. */
-size_t rlm_seccomp_program(const void **prog);
+RLM_FN size_t rlm_seccomp_program(const void **prog);
 
 #endif

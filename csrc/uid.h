@@ -6,6 +6,8 @@
 #ifndef RLM_UID_H
 #define RLM_UID_H
 
+#include "unit.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,7 +16,7 @@
 /* Claims a free uid in [first, first + count). Returns the lock's
  * descriptor (close-on-exec; closing it frees the uid) with the uid in
  * *uid, or -1 with a message in err. */
-int rlm_uid_claim(uint32_t first, uint32_t count, uint32_t *uid, char *err,
-                  size_t errlen);
+RLM_FN int rlm_uid_claim(uint32_t first, uint32_t count, uint32_t *uid,
+                         char *err, size_t errlen);
 
 #endif

@@ -5,10 +5,8 @@
 #include "sandbox.h"
 #include "watchdog.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -16,35 +14,33 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-int rlm_context_fd(const char *data, size_t len) {
-  int fd = (int)syscall(SYS_memfd_create, "rlm-context",
-                        MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0)
-    return -1;
-  const char *p = data;
-  size_t left = len;
-  while (left > 0) {
-    ssize_t n = write(fd, p, left);
+int rlm_context_open(void) {
+  return (int)syscall(SYS_memfd_create, "rlm-context",
+                      MFD_CLOEXEC | MFD_ALLOW_SEALING);
+}
+
+int rlm_context_append(int fd, const char *data, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(fd, data, len);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0) {
-      int saved = n < 0 ? errno : EIO;
-      close(fd);
-      errno = saved;
+      if (n == 0)
+        errno = EIO;
       return -1;
     }
-    p += n;
-    left -= (size_t)n;
+    data += n;
+    len -= (size_t)n;
   }
+  return 0;
+}
+
+int rlm_context_seal(int fd) {
   if (fcntl(fd, F_ADD_SEALS,
             F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0 ||
-      lseek(fd, 0, SEEK_SET) != 0) {
-    int saved = errno;
-    close(fd);
-    errno = saved;
+      lseek(fd, 0, SEEK_SET) != 0)
     return -1;
-  }
-  return fd;
+  return 0;
 }
 
 /* /proc/<init>/root/session, where init is the launcher's child. */
@@ -65,35 +61,6 @@ int rlm_workdir_pin(pid_t launcher) {
          errno == EINTR)
     ;
   return fd;
-}
-
-static void *release_pin(void *arg) {
-  close((int)(intptr_t)arg);
-  return NULL;
-}
-
-void rlm_workdir_release(int pin) {
-  if (pin < 0)
-    return;
-  /* The thread may outlive the Lua state, which unloads this library on
-   * close: keep it loaded for the life of the process. */
-  Dl_info self;
-  if (dladdr((void *)release_pin, &self) == 0 || self.dli_fname == NULL ||
-      dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == NULL) {
-    close(pin);
-    return;
-  }
-  pthread_t t;
-  pthread_attr_t attr;
-  int ok = pthread_attr_init(&attr) == 0;
-  if (ok && pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
-      pthread_create(&t, &attr, release_pin, (void *)(intptr_t)pin) == 0) {
-    pthread_attr_destroy(&attr);
-    return;
-  }
-  if (ok)
-    pthread_attr_destroy(&attr);
-  close(pin);
 }
 
 int rlm_workdir_usage(pid_t launcher, uint64_t *bytes, uint64_t *files) {

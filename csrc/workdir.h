@@ -4,29 +4,32 @@
 #ifndef RLM_WORKDIR_H
 #define RLM_WORKDIR_H
 
+#include "unit.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
-/* A sealed (no write, grow or shrink), close-on-exec memfd holding the
- * data, positioned at 0. Returns the descriptor, or -1 with errno set. */
-int rlm_context_fd(const char *data, size_t len);
+/* The context's memfd, made in three calls so that it can be written in
+ * slices: rlm_context_open gives a close-on-exec memfd that allows sealing
+ * (or -1, errno); rlm_context_append writes len bytes to it (0, or -1 and
+ * errno); rlm_context_seal seals it (no write, grow or shrink) and puts it
+ * at 0 (0, or -1 and errno). */
+RLM_FN int rlm_context_open(void);
+RLM_FN int rlm_context_append(int fd, const char *data, size_t len);
+RLM_FN int rlm_context_seal(int fd);
 
 /* What the sandbox holds in /session: bytes of its tmpfs in use and files
  * (inodes, the directory itself not counted), seen through the root of the
  * pid namespace's init, the launcher's child. Returns 0, or -1 when the
  * sandbox is not there (yet, or any more). */
-int rlm_workdir_usage(pid_t launcher, uint64_t *bytes, uint64_t *files);
+RLM_FN int rlm_workdir_usage(pid_t launcher, uint64_t *bytes, uint64_t *files);
 
 /* An O_PATH descriptor on /session, taken while the sandbox lives; -1 when
  * it is gone. While it is open the tmpfs outlives the sandbox's mount
  * namespace, so the kernel's teardown of whatever the sandbox left there
  * (100k files: ~200 ms) happens when it is closed, not in the exit of the
- * sandbox's init that close() waits for. */
-int rlm_workdir_pin(pid_t launcher);
-
-/* Closes a pin on a detached thread of its own (inline when no thread can
- * be made), so that the teardown never runs on the caller's thread. */
-void rlm_workdir_release(int pin);
+ * sandbox's init the keeper waits for. */
+RLM_FN int rlm_workdir_pin(pid_t launcher);
 
 #endif

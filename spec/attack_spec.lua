@@ -5,6 +5,7 @@
 -- alive; nothing left running after close; the host's memory bounded; a
 -- result or a structured err, never a raise or a hang.
 local H = require("helpers")
+local core = require("rlm.core")
 local errors = require("rlm.errors")
 local fence = H.fence
 
@@ -367,6 +368,21 @@ local function run_case(case, guardrails)
   assert.is_true(#root.calls >= 1 and (result ~= nil or not err.kind:match("^sandbox_")),
     "the attack never ran: " .. tostring(err))
   assert.is_true(#sandbox_pids >= 3, "the sandbox's processes were not seen")
+  -- close() hands the kill and the reaping to rlm.core's keeper thread:
+  -- done within moments (allowed 5 s).
+  local gone_by = core.now_ms() + 5000
+  local function any_left()
+    for _, pid in ipairs(sandbox_pids) do
+      if exists("/proc/" .. pid) then
+        return true
+      end
+    end
+  end
+  while any_left() and core.now_ms() < gone_by do
+    local w = assert(core.waitset())
+    w:wait(10)
+    w:close()
+  end
   for _, pid in ipairs(sandbox_pids) do
     assert.is_false(exists("/proc/" .. pid), "sandbox process " .. pid .. " outlived the session")
   end

@@ -107,7 +107,7 @@ describe("bin/rlm", function()
   end)
 
   after_each(function()
-    assert.are.same({ srv.pid }, H.children())
+    assert.are.same({ srv.pid }, H.settled_children(1))
     assert.are.same({}, H.workdirs())
   end)
 

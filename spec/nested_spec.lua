@@ -78,7 +78,7 @@ describe("rlm_query", function()
       root_llm = tree_model({
         fence("a = rlm_query('count the vowels', 'banana split')\nprint(a)"),
         function()
-          seen.after = { sandboxes = #H.children() }
+          seen.after = { sandboxes = #H.settled_children(1) }
           return fence("FINAL('child said ' + a)")
         end,
       }, function(question, turn)

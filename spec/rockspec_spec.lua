@@ -1,6 +1,7 @@
 -- The rockspec builds what the checkout has: every Lua module under lua/
--- and every C file under csrc/, nothing more (luarocks would fail on a file
--- that is gone and silently leave out one that is new).
+-- and every C file under csrc/ (through csrc/rlm.c, the one unit), nothing
+-- more (luarocks would fail on a file that is gone and silently leave out
+-- one that is new).
 local function rockspec()
   local env = {}
   local chunk
@@ -40,12 +41,51 @@ describe("the rockspec", function()
     assert.are.same(lines("find lua -name '*.lua'"), listed)
   end)
 
-  it("builds rlm.core from every C file of csrc", function()
-    local sources = {}
-    for _, s in ipairs(spec.build.modules["rlm.core"].sources) do
-      sources[#sources + 1] = s
+  it("builds rlm.core as one unit, csrc/rlm.c, that includes every other C file of csrc", function()
+    assert.are.same({ "csrc/rlm.c" }, spec.build.modules["rlm.core"].sources)
+    local included = {}
+    for line in io.lines("csrc/rlm.c") do
+      local name = line:match('^#include "([%w_]+%.c)"')
+      if name then
+        included[#included + 1] = "csrc/" .. name
+      end
     end
-    table.sort(sources)
-    assert.are.same(lines("ls csrc/*.c"), sources)
+    table.sort(included)
+    local others = {}
+    for _, f in ipairs(lines("ls csrc/*.c")) do
+      if f ~= "csrc/rlm.c" then
+        others[#others + 1] = f
+      end
+    end
+    assert.are.same(others, included)
+  end)
+
+  -- What the shared object exports: luaopen_rlm_core, nothing else (a
+  -- host that loads two modules with an rlm_argv_free each would otherwise
+  -- bind one to the other's).
+  local function exports(so)
+    return lines("nm -D --defined-only " .. so .. " | awk '{print $3}'")
+  end
+
+  it("exports luaopen_rlm_core alone, from every ABI's core.so", function()
+    local build = os.getenv("RLM_SPEC_BUILD") or "build"
+    for _, abi in ipairs({ "5.1", "5.3", "5.4" }) do
+      local so = build .. "/" .. abi .. "/rlm/core.so"
+      assert.is_truthy(io.open(so), so .. " is built")
+      assert.are.same({ "luaopen_rlm_core" }, exports(so), so)
+    end
+  end)
+
+  it("exports luaopen_rlm_core alone when built without -fvisibility, as luarocks builds it", function()
+    local so = os.tmpname()
+    local cmd = ("cc -std=c11 -O0 -fPIC -shared -I/usr/include/lua5.4 -o %s csrc/rlm.c -luv -lpthread 2>&1")
+      :format(so)
+    local p = assert(io.popen(cmd))
+    local out = p:read("*a")
+    p:close()
+    assert.are.equal("", out)
+    local syms = exports(so)
+    os.remove(so)
+    assert.are.same({ "luaopen_rlm_core" }, syms)
   end)
 end)

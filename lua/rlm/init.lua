@@ -224,6 +224,9 @@ function Session:_driver_message(allowed, kind, a, b, c)
       return self:_error("protocol_error", "the driver gave up: " .. tostring(msg.message))
     end
     return msg
+  elseif kind == "failed" then
+    -- The start (on rlm.core's thread) failed: nothing ran.
+    return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(a))
   elseif kind == "timeout" then
     return self:_timeout_error()
   elseif kind == "memory" then
@@ -314,9 +317,11 @@ function Session:_boot(canaries)
   self.booting = "hello"
   self:_set_deadline(o.start_timeout_ms)
   local canary_info = canaries:info()
-  canaries:close_leaked() -- it only had to be there to leak into the spawn
 
   local hello, err = self:_expect({ hello = true, fatal = true })
+  -- It only had to be there to leak into the spawn, which runs on the
+  -- driver's own thread and is over once the driver speaks.
+  canaries:close_leaked()
   if not hello then
     return nil, err
   end

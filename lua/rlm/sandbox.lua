@@ -74,6 +74,8 @@ local function run_probe(python, modules, wait)
       status = b ~= 0 and 128 + b or a
     elseif kind == "timeout" then
       problem = "timed out"
+    elseif kind == "failed" then
+      problem = a -- it could not be started
     else
       problem = "printed too much"
     end

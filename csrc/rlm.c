@@ -1,0 +1,19 @@
+/* rlm.c: rlm.core as one unit of static functions, as luv builds: the
+ * Makefile and the rockspec compile this file alone, and the shared object
+ * exports luaopen_rlm_core and nothing else (spec/rockspec_spec.lua checks
+ * both builds' dynamic symbols). Each file below keeps its own concern. */
+#define _GNU_SOURCE
+
+#include "canary.c"
+#include "cgroup.c"
+#include "driver.c"
+#include "framing.c"
+#include "sandbox.c"
+#include "seccomp.c"
+#include "smallfile.c"
+#include "uid.c"
+#include "waitset.c"
+#include "watchdog.c"
+#include "workdir.c"
+
+#include "core.c" /* the Lua module, last: luaopen_rlm_core */
