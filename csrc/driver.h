@@ -61,7 +61,7 @@ int rlm_fd_headroom(int need);
  * signal pipes), three pipes while they are dup'd above the inherited ones,
  * the report pipe of a fork, the pidfd and the inherited descriptors'
  * copies. */
-#define RLM_DRIVER_FDS 24
+#define RLM_DRIVER_FDS 32
 
 /* Spawns the process. Returns NULL with a message in err. */
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
