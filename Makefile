@@ -91,16 +91,18 @@ soak: deps
 	@$(call lua_env,lua5.4) SOAK_SESSIONS=$(SOAK_SESSIONS) lua5.4 spec/soak.lua
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the Lua modules for every Lua
-# ABI (LuaJIT reads the 5.1 tree) with the driver, the probe and the macOS
-# profile beside them (rlm.sandbox looks next to its own file), core.so,
-# and bin/rlm.
+# ABI (LuaJIT reads the 5.1 tree) with the driver (repl_driver.py and its
+# package _rlm_driver/), the probe and the macOS profile beside them
+# (rlm.sandbox looks next to its own file), core.so, and bin/rlm.
 PREFIX ?= /usr/local
 LUA_MODULES = $(shell cd lua && find rlm -name '*.lua' | sort)
+DRIVER_MODULES = $(shell cd python && find _rlm_driver -name '*.py' | sort)
 install: all
 	@set -e; for a in $(ABIS); do \
 	  share=$(DESTDIR)$(PREFIX)/share/lua/$$a; lib=$(DESTDIR)$(PREFIX)/lib/lua/$$a; \
 	  for m in $(LUA_MODULES); do install -D -m 644 lua/$$m $$share/$$m; done; \
 	  install -m 644 python/repl_driver.py python/probe.py sandbox/macos.sb $$share/rlm/; \
+	  for m in $(DRIVER_MODULES); do install -D -m 644 python/$$m $$share/rlm/$$m; done; \
 	  install -D -m 755 $(BUILD)/$$a/rlm/core.so $$lib/rlm/core.so; \
 	  echo "installed $$share/rlm and $$lib/rlm/core.so"; \
 	done

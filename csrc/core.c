@@ -105,6 +105,26 @@ static void read_spec(lua_State *L, rlm_sandbox_spec *spec) {
   }
   spec->ro = ro;
   spec->n_ro = n_ro;
+  lua_getfield(L, 1, "driver_modules");
+  if (!lua_isnil(L, -1)) {
+    luaL_checktype(L, -1, LUA_TTABLE);
+    size_t n = lua_rawlen(L, -1);
+    if (n > RLM_MAX_DRIVER_MODULES)
+      luaL_error(L, "rlm.core: more than %d driver_modules",
+                 RLM_MAX_DRIVER_MODULES);
+    const char **mods = lua_newuserdata(L, (n + 1) * sizeof(*mods));
+    for (size_t i = 0; i < n; i++) {
+      lua_rawgeti(L, -2, (int)i + 1);
+      mods[i] = lua_tostring(L, -1);
+      if (mods[i] == NULL || !rlm_sandbox_module_ok(mods[i]))
+        luaL_error(L,
+                   "rlm.core: driver_modules[%d] must be a relative .py path",
+                   (int)i + 1);
+      lua_pop(L, 1); /* the driver_modules table keeps it alive */
+    }
+    spec->modules = mods;
+    spec->n_modules = n;
+  }
 }
 
 /* Pushes argv as a list and frees it. */
@@ -119,10 +139,34 @@ static int push_argv(lua_State *L, rlm_argv *argv) {
 }
 
 /* Where the child finds what it is handed: the filter (bwrap reads it), the
- * context (the driver maps it) and the driver's text (bwrap copies it). */
+ * context (the driver maps it) and the driver's text, then its package's
+ * files (bwrap copies them). */
 #define CHILD_SECCOMP_FD 3
 #define CHILD_CONTEXT_FD 4
 #define CHILD_DRIVER_FD 5
+#define HANDED_MAX (3 + RLM_MAX_DRIVER_MODULES)
+
+/* Opens the package's files beside the driver into fds[]; 0, or -1 with a
+ * message. */
+static int open_modules(const rlm_sandbox_spec *spec, int *fds, char *err,
+                        size_t errlen) {
+  const char *slash = strrchr(spec->driver, '/');
+  int dirlen = slash ? (int)(slash - spec->driver) : 0;
+  for (size_t i = 0; i < spec->n_modules; i++) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof(path), "%.*s/%s", dirlen, spec->driver,
+                 spec->modules[i]) >= (int)sizeof(path)) {
+      snprintf(err, errlen, "driver module %.64s: path too long",
+               spec->modules[i]);
+      return -1;
+    }
+    if ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+      snprintf(err, errlen, "opening %.256s: %s", path, strerror(errno));
+      return -1;
+    }
+  }
+  return 0;
+}
 
 static void close_fd(int *fd) {
   if (*fd >= 0) {
@@ -131,7 +175,8 @@ static void close_fd(int *fd) {
   }
 }
 
-/* core.spawn{bwrap=, python=, driver=, ro={...}, context=, max_line=,
+/* core.spawn{bwrap=, python=, driver=, driver_modules={...}, ro={...},
+ *            context=, max_line=,
  *            max_rss=, rss_interval_ms=, cgroup=, workdir_bytes=,
  *            workdir_files=, uid_first=, uid_count=}
  *   -> Driver | nil, message */
@@ -164,6 +209,9 @@ static int core_spawn(lua_State *L) {
 
   char err[512];
   int filter = -1, drv_text = -1;
+  int handed[HANDED_MAX];
+  for (size_t i = 0; i < HANDED_MAX; i++)
+    handed[i] = -1;
   rlm_argv argv = {0}, stage = {0};
   int as_root = geteuid() == 0;
   if (as_root)
@@ -174,17 +222,21 @@ static int core_spawn(lua_State *L) {
     snprintf(err, sizeof(err), "opening %s: %s", spec.driver, strerror(errno));
     goto failed;
   }
+  if (open_modules(&spec, handed + 3, err, sizeof(err)) != 0)
+    goto failed;
   spec.seccomp_fd = CHILD_SECCOMP_FD;
   spec.driver_fd = CHILD_DRIVER_FD;
   if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
     goto failed;
-  int handed[] = {filter, -1, drv_text}; /* the keeper makes the context's */
+  handed[0] = filter;
+  handed[1] = -1; /* the keeper makes the context's */
+  handed[2] = drv_text;
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.argv = argv.v;
   o.env = sandbox_env;
   o.inherit_fds = handed;
-  o.n_inherit = 3;
+  o.n_inherit = 3 + spec.n_modules;
   o.context = context;
   o.context_len = context_len;
   o.context_at = CHILD_CONTEXT_FD - 3;
@@ -206,6 +258,8 @@ static int core_spawn(lua_State *L) {
   u->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   close_fd(&filter); /* the driver has its copies */
   close_fd(&drv_text);
+  for (size_t i = 3; i < HANDED_MAX; i++)
+    close_fd(&handed[i]);
   rlm_argv_free(&argv);
   rlm_argv_free(&stage);
   return 1;
@@ -213,6 +267,8 @@ static int core_spawn(lua_State *L) {
 failed:
   close_fd(&filter);
   close_fd(&drv_text);
+  for (size_t i = 3; i < HANDED_MAX; i++)
+    close_fd(&handed[i]);
   rlm_argv_free(&argv);
   rlm_argv_free(&stage);
   return fail(L, err);

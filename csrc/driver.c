@@ -64,7 +64,7 @@ extern char **environ;
 #define LAUNCHER_GRACE_MS 500 /* after its namespace's init was killed */
 #define SANDBOX_TASKS 128     /* the cgroup's pids.max: threads, mostly */
 #define MAX_WRITE_QUEUE (256u << 20)
-#define MAX_INHERIT 8 /* descriptors handed to the child beyond 0..2 */
+#define MAX_INHERIT 16 /* descriptors handed to the child beyond 0..2 */
 
 /* What the watchdog thread ended the sandbox for. */
 enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };

@@ -69,7 +69,7 @@ RLM_FN int rlm_fd_headroom(int need);
  * signal pipes), three pipes while they are dup'd above the inherited ones,
  * the report pipe of a fork, the pidfd and the inherited descriptors'
  * copies. */
-#define RLM_DRIVER_FDS 24
+#define RLM_DRIVER_FDS 32
 
 /* Starts the process on a thread of the driver's own (the keeper): the
  * context's memfd, the uid's claim, the fork or posix_spawn, the cgroup,

@@ -220,6 +220,54 @@ static void hide_proc(exposer *e) {
   emit(e, "--remount-ro", "/proc", NULL);
 }
 
+int rlm_sandbox_module_ok(const char *rel) {
+  size_t n = strlen(rel);
+  if (n < 4 || n > 128 || strcmp(rel + n - 3, ".py") != 0 || rel[0] == '/')
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = rel[i];
+    int word = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+               (c >= '0' && c <= '9') || c == '_';
+    if (!word && !(c == '/' && rel[i + 1] != '/' && rel[i + 1] != '\0') &&
+        !(c == '.' && i == n - 3))
+      return 0;
+  }
+  return 1;
+}
+
+/* The driver's package beside it, at /rlm/<path>: copied in from the
+ * descriptors after the driver's, or bound from the driver's directory. */
+static int bind_modules(exposer *e, const rlm_sandbox_spec *spec, char *err,
+                        size_t errlen) {
+  if (spec->n_modules > RLM_MAX_DRIVER_MODULES) {
+    snprintf(err, errlen, "more than %d driver modules",
+             RLM_MAX_DRIVER_MODULES);
+    return -1;
+  }
+  const char *slash = strrchr(spec->driver, '/');
+  int dirlen = slash ? (int)(slash - spec->driver) : 0;
+  for (size_t i = 0; i < spec->n_modules; i++) {
+    const char *rel = spec->modules[i];
+    char dest[256], src[PATH_MAX], fd[16];
+    if (!rlm_sandbox_module_ok(rel)) {
+      snprintf(err, errlen, "driver module %.64s: not a path to bind", rel);
+      return -1;
+    }
+    snprintf(dest, sizeof(dest), "%s/%s", RLM_SANDBOX_DRIVER_DIR, rel);
+    if (spec->driver_fd >= 0) {
+      snprintf(fd, sizeof(fd), "%d", spec->driver_fd + 1 + (int)i);
+      emit(e, "--ro-bind-data", fd, dest);
+    } else if (snprintf(src, sizeof(src), "%.*s/%s", dirlen, spec->driver,
+                        rel) >= (int)sizeof(src)) {
+      snprintf(err, errlen, "driver module %.64s: path too long", rel);
+      return -1;
+    } else {
+      emit(e, "--ro-bind", src, dest);
+    }
+  }
+  return 0;
+}
+
 int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
                      size_t errlen) {
   static const char *const head[] = {
@@ -265,6 +313,8 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
   } else {
     emit(&e, "--ro-bind", spec->driver, RLM_SANDBOX_DRIVER);
   }
+  if (bind_modules(&e, spec, err, errlen) != 0)
+    goto fail;
   /* The workdir is the sandbox's own tmpfs: nothing it writes reaches the
    * host's disk, and it goes with the mount namespace. bwrap mounts it
    * nosuid and nodev. */

@@ -22,6 +22,11 @@ typedef struct rlm_sandbox_spec {
   int driver_fd;      /* the child's descriptor on the driver's text, copied in
                          with --ro-bind-data so that no host path shows; -1: bind
                          `driver` */
+  const char *const *modules; /* the driver's package: paths relative to the
+                                 driver's directory, each at /rlm/<path>, from
+                                 descriptors driver_fd + 1, + 2, ... (checked
+                                 with rlm_sandbox_module_ok) */
+  size_t n_modules;
   const char *const *ro; /* host paths to expose read-only, at the same path */
   size_t n_ro;
   int seccomp_fd;         /* the filter's descriptor in the child; -1: none */
@@ -33,12 +38,20 @@ typedef struct rlm_sandbox_spec {
 
 /* Paths inside the sandbox. */
 #define RLM_SANDBOX_DRIVER "/rlm/repl_driver.py"
+#define RLM_SANDBOX_DRIVER_DIR "/rlm"
+/* Files of the driver's package besides repl_driver.py, at most. */
+#define RLM_MAX_DRIVER_MODULES 12
 #define RLM_SANDBOX_WORKDIR "/session"
 /* The host directory where a root host's spawn, in a mount namespace of its
  * own, mounts what the sandbox's unprivileged uid could not reach. */
 #define RLM_STAGE_DIR "/run/rlm/stage"
 
 RLM_FN int rlm_argv_push(rlm_argv *a, const char *s);
+
+/* Whether a driver module's relative path is one to bind: a .py file below
+ * the driver's directory, named with [A-Za-z0-9_] and single slashes, no
+ * dot-dot. */
+RLM_FN int rlm_sandbox_module_ok(const char *rel);
 RLM_FN void rlm_argv_free(rlm_argv *a);
 
 /* Builds the full argv (bwrap ... -- python driver). Returns 0, or -1 with a

@@ -170,6 +170,17 @@ print(Item().n, Item().__class__.__name__, Counter('aab').most_common(1),
     assert.matches("^%d+\n$", out)
   end)
 
+  it("keeps the driver's own package out of reach, even when allowed_modules names it", function()
+    local err = step_error("import _rlm_driver")
+    assert.matches("ImportError: import of '_rlm_driver' is refused", err, 1, true)
+    err = step_error("import _rlm_driver.protocol", { allowed_modules = { "_rlm_driver" } })
+    assert.matches("ImportError: import of private module '_rlm_driver.protocol' is refused", err, 1, true)
+    -- Not on the import path either: /rlm is where the sandbox keeps it.
+    local _, out = step_error("import json\nprint(json.dumps([p for p in __import__('sys').path if p.startswith('/rlm')]))",
+      { guardrails = false })
+    assert.are.equal("[]\n", out)
+  end)
+
   it("steps aside with guardrails = false", function()
     local err, out = step_error("import os\nprint(os.getcwd())", { guardrails = false })
     assert.is_nil(err)

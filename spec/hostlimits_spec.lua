@@ -95,6 +95,7 @@ describe("the hello", function()
     local spawn = core.spawn
     core.spawn = function(spec)
       spec.driver = script
+      spec.driver_modules = nil -- the script alone
       return spawn(spec)
     end
     local t0 = core.now_ms()

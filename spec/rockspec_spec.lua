@@ -41,6 +41,27 @@ describe("the rockspec", function()
     assert.are.same(lines("find lua -name '*.lua'"), listed)
   end)
 
+  it("installs the driver, its whole package and the probe beside the modules", function()
+    local listed = {}
+    for name, src in pairs(spec.build.install.lua) do
+      if src:match("%.py$") then
+        assert.are.equal("rlm." .. src:match("^python/(.*)%.py$"):gsub("/", "."), name)
+        listed[#listed + 1] = src
+      end
+    end
+    table.sort(listed)
+    assert.are.same(lines("find python -name '*.py'"), listed)
+  end)
+
+  it("hands the sandbox every file of the driver's package (rlm.sandbox.driver_modules)", function()
+    local modules = {}
+    for _, m in ipairs(require("rlm.sandbox").driver_modules) do
+      modules[#modules + 1] = "python/" .. m
+    end
+    table.sort(modules)
+    assert.are.same(lines("find python/_rlm_driver -name '*.py'"), modules)
+  end)
+
   it("builds rlm.core as one unit, csrc/rlm.c, that includes every other C file of csrc", function()
     assert.are.same({ "csrc/rlm.c" }, spec.build.modules["rlm.core"].sources)
     local included = {}

@@ -43,10 +43,20 @@ local function find_file(name)
   return unavailable(("python/%s was not found next to the rlm modules"):format(name))
 end
 
+-- The driver's package, beside repl_driver.py (python/ in a checkout, rlm/
+-- when installed): each file is copied into the sandbox at /rlm/<path>.
+M.driver_modules = {
+  "_rlm_driver/__init__.py", "_rlm_driver/api.py", "_rlm_driver/guard.py",
+  "_rlm_driver/main.py", "_rlm_driver/protocol.py", "_rlm_driver/screen.py",
+  "_rlm_driver/selftest.py", "_rlm_driver/shield.py", "_rlm_driver/state.py",
+  "_rlm_driver/step.py",
+}
+
 -- Descriptors a session's start needs free at once: the probe's and the
 -- driver's loops and pipes (rlm.core checks its own share again), the
--- seccomp filter, the workdir and the waitset behind fd().
-local SESSION_FDS = 24
+-- seccomp filter, the driver's files, the workdir and the waitset behind
+-- fd().
+local SESSION_FDS = 40
 
 -- One probe per (interpreter, module list) for the life of this Lua state.
 -- While one is in flight, the entry is { owner = session }, and other
@@ -164,6 +174,14 @@ function M.start(opts, context_data, wait, owner)
   if not driver_py then
     return nil, ferr
   end
+  local dir = driver_py:match("^(.*)/[^/]*$")
+  for _, name in ipairs(M.driver_modules) do
+    local ok, why = util.file_exists(dir .. "/" .. name)
+    if not ok then
+      return unavailable(("the driver's %s is missing beside %s%s")
+        :format(name, driver_py, why and ": " .. why or ""))
+    end
+  end
   local info, perr = probe(python, util.append({}, M.default_modules, opts.allowed_modules), wait, owner)
   if not info then
     return nil, perr
@@ -174,6 +192,7 @@ function M.start(opts, context_data, wait, owner)
     bwrap = bwrap,
     python = info.executable,
     driver = driver_py,
+    driver_modules = M.driver_modules,
     ro = ro,
     context = context_data,
     max_line = opts.max_message_bytes,

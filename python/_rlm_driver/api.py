@@ -1,0 +1,160 @@
+"""The names the REPL's code is given: FINAL, FINAL_VAR, the sub-calls
+(llm_query, llm_query_batched, rlm_query, rlm_query_batched) and
+SubCallError. Each sub-call is one call back to the host (protocol.call)."""
+
+import json
+
+from . import protocol, state
+from .protocol import SubCallError
+
+
+class FinalSignal(BaseException):
+    """Unwinds a step after FINAL/FINAL_VAR. A BaseException, so that user
+    code's `except Exception:` lets it through."""
+
+
+def count_values(value, limit):
+    """JSON values in `value` as the host counts them (csrc/framing.c:
+    an empty list or dict counts 2), stopping past limit."""
+    count, stack = 0, [value]
+    while stack and count <= limit:
+        v = stack.pop()
+        count += 1
+        if isinstance(v, dict):
+            count += 0 if v else 1
+            for item in v.values():
+                stack.append(item)
+        elif isinstance(v, list):
+            count += 0 if v else 1
+            stack.extend(v)
+    return count
+
+
+def final_problem(final):
+    """Why the host would refuse this final answer, or None. One check for
+    FINAL, FINAL_VAR and the answer dict: what the host refuses ends the
+    session, so a refusal here is an error the model sees instead."""
+    session = state.current
+    size = len(protocol.encode(final))
+    room = session.message_limit - 4 * session.stdout_limit - 4096
+    if size > room:
+        return (f"the final answer is {size} bytes as JSON; the host accepts about "
+                f"{max(room, 0)}: answer with something smaller")
+    room = session.value_limit - 64
+    values = count_values(final.get("value"), room)
+    if values > room:
+        return (f"the final answer holds more than {room} JSON values (lists, dicts and their "
+                f"items); answer with something smaller")
+    return None
+
+
+def finish(final):
+    # The host ends the session on a line longer than its limit; an
+    # exception here lets the model send something smaller instead.
+    problem = final_problem(final)
+    if problem is not None:
+        raise ValueError(problem)
+    if state.current.final is None:  # kept here too, in case a bare except swallows the signal
+        state.current.final = final
+    raise FinalSignal
+
+
+def FINAL(value):
+    finish({"kind": "value", "value": str(value)})
+
+
+def FINAL_VAR(name):
+    namespace = state.current.namespace
+    if not isinstance(name, str):
+        raise NameError(f"FINAL_VAR takes a variable's name as a string, e.g. "
+                        f"FINAL_VAR('result'), not a {type(name).__name__}")
+    if name not in namespace:
+        raise NameError(f"FINAL_VAR: name {name!r} is not defined")
+    value = namespace[name]
+    try:
+        # Parsed back, so the value is frozen now and surely serialisable
+        # later. It travels once: the host makes its text answer from it.
+        value, is_json = json.loads(json.dumps(value, allow_nan=False)), True
+    except Exception:
+        value, is_json = safe_repr(value), False
+    finish({"kind": "var", "name": name, "value": value, "json": is_json})
+
+
+def safe_repr(value):
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<repr() failed: {exc!r}>"
+
+
+def str_list(value, what):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+        raise TypeError(f"{what} takes a list of str prompts")
+    return list(value)
+
+
+def llm_query(prompt):
+    if not isinstance(prompt, str):
+        raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
+    return protocol.call({"type": "llm_query", "prompt": prompt}, "the llm_query prompt")
+
+
+def llm_query_batched(prompts):
+    prompts = str_list(prompts, "llm_query_batched()")
+    if not prompts:
+        return []
+    return protocol.call_batch({"type": "llm_batch", "prompts": prompts}, len(prompts),
+                               "the llm_query_batched prompts together")
+
+
+def sub_session(prompt, context, what):
+    """The fields of one nested session: its question and, when given, its
+    context (a str, or anything json can write)."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"{what} takes a str prompt, not {type(prompt).__name__}")
+    query = {"prompt": prompt}
+    if isinstance(context, str):
+        query["context"], query["format"] = context, "text"
+    elif context is not None:
+        try:
+            query["context"] = json.dumps(context, allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{what}: context must be a str or JSON-able (dict, list, ...): "
+                            f"{exc}") from None
+        query["format"] = "json"
+    return query
+
+
+def rlm_query(prompt, context=None):
+    request = sub_session(prompt, context, "rlm_query()")
+    request["type"] = "rlm_query"
+    return protocol.call(request, "the rlm_query prompt and context")
+
+
+def rlm_query_batched(prompts, contexts=None):
+    prompts = str_list(prompts, "rlm_query_batched()")
+    if contexts is None:
+        contexts = [None] * len(prompts)
+    elif not isinstance(contexts, (list, tuple)) or len(contexts) != len(prompts):
+        raise TypeError("rlm_query_batched(prompts, contexts): contexts must be a list as long "
+                        "as prompts")
+    if not prompts:
+        return []
+    queries = [sub_session(p, c, "rlm_query_batched()") for p, c in zip(prompts, contexts)]
+    return protocol.call_batch({"type": "rlm_batch", "queries": queries}, len(queries),
+                               "the rlm_query_batched prompts and contexts together")
+
+
+def names():
+    """What a fresh REPL namespace holds."""
+    return {
+        "context": None,
+        "answer": {"content": "", "ready": False},
+        "FINAL": FINAL,
+        "FINAL_VAR": FINAL_VAR,
+        "llm_query": llm_query,
+        "llm_query_batched": llm_query_batched,
+        "rlm_query": rlm_query,
+        "rlm_query_batched": rlm_query_batched,
+        "SubCallError": SubCallError,
+    }

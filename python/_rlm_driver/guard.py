@@ -1,0 +1,134 @@
+"""The guardrails at run time: the guarded import, read-only views of the
+modules the REPL may import, and the builtins REPL code sees."""
+
+import builtins
+import sys
+import types
+
+from . import shield, state
+from .screen import ALLOWED_DUNDERS, IO_NAMES, SAFE_BUILTIN_NAMES, SAFE_MODULES
+
+REAL_IMPORT = builtins.__import__
+
+
+def allowed_modules():
+    return SAFE_MODULES | state.current.extra_modules
+
+
+def allowed_name(name):
+    parts = name.split(".")
+    return parts[0] in allowed_modules() and not any(p.startswith("_") for p in parts)
+
+
+def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level:
+        raise ImportError("relative imports are refused by the REPL guardrails")
+    allowed = allowed_modules()
+    parts = name.split(".")
+    if parts[0] not in allowed:
+        raise ImportError(f"import of {name!r} is refused by the REPL guardrails; "
+                          f"allowed modules: {', '.join(sorted(allowed))}")
+    if any(part.startswith("_") for part in parts):
+        raise ImportError(f"import of private module {name!r} is refused by the REPL guardrails")
+    module = REAL_IMPORT(name, None, None, fromlist, 0)
+    shield.shield_modules()
+    # Checked here: for a missing attribute, `from m import x` would fall
+    # back to sys.modules["m.x"] and hand out the raw module.
+    for item in fromlist or ():
+        if item != "*" and not exposes(module, item):
+            raise ImportError(f"cannot import name {item!r} from {name!r} "
+                              "(missing, or hidden by the REPL guardrails)")
+    return view_of(module)
+
+
+class ModuleView:
+    """Read-only view of a module: its public names, minus modules other than
+    its own submodules, so that no attribute walk reaches os or sys."""
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module):
+        object.__setattr__(self, "_module", module)
+
+    def __getattribute__(self, name):
+        module = object.__getattribute__(self, "_module")
+        if name in ALLOWED_DUNDERS:
+            return getattr(module, name)
+        if name == "__all__":  # for `from module import *`
+            return visible_names(module)
+        if not hasattr(module, name):
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+        value = getattr(module, name)
+        if is_visible(module, name, value):
+            if isinstance(value, types.ModuleType):
+                return view_of(value)
+            return shield.GUARDED_MEMBERS.get((module.__name__, name), value)
+        raise AttributeError(f"module {module.__name__!r} attribute {name!r} "
+                             "is hidden by the REPL guardrails")
+
+    def __setattr__(self, name, value):
+        ModuleView.__delattr__(self, name)
+
+    def __delattr__(self, name):
+        module = object.__getattribute__(self, "_module")
+        raise AttributeError(f"module {module.__name__!r} is read-only under the REPL guardrails")
+
+    def __dir__(self):
+        return visible_names(object.__getattribute__(self, "_module"))
+
+    def __repr__(self):
+        module = object.__getattribute__(self, "_module")
+        return f"<module {module.__name__!r} (read-only view)>"
+
+
+module_views = {}
+
+
+def view_of(module):
+    view = module_views.get(module.__name__)
+    if view is None:
+        view = module_views[module.__name__] = ModuleView(module)
+    return view
+
+
+def is_visible(module, name, value):
+    if name.startswith("_") or any(value is shadow for shadow in shield.SHADOW_FUNCTIONS):
+        return False
+    if module.__name__ == "io" and name not in IO_NAMES:
+        return False
+    if isinstance(value, types.ModuleType):
+        return sys.modules.get(f"{module.__name__}.{name}") is value
+    return True
+
+
+def visible_names(module):
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = dir(module)
+    return sorted(name for name in names if exposes(module, name))
+
+
+def exposes(module, name):
+    return hasattr(module, name) and is_visible(module, name, getattr(module, name))
+
+
+def guarded_builtins():
+    table = {name: getattr(builtins, name) for name in SAFE_BUILTIN_NAMES}
+    # Exception subclasses only: no BaseException, SystemExit, KeyboardInterrupt
+    # or GeneratorExit, so user code cannot easily catch what unwinds a step.
+    table.update((name, value) for name, value in vars(builtins).items()
+                 if isinstance(value, type) and issubclass(value, Exception))
+    table["__import__"] = guarded_import
+    table["__rlm_attribute__"] = shield.guarded_attribute
+    return table
+
+
+_builtins_table = []
+
+
+def builtins_table():
+    """The one table of guarded builtins (made at first use: shield and this
+    module import each other)."""
+    if not _builtins_table:
+        _builtins_table.append(guarded_builtins())
+    return _builtins_table[0]

@@ -1,0 +1,118 @@
+"""The driver's message loop: hello, configure, self_test, load_context,
+then one exec after another (docs/protocol.md)."""
+
+import json
+import mmap
+import sys
+
+from . import api, protocol, selftest, state, step
+from .protocol import fatal, field, send, string_list
+
+PROTOCOL_VERSION = 1
+
+
+def configure(message):
+    session = state.current
+    session.stdout_limit = max(0, field(message, "stdout_limit", int,
+                                        state.DEFAULT_STDOUT_LIMIT))
+    session.message_limit = field(message, "max_message_bytes", int, state.DEFAULT_MESSAGE_LIMIT)
+    session.value_limit = field(message, "max_message_values", int, state.DEFAULT_VALUE_LIMIT)
+    session.guardrails = field(message, "guardrails", bool, True)
+    session.extra_modules = frozenset(string_list(message, "allowed_modules", []))
+    sys_path = string_list(message, "sys_path")
+    if sys_path is not None:
+        sys.path[:] = sys_path
+    apply_rlimits(field(message, "rlimits", dict, {}))
+
+
+def apply_rlimits(limits):
+    """Soft and hard limits, before any model code runs; the host reads them
+    back from /proc/<pid>/limits. -1 means unlimited. Without
+    CAP_SYS_RESOURCE the code cannot raise them again."""
+    import resource
+    for name, value in limits.items():
+        which = getattr(resource, name, None) if name.startswith("RLIMIT_") else None
+        if which is None or not isinstance(value, int) or isinstance(value, bool):
+            fatal(f"configure: bad rlimit {name!r}")
+        _, hard = resource.getrlimit(which)
+        value = resource.RLIM_INFINITY if value < 0 else value
+        if hard != resource.RLIM_INFINITY and (value == resource.RLIM_INFINITY or value > hard):
+            value = hard
+        resource.setrlimit(which, (value, value))
+
+
+def decode_context(kind):
+    session = state.current
+    data, session.context_data = session.context_data, None  # taken once
+    if data is None:
+        raise ValueError("the host handed over no context")
+    try:
+        if kind == "text":
+            # Lua strings are bytes: invalid UTF-8 survives as surrogates.
+            context = str(data, "utf-8", "surrogateescape")
+        elif kind == "json":
+            context = json.loads(data[:])
+        else:
+            raise ValueError(f"unknown context format {kind!r}")
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()  # the last reference: the memfd is freed
+    session.namespace["context"] = context
+    return context
+
+
+def load_context(message):
+    kind = field(message, "format", str, "text")
+    try:
+        context = decode_context(kind)
+    except Exception as exc:
+        return {"type": "ready", "error": f"{type(exc).__name__}: {exc}"}
+    length = len(context) if isinstance(context, (str, list, dict)) else None
+    return {"type": "ready", "context_type": type(context).__name__, "context_len": length}
+
+
+def run_step(message):
+    """One exec. The REPL's threads may call the host only while it runs:
+    the flag changes under the channel's lock, so a call from a thread is
+    either answered before the exec_result goes out or refused."""
+    code = field(message, "code", str)
+    if code is None:
+        fatal("exec: missing field 'code'")
+    session = state.current
+    with protocol.CHANNEL:
+        session.in_step = True
+    try:
+        stdout, error, final = step.run(code)
+    finally:
+        with protocol.CHANNEL:
+            session.in_step = False
+    send({"type": "exec_result", "id": message.get("id"),
+          "stdout": stdout, "error": error, "final": final})
+
+
+def main(context_data):
+    session = state.current
+    session.context_data = context_data
+    session.namespace.update(api.names())
+    state.driver_modules[:] = [module for name, module in list(sys.modules.items())
+                               if name == __package__ or name.startswith(__package__ + ".")]
+    send({"type": "hello", "protocol": PROTOCOL_VERSION,
+          "python": "%d.%d.%d" % sys.version_info[:3]})
+    while True:
+        message = protocol.receive()
+        if message is None:
+            return
+        kind = message["type"]
+        if kind == "configure":
+            configure(message)
+            send({"type": "configured"})
+        elif kind == "self_test":
+            checks = selftest.self_test(string_list(message, "absent", []),
+                                        field(message, "canaries", dict, {}))
+            send({"type": "self_test_result", "checks": checks})
+        elif kind == "load_context":
+            send(load_context(message))
+        elif kind == "exec":
+            run_step(message)
+        else:
+            fatal(f"unexpected message type {kind!r}")

@@ -1,0 +1,172 @@
+"""The line-delimited JSON protocol of docs/protocol.md, on the driver's side.
+
+The real channels stay private to this module: sys.stdin reads end of file
+and sys.stdout is stderr, so that a stray print() or input() never touches
+the protocol. Calls back to the host (call, call_batch) may come from any
+thread of the REPL's code: they are serialised by one lock, so the host sees
+one call at a time, and each reply is matched to its request by id.
+"""
+
+import io
+import itertools
+import json
+import os
+import sys
+import threading
+
+from . import state
+
+PROTOCOL_IN = sys.stdin.buffer
+PROTOCOL_OUT = sys.stdout.buffer
+sys.stdin = io.StringIO()  # input() sees end of file, never a protocol line
+sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol
+
+# Held by one call from its request to its last reply, and by the message
+# loop while it answers a step, so no two readers or writers ever share the
+# pipes (see call and main.run_step).
+CHANNEL = threading.RLock()
+request_ids = itertools.count(1)
+
+
+def encode(message):
+    text = json.dumps(message, ensure_ascii=False, allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (from surrogateescape) are not UTF-8: send U+FFFD.
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return text.encode("utf-8")
+
+
+def send(message, data=None):
+    if data is None:
+        data = encode(message)
+    with CHANNEL:
+        try:
+            PROTOCOL_OUT.write(data + b"\n")
+            PROTOCOL_OUT.flush()
+        except OSError:  # the host has gone away
+            os._exit(0)
+
+
+def receive():
+    """The next message from the host, or None at end of input."""
+    line = PROTOCOL_IN.readline()
+    if not line:
+        return None
+    try:
+        message = json.loads(line)
+    except ValueError as exc:
+        fatal(f"host sent a line that is not JSON: {exc}")
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        fatal("host sent a message that is not an object with a string 'type'")
+    return message
+
+
+def fatal(reason):
+    # os._exit, not sys.exit: this may run inside user code, which could
+    # catch SystemExit.
+    print(f"repl_driver: fatal: {reason}", file=sys.__stderr__, flush=True)
+    send({"type": "fatal", "message": reason})
+    os._exit(2)
+
+
+def field(message, name, kind, default=None):
+    """message[name], which must be a `kind` (a bool is not an int here)."""
+    if name not in message:
+        return default
+    value = message[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        fatal(f"{message['type']}: field {name!r} must be {kind.__name__}")
+    return value
+
+
+def string_list(message, name, default=None):
+    values = field(message, name, list, default)
+    if values is not None and not all(isinstance(v, str) for v in values):
+        fatal(f"{message['type']}: field {name!r} must be a list of strings")
+    return values
+
+
+def is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class SubCallError(str):
+    """A failed sub-call's slot in a batch: a str, so joining the answers
+    works, that says "Error: ..." and can be told apart with
+    isinstance(answer, SubCallError)."""
+
+
+def begin_call(request, what):
+    """Numbers the request and sends it, unless the host would refuse its
+    size; the caller holds CHANNEL. Outside a step the host takes no call."""
+    if not state.current.in_step:
+        raise RuntimeError(f"{what}: calls to the host are only possible while a step runs "
+                           "(a thread that outlives its step cannot make them)")
+    request_id = request["id"] = next(request_ids)
+    data = encode(request)
+    limit = state.current.message_limit
+    if len(data) > limit:
+        raise ValueError(f"{what} is {len(data)} bytes as a message, more than the host accepts "
+                         f"({limit} bytes): split it into smaller calls")
+    send(request, data)
+    return request_id
+
+
+def next_reply(request_id, what):
+    """The next llm_result for request_id; any other message is fatal (with
+    CHANNEL held, no other request is in flight)."""
+    reply = receive()
+    if reply is None:
+        os._exit(0)  # the host asked us to leave
+    if reply["type"] != "llm_result" or reply.get("id") != request_id:
+        fatal(f"expected llm_result for {what} {request_id}, got {reply['type']} "
+              f"for {reply.get('id')!r}")
+    return reply
+
+
+def call(request, what):
+    """One call back to the host: its answer, or its error raised here."""
+    with CHANNEL:
+        request_id = begin_call(request, what)
+        reply = next_reply(request_id, "request")
+    if reply.get("error") is not None:
+        raise RuntimeError(str(reply["error"]))
+    text = reply.get("text")
+    if not isinstance(text, str):
+        fatal(f"llm_result {request_id} has neither a string 'text' nor an 'error'")
+    return text
+
+
+def call_batch(request, n, what):
+    """One batch of calls: its answers arrive in any order and come back in the
+    order of the calls."""
+    if 4 * n + 64 > state.current.value_limit:
+        raise ValueError(f"{what}: a batch of {n} calls is more than the host accepts in one "
+                         f"message: split it")
+    answers = [None] * n
+    missing = n
+    with CHANNEL:
+        request_id = begin_call(request, what)
+        while missing:
+            reply = next_reply(request_id, "batch")
+            index = reply.get("index")
+            count = reply.get("count", 1)  # an error may fill several slots
+            if (not is_int(index) or not is_int(count) or count < 1
+                    or not 0 <= index <= n - count
+                    or any(a is not None for a in answers[index:index + count])
+                    or (count > 1 and reply.get("error") is None)):
+                fatal(f"expected llm_result for batch {request_id}, got {reply['type']} "
+                      f"for {reply.get('id')!r} index {index!r}")
+            if reply.get("error") is not None:
+                error = SubCallError("Error: " + str(reply["error"]))
+                answers[index:index + count] = [error] * count
+                missing -= count - 1
+            elif isinstance(reply.get("text"), str):
+                answers[index] = reply["text"]
+            else:
+                fatal(f"llm_result {request_id}[{index}] has neither a string 'text' nor an "
+                      "'error'")
+            missing -= 1
+    return answers

@@ -1,0 +1,271 @@
+"""The self-test: fixed driver code, outside the guardrails, that tries what
+the sandbox must forbid (docs/security.md lists the checks)."""
+
+import ast
+import os
+import socket
+import sys
+
+HOST_PATHS = ("/etc/passwd", "/etc/shadow", "/etc/hostname", "/home", "/var",
+              "/run", "/root/.ssh", "/tmp/.X11-unix")
+# PWD too: bwrap --chdir sets it, whatever --clearenv said.
+SANDBOX_ENVIRONMENT = frozenset({"PATH", "LANG", "LC_ALL", "PYTHONUTF8", "PYTHONIOENCODING",
+                                 "HOME", "TZ", "PYTHONHASHSEED", "TMPDIR", "PWD"})
+WORKDIR_PROBE = "/session/.rlm_self_test"
+
+
+def self_test(absent, canaries):
+    checks = {
+        "network": check_network,
+        "host_files": lambda: check_host_files(absent),
+        "canaries": lambda: check_canaries(canaries),
+        "seccomp": check_seccomp,
+        "own_init": check_own_init,
+        "pid_namespace": check_pid_namespace,
+        "read_only_install": check_read_only_install,
+        "workdir_writable": check_workdir_writable,
+        "capabilities": check_capabilities,
+        "descriptors": check_descriptors,
+        "environment": check_environment,
+        "host_sysctl": check_host_sysctl,
+        "device_nodes": check_device_nodes,
+        "workdir_mount": check_workdir_mount,
+        "setuid_files": check_setuid_files,
+        "proc_hidden": check_proc_hidden,
+    }
+    results = {}
+    for name, check in checks.items():
+        try:
+            ok, detail = check()
+        except Exception as exc:  # could not verify, so not ok
+            ok, detail = False, f"check failed: {exc!r}"
+        results[name] = {"ok": bool(ok), "detail": detail}
+    return results
+
+
+def check_network():
+    with open("/proc/net/dev") as file:
+        interfaces = {line.split(":")[0].strip() for line in file.readlines()[2:] if ":" in line}
+    outcomes = [try_connect(host, port) for host, port in (("1.1.1.1", 53), ("10.0.0.1", 80))]
+    ok = interfaces <= {"lo"} and not any(connected for connected, _ in outcomes)
+    details = [f"interfaces: {', '.join(sorted(interfaces)) or 'none'}"] + [d for _, d in outcomes]
+    return ok, "; ".join(details)
+
+
+def try_connect(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True, f"{host}:{port} reachable"
+    except Exception as exc:  # refused, unreachable, or no sockets at all
+        return False, f"{host}:{port} blocked ({exc})"
+
+
+def check_host_files(absent):
+    present = [path for path in HOST_PATHS + tuple(absent) if path_present(path)]
+    return not present, f"present: {', '.join(present)}" if present else "none present"
+
+
+def path_present(path):
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:  # e.g. permission denied: something is there
+        return True
+    return True
+
+
+def check_canaries(canaries):
+    """What the host planted: a file in its home, listeners on 127.0.0.1, a
+    path and an abstract unix socket, a descriptor it leaked, itself."""
+    reached = []
+    home_file = canaries.get("home_file")
+    if isinstance(home_file, str) and home_file and path_present(home_file):
+        reached.append("home file")
+    port = canaries.get("tcp_port")
+    if isinstance(port, int) and port > 0 and try_connect("127.0.0.1", port)[0]:
+        reached.append(f"127.0.0.1:{port}")
+    for key, prefix in (("unix_path", ""), ("abstract", "\0")):
+        name = canaries.get(key)
+        if isinstance(name, str) and name and unix_connects(prefix + name):
+            reached.append(key)
+    fd = canaries.get("leaked_fd")
+    if isinstance(fd, int) and fd > 2 and descriptor_open(fd):
+        reached.append(f"descriptor {fd}")
+    host_pid = canaries.get("host_pid")
+    if isinstance(host_pid, int) and host_pid > 4 and signals(host_pid):
+        reached.append(f"host process {host_pid}")
+    secret = canaries.get("secret")
+    if isinstance(secret, str) and secret and secret in repr(dict(os.environ)):
+        reached.append("secret in environment")
+    if reached:
+        return False, "reached: " + ", ".join(reached)
+    return True, "none reached"
+
+
+def unix_connects(address):
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            sock.connect(address)
+            return True
+    except Exception:  # refused, absent, or no sockets at all
+        return False
+
+
+def descriptor_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def signals(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether it could be signalled
+        return True
+    except OSError:
+        return False
+
+
+def check_seccomp():
+    status = proc_status()
+    return status.get("Seccomp") == "2", f"Seccomp={status.get('Seccomp')}"
+
+
+def check_own_init():
+    with open("/proc/1/cmdline", "rb") as file:
+        argv0 = file.read().split(b"\0", 1)[0]
+    return os.path.basename(argv0) == b"bwrap", f"pid 1 is {argv0.decode(errors='replace')}"
+
+
+def proc_status():
+    status = {}
+    with open("/proc/self/status") as file:
+        for line in file:
+            key, _, value = line.partition(":")
+            status[key] = value.strip()
+    return status
+
+
+def check_pid_namespace():
+    pid = os.getpid()
+    processes = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    return pid <= 4 and len(processes) <= 4, f"pid {pid}, {len(processes)} processes visible"
+
+
+def check_read_only_install():
+    # ast is a plain source module, so its directory is the stdlib's.
+    directories = [os.path.dirname(sys.executable), os.path.dirname(ast.__file__)]
+    writable = [d for d in directories if can_create_file_in(d)]
+    if writable:
+        return False, f"writable: {', '.join(writable)}"
+    return True, f"read-only: {', '.join(directories)}"
+
+
+def can_create_file_in(directory):
+    path = os.path.join(directory, f".rlm_probe_{os.getpid()}")
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return False
+    os.close(descriptor)
+    os.unlink(path)
+    return True
+
+
+def check_workdir_writable():
+    payload = b"rlm self test\n"
+    with open(WORKDIR_PROBE, "wb") as file:
+        file.write(payload)
+    try:
+        with open(WORKDIR_PROBE, "rb") as file:
+            same = file.read() == payload
+    finally:
+        os.unlink(WORKDIR_PROBE)
+    return same, "created, wrote, read back and removed " + WORKDIR_PROBE
+
+
+def check_capabilities():
+    status = proc_status()
+    keys = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs")
+    ok = all(int(status[key], 16) == 0 for key in keys[:3]) and status["NoNewPrivs"] == "1"
+    return ok, ", ".join(f"{key}={status[key]}" for key in keys)
+
+
+def check_descriptors():
+    descriptors = sorted(int(entry) for entry in os.listdir("/proc/self/fd"))
+    extra = [fd for fd in descriptors if fd > 2]
+    # One extra is expected: the descriptor the listing itself used.
+    return len(extra) <= 1, f"open: {descriptors}"
+
+
+def check_environment():
+    extra = sorted(set(os.environ) - SANDBOX_ENVIRONMENT)
+    if extra:
+        return False, f"unexpected: {', '.join(extra)}"
+    return True, f"keys: {', '.join(sorted(os.environ))}"
+
+
+SYSCTL_PROBE = "/proc/sys/kernel/printk_ratelimit"
+
+
+def check_host_sysctl():
+    """A host-global sysctl must not open for writing (nothing is written)."""
+    try:
+        descriptor = os.open(SYSCTL_PROBE, os.O_WRONLY)
+    except OSError as exc:
+        return True, f"{SYSCTL_PROBE}: {exc.strerror}"
+    os.close(descriptor)
+    return False, f"{SYSCTL_PROBE} opens for writing"
+
+
+def check_device_nodes():
+    """The host's device nodes are bound in: their mode must not change
+    (set to what it is, so nothing changes even when it can)."""
+    mode = os.stat("/dev/null").st_mode & 0o7777
+    try:
+        os.chmod("/dev/null", mode)
+    except OSError as exc:
+        return True, f"chmod /dev/null: {exc.strerror}"
+    return False, "chmod /dev/null succeeded"
+
+
+def check_workdir_mount():
+    flags = os.statvfs("/session").f_flag
+    ok = bool(flags & os.ST_NOSUID) and bool(flags & os.ST_NODEV)
+    return ok, f"/session nosuid={bool(flags & os.ST_NOSUID)} nodev={bool(flags & os.ST_NODEV)}"
+
+
+def check_setuid_files():
+    path = "/session/.rlm_setuid_probe"
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o4755)
+    except OSError as exc:
+        return True, f"create mode 04755: {exc.strerror}"
+    try:
+        os.close(descriptor)
+        os.chmod(path, 0o2755)
+        return False, "a setgid file was made in /session"
+    except OSError as exc:
+        setuid = os.stat(path).st_mode & 0o6000
+        return not setuid, f"chmod 02755: {exc.strerror}; mode bits {oct(setuid)}"
+    finally:
+        os.unlink(path)
+
+
+HIDDEN_PROC = ("slabinfo", "kallsyms", "timer_list", "keys", "sched_debug", "kpageflags",
+               "modules", "vmallocinfo", "iomem")
+
+
+def check_proc_hidden():
+    shown = []
+    for name in HIDDEN_PROC:
+        try:
+            with open("/proc/" + name, "rb") as file:
+                if file.read(1):
+                    shown.append(name)
+        except OSError:
+            pass
+    return not shown, f"readable: {', '.join(shown)}" if shown else "none readable"

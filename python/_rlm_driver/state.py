@@ -1,0 +1,37 @@
+"""The driver's one session: the settings the host configured and the REPL's
+namespace. Every module reads them through `current`."""
+
+import sys
+import types
+
+DEFAULT_STDOUT_LIMIT = 2000
+DEFAULT_MESSAGE_LIMIT = 16 << 20
+DEFAULT_VALUE_LIMIT = (16 << 20) // 256
+
+
+class State:
+    def __init__(self):
+        self.stdout_limit = DEFAULT_STDOUT_LIMIT
+        self.message_limit = DEFAULT_MESSAGE_LIMIT
+        self.value_limit = DEFAULT_VALUE_LIMIT
+        self.guardrails = True
+        self.extra_modules = frozenset()
+        self.steps = 0
+        self.final = None
+        self.in_step = False  # calls to the host are taken only during a step
+        self.context_data = None  # the context's mapping, until load_context
+        # The REPL's namespace is a module of its own, registered as
+        # __main__: typing and dataclasses look up the globals of a class's
+        # module in sys.modules, and must find these, not the driver's.
+        self.module = types.ModuleType("__main__")
+        self.namespace = vars(self.module)
+
+
+current = State()
+# The entry script (python/repl_driver.py) ran as __main__; it is the
+# driver's too, and from here only this reference reaches it.
+ENTRY_MODULE = sys.modules.get("__main__")
+sys.modules["__main__"] = current.module
+# The package's own modules, filled in by main once all are loaded: the
+# guard never evaluates a string in their namespaces.
+driver_modules = []

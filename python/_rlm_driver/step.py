@@ -1,0 +1,178 @@
+"""One step: the exec of a block of REPL code, its stdout captured and
+truncated, its error described and cut, a failed step's names rolled back,
+and the answer dict read at its end."""
+
+import ast
+import builtins
+import collections
+import io
+import linecache
+import os
+import sys
+import threading
+import traceback
+
+from . import api, guard, shield, state
+from .screen import GuardrailError, RouteFormatting, screen
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def is_driver_file(filename):
+    """Whether a traceback frame is the driver's own (the entry script or
+    one of this package's modules): the model sees only its own frames."""
+    entry = getattr(state.ENTRY_MODULE, "__file__", None)
+    return filename == entry or os.path.dirname(filename) == PACKAGE_DIR
+
+
+class CappedWriter(io.TextIOBase):
+    """Text stream keeping the first two thirds of `limit` characters and the
+    last third, and counting what falls between, so that memory stays bounded
+    whatever the code prints and the model still sees how the output ended."""
+
+    encoding = "utf-8"
+
+    def __init__(self, limit):
+        super().__init__()
+        self.head_limit = limit - limit // 3
+        self.tail_limit = limit // 3
+        self.head = []
+        self.head_len = 0
+        self.tail = collections.deque()
+        self.tail_len = 0
+        self.dropped = 0
+        self.lock = threading.Lock()
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self.lock:  # the REPL's threads print too
+            return self.add(text)
+
+    def add(self, text):
+        written = len(text)
+        room = self.head_limit - self.head_len
+        if room > 0:
+            self.head.append(text[:room])
+            self.head_len += min(room, len(text))
+            text = text[room:]
+        if len(text) > self.tail_limit:
+            self.dropped += len(text) - self.tail_limit
+            text = text[len(text) - self.tail_limit:] if self.tail_limit else ""
+        if text:
+            self.tail.append(text)
+            self.tail_len += len(text)
+            while self.tail_len > self.tail_limit:
+                over = self.tail_len - self.tail_limit
+                first = self.tail[0]
+                cut = min(over, len(first))
+                if cut == len(first):
+                    self.tail.popleft()
+                else:
+                    self.tail[0] = first[cut:]
+                self.tail_len -= cut
+                self.dropped += cut
+        return written
+
+    def getvalue(self):
+        with self.lock:
+            return self.text()
+
+    def text(self):
+        head, tail = "".join(self.head), "".join(self.tail)
+        if self.dropped:
+            return f"{head}\n[truncated {self.dropped} chars]\n{tail}"
+        return head + tail
+
+
+def describe_error(exc):
+    """The exception as Python prints it, without this driver's frames."""
+    report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    pending, seen = [report], set()
+    while pending:
+        part = pending.pop()
+        if part is None or id(part) in seen:
+            continue
+        seen.add(id(part))
+        part.stack = traceback.StackSummary.from_list(
+            [frame for frame in part.stack if not is_driver_file(frame.filename)])
+        pending += [part.__cause__, part.__context__]
+        pending += getattr(part, "exceptions", None) or []  # an exception group's members
+    return "".join(report.format())
+
+
+def keep_end(text, limit):
+    """Cut a traceback to `limit` characters, keeping its end, where the error is."""
+    if len(text) <= limit:
+        return text
+    return f"[truncated {len(text) - limit} chars]\n{text[len(text) - limit:]}"
+
+
+def answer_final(namespace):
+    """The answer dict's final answer, or None; (None, why) when it is too
+    big for the host."""
+    answer = namespace.get("answer")
+    try:
+        if isinstance(answer, dict) and answer.get("ready"):
+            final = {"kind": "answer", "value": str(answer.get("content"))}
+            problem = api.final_problem(final)
+            if problem is not None:
+                answer["ready"] = False  # or every later step would end the same way
+                return None, problem
+            return final, None
+    except Exception:  # an odd `ready` or `content` is not worth failing over
+        pass
+    return None, None
+
+
+def run(code):
+    """Run one step: (stdout, error, final)."""
+    session = state.current
+    namespace = session.namespace
+    session.steps += 1
+    filename = f"<repl-{session.steps}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    output = CappedWriter(session.stdout_limit)
+    before = dict(namespace)  # shallow: names only, for the rollback
+    session.final = None
+    error = None
+    namespace["__builtins__"] = guard.builtins_table() if session.guardrails else builtins
+    if session.guardrails:
+        shield.shield_modules()
+    try:
+        compiled = compile_step(code, filename, session.guardrails)
+        saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = output
+        try:
+            exec(compiled, namespace)
+        finally:
+            sys.stdout, sys.stderr = saved
+    except api.FinalSignal:
+        pass
+    except GuardrailError as refusal:
+        error = f"GuardrailError: {refusal}"
+    except BaseException as exc:  # SystemExit too: the driver must live on
+        error = describe_error(exc)
+    if error is not None:
+        error = keep_end(error, session.stdout_limit)
+        namespace.clear()
+        namespace.update(before)
+    final = session.final
+    if final is None:
+        final, problem = answer_final(namespace)
+        if problem is not None:
+            refused = f"ValueError: answer['content']: {problem}"
+            error = refused if error is None else f"{error}\n{refused}"
+    return output.getvalue(), error, final
+
+
+def compile_step(code, filename, guardrails):
+    if not guardrails:
+        return compile(code, filename, "exec", dont_inherit=True)
+    tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    screen(tree)
+    tree = ast.fix_missing_locations(RouteFormatting().visit(tree))
+    return compile(tree, filename, "exec", dont_inherit=True)
