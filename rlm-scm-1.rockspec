@@ -32,6 +32,7 @@ build = {
     ["rlm.blocking"] = "lua/rlm/blocking.lua",
     ["rlm.boot"] = "lua/rlm/boot.lua",
     ["rlm.diagnose"] = "lua/rlm/diagnose.lua",
+    ["rlm.dispatch"] = "lua/rlm/dispatch.lua",
     ["rlm.engine"] = "lua/rlm/engine.lua",
     ["rlm.errors"] = "lua/rlm/errors.lua",
     ["rlm.health"] = "lua/rlm/health.lua",

@@ -7,6 +7,22 @@ local selftest = require("rlm.selftest")
 
 local M = {}
 
+-- The only places that start and stop a sandbox (core.spawn, drv:close):
+-- the start is below in _boot; _teardown ends the driver, the probe helper
+-- of a session that is still asking, and nothing else.
+function M:_teardown()
+  if self.helper then
+    sandbox.forget_probe(self)
+    self.helper:close()
+    self.helper = nil
+  end
+  if self.driver then
+    local drv = self.driver
+    self.driver = nil
+    drv:close()
+  end
+end
+
 local function checks_failed(checks)
   local bad, n = {}, 0
   for name, c in pairs(checks) do
@@ -36,11 +52,15 @@ end
 function M:_boot(canaries)
   local o = self.opts
   local context_bytes = #self.context_data
-  local drv, info = sandbox.start(o, self.context_data, function(helper)
+  local spec, info = sandbox.prepare(o, self.context_data, function(helper)
     return self:_wait_helper(helper)
   end, self)
-  if not drv then
+  if not spec then
     return self:_fail(info)
+  end
+  local drv, serr = core.spawn(spec)
+  if not drv then
+    return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(serr))
   end
   self.driver = drv
   self:_watch(drv)

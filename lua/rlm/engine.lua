@@ -15,11 +15,11 @@ M.IDLE = IDLE
 local pack, unpack = util.pack, util.unpack
 
 -- A yield from a user callback that runs inside the engine (on_event,
--- cost_usd): passed on to whoever resumed us, when that is a coroutine.
+-- cost_usd): passed on to whoever resumed us when that is a coroutine that
+-- may yield; otherwise the callback gets util.NO_YIELD back, and fails.
 local function pass_through(...)
-  local co, main = coroutine.running()
-  if co == nil or main then
-    error("rlm: a callback yielded outside a coroutine; under an adapter on_event and cost_usd must not yield", 0)
+  if not util.can_yield() then
+    return util.NO_YIELD
   end
   return coroutine.yield(...)
 end
@@ -30,6 +30,7 @@ end
 
 -- Resumes the engine until it has something for the outside or waits.
 function M:_pump()
+  self.pumped_at = core.now_ms() -- sandbox.probe: this session is driven
   if not self.engine then
     self.engine = coroutine.create(function()
       return self:_main()
@@ -42,6 +43,12 @@ function M:_pump()
       -- run(), step(), poll() or an adapter: the session ends with an err.
       local trace = debug.traceback(self.engine, tostring(res[2]))
       self.engine = nil
+      if self.closed then
+        -- Closed from a callback the engine was inside: that is the end.
+        self:_cancelled()
+        self.terminal = { type = "error", err = self.failed }
+        return
+      end
       self:_fail(errors.new("protocol_error", "rlm: internal error while handling the driver's input: "
         .. trace))
       self.terminal = { type = "error", err = self.failed }
@@ -66,11 +73,13 @@ end
 
 --- The pump: what the session needs from the outside now, or nil when it
 -- must wait (for fd() to be readable or timeout() ms). Never blocks, except
--- for the spawn of the sandbox at the first call and inside run()/step().
+-- for the spawn of the sandbox at the first call.
 function M:poll()
   if not self.terminal and (self.failed or self.closed) then
-    self.terminal = { type = "error", err = self.failed or errors.new("driver_exited",
-      "the session is closed", { history = self.history }) }
+    if not self.failed then
+      self:_cancelled()
+    end
+    self.terminal = { type = "error", err = self.failed }
   end
   if self.terminal then
     self:_drop_requests()
@@ -105,9 +114,15 @@ end
 
 -- The answer to a request poll() handed out: reply(id, text[, usage]), or
 -- reply(id, nil, message) when the call failed.
+-- A reply to a request that is no longer wanted (the run ended, the
+-- session was closed, the exec it belonged to is over, or it was answered
+-- already) is dropped: returns false. One poll() never handed out raises.
 function M:reply(id, text, usage)
   local req = self.pending[id]
   if not req then
+    if type(id) == "number" and id >= 1 and id <= self.next_request_id and id == math.floor(id) then
+      return false
+    end
     error(("rlm: reply to unknown request %s"):format(tostring(id)), 2)
   end
   self.pending[id] = nil
@@ -118,7 +133,7 @@ function M:reply(id, text, usage)
     if route.child.pending[route.id] then
       route.child:reply(route.id, text, usage)
     end
-    return
+    return true
   end
   if req.counted then
     req.counted = nil
@@ -129,6 +144,22 @@ function M:reply(id, text, usage)
     r.failed, r.message, r.usage = true, usage, nil
   end
   self.inbox[#self.inbox + 1] = r
+  return true
+end
+
+-- The rest of a batch whose first request poll() just handed out: the
+-- requests of the same batch that are out now, in order (they sit together
+-- in the outbox). rlm.dispatch gives them to llm_query_batch in one call.
+function M:_batch_rest(first)
+  local rest = {}
+  while self.outbox[1] and self.outbox[1].batch_id == first.batch_id and self.outbox[1].type == "llm_query" do
+    local ev = self:_next_out()
+    if not ev then
+      break
+    end
+    rest[#rest + 1] = ev
+  end
+  return rest
 end
 
 -- A descriptor that is readable when the session has work to do; nil while
@@ -164,10 +195,9 @@ function M:_watch(d)
   end
 end
 
--- An adapter that watched fd() lets go of it; only then may it close.
-function M:_unwatch()
-  self.on_close = nil
-  if self.closed and self.waitset then
+-- The set behind fd() goes, once no loop watches it (rlm.dispatch).
+function M:_close_waitset()
+  if self.waitset then
     self.waitset:close()
     self.waitset = nil
   end

@@ -8,10 +8,10 @@
 -- from an event loop. This file is the public API; the jobs live in
 -- rlm.session, rlm.boot, rlm.wire, rlm.limits, rlm.subcalls, rlm.nested,
 -- rlm.turn, rlm.engine and rlm.blocking.
+local dispatch = require("rlm.dispatch")
 local options = require("rlm.options")
 local prompt = require("rlm.prompt")
 local protocol = require("rlm.protocol")
-local sandbox = require("rlm.sandbox")
 local Session = require("rlm.session")
 
 local rlm = { _VERSION = "rlm 0.2.0", null = protocol.null }
@@ -65,23 +65,15 @@ function Session:close()
   self.closed = true
   self:_end_children()
   self:_drop_requests()
-  if self.helper then
-    sandbox.forget_probe(self)
-    self.helper:close()
-    self.helper = nil
-  end
-  if self.driver then
-    local drv = self.driver
-    self.driver = nil
-    drv:close()
-  end
-  if self.on_close then
-    self.on_close() -- an adapter watches fd(): it lets go, then closes it
-  elseif self.waitset then
-    self.waitset:close()
-    self.waitset = nil
+  self:_teardown()
+  -- A loop that watches fd() lets go of it first, then closes it.
+  if not dispatch.closing(self) then
+    self:_close_waitset()
   end
 end
+
+-- A handle's usual name for it (vim.system's kill, resty.run's handle).
+Session.cancel = Session.close
 
 Session.__close = Session.close
 Session.__gc = Session.close

@@ -94,6 +94,9 @@ function M:_check_budget()
     return true
   end
   local ok, spent = util.call_protected(o.cost_usd)
+  if self.closed then
+    return self:_cancelled()
+  end
   if not ok then
     return self:_error("callback_error", "cost_usd raised: " .. tostring(spent))
   end

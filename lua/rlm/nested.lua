@@ -16,7 +16,7 @@ function M:_queue_child(call)
   local child = self:_new_child(call)
   child.call = call
   call.t0 = core.now_ms()
-  self:_root():_waitset() -- a blocking run() waits on it from now on
+  self:_root():_waitset() -- fd() covers its processes from now on
   self.children[#self.children + 1] = child
   self:_pause_deadline()
 end

@@ -82,14 +82,20 @@ end
 -- Ends the session with err: the sandbox is torn down, and every later
 -- call returns the same err.
 function Session:_fail(err)
+  if self.closed and not self.failed and err.kind ~= "cancelled" then
+    return self:_cancelled()
+  end
   err.history = self.history
   self.failed = self.failed or err
   self:_end_children()
-  if self.driver then
-    self.driver:close()
-    self.driver = nil
-  end
+  self:_teardown()
   return nil, self.failed
+end
+
+-- The run ends because close() was called (from a callback, on_event, or
+-- another coroutine).
+function Session:_cancelled()
+  return self:_fail(errors.new("cancelled", "the session was closed (close() or a cancel) before the run ended"))
 end
 
 function Session:_error(kind, message, fields)
@@ -104,6 +110,9 @@ function Session:_emit(ev)
   ev.depth = ev.depth or self.depth
   ev.session = self.session_id
   local ok, e = util.call_protected(cb, ev)
+  if self.closed then
+    return self:_cancelled()
+  end
   if not ok then
     return self:_error("callback_error", "on_event raised: " .. tostring(e))
   end

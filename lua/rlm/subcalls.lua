@@ -7,13 +7,13 @@ local M = {}
 
 -- Hands a request to the outside world (through poll) and returns it.
 -- Sub-calls count against max_concurrent_sub_calls over the whole tree of
--- sessions (a blocking run() makes them one at a time anyway).
+-- sessions, whoever drives it.
 function M:_request(req)
   self.next_request_id = self.next_request_id + 1
   req.id = self.next_request_id
   if req.type == "llm_query" then
     local tree = self.tree
-    if not tree.blocking and tree.in_flight >= self.opts.max_concurrent_sub_calls then
+    if tree.in_flight >= self.opts.max_concurrent_sub_calls then
       tree.held[#tree.held + 1] = { session = self, req = req } -- until one in flight answers
       return req
     end

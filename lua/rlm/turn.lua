@@ -263,7 +263,9 @@ function M:_run_turns()
     end
   end
   while true do
-    if self.final and self.goal ~= "step" then
+    -- step() after the final answer asks for one more turn of the same
+    -- conversation; anything else ends the run with the answer.
+    if self.final and not self.more_turns then
       return { type = "done", result = self:_result(self.final) }
     end
     if self:_turns_spent() then
@@ -273,6 +275,7 @@ function M:_run_turns()
       end
       return { type = "done", result = result }
     end
+    self.more_turns = nil
     local entry, err = self:_turn()
     if not entry then
       return { type = "error", err = err }

@@ -16,9 +16,8 @@ local function exit_message(status, signal, stderr)
 end
 
 -- The next thing the engine must handle: "reply", reply (when accept_replies)
--- or a driver event (kind, ...). Inside a blocking run() with nothing
--- outstanding it waits in C; otherwise it yields IDLE until poll() is called
--- again.
+-- or a driver event (kind, ...). It never waits in C: with nothing to do it
+-- yields IDLE until poll() is called again.
 function M:_wait(accept_replies)
   while true do
     if accept_replies and #self.inbox > 0 then
@@ -35,28 +34,18 @@ function M:_wait(accept_replies)
         return "child", child, ev
       end
     end
-    local blocking = self.blocking and next(self.pending) == nil and #self.outbox == 0
-    local kind, a, b, c = drv:poll((blocking and not nested) and -1 or 0, self.max_values)
+    local kind, a, b, c = drv:poll(0, self.max_values)
     if kind then
       return kind, a, b, c
     end
-    if blocking then
-      -- Only nested sessions can have something: wait on all of them.
-      self:_waitset():wait(self:timeout())
-    else
-      coroutine.yield(IDLE)
-    end
+    coroutine.yield(IDLE)
   end
 end
 
 -- The next event of a helper process the boot runs (the interpreter probe).
--- With no helper: one turn of waiting for another session's probe, true, or
--- false when this session blocks and cannot wait.
+-- With no helper: one turn of waiting for another session's probe.
 function M:_wait_helper(helper)
   if not helper then
-    if self.blocking then
-      return false
-    end
     coroutine.yield(IDLE)
     return true
   end
@@ -65,7 +54,7 @@ function M:_wait_helper(helper)
     self:_watch(helper)
   end
   while true do
-    local kind, a, b, c = helper:poll(self.blocking and -1 or 0)
+    local kind, a, b, c = helper:poll(0)
     if kind then
       self.helper = nil
       return kind, a, b, c
@@ -118,6 +107,9 @@ function M:_driver_message(allowed, kind, a, b, c)
     end
     return self:_error("driver_exited", "the driver exited: " .. exit_message(a, b, c),
       { status = a, signal = b, stderr = c })
+  end
+  if self.closed then
+    return self:_cancelled()
   end
   return self:_error("driver_exited", "the driver is gone")
 end
