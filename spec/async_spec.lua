@@ -266,7 +266,7 @@ H.describe_luv("the luv adapter", function()
     assert.are.equal(5, shell_ok)
   end)
 
-  it("cancels: closing the session mid-run gives driver_exited and leaves nothing", function()
+  it("cancels: closing the session mid-run gives cancelled and leaves nothing", function()
     local err
     local s = luv_adapter.run(H.opts({
       root_llm = H.script({ fence("import time\ntime.sleep(30)") }),
@@ -279,7 +279,7 @@ H.describe_luv("the luv adapter", function()
     run_until(function()
       return err ~= nil
     end)
-    assert.are.equal("driver_exited", err.kind)
+    assert.are.equal("cancelled", err.kind)
   end)
 
   local function raising(before)

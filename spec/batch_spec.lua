@@ -64,6 +64,7 @@ describe("llm_query_batched", function()
   it("takes a whole batch through llm_query_batch(prompts) when given one", function()
     local calls = 0
     local result = assert(H.run({
+      max_concurrent_sub_calls = 16,
       root_llm = H.script({ TIMED_BATCH }),
       llm_query_batch = function(prompts)
         calls = calls + 1
@@ -78,6 +79,24 @@ describe("llm_query_batched", function()
     assert.are.same(expected("b:"), answers)
     assert.are.equal(1, calls)
     assert.are.equal(16, result.sub_calls)
+  end)
+
+  it("gives llm_query_batch at most max_concurrent_sub_calls prompts at once, under run() too", function()
+    local sizes = {}
+    local result = assert(H.run({
+      max_concurrent_sub_calls = 5,
+      root_llm = H.script({ TIMED_BATCH }),
+      llm_query_batch = function(prompts)
+        sizes[#sizes + 1] = #prompts
+        local out = {}
+        for i, p in ipairs(prompts) do
+          out[i] = "b:" .. p
+        end
+        return out
+      end,
+    }))
+    assert.are.same(expected("b:"), select(2, timed(result)))
+    assert.are.same({ 5, 5, 5, 1 }, sizes)
   end)
 
   it("gives a failed sub-call its error in its slot, and the run goes on", function()
@@ -158,6 +177,25 @@ H.describe_luv("llm_query_batched under the luv adapter", function()
     }))
     local _, answers = timed(result)
     assert.are.same(expected("r:"), answers)
+  end)
+
+  it("passes a batch to llm_query_batch under the luv adapter too, answered later", function()
+    local sizes = {}
+    local result = assert(run_luv({
+      root_llm = H.script({ TIMED_BATCH }),
+      llm_query_batch = function(prompts, done)
+        sizes[#sizes + 1] = #prompts
+        after(10, function()
+          local out = {}
+          for i, p in ipairs(prompts) do
+            out[i] = "b:" .. p
+          end
+          done(out)
+        end)
+      end,
+    }))
+    assert.are.same(expected("b:"), select(2, timed(result)))
+    assert.are.same({ 8, 8 }, sizes)
   end)
 
   it("has at most max_concurrent_sub_calls in flight", function()

@@ -459,7 +459,7 @@ H.describe_luv("rlm_query under the luv adapter", function()
     L.run_until(function()
       return over
     end)
-    assert.are.equal("driver_exited", err.kind)
+    assert.are.equal("cancelled", err.kind)
   end)
 
   it("runs children side by side, their models answering asynchronously", function()

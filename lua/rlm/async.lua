@@ -3,6 +3,9 @@
 -- timeout() say when to poll again. This module runs the user's callbacks
 -- the asynchronous way and keeps polling; the adapters in rlm.adapters only
 -- say how their loop watches a descriptor, runs a timer and defers a call.
+local dispatch = require("rlm.dispatch")
+local util = require("rlm.util")
+
 local M = {}
 
 -- pcall and xpcall can be yielded across everywhere but on PUC Lua 5.1.
@@ -55,61 +58,65 @@ function M.invoke(fn, arg, finish)
   end
 end
 
-local function argument(ev)
-  if ev.type == "root_llm" then
-    return ev.messages
-  end
-  return ev.prompt
-end
-
 -- Drives session s to its end on a host loop, then calls cb(err, result)
 -- (err nil on success). host = {
 --   watch = function(fd, fn) -> stop(): call fn whenever fd is readable;
 --   timer = function() -> t with t:start(ms, fn), t:stop(), t:close();
 --   defer = function(fn) (optional): run fn soon, outside the current
---     callback (Neovim's vim.schedule);
+--     callback (Neovim's vim.schedule); without it, a 0 ms timer;
+--   defer_callbacks = true (optional): start the model callbacks through
+--     defer too;
 -- }
--- Returns a function that cancels the run (the session is closed, cb gets
--- a driver_exited error).
+-- cb is never called before drive() returns, and runs outside any pcall of
+-- ours: what it raises reaches the host's loop. Returns a function that
+-- cancels the run (the session is closed, cb gets a `cancelled` error).
+-- Driving a session that is already driven raises, before any handle is
+-- made.
 function M.drive(s, host, cb)
-  local defer = host.defer or function(fn)
-    fn()
+  if not util.is_callable(cb) then
+    error("rlm.async.drive: argument 3 must be a function(err, result), got " .. type(cb), 2)
   end
+  dispatch.claim(s, "rlm.async.drive")
   local timer = host.timer()
+  local defer = host.defer or function(fn)
+    local t = host.timer()
+    t:start(0, function()
+      t:close()
+      fn()
+    end)
+  end
   local stop_watch
   local busy, again, over = false, false, false
+  local ended -- the event that ended the run, once
   local kick
 
   local function finish(ev)
-    over = true
+    over, ended = true, ev
     if stop_watch then
       stop_watch()
       stop_watch = nil
     end
-    s:_unwatch()
     timer:stop()
     timer:close()
-    defer(function()
-      if ev.type == "done" then
-        cb(nil, ev.result)
-      else
-        cb(ev.err)
-      end
-    end)
+    dispatch.release(s)
   end
 
-  local function answer(ev)
-    local fn = s.opts[ev.type]
+  local function report()
+    local ev = ended
+    if ev.type == "done" then
+      cb(nil, ev.result)
+    else
+      cb(ev.err)
+    end
+  end
+
+  local function start(fn, arg, settle)
     local run = function()
-      M.invoke(fn, argument(ev), function(ok, text, usage)
+      M.invoke(fn, arg, function(ok, text, usage)
         if over then
           return
         end
-        if ok then
-          s:reply(ev.id, text, usage)
-        else
-          s:reply(ev.id, nil, text)
-        end
+        settle(ok, text, usage)
         kick()
       end)
     end
@@ -121,16 +128,9 @@ function M.drive(s, host, cb)
   end
 
   local function pump()
-    while not over do
-      local ev = s:poll()
-      if ev == nil then
-        break
-      end
-      if ev.type == "root_llm" or ev.type == "llm_query" then
-        answer(ev)
-      elseif ev.type == "done" or ev.type == "error" then
-        return finish(ev)
-      end
+    local ev = dispatch.next(s, start)
+    if ev then
+      return finish(ev)
     end
     if over then
       return
@@ -156,25 +156,26 @@ function M.drive(s, host, cb)
       again = false
       local ok, err = pcall(pump)
       if not ok and not over then
-        s:close()
-        finish({ type = "error", err = err })
+        finish(dispatch.fail(s, err))
       end
     until not again or over
     busy = false
+    if over then
+      defer(report) -- outside our pcall, and never inside drive()
+    end
   end
 
   -- One descriptor for the session's whole life (rlm.core's waitset).
   stop_watch = host.watch(s:fd(), function()
     kick()
   end)
-  s.on_close = function()
+  dispatch.claim_close(s, function()
     timer:start(0, kick) -- not from inside close(): the end is reported on the loop
-  end
-  defer(kick)
+  end)
+  timer:start(0, kick)
   return function()
     if not over then
       s:close()
-      kick()
     end
   end
 end

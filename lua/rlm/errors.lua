@@ -12,6 +12,7 @@ M.kinds = {
   driver_exited = true,
   protocol_error = true,
   callback_error = true,
+  cancelled = true,
 }
 
 local Error = {}

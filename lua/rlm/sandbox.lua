@@ -64,7 +64,7 @@ local SESSION_FDS = 40
 local probe_cache = {}
 
 -- Runs the probe as a helper process and reads its one line; wait(helper)
--- returns the helper's next event, blocking or yielding as the session does.
+-- returns the helper's next event (the session's engine yields meanwhile).
 local function run_probe(python, modules, wait)
   local script, ferr = find_file("probe.py")
   if not script then
@@ -105,14 +105,24 @@ local function run_probe(python, modules, wait)
   return info
 end
 
+-- How long a session waits for another's probe when that session is not
+-- driven meanwhile (a host that polls one session and then blocks in
+-- another's run()): past it, it asks too.
+local STALE_OWNER_MS = 250
+
+local function stale(entry)
+  local at = entry.owner.pumped_at
+  return at ~= nil and core.now_ms() - at > STALE_OWNER_MS
+end
+
 local function probe(python, modules, wait, owner)
   local key = python .. "\0" .. table.concat(modules, "\0")
   while probe_cache[key] and probe_cache[key].owner do
-    -- Another session of this Lua state is asking; a blocking one cannot
-    -- wait for it, and asks too.
-    if not wait(nil) then
+    -- Another session of this Lua state is asking: wait for its answer.
+    if stale(probe_cache[key]) then
       return run_probe(python, modules, wait)
     end
+    wait(nil)
   end
   if probe_cache[key] then
     return probe_cache[key]
@@ -154,8 +164,9 @@ local function cwd()
   return p and p:sub(1, 1) == "/" and p or nil
 end
 
--- start(opts, context_data, wait, owner) -> driver, info | nil, err
-function M.start(opts, context_data, wait, owner)
+-- prepare(opts, context_data, wait, owner) -> spec, info | nil, err: what
+-- rlm.core's spawn takes (rlm.boot spawns it), and what the self-test needs.
+function M.prepare(opts, context_data, wait, owner)
   local free = core.fd_headroom(SESSION_FDS)
   if free < SESSION_FDS then
     return unavailable(("too few free file descriptors (EMFILE): %d free, a session needs %d to start")
@@ -188,7 +199,7 @@ function M.start(opts, context_data, wait, owner)
   end
 
   local ro = M.readonly_paths(info, opts.bind_pth_paths)
-  local drv, serr = core.spawn({
+  local spec = {
     bwrap = bwrap,
     python = info.executable,
     driver = driver_py,
@@ -203,10 +214,7 @@ function M.start(opts, context_data, wait, owner)
     workdir_files = opts.workdir_max_files,
     uid_first = opts.sandbox_uid_first,
     uid_count = opts.sandbox_uid_count,
-  })
-  if not drv then
-    return unavailable("starting the sandbox: " .. tostring(serr))
-  end
+  }
   -- Paths of the host the sandbox must not show: the working directory and
   -- where the driver lives. One above what is bound (/, /usr) is shown by
   -- design.
@@ -219,7 +227,7 @@ function M.start(opts, context_data, wait, owner)
     end
     absent[#absent + 1] = here or nil
   end
-  return drv, { sys_path = M.sys_path(info, opts.bind_pth_paths), absent = absent }
+  return spec, { sys_path = M.sys_path(info, opts.bind_pth_paths), absent = absent }
 end
 
 return M

@@ -17,10 +17,28 @@ end
 
 local pack, unpack = M.pack, M.unpack
 
+-- Whether the running code may yield: inside a coroutine, and (5.3+) not
+-- across a C boundary.
+function M.can_yield()
+  local isyieldable = rawget(coroutine, "isyieldable")
+  if isyieldable then
+    return isyieldable()
+  end
+  local co, main = coroutine.running()
+  return co ~= nil and not main
+end
+
+-- What a callback's yield gets back when there is no one to pass it to:
+-- call_protected then fails the call.
+M.NO_YIELD = setmetatable({}, { __tostring = function()
+  return "rlm.NO_YIELD"
+end })
+
 -- Calls f(...) in a coroutine of its own and passes any yield through to
 -- whoever resumed us, so user callbacks may yield (to an outer scheduler, an
 -- OpenResty cosocket, Neovim's loop) on every Lua, 5.1 included, while their
--- errors are still caught. Returns true, results... or false, message.
+-- errors are still caught. Returns true, results... or false, message; a
+-- yield with no coroutine to pass it to is that message.
 function M.call_protected(f, ...)
   local co = coroutine.create(function(...)
     return f(...) -- f may be a callable table
@@ -33,7 +51,17 @@ function M.call_protected(f, ...)
     if coroutine.status(co) == "dead" then
       return true, unpack(res, 2, res.n)
     end
-    res = pack(coroutine.resume(co, coroutine.yield(unpack(res, 2, res.n))))
+    local back
+    if M.can_yield() then
+      back = pack(coroutine.yield(unpack(res, 2, res.n)))
+    else
+      back = pack(M.NO_YIELD)
+    end
+    if back[1] == M.NO_YIELD then
+      return false, "the callback yielded, and nothing can resume it here (run() outside a coroutine, "
+        .. "or on_event/cost_usd under an adapter): " .. debug.traceback(co)
+    end
+    res = pack(coroutine.resume(co, unpack(back, 1, back.n)))
   end
 end
 

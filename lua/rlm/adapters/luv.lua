@@ -7,6 +7,7 @@
 -- resumes them, or call done(text[, usage]) later: see rlm.async.invoke.
 local async = require("rlm.async")
 local rlm = require("rlm")
+local util = require("rlm.util")
 
 local M = {}
 
@@ -50,6 +51,9 @@ end
 -- and closed, then cb(err, result). Misuse raises at once, as in
 -- Session.new. Returns the session (close() cancels the run).
 function M.run(opts, cb, uv)
+  if not util.is_callable(cb) then
+    error("rlm.adapters.luv.run: argument 2 must be a function(err, result), got " .. type(cb), 2)
+  end
   local s = rlm.Session.new(opts)
   M.drive(s, function(err, result)
     s:close()

@@ -16,6 +16,7 @@
 -- run inside the pump and must not yield.
 -- luacheck: read globals ngx
 local async = require("rlm.async")
+local dispatch = require("rlm.dispatch")
 local errors = require("rlm.errors")
 local rlm = require("rlm")
 
@@ -46,32 +47,28 @@ local function exiting_error(s)
 end
 
 -- The blocking loop: drives s in the current request (or timer) coroutine
--- until its end. Returns result | nil, err.
+-- until its end (rlm.dispatch's loop, with each callback in a light
+-- thread). Returns result | nil, err.
 local function loop(s)
   local semaphore = require("ngx.semaphore")
   local wake = semaphore.new()
   local threads, over = {}, false -- the light threads still running
+  local started = 0 -- callbacks started: activity, so the wait starts short again
 
-  local function answer(ev)
-    local fn = s.opts[ev.type]
-    local arg = ev.type == "root_llm" and ev.messages or ev.prompt
+  local function start(fn, arg, settle)
     local t = ngx.thread.spawn(async.invoke, fn, arg, function(ok, text, usage)
       if over then
         return
       end
       -- done() may come from another request: raise nothing into it.
-      local sent, e
-      if ok then
-        sent, e = pcall(s.reply, s, ev.id, text, usage)
-      else
-        sent, e = pcall(s.reply, s, ev.id, nil, text)
-      end
+      local sent, e = pcall(settle, ok, text, usage)
       if not sent then
         ngx.log(ngx.ERR, "rlm: ", tostring(e))
       end
       wake:post(1)
     end)
     threads[t] = true
+    started = started + 1
   end
 
   -- A finished light thread stays a zombie until its parent waits for it.
@@ -94,21 +91,27 @@ local function loop(s)
         ngx.thread.kill(t)
       end
     end
+    dispatch.release(s)
   end
 
+  dispatch.claim(s, "rlm.adapters.resty", function()
+    wake:post(1) -- closed from elsewhere (an abort, a cancel): look now
+  end)
   local wait_ms = M.MIN_WAIT_MS
   while true do
     if ngx.worker.exiting() then
-      s:close()
       finish()
+      s:close()
       return nil, exiting_error(s)
     end
     reap()
-    local ok, ev = pcall(s.poll, s)
+    local before = started
+    local ok, ev = pcall(dispatch.next, s, start)
     if not ok then
-      s:close()
-      finish()
-      error(ev, 0)
+      ev = dispatch.fail(s, ev)
+    end
+    if started ~= before then
+      wait_ms = M.MIN_WAIT_MS
     end
     if ev == nil then
       local ms = s:timeout()
@@ -120,16 +123,11 @@ local function loop(s)
       end
       wait_ms = math.min(wait_ms * 2, M.MAX_WAIT_MS)
     else
-      wait_ms = M.MIN_WAIT_MS
-      if ev.type == "root_llm" or ev.type == "llm_query" then
-        answer(ev)
-      elseif ev.type == "done" then
-        finish()
+      finish()
+      if ev.type == "done" then
         return ev.result
-      elseif ev.type == "error" then
-        finish()
-        return nil, ev.err
       end
+      return nil, ev.err
     end
   end
 end
@@ -179,12 +177,20 @@ end
 -- once, as in Session.new.
 --   run(opts) -> result | nil, err        (rewrite, access, content, timer)
 --   run(opts, function(err, result) end)  (any phase with ngx.timer.at:
---     the session runs in a timer; returns the session, whose close()
---     cancels the run)
+--     the session runs in a timer; returns the session, whose cancel()
+--     (= close()) cancels the run: cb gets an err of kind `cancelled`)
 function M.run(opts, cb)
   if cb == nil then
     check_phase("run")
     local s = rlm.Session.new(opts)
+    if ngx.get_phase() ~= "timer" then
+      -- With lua_check_client_abort on, a client that goes away ends the
+      -- run (nil, err of kind `cancelled`) instead of leaving it to spend
+      -- tokens; with it off (nginx's default) this does nothing.
+      pcall(ngx.on_abort, function()
+        s:close()
+      end)
+    end
     local ok, result, err = pcall(loop, s)
     s:close()
     if not ok then

@@ -1,0 +1,68 @@
+-- run() and step(): the engine driven from the calling thread. A loop over
+-- rlm.dispatch that calls each callback at once (a yield passes through to
+-- whoever resumed run()) and, while the session waits, sleeps on its fd()
+-- until timeout(), as cqueues' loop is a Lua loop over step.
+local dispatch = require("rlm.dispatch")
+local errors = require("rlm.errors")
+local util = require("rlm.util")
+
+local M = {}
+
+local function call_now(fn, arg, settle)
+  settle(util.call_protected(fn, arg))
+end
+
+-- Drives s until an event of type `stop` or the end of the run.
+local function drive(s, who, stop)
+  dispatch.claim(s, who)
+  -- No pcall here: callbacks may yield through run() on PUC Lua 5.1 too.
+  -- Nothing in the loop raises (poll() and call_protected catch).
+  while true do
+    local ev = dispatch.next(s, call_now, stop)
+    if ev then
+      dispatch.release(s)
+      return ev
+    end
+    local ms = s:timeout()
+    if ms ~= 0 then
+      s:_waitset():wait(ms)
+    end
+  end
+end
+
+-- One root turn: ask the root model, run the code it wrote, show it the
+-- output. Returns the history entry, or nil, err.
+function M:step()
+  if self.failed then
+    return nil, self.failed
+  end
+  if self:_turns_spent() and not self.closed then
+    return nil, errors.new("max_iterations", ("max_iterations (%d) root turns are spent")
+      :format(self.opts.max_iterations), { history = self.history })
+  end
+  if self.final then
+    self.more_turns = true -- after the final answer, more steps go on
+  end
+  if self.terminal and self.terminal.type == "done" then
+    self.terminal = nil
+  end
+  local ev = drive(self, "step()", "step")
+  if ev.type == "step" then
+    return ev.entry
+  elseif ev.type == "done" then
+    return self.history[#self.history]
+  end
+  return nil, ev.err
+end
+
+-- Runs root turns until the code gives a final answer. Returns the result
+-- table, or nil, err.
+function M:run()
+  local ev = drive(self, "run()", nil)
+  if ev.type == "done" then
+    return ev.result
+  end
+  return nil, ev.err
+end
+
+return M

@@ -1,0 +1,117 @@
+-- The one loop every host runs over a session: poll, start the user's
+-- callback for each request (a batch's requests in one llm_query_batch
+-- call when it is given), reply when it answers, and stop at the end of the
+-- run. How a callback is started (at once, in a coroutine of its own, in a
+-- light thread) and how the host waits between polls is the host's: see
+-- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
+local errors = require("rlm.errors")
+
+local M = {}
+
+-- Who drives each session now, and what to do when it is closed meanwhile.
+local driving = setmetatable({}, { __mode = "k" })
+
+-- claim(s, who[, on_close]) marks s as driven by `who`; a second driver
+-- raises (misuse: one run at a time), leaving the first alone. on_close()
+-- is called by s:close() while the claim holds, so that a loop watching
+-- fd() can report the end before the descriptor goes.
+function M.claim(s, who, on_close)
+  local d = driving[s]
+  if d then
+    error(("rlm: %s: this session is already being driven by %s (from a callback or another coroutine?); "
+      .. "one run at a time"):format(who, d.who), 3)
+  end
+  driving[s] = { who = who, on_close = on_close }
+end
+
+-- Sets the on_close of the claim held on s.
+function M.claim_close(s, on_close)
+  driving[s].on_close = on_close
+end
+
+-- The loop lets go of s; a closed session's descriptor goes now.
+function M.release(s)
+  driving[s] = nil
+  if s.closed then
+    s:_close_waitset()
+  end
+end
+
+-- Called by close(): true when a loop still watches the session's fd().
+function M.closing(s)
+  local d = driving[s]
+  if d and d.on_close then
+    d.on_close()
+    return true
+  end
+  return false
+end
+
+local function argument(ev)
+  if ev.type == "root_llm" then
+    return ev.messages
+  end
+  return ev.prompt
+end
+
+-- Starts the callback for request ev (and the rest of its batch).
+-- start(fn, arg, settle) calls fn(arg) its host's way and settle(ok, text,
+-- usage) once it answered (ok false: text is why it failed).
+local function answer(s, ev, start)
+  local o = s.opts
+  if ev.type == "llm_query" and ev.batch_id and o.llm_query_batch then
+    local reqs, prompts = { ev }, { ev.prompt }
+    for _, r in ipairs(s:_batch_rest(ev)) do
+      reqs[#reqs + 1], prompts[#prompts + 1] = r, r.prompt
+    end
+    -- A list of answers in order; a slot that is not a string is that
+    -- sub-call's error; a raise fails every slot.
+    return start(o.llm_query_batch, prompts, function(ok, answers)
+      if ok and type(answers) ~= "table" then
+        ok, answers = false, "llm_query_batch returned " .. type(answers) .. ", not a list"
+      end
+      for i, r in ipairs(reqs) do
+        if ok then
+          s:reply(r.id, answers[i])
+        else
+          s:reply(r.id, nil, tostring(answers))
+        end
+      end
+    end)
+  end
+  start(o[ev.type], argument(ev), function(ok, text, usage)
+    if ok then
+      s:reply(ev.id, text, usage)
+    else
+      s:reply(ev.id, nil, tostring(text))
+    end
+  end)
+end
+
+-- Polls s and starts a callback for every request, until the session waits
+-- (nil: wait for fd() or timeout()) or an event ends the loop: done, error,
+-- or one of type `stop`.
+function M.next(s, start, stop)
+  while true do
+    local ev = s:poll()
+    if ev == nil then
+      return nil
+    elseif ev.type == "root_llm" or ev.type == "llm_query" then
+      answer(s, ev, start)
+    elseif ev.type == "done" or ev.type == "error" or ev.type == stop then
+      return ev
+    end
+  end
+end
+
+-- An error a loop caught (a raise out of poll or a callback it started):
+-- the session ends with it, as a structured err.
+function M.fail(s, e)
+  if not errors.is_error(e) then
+    e = errors.new(s.closed and "cancelled" or "callback_error", tostring(e))
+  end
+  s:close()
+  return { type = "error", err = e }
+end
+
+return M

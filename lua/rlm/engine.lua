@@ -1,0 +1,227 @@
+-- The engine: a coroutine per session that hands out requests through
+-- poll() and takes answers through reply(); fd() and timeout() say when to
+-- poll again.
+local core = require("rlm.core")
+local errors = require("rlm.errors")
+local util = require("rlm.util")
+
+local M = {}
+
+-- What the engine yields when it has nothing to do until the driver or a
+-- reply wakes it; any other yield comes from a user callback.
+local IDLE = {}
+M.IDLE = IDLE
+
+local pack, unpack = util.pack, util.unpack
+
+-- A yield from a user callback that runs inside the engine (on_event,
+-- cost_usd): passed on to whoever resumed us when that is a coroutine that
+-- may yield; otherwise the callback gets util.NO_YIELD back, and fails.
+local function pass_through(...)
+  if not util.can_yield() then
+    return util.NO_YIELD
+  end
+  return coroutine.yield(...)
+end
+
+local function take(queue)
+  return table.remove(queue, 1)
+end
+
+-- Resumes the engine until it has something for the outside or waits.
+function M:_pump()
+  self.pumped_at = core.now_ms() -- sandbox.probe: this session is driven
+  if not self.engine then
+    self.engine = coroutine.create(function()
+      return self:_main()
+    end)
+  end
+  local res = pack(coroutine.resume(self.engine))
+  while true do
+    if not res[1] then
+      -- The engine raised. Whatever the driver sent must not raise out of
+      -- run(), step(), poll() or an adapter: the session ends with an err.
+      local trace = debug.traceback(self.engine, tostring(res[2]))
+      self.engine = nil
+      if self.closed then
+        -- Closed from a callback the engine was inside: that is the end.
+        self:_cancelled()
+        self.terminal = { type = "error", err = self.failed }
+        return
+      end
+      self:_fail(errors.new("protocol_error", "rlm: internal error while handling the driver's input: "
+        .. trace))
+      self.terminal = { type = "error", err = self.failed }
+      return
+    end
+    if coroutine.status(self.engine) == "dead" then
+      self.engine = nil
+      local ev = res[2]
+      if ev.type == "error" then
+        self:_fail(ev.err)
+        ev.err = self.failed
+      end
+      self.terminal = ev
+      return
+    end
+    if res[2] == IDLE then
+      return
+    end
+    res = pack(coroutine.resume(self.engine, pass_through(unpack(res, 2, res.n))))
+  end
+end
+
+--- The pump: what the session needs from the outside now, or nil when it
+-- must wait (for fd() to be readable or timeout() ms). Never blocks, except
+-- for the spawn of the sandbox at the first call.
+function M:poll()
+  if not self.terminal and (self.failed or self.closed) then
+    if not self.failed then
+      self:_cancelled()
+    end
+    self.terminal = { type = "error", err = self.failed }
+  end
+  if self.terminal then
+    self:_drop_requests()
+    return self.terminal
+  end
+  local ev = self:_next_out()
+  if ev then
+    return ev
+  end
+  self:_pump()
+  return self:_next_out() or self.terminal
+end
+
+-- Whether request id is still wanted: not answered, and (passed on from a
+-- child) the child has not ended.
+function M:_wants(id)
+  local route = self.routes[id]
+  return self.pending[id] ~= nil and (not route or route.child:_wants(route.id))
+end
+
+-- The next event for the outside, leaving out the requests of children
+-- that ended before they were handed out.
+function M:_next_out()
+  while true do
+    local ev = take(self.outbox)
+    if not ev or not ev.id or self:_wants(ev.id) then
+      return ev
+    end
+    self.pending[ev.id], self.routes[ev.id] = nil, nil
+  end
+end
+
+-- The answer to a request poll() handed out: reply(id, text[, usage]), or
+-- reply(id, nil, message) when the call failed.
+-- A reply to a request that is no longer wanted (the run ended, the
+-- session was closed, the exec it belonged to is over, or it was answered
+-- already) is dropped: returns false. One poll() never handed out raises.
+function M:reply(id, text, usage)
+  local req = self.pending[id]
+  if not req then
+    if type(id) == "number" and id >= 1 and id <= self.next_request_id and id == math.floor(id) then
+      return false
+    end
+    error(("rlm: reply to unknown request %s"):format(tostring(id)), 2)
+  end
+  self.pending[id] = nil
+  local route = self.routes[id]
+  if route then
+    -- A child's request: the answer is the child's, unless it has ended.
+    self.routes[id] = nil
+    if route.child.pending[route.id] then
+      route.child:reply(route.id, text, usage)
+    end
+    return true
+  end
+  if req.counted then
+    req.counted = nil
+    self:_release()
+  end
+  local r = { request = req, text = text, usage = usage }
+  if text == nil and type(usage) == "string" then
+    r.failed, r.message, r.usage = true, usage, nil
+  end
+  self.inbox[#self.inbox + 1] = r
+  return true
+end
+
+-- The rest of a batch whose first request poll() just handed out: the
+-- requests of the same batch that are out now, in order (they sit together
+-- in the outbox). rlm.dispatch gives them to llm_query_batch in one call.
+function M:_batch_rest(first)
+  local rest = {}
+  while self.outbox[1] and self.outbox[1].batch_id == first.batch_id and self.outbox[1].type == "llm_query" do
+    local ev = self:_next_out()
+    if not ev then
+      break
+    end
+    rest[#rest + 1] = ev
+  end
+  return rest
+end
+
+-- A descriptor that is readable when the session has work to do; nil while
+-- no sandbox runs.
+function M:fd()
+  if self.closed then
+    return self.waitset and self.waitset:fd() or nil
+  end
+  return self:_waitset():fd()
+end
+
+-- The set behind fd(), made on first use with the processes running then.
+function M:_waitset()
+  if not self.waitset then
+    self.waitset = assert(core.waitset())
+    for _, d in ipairs({ self.driver or false, self.helper or false }) do
+      if d then
+        assert(self.waitset:add(d:fd()))
+      end
+    end
+  end
+  return self.waitset
+end
+
+-- Puts a process's descriptor into the set behind fd() (the root's, for a
+-- nested session). Closing it takes it out again.
+function M:_watch(d)
+  if self.parent then
+    return self.parent:_watch(d)
+  end
+  if self.waitset then
+    assert(self.waitset:add(d:fd()))
+  end
+end
+
+-- The set behind fd() goes, once no loop watches it (rlm.dispatch).
+function M:_close_waitset()
+  if self.waitset then
+    self.waitset:close()
+    self.waitset = nil
+  end
+end
+
+-- How often to look while another session of this Lua state probes the
+-- interpreter: there is no descriptor to wait on then.
+local PROBE_WAIT_MS = 5
+
+-- Milliseconds until the session must be polled even if fd() stays quiet:
+-- -1 for no timer, 0 to poll now.
+function M:timeout()
+  if #self.outbox > 0 or #self.inbox > 0 or self.terminal or not self.engine then
+    return 0
+  end
+  local d = self.driver or self.helper
+  local ms = d and d:timeout() or PROBE_WAIT_MS
+  for _, child in ipairs(self.children) do
+    local c = child:timeout()
+    if ms < 0 or (c >= 0 and c < ms) then
+      ms = c
+    end
+  end
+  return ms
+end
+
+return M

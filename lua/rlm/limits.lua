@@ -1,0 +1,131 @@
+-- Deadlines and budgets: the step deadline, max_wall_ms, tokens and cost.
+local core = require("rlm.core")
+local util = require("rlm.util")
+
+local M = {}
+
+-- After its hello, the rest of the boot (self-test, context) may take this
+-- long, or step_timeout_ms when that is longer.
+local BOOT_TIMEOUT_MS = 30000
+
+function M:_boot_timeout_ms()
+  return math.max(BOOT_TIMEOUT_MS, self.opts.step_timeout_ms)
+end
+
+function M:_deadline_check()
+  if self.driver and self.driver:deadline_passed() then
+    self.driver:kill()
+    return self:_timeout_error()
+  end
+  return true
+end
+
+-- Arms the driver's deadline ms from now (0: none), or sooner when
+-- max_wall_ms ends first.
+function M:_set_deadline(ms)
+  local left = self:_wall_left()
+  self.wall_cut = ms > 0 and left ~= nil and left < ms
+  if self.wall_cut then
+    ms = math.max(left, 1)
+  end
+  self.deadline_at = ms > 0 and core.now_ms() + ms or nil
+  self.driver:set_deadline(ms)
+end
+
+-- While a step waits on nested sessions its clock stops: they have their
+-- own steps and deadlines, and max_wall_ms bounds the whole.
+function M:_pause_deadline()
+  if self.deadline_at and not self.paused_left then
+    self.paused_left = math.max(self.deadline_at - core.now_ms(), 1)
+    self:_set_deadline(0)
+  end
+end
+
+function M:_resume_deadline()
+  if self.paused_left and not self.children[1] and self.driver then
+    local left = self.paused_left
+    self.paused_left = nil
+    self:_set_deadline(left)
+  end
+end
+
+-- Milliseconds left of max_wall_ms in this run, or nil.
+function M:_wall_left()
+  local w, t0 = self.opts.max_wall_ms, self.tree.t0
+  return w and t0 and w - (core.now_ms() - t0) or nil
+end
+
+function M:_wall_error()
+  local w = self.opts.max_wall_ms
+  return self:_error("cost_budget", ("the run took max_wall_ms (%.0f ms); it was stopped"):format(w),
+    { wall_ms = core.now_ms() - self.tree.t0, max_wall_ms = w })
+end
+
+function M:_timeout_error()
+  if self.wall_cut then
+    return self:_wall_error()
+  end
+  if self.booting == "hello" then
+    return self:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
+      .. "(%.0f ms); the sandbox was killed"):format(self.opts.start_timeout_ms),
+      { timeout_ms = self.opts.start_timeout_ms })
+  elseif self.booting then
+    local ms = math.max(BOOT_TIMEOUT_MS, self.opts.step_timeout_ms)
+    return self:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
+      .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
+  end
+  return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms); the sandbox was killed")
+    :format(self.opts.step_timeout_ms), { timeout_ms = self.opts.step_timeout_ms })
+end
+
+-- Checked before each root turn and each sub-call.
+function M:_check_budget()
+  local o = self.opts
+  local left = self:_wall_left()
+  if left and left <= 0 then
+    return self:_wall_error()
+  end
+  if o.max_total_tokens and self.tokens.total >= o.max_total_tokens then
+    return self:_error("cost_budget", ("used %d tokens of max_total_tokens %d")
+      :format(self.tokens.total, o.max_total_tokens),
+      { tokens = self.tokens.total, max_total_tokens = o.max_total_tokens })
+  end
+  if not o.max_total_cost_usd then
+    return true
+  end
+  local ok, spent = util.call_protected(o.cost_usd)
+  if self.closed then
+    return self:_cancelled()
+  end
+  if not ok then
+    return self:_error("callback_error", "cost_usd raised: " .. tostring(spent))
+  end
+  if type(spent) ~= "number" then
+    return self:_error("callback_error", "cost_usd returned " .. type(spent) .. ", not a number")
+  end
+  if spent >= o.max_total_cost_usd then
+    return self:_error("cost_budget", ("spent %.4f USD of max_total_cost_usd %.4f")
+      :format(spent, o.max_total_cost_usd), { spent_usd = spent, max_total_cost_usd = o.max_total_cost_usd })
+  end
+  return true
+end
+
+-- A callback's optional second result: { input_tokens =, output_tokens = }.
+function M:_add_usage(who, usage)
+  if usage == nil then
+    return true
+  end
+  local input, output = type(usage) == "table" and usage.input_tokens or nil,
+    type(usage) == "table" and usage.output_tokens or nil
+  if type(input) ~= "number" or type(output) ~= "number" or input < 0 or output < 0 then
+    return self:_error("callback_error", who .. " returned a usage that is not "
+      .. "{ input_tokens = n, output_tokens = n }")
+  end
+  local t = self.tokens
+  t.input, t.output = t.input + input, t.output + output
+  t.total = t.input + t.output
+  return true
+end
+
+-- Hands a request to the outside world (through poll) and returns it.
+return M

@@ -1,0 +1,96 @@
+-- Nested sessions (rlm_query): children pumped inside their parent.
+local core = require("rlm.core")
+
+local M = {}
+
+-- Nested sessions. A child runs as an engine inside this one's: this
+-- session pumps it while its exec waits, passes its requests (root_llm,
+-- llm_query) out through its own poll() with the child's depth, and routes
+-- the replies back. Its descriptors join the root's waitset.
+
+function M:_queue_child(call)
+  if #self.children >= self.opts.max_concurrent_sub_calls then
+    self.queued[#self.queued + 1] = call
+    return
+  end
+  local child = self:_new_child(call)
+  child.call = call
+  call.t0 = core.now_ms()
+  self:_root():_waitset() -- fd() covers its processes from now on
+  self.children[#self.children + 1] = child
+  self:_pause_deadline()
+end
+
+function M:_root()
+  local s = self
+  while s.parent do
+    s = s.parent
+  end
+  return s
+end
+
+-- Runs each child until it waits; returns the first that ended, and how.
+function M:_pump_children()
+  for i, child in ipairs(self.children) do
+    while true do
+      local ev = child:poll()
+      if not ev then
+        break
+      elseif ev.type == "done" or ev.type == "error" then
+        table.remove(self.children, i)
+        return child, ev
+      elseif ev.type == "root_llm" or ev.type == "llm_query" then
+        self:_forward(child, ev)
+      end -- a child's "step" is its own business
+    end
+  end
+end
+
+-- Hands a child's request out as this session's own, with a new id.
+function M:_forward(child, ev)
+  local req = {}
+  for k, v in pairs(ev) do
+    req[k] = v
+  end
+  self.next_request_id = self.next_request_id + 1
+  req.id, req.counted = self.next_request_id, nil
+  self.routes[req.id] = { child = child, id = ev.id }
+  self:_hand_out(req)
+end
+
+-- A child ended: its sandbox goes, and its answer (or why it failed) goes
+-- to the code that asked.
+function M:_child_done(child, ev)
+  child:close()
+  local call = child.call
+  local next_call = table.remove(self.queued, 1)
+  if next_call then
+    self:_queue_child(next_call)
+  end
+  self:_resume_deadline()
+  local text, problem
+  if ev.type == "done" then
+    text = ev.result.answer
+  else
+    problem = ("rlm_query failed (%s): %s"):format(ev.err.kind, tostring(ev.err.message):match("^[^\n]*"))
+  end
+  local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = call.prompt,
+    response = text, error = problem, latency_ms = core.now_ms() - call.t0, index = call.index,
+    batch_index = call.batch_index, batch_size = call.batch_size, batch_id = call.batch_id,
+    recursive = true, iterations = child.iterations, error_kind = ev.err and ev.err.kind })
+  if not ok then
+    return nil, err
+  end
+  return self:_send_result(call, text, problem)
+end
+
+-- Closes the children and forgets the queued ones (an exec or the session
+-- ended).
+function M:_end_children()
+  for _, child in ipairs(self.children) do
+    child:close()
+  end
+  self.children, self.queued = {}, {}
+  self.paused_left = nil
+end
+return M

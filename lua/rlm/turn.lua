@@ -1,0 +1,289 @@
+-- Root turns: ask the root model, run its code, record the output; the
+-- engine's body.
+local core = require("rlm.core")
+local errors = require("rlm.errors")
+local prompt = require("rlm.prompt")
+local protocol = require("rlm.protocol")
+local textlib = require("rlm.text")
+local IDLE = require("rlm.engine").IDLE
+
+local M = {}
+
+local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, rlm_query = true,
+  rlm_batch = true, fatal = true }
+
+-- Runs one block of code; answers the driver's calls back meanwhile.
+function M:_exec(code)
+  self.next_exec_id = self.next_exec_id + 1
+  local id = self.next_exec_id
+  local ok, err = self:_send({ type = "exec", id = id, code = code })
+  if not ok then
+    return nil, err
+  end
+  while true do
+    local kind, a, b, c = self:_wait(true)
+    if kind == "reply" then
+      ok, err = self:_sub_answer(a)
+    elseif kind == "child" then
+      ok, err = self:_child_done(a, b)
+    else
+      local msg
+      msg, err = self:_driver_message(EXEC_REPLIES, kind, a, b, c)
+      if msg and msg.type == "exec_result" then
+        return self:_exec_done(msg, id)
+      end
+      ok = msg ~= nil
+      if ok then
+        ok, err = self:_sub_query(msg)
+      end
+    end
+    if not ok then
+      return nil, err
+    end
+  end
+end
+
+function M:_exec_done(msg, id)
+  if msg.id ~= id then
+    return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran"):format(msg.id, id))
+  end
+  -- A hostile driver may end an exec with calls still out.
+  self.open_slots = 0
+  self:_drop_held()
+  self:_end_children()
+  self:_resume_deadline()
+  local limit = self.opts.stdout_truncate_chars
+  msg.stdout = textlib.cut(msg.stdout, limit, false)
+  msg.error = msg.error and textlib.cut(msg.error, limit, true) or nil
+  return msg
+end
+
+-- FINAL_VAR's value travels once: the answer is that string, or the
+-- value's JSON text (made here, not sent twice).
+local function final_of(f)
+  if f.kind == "var" then
+    local answer = f.value
+    if type(answer) ~= "string" then
+      local ok, text = pcall(protocol.encode, f.value)
+      answer = ok and text or tostring(f.value)
+    end
+    return { kind = "var", var = f.name, value = f.value, answer = answer }
+  end
+  return { kind = f.kind, value = f.value, answer = f.value }
+end
+
+-- Asks the root model (through poll/reply) and waits for its answer. The
+-- driver is idle meanwhile: anything it says is an error, and the step
+-- deadline still runs.
+function M:_call_root(messages)
+  local ok, err = self:_check_budget()
+  if not ok then
+    return nil, err
+  end
+  local copy = {}
+  for i, m in ipairs(messages) do
+    copy[i] = { role = m.role, content = m.content }
+  end
+  local req = self:_request({ type = "root_llm", messages = copy, depth = self.depth })
+  while true do
+    local kind, a, b, c = self:_wait(true)
+    if kind ~= "reply" then
+      local _
+      _, err = self:_driver_message({ fatal = true }, kind, a, b, c)
+      if not err then
+        err = select(2, self:_error("protocol_error", "the driver spoke while the root model was asked"))
+      end
+      return nil, err
+    end
+    if a.request == req then
+      local text, usage = self:_model_result("root_llm", a)
+      if not text then
+        return nil, usage
+      end
+      ok, err = self:_emit({ type = "root_response", step = self.iterations, response = text,
+        latency_ms = core.now_ms() - req.t0, usage = usage })
+      if not ok then
+        return nil, err
+      end
+      return text
+    end
+  end
+end
+
+-- Runs the blocks of one response; returns the history entry.
+function M:_run_blocks(response, blocks)
+  local entry = { response = response, blocks = {} }
+  local codes, outs, texts, first_error = {}, {}, {}, nil
+  for i, code in ipairs(blocks) do
+    local res, err = self:_exec(code)
+    if not res then
+      return nil, err
+    end
+    entry.blocks[i] = { code = code, stdout = res.stdout, error = res.error }
+    codes[#codes + 1], outs[#outs + 1] = code, res.stdout
+    first_error = first_error or res.error
+    texts[#texts + 1] = prompt.exec_output(i, #blocks, res.stdout, res.error)
+    local ok
+    ok, err = self:_emit({ type = "exec_result", step = self.iterations, block = i,
+      code = code, stdout = res.stdout, error = res.error })
+    if not ok then
+      return nil, err
+    end
+    if res.final then
+      entry.final = final_of(res.final)
+      break
+    end
+  end
+  entry.code = table.concat(codes, "\n\n")
+  entry.stdout = table.concat(outs, "")
+  entry.error = first_error
+  return entry, table.concat(texts, "\n\n")
+end
+
+function M:_record(entry, feedback)
+  self.messages[#self.messages + 1] = { role = "assistant", content = entry.response }
+  if feedback then
+    self.messages[#self.messages + 1] = { role = "user", content = feedback }
+  end
+  self.history[#self.history + 1] = entry
+  if entry.final then
+    self.final = entry.final
+    return self:_emit({ type = "final", step = self.iterations, answer = entry.final.answer,
+      kind = entry.final.kind })
+  end
+  return true
+end
+
+-- One root turn: ask the root model, run the code it wrote, record the
+-- output for the model. Returns the history entry, or nil, err.
+function M:_turn()
+  self.iterations = self.iterations + 1
+  self:_set_deadline(self.opts.step_timeout_ms)
+  local ok, err = self:_emit({ type = "step_start", step = self.iterations })
+  if not ok then
+    return nil, err
+  end
+  local response
+  response, err = self:_call_root(self.messages)
+  if not response then
+    return nil, err
+  end
+  local blocks = prompt.extract(response)
+  local entry, feedback
+  if #blocks == 0 then
+    entry, feedback = { response = response, code = "", stdout = "", blocks = {} }, prompt.NO_CODE
+  else
+    entry, feedback = self:_run_blocks(response, blocks)
+    if not entry then
+      return nil, feedback
+    end
+  end
+  self:_set_deadline(0)
+  ok, err = self:_record(entry, feedback)
+  if not ok then
+    return nil, err
+  end
+  return entry
+end
+
+function M:_result(final)
+  return {
+    answer = final.answer,
+    value = final.value,
+    kind = final.kind,
+    var = final.var,
+    iterations = self.iterations,
+    sub_calls = self.tree.sub_calls,
+    tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },
+    history = self.history,
+  }
+end
+
+-- When the turns run out: one more root call that may only answer.
+function M:_last_chance()
+  self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
+  self:_set_deadline(self.opts.step_timeout_ms)
+  local response, err = self:_call_root(self.messages)
+  if not response then
+    return nil, err
+  end
+  local finals = prompt.extract_finals(response)
+  if #finals > 0 then
+    local entry
+    entry, err = self:_run_blocks(response, finals)
+    if not entry then
+      return nil, err
+    end
+    self:_set_deadline(0)
+    if entry.final then
+      local ok
+      ok, err = self:_record(entry, nil)
+      if not ok then
+        return nil, err
+      end
+      return self:_result(entry.final)
+    end
+  end
+  return nil, errors.new("max_iterations", ("no final answer after max_iterations (%d) root turns")
+    :format(self.opts.max_iterations), { history = self.history })
+end
+
+-- max_iterations counts the root turns of one question.
+function M:_turns_spent()
+  return self.iterations - (self.turn_base or 0) >= self.opts.max_iterations
+end
+
+-- The engine's body: boot once, then root turns until the goal is met. A
+-- "step" event marks the end of each turn; the engine goes on only when
+-- polled again, so step() can stop between turns.
+function M:_main()
+  local ev = self:_run_turns()
+  local r, e = ev.result, ev.err
+  local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
+    error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
+    sub_calls = self.tree.sub_calls, tokens = { input = self.tokens.input, output = self.tokens.output,
+      total = self.tokens.total } })
+  if not ok and not e then
+    return { type = "error", err = err }
+  end
+  return ev
+end
+
+function M:_run_turns()
+  if not self.parent then
+    self.tree.t0 = core.now_ms() -- max_wall_ms counts from here, over the tree
+  end
+  if not self.started then
+    local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
+    if ok then
+      ok, err = self:_start()
+    end
+    if not ok then
+      return { type = "error", err = err }
+    end
+  end
+  while true do
+    -- step() after the final answer asks for one more turn of the same
+    -- conversation; anything else ends the run with the answer.
+    if self.final and not self.more_turns then
+      return { type = "done", result = self:_result(self.final) }
+    end
+    if self:_turns_spent() then
+      local result, err = self:_last_chance()
+      if not result then
+        return { type = "error", err = err }
+      end
+      return { type = "done", result = result }
+    end
+    self.more_turns = nil
+    local entry, err = self:_turn()
+    if not entry then
+      return { type = "error", err = err }
+    end
+    self.outbox[#self.outbox + 1] = { type = "step", entry = entry }
+    coroutine.yield(IDLE)
+  end
+end
+
+-- A yield from a user callback that runs inside the engine (on_event,
+return M

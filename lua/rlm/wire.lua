@@ -1,0 +1,133 @@
+-- The session's side of the wire: waiting for the driver (or a reply),
+-- turning what it sends into messages or errors, and sending to it.
+local protocol = require("rlm.protocol")
+local IDLE = require("rlm.engine").IDLE
+
+local M = {}
+
+local function exit_message(status, signal, stderr)
+  local how = signal ~= 0 and ("killed by signal " .. signal) or ("exit status " .. status)
+  if signal == 0 and status > 128 and status < 128 + 65 then
+    -- bubblewrap exits 128 + N when the process inside died of signal N.
+    how = how .. (" (killed by signal %d)"):format(status - 128)
+  end
+  stderr = stderr and stderr:gsub("%s+$", "") or ""
+  return how .. (stderr ~= "" and (": " .. stderr) or "")
+end
+
+-- The next thing the engine must handle: "reply", reply (when accept_replies)
+-- or a driver event (kind, ...). It never waits in C: with nothing to do it
+-- yields IDLE until poll() is called again.
+function M:_wait(accept_replies)
+  while true do
+    if accept_replies and #self.inbox > 0 then
+      return "reply", table.remove(self.inbox, 1)
+    end
+    local drv = self.driver
+    if not drv then
+      return "closed"
+    end
+    local nested = self.children[1] ~= nil
+    if nested then
+      local child, ev = self:_pump_children()
+      if child then
+        return "child", child, ev
+      end
+    end
+    local kind, a, b, c = drv:poll(0, self.max_values)
+    if kind then
+      return kind, a, b, c
+    end
+    coroutine.yield(IDLE)
+  end
+end
+
+-- The next event of a helper process the boot runs (the interpreter probe).
+-- With no helper: one turn of waiting for another session's probe.
+function M:_wait_helper(helper)
+  if not helper then
+    coroutine.yield(IDLE)
+    return true
+  end
+  if self.helper ~= helper then
+    self.helper = helper
+    self:_watch(helper)
+  end
+  while true do
+    local kind, a, b, c = helper:poll(0)
+    if kind then
+      self.helper = nil
+      return kind, a, b, c
+    end
+    coroutine.yield(IDLE)
+  end
+end
+
+-- Turns a driver event into the message it carries, when its type is one of
+-- `allowed`, or into the error it means.
+function M:_driver_message(allowed, kind, a, b, c)
+  if kind == "line" then
+    local msg, why = protocol.decode(a, allowed)
+    if not msg then
+      return self:_error("protocol_error", "the driver sent " .. why)
+    end
+    if msg.type == "fatal" then
+      return self:_error("protocol_error", "the driver gave up: " .. tostring(msg.message))
+    end
+    return msg
+  elseif kind == "failed" then
+    -- The start (on rlm.core's thread) failed: nothing ran.
+    return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(a))
+  elseif kind == "timeout" then
+    return self:_timeout_error()
+  elseif kind == "memory" then
+    return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%.0f bytes; peak seen %.0f bytes); "
+      .. "the poll of its processes' memory killed it"):format(self.opts.max_rss_bytes, a),
+      { limit = self.opts.max_rss_bytes, peak = a, mechanism = "poll" })
+  elseif kind == "files" then
+    return self:_error("memory_limit", ("the sandbox made more than workdir_max_files (%d) files in /session "
+      .. "(%.0f seen); its tmpfs holds them in memory"):format(self.opts.workdir_max_files, a),
+      { limit = self.opts.max_rss_bytes, peak = self.driver and self.driver:peak_rss() or 0,
+        mechanism = "workdir files", files = a, max_files = self.opts.workdir_max_files })
+  elseif kind == "dense" then
+    return self:_error("protocol_error", ("the driver sent a line of %d JSON values or more; the limit is %d "
+      .. "(max_message_bytes / 256)"):format(a, self.max_values))
+  elseif kind == "overflow" then
+    return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
+      :format(self.opts.max_message_bytes))
+  elseif kind == "exit" then
+    local drv = self.driver
+    local kills, peak = drv:oom_kills()
+    if kills > 0 then
+      local how = drv:memory_mechanism()
+      return self:_error("memory_limit", ("the sandbox passed max_rss_bytes (%.0f bytes; peak %.0f bytes); "
+        .. "the kernel killed it in its %s memory cgroup"):format(self.opts.max_rss_bytes, peak, how),
+        { limit = self.opts.max_rss_bytes, peak = peak, mechanism = how })
+    end
+    if not self.started then
+      -- Bubblewrap's own words say why; diagnose names what to change.
+      return self:_error("sandbox_unavailable", "the sandbox exited before the driver started: "
+        .. exit_message(a, b, c) .. require("rlm.diagnose").hint(c))
+    end
+    return self:_error("driver_exited", "the driver exited: " .. exit_message(a, b, c),
+      { status = a, signal = b, stderr = c })
+  end
+  if self.closed then
+    return self:_cancelled()
+  end
+  return self:_error("driver_exited", "the driver is gone")
+end
+
+-- Waits for the next message of one of the `allowed` types.
+function M:_expect(allowed)
+  return self:_driver_message(allowed, self:_wait(false))
+end
+
+function M:_send(msg)
+  local ok = self.driver:send(protocol.encode(msg))
+  if not ok then
+    return self:_expect({}) -- the reason it cannot take input is queued
+  end
+  return true
+end
+return M

@@ -1,0 +1,168 @@
+-- Cancel and misuse: close() from anywhere ends the run with `cancelled`;
+-- one driver at a time; the adapters' callback contracts.
+local H = require("helpers")
+local fence = H.fence
+
+local L = require("helpers.luv")
+local luv_adapter = L and require("rlm.adapters.luv")
+
+local SLEEPY = fence("import time\ntime.sleep(30)")
+
+describe("close() during run()", function()
+  after_each(H.assert_clean)
+
+  it("from inside root_llm ends the run with cancelled", function()
+    local s
+    s = H.session({
+      root_llm = function()
+        s:close()
+        return fence("FINAL('x')")
+      end,
+    })
+    local result, err = s:run()
+    assert.is_nil(result)
+    assert.are.equal("cancelled", err.kind)
+  end)
+
+  it("from inside llm_query ends the run with cancelled", function()
+    local s
+    s = H.session({
+      root_llm = H.script({ fence("print(llm_query('a'))") }),
+      llm_query = function()
+        s:close()
+        return "late"
+      end,
+    })
+    local _, err = s:run()
+    assert.are.equal("cancelled", err.kind)
+  end)
+
+  it("from on_event ends the run with cancelled", function()
+    local s
+    s = H.session({
+      root_llm = H.script({ fence("FINAL('x')") }),
+      on_event = function(ev)
+        if ev.type == "step_start" then
+          s:close()
+        end
+      end,
+    })
+    local _, err = s:run()
+    assert.are.equal("cancelled", err.kind)
+  end)
+
+  it("from another coroutine while run() waits in a callback", function()
+    local s = H.session({
+      root_llm = function()
+        coroutine.yield("waiting")
+        return SLEEPY
+      end,
+    })
+    local co = coroutine.create(function()
+      return s:run()
+    end)
+    assert.are.same({ true, "waiting" }, { coroutine.resume(co) })
+    -- A second run() meanwhile is misuse, and leaves the first alone.
+    local other = coroutine.create(function()
+      return s:run()
+    end)
+    local ok, msg = coroutine.resume(other)
+    assert.is_false(ok)
+    assert.matches("already being driven by run%(%)", msg)
+    s:close()
+    local _, result, err = coroutine.resume(co)
+    assert.is_nil(result)
+    assert.are.equal("cancelled", err.kind)
+  end)
+
+  it("gives callback_error, not a bare Lua error, when root_llm yields outside a coroutine", function()
+    local s = H.session({
+      root_llm = function()
+        coroutine.yield()
+      end,
+    })
+    local _, err = s:run()
+    s:close()
+    assert.are.equal("callback_error", err.kind)
+    assert.matches("yielded", err.message)
+  end)
+end)
+
+H.describe_luv("the luv adapter's contracts", function()
+  after_each(H.assert_clean)
+
+  it("raises at once without a callback", function()
+    assert.has_error(function()
+      luv_adapter.run(H.opts({}))
+    end, "rlm.adapters.luv.run: argument 2 must be a function(err, result), got nil")
+  end)
+
+  it("never calls back before run() returns, even when the sandbox cannot start", function()
+    local returned, err = false, nil
+    local called_early
+    luv_adapter.run(H.opts({ bwrap = "no-such-bwrap" }), function(e)
+      called_early = not returned
+      err = e
+    end)
+    returned = true
+    L.run_until(function()
+      return err ~= nil
+    end)
+    assert.is_false(called_early)
+    assert.are.equal("sandbox_unavailable", err.kind)
+  end)
+
+  it("refuses to drive one session twice, and leaks no handle", function()
+    local s = H.session({ root_llm = H.script({ fence("FINAL('once')") }) })
+    local result
+    luv_adapter.drive(s, function(_, r)
+      result = r
+    end)
+    assert.has_error(function()
+      luv_adapter.drive(s, function() end)
+    end)
+    L.run_until(function()
+      return result ~= nil
+    end)
+    s:close()
+    assert.are.equal("once", result.answer)
+  end)
+
+  it("gives a structured err when on_event yields", function()
+    local err
+    luv_adapter.run(H.opts({
+      root_llm = H.script({ fence("FINAL('x')") }),
+      on_event = function()
+        coroutine.yield()
+      end,
+    }), function(e)
+      err = e
+    end)
+    L.run_until(function()
+      return err ~= nil
+    end)
+    assert.are.equal("callback_error", err.kind)
+  end)
+
+  it("lets an error raised in the final callback reach the loop (luv's handler)", function()
+    -- luv reports an uncaught callback error through its own handler, which
+    -- prints it and exits: so in a process of its own.
+    local lua = rawget(_G, "jit") and "luajit" or ("lua" .. _VERSION:match("%d+%.%d+"))
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local H = require("helpers")
+require("rlm.adapters.luv").run(H.opts({ root_llm = H.script({ H.fence("FINAL('x')") }) }), function()
+  error("from the user's callback")
+end)
+require("luv").run()
+print("uv.run returned normally")
+]])
+    f:close()
+    local out = H.sh(lua .. " " .. script .. " 2>&1; echo rc=$?")
+    os.remove(script)
+    assert.matches("from the user's callback", out)
+    assert.is_nil(out:find("returned normally", 1, true))
+    assert.is_nil(out:find("rc=0", 1, true))
+  end)
+end)
