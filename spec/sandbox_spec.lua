@@ -41,6 +41,27 @@ describe("the sandbox", function()
       assert.are.equal("sandbox_unavailable", err.kind)
     end)
 
+    it("says which of its needs is missing when bubblewrap cannot make its namespaces", function()
+      -- A stand-in bubblewrap that fails as a container without user
+      -- namespaces makes it fail (docs/containers.md).
+      local fake = os.tmpname()
+      local f = assert(io.open(fake, "w"))
+      f:write("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the kernel"
+        .. " does not allow non-privileged user namespaces.' >&2\nexit 1\n")
+      f:close()
+      os.execute("chmod 755 " .. fake)
+      local result, err = H.run({ bwrap = fake })
+      os.remove(fake)
+      assert.is_nil(result)
+      assert.are.equal("sandbox_unavailable", err.kind)
+      assert.matches("No permissions to creating new namespace", err.message, 1, true)
+      -- The hint after bubblewrap's words names the switch that is off, the
+      -- container's profile, or (when neither shows) the kernel.
+      local hint = err.message:match("%((.-)%)$") or ""
+      assert.is_truthy(hint:find("user namespaces are off", 1, true) or hint:find("container", 1, true)
+        or hint:find("the kernel refused", 1, true), err.message)
+    end)
+
     it("gives sandbox_unavailable when the interpreter is missing", function()
       local _, err = H.run({ python = "/nonexistent/python3" })
       assert.are.equal("sandbox_unavailable", err.kind)
