@@ -294,7 +294,7 @@ cases[#cases + 1] = function(next_case)
       end
     end,
   }, function(err, result)
-    report(result == nil and err ~= nil and err.kind == "driver_exited",
+    report(result == nil and err ~= nil and err.kind == "cancelled",
       "session:close() cancels the run", err and ("%s after %.0f ms"):format(err.kind, now_ms() - t0)
         or "it finished")
     wait_for(function()
