@@ -49,7 +49,14 @@ local function measure(code)
   local out = H.sh(("%s %s %s 2>&1"):format(H.lua_name(), child_script, code_file))
   os.remove(child_script)
   os.remove(code_file)
-  local kind, growth, cpu, rest = out:match("^(%S+)\t(%S+)\t(%S+)\t(.*)$")
+  -- The child's last line of that shape (a sanitizer may print before it).
+  local kind, growth, cpu, rest
+  for line in (out .. "\n"):gmatch("([^\n]*)\n") do
+    local k, g, c, r = line:match("^(%S+)\t(%d+)\t([%d.]+)\t(.*)$")
+    if k then
+      kind, growth, cpu, rest = k, g, c, r
+    end
+  end
   assert(kind, "the measuring child failed: " .. out)
   return kind, tonumber(growth), tonumber(cpu), rest
 end
@@ -59,6 +66,12 @@ local function report(what, growth, cpu)
 end
 
 local BATCH = "os.write(1, b'{\"type\":\"llm_batch\",\"id\":1,\"prompts\":[' + b','.join(%s) + b']}\\n')"
+
+-- Under make check the sanitizer's redzones and quarantine sit on every
+-- allocation, and it runs slower: the bounds there are twice and three
+-- times these.
+local SANITIZED = (os.getenv("RLM_SPEC_PRELOAD") or "") ~= ""
+local MEM_SLACK, CPU_SLACK = SANITIZED and 2 or 1, SANITIZED and 3 or 1
 
 describe("the host's memory under a hostile driver", function()
   after_each(H.assert_clean)
@@ -87,8 +100,8 @@ describe("the host's memory under a hostile driver", function()
       report(c[1], growth, cpu)
       assert.are.equal("protocol_error", kind, message)
       assert.matches(c[3], message)
-      assert.is_true(growth < 32 * MB, ("the host grew by %.1f MiB"):format(growth / MB))
-      assert.is_true(cpu < 1, ("the host spent %.2f s of CPU"):format(cpu))
+      assert.is_true(growth < 32 * MB * MEM_SLACK, ("the host grew by %.1f MiB"):format(growth / MB))
+      assert.is_true(cpu < CPU_SLACK, ("the host spent %.2f s of CPU"):format(cpu))
     end)
   end
 
@@ -97,6 +110,6 @@ describe("the host's memory under a hostile driver", function()
     report("a 16 MB FINAL_VAR string", growth, cpu)
     assert.are.equal("ok", kind, len)
     assert.are.equal("16000000", len)
-    assert.is_true(growth < 4 * 16 * MB, ("the host grew by %.1f MiB"):format(growth / MB))
+    assert.is_true(growth < 4 * 16 * MB * MEM_SLACK, ("the host grew by %.1f MiB"):format(growth / MB))
   end)
 end)

@@ -129,7 +129,8 @@ end
 -- The namespaces and mounts the sandbox asks bubblewrap for, around
 -- `true`: exit code and output.
 function M.try_bubblewrap(path)
-  return M.run(q(path) .. " --unshare-all --unshare-user --disable-userns --new-session"
+  -- As the session spawns it: without a preload of the host's.
+  return M.run("env -u LD_PRELOAD " .. q(path) .. " --unshare-all --unshare-user --disable-userns --new-session"
     .. " --die-with-parent --cap-drop ALL --ro-bind / / --proc /proc --dev /dev true")
 end
 
