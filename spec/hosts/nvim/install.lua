@@ -13,56 +13,15 @@ local clone = assert(os.getenv("RLM_CLONE"), "RLM_CLONE")
 local tmpdir = assert(os.getenv("RLM_HOSTS_TMPDIR"), "RLM_HOSTS_TMPDIR")
 local uv = vim.uv or vim.loop
 local out = io.stdout
-local results = { passed = 0, failed = 0 }
 local cpath_before, path_before = package.cpath, package.path
 -- Messages as comment lines of the report, not glued to its "ok" lines.
 vim.notify = function(msg)
   out:write("# notify: " .. tostring(msg) .. "\n")
 end
 
-local function report(ok, name, detail)
-  if ok then
-    results.passed = results.passed + 1
-    out:write(("ok - nvim-install: %s%s\n"):format(name, detail and (" (" .. detail .. ")") or ""))
-  else
-    results.failed = results.failed + 1
-    out:write(("not ok - nvim-install: %s: %s\n"):format(name, tostring(detail)))
-  end
-  out:flush()
-end
-
-local function fence(code)
-  return "```repl\n" .. code .. "\n```"
-end
-
-local function workdirs()
-  local names = {}
-  local handle = uv.fs_scandir(tmpdir)
-  while handle do
-    local name = uv.fs_scandir_next(handle)
-    if not name then
-      break
-    end
-    names[#names + 1] = name
-  end
-  return names
-end
-
-local function wait_for(cond, ms, k)
-  local t0 = uv.hrtime()
-  local t = uv.new_timer()
-  t:start(5, 5, vim.schedule_wrap(function()
-    if t:is_closing() then
-      return
-    end
-    local held = cond()
-    if held or (uv.hrtime() - t0) / 1e6 > ms then
-      t:stop()
-      t:close()
-      k(held)
-    end
-  end))
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local harness = dofile(here .. "/harness.lua").new("nvim-install", tmpdir)
+local report, fence, workdirs, wait_for = harness.report, harness.fence, harness.workdirs, harness.wait_for
 
 local function answer_buffer()
   local buf = vim.fn.bufnr("rlm://answer")
@@ -223,25 +182,4 @@ cases[#cases + 1] = function(next_case)
   next_case()
 end
 
-local function finish()
-  out:write(("# nvim-install: %d passed, %d failed\n"):format(results.passed, results.failed))
-  out:flush()
-  vim.cmd(results.failed == 0 and "qall!" or "cquit! 1")
-end
-
-local i = 0
-local function next_case()
-  i = i + 1
-  local case = cases[i]
-  if not case then
-    return finish()
-  end
-  vim.schedule(function()
-    local ok, e = pcall(case, next_case)
-    if not ok then
-      report(false, "case " .. i .. " runs", e)
-      next_case()
-    end
-  end)
-end
-next_case()
+harness.run(cases)

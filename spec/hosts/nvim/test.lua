@@ -21,26 +21,11 @@ local STALL_LIMIT_MS = 50
 local BEAT_MS = 10
 local TEST_TIMEOUT_MS = 120000
 
-local out = io.stdout
-local results = { passed = 0, failed = 0 }
-
-local function report(ok, name, detail)
-  if ok then
-    results.passed = results.passed + 1
-    out:write(("ok - nvim: %s%s\n"):format(name, detail and (" (" .. detail .. ")") or ""))
-  else
-    results.failed = results.failed + 1
-    out:write(("not ok - nvim: %s: %s\n"):format(name, tostring(detail)))
-  end
-  out:flush()
-end
+local harness = dofile(root .. "/spec/hosts/nvim/harness.lua").new("nvim", tmpdir)
+local report, fence, workdirs, wait_for = harness.report, harness.fence, harness.workdirs, harness.wait_for
 
 local function now_ms()
   return uv.hrtime() / 1e6
-end
-
-local function fence(code)
-  return "```repl\n" .. code .. "\n```"
 end
 
 local function read_all(path)
@@ -71,19 +56,6 @@ local function children()
   return pids
 end
 
-local function workdirs()
-  local names = {}
-  local handle = uv.fs_scandir(tmpdir)
-  while handle do
-    local name = uv.fs_scandir_next(handle)
-    if not name then
-      break
-    end
-    names[#names + 1] = name
-  end
-  return names
-end
-
 -- Whether this process catches, ignores or defaults SIGCHLD (17).
 local function sigchld_disposition()
   local status = read_all("/proc/self/status") or ""
@@ -93,24 +65,6 @@ local function sigchld_disposition()
     return digit % 2 == 1
   end
   return has("SigCgt") and "caught" or has("SigIgn") and "ignored" or "default"
-end
-
--- Waits until cond() holds (or ms pass) without blocking the loop, then
--- calls k(held).
-local function wait_for(cond, ms, k)
-  local t0 = now_ms()
-  local t = uv.new_timer()
-  t:start(5, 5, vim.schedule_wrap(function()
-    if t:is_closing() then
-      return
-    end
-    local held = cond()
-    if held or now_ms() - t0 > ms then
-      t:stop()
-      t:close()
-      k(held)
-    end
-  end))
 end
 
 local cases = {}
@@ -409,35 +363,4 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
-local watchdog = uv.new_timer()
-local function finish()
-  if not watchdog:is_closing() then
-    watchdog:stop()
-    watchdog:close()
-  end
-  out:write(("# nvim: %d passed, %d failed\n"):format(results.passed, results.failed))
-  out:flush()
-  vim.cmd(results.failed == 0 and "qall!" or "cquit! 1")
-end
-
-watchdog:start(TEST_TIMEOUT_MS, 0, vim.schedule_wrap(function()
-  report(false, "the cases finish", ("still running after %d ms"):format(TEST_TIMEOUT_MS))
-  finish()
-end))
-
-local i = 0
-local function next_case()
-  i = i + 1
-  local case = cases[i]
-  if not case then
-    return finish()
-  end
-  vim.schedule(function()
-    local ok, e = pcall(case, next_case)
-    if not ok then
-      report(false, "case " .. i .. " runs", e)
-      next_case()
-    end
-  end)
-end
-next_case()
+harness.run(cases, TEST_TIMEOUT_MS)
