@@ -61,19 +61,27 @@ describe("llm_query_batched", function()
     assert.is_true(secs >= 1.6 and secs < 3.5, "took " .. secs .. " s")
   end)
 
+  -- An llm_query_batch that answers "b:" .. prompt, telling seen(prompts)
+  -- of each call first.
+  local function echo_batch(seen)
+    return function(prompts)
+      seen(prompts)
+      local out = {}
+      for i, p in ipairs(prompts) do
+        out[i] = "b:" .. p
+      end
+      return out
+    end
+  end
+
   it("takes a whole batch through llm_query_batch(prompts) when given one", function()
     local calls = 0
     local result = assert(H.run({
       max_concurrent_sub_calls = 16,
       root_llm = H.script({ TIMED_BATCH }),
-      llm_query_batch = function(prompts)
+      llm_query_batch = echo_batch(function()
         calls = calls + 1
-        local out = {}
-        for i, p in ipairs(prompts) do
-          out[i] = "b:" .. p
-        end
-        return out
-      end,
+      end),
     }))
     local _, answers = timed(result)
     assert.are.same(expected("b:"), answers)
@@ -86,14 +94,9 @@ describe("llm_query_batched", function()
     local result = assert(H.run({
       max_concurrent_sub_calls = 5,
       root_llm = H.script({ TIMED_BATCH }),
-      llm_query_batch = function(prompts)
+      llm_query_batch = echo_batch(function(prompts)
         sizes[#sizes + 1] = #prompts
-        local out = {}
-        for i, p in ipairs(prompts) do
-          out[i] = "b:" .. p
-        end
-        return out
-      end,
+      end),
     }))
     assert.are.same(expected("b:"), select(2, timed(result)))
     assert.are.same({ 5, 5, 5, 1 }, sizes)
