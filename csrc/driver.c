@@ -79,7 +79,7 @@ struct rlm_driver {
   uv_timer_t deadline, wait, grace, launcher_grace;
   int handles; /* initialised handles not yet closed */
 
-  unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, reading : 1,
+  unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, err_eof : 1, reading : 1,
       in_closed : 1, terminal_queued : 1, exit_queued : 1, wait_expired : 1,
       deadline_hit : 1, paused : 1, grace_due : 1;
   int64_t exit_status;
@@ -293,11 +293,17 @@ static void check_breach(rlm_driver *d) {
     report_breach(d);
 }
 
-/* The exit is reported once the process is reaped and its stdout is drained,
- * or killed, or silent for EXIT_GRACE_MS after exiting. */
+/* Whether both of the driver's output pipes have reached their end: then
+ * the exit event carries all it said, bubblewrap's own error included. */
+static int drained(const rlm_driver *d) {
+  return d->out_eof && d->err_eof;
+}
+
+/* The exit is reported once the process is reaped and its stdout and stderr
+ * are drained, or killed, or silent for EXIT_GRACE_MS after exiting. */
 static void maybe_queue_exit(rlm_driver *d) {
   if (!d->exited || d->exit_queued ||
-      (!d->out_eof && !d->killed && uv_is_active((uv_handle_t *)&d->grace)))
+      (!drained(d) && !d->killed && uv_is_active((uv_handle_t *)&d->grace)))
     return;
   d->exit_queued = 1;
   uv_timer_stop(&d->grace);
@@ -356,7 +362,7 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
   }
   uv_timer_stop(&d->deadline);
   uv_timer_stop(&d->launcher_grace);
-  if (!d->out_eof && !d->killed)
+  if (!drained(d) && !d->killed)
     uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
   maybe_queue_exit(d);
 }
@@ -425,6 +431,8 @@ static void on_read_err(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (nread < 0) {
     uv_read_stop(s);
     close_handle(d, s);
+    d->err_eof = 1;
+    maybe_queue_exit(d);
     return;
   }
   /* Keep the last STDERR_TAIL bytes. */
@@ -1106,7 +1114,8 @@ static void on_started(uv_async_t *a) {
     uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
     d->reading = 1;
   }
-  uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err);
+  if (uv_read_start((uv_stream_t *)&d->err, alloc_err, on_read_err) != 0)
+    d->err_eof = 1; /* unread: its end is not waited for */
   if (d->kill_pending) {
     d->kill_pending = 0;
     kill_sandbox(d);

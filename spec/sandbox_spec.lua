@@ -62,6 +62,21 @@ describe("the sandbox", function()
         or hint:find("the kernel refused", 1, true), err.message)
     end)
 
+    it("waits for bubblewrap's stderr to end before it reports the exit", function()
+      -- stdout ends and the process exits before its words reach stderr:
+      -- the error must still carry them.
+      local fake = os.tmpname()
+      local f = assert(io.open(fake, "w"))
+      f:write("#!/bin/sh\nexec >&-\n(sleep 0.1; echo 'bwrap: late words' >&2) &\nexit 1\n")
+      f:close()
+      os.execute("chmod 755 " .. fake)
+      local result, err = H.run({ bwrap = fake })
+      os.remove(fake)
+      assert.is_nil(result)
+      assert.are.equal("sandbox_unavailable", err.kind)
+      assert.matches("bwrap: late words", err.message, 1, true)
+    end)
+
     it("gives sandbox_unavailable when the interpreter is missing", function()
       local _, err = H.run({ python = "/nonexistent/python3" })
       assert.are.equal("sandbox_unavailable", err.kind)
