@@ -228,7 +228,9 @@ H.describe_luv("the luv adapter", function()
     assert.is_nil(err)
     assert.are.equal("spun", result.answer)
     assert.is_true(beats >= 50, "beats: " .. beats)
-    assert.is_true(worst < 100, ("the loop stalled for %.0f ms"):format(worst))
+    -- A loop held by the REPL stalls a second; a shared machine's scheduler
+    -- alone can delay a tick by a tenth of one.
+    assert.is_true(worst < 300, ("the loop stalled for %.0f ms"):format(worst))
   end)
 
   it("lets the host run its own children meanwhile (os.execute, io.popen, uv.spawn)", function()
