@@ -176,7 +176,7 @@ describe("a session", function()
       local result, err = H.run({ root_llm = root, max_iterations = 2 })
       assert.is_nil(err)
       assert.are.equal("2", result.answer)
-      assert.matches("no runs left", root.calls[3][#root.calls[3]].content)
+      assert.matches("no turns left", root.calls[3][#root.calls[3]].content)
     end)
 
     it("fails with max_iterations when the last chance gives no answer", function()

@@ -54,6 +54,16 @@ local function argument(ev)
   return ev.prompt
 end
 
+-- The callback with its second argument: { depth =, model = } (the
+-- session's depth; llm_query's model= hint). A Lua closure, so that a
+-- yield inside fn passes through it on every Lua.
+local function with_info(fn, ev)
+  local info = { depth = ev.depth or 0, model = ev.model }
+  return function(arg)
+    return fn(arg, info)
+  end
+end
+
 -- Starts the callback for request ev (and the rest of its batch).
 -- start(fn, arg, settle) calls fn(arg) its host's way and settle(ok, text,
 -- usage) once it answered (ok false: text is why it failed).
@@ -66,7 +76,7 @@ local function answer(s, ev, start)
     end
     -- A list of answers in order; a slot that is not a string is that
     -- sub-call's error; a raise fails every slot.
-    return start(o.llm_query_batch, prompts, function(ok, answers)
+    return start(with_info(o.llm_query_batch, ev), prompts, function(ok, answers)
       if ok and type(answers) ~= "table" then
         ok, answers = false, "llm_query_batch returned " .. type(answers) .. ", not a list"
       end
@@ -79,7 +89,7 @@ local function answer(s, ev, start)
       end
     end)
   end
-  start(o[ev.type], argument(ev), function(ok, text, usage)
+  start(with_info(o[ev.type], ev), argument(ev), function(ok, text, usage)
     if ok then
       s:reply(ev.id, text, usage)
     else

@@ -30,6 +30,10 @@ local function non_empty_string(v)
   return type(v) == "string" and v ~= "", "a non-empty string"
 end
 
+local function text_or_callable(v)
+  return type(v) == "string" or util.is_callable(v), "a string or a function(default, info) returning one"
+end
+
 local function boolean(v)
   return type(v) == "boolean", "a boolean"
 end
@@ -73,6 +77,7 @@ local schema = {
   llm_query_batch = { callable },
   cost_usd = { callable },
   on_event = { callable },
+  system_prompt = { text_or_callable },
   max_iterations = { integer(1), 20 },
   step_timeout_ms = { positive_number, 60000 },
   start_timeout_ms = { positive_number, 30000 },

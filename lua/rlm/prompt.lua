@@ -1,22 +1,30 @@
 -- What the root model reads: the system prompt, the first user message, the
--- REPL output messages; and what it writes: the code in its responses.
+-- REPL output messages; and what it writes: the code and the answers in its
+-- responses (parse). docs/prompt.md shows every text this file makes; a
+-- spec (spec/prompt_spec.lua) checks that it does not drift.
+local cjson_safe = require("cjson.safe")
+local protocol = require("rlm.protocol")
+local textlib = require("rlm.text")
+
 local M = {}
 
-local SYSTEM = [[
+local SYSTEM = [==[
 You answer a question about a context that is too large to read directly. The
-context is not in this conversation. It is loaded in a persistent Python REPL,
-as the variable `context` (%s). You work by writing Python code; you see only
-what the code prints, cut to %d characters per run, so print summaries, counts
-and short slices, never the whole context.
+context is not in this conversation. It is loaded in a persistent Python REPL
+as the variable `context`: %s.
+You work by writing Python code; you see only what the code prints, cut to
+%s characters per run, so print summaries, counts and short slices, never
+the whole context.
 
 In the REPL:
 - `context`: the data. Look at it through code first: its type, its length,
   its structure, a few samples.
 - `llm_query(prompt)`: asks a sub-model (it can read about %s characters at a
-  time) and returns its answer as a string. Use it to read or classify slices
-  of the context that code alone cannot handle. Every call costs time and
-  money: prefer regular expressions and string methods where they suffice,
-  and put many items into one prompt rather than one call per line.
+  time) and returns its answer as a str. Use it to read or classify slices
+  of the context that code alone cannot handle. A call that fails raises an
+  exception that names the cause. Every call costs time and money: prefer
+  regular expressions and string methods where they suffice, and put many
+  items into one prompt rather than one call per line.
 - `llm_query_batched(prompts)`: the same for a list of prompts, run side by
   side; returns the list of answers in order. Prefer it to calling llm_query
   in a loop: chunk the context into a few dozen prompts, each well under the
@@ -27,17 +35,58 @@ In the REPL:
 - Imports are limited to the standard library's data modules (re, json, math,
   collections, itertools, functools, statistics, string, textwrap, datetime,
   difflib, heapq, bisect, random, hashlib, base64, csv, io, ...)%s.
+- Each REPL output message says how many turns you have used and have left,
+  and how many sub-calls are left. Plan for them.
 
-To run code, write it in a fenced block:
+To run code, write it in a fenced block tagged repl:
 ```repl
-print(type(context), len(context))
+print(type(context).__name__, len(context))
 ```
-All blocks of a response run in order. When you know the answer, end with one of:
-- `FINAL(answer)`: the answer as text;
-- `FINAL_VAR("name")`: the value of a variable you built in the REPL;
-- or set `answer["content"] = ...` and then `answer["ready"] = True`.
-Call it inside a code block, after checking your answer with code. Do not
-guess: if you have not found it yet, keep working.]]
+All blocks of a response run in order.
+
+Example: look before you read. Peek at the start and at the structure:
+```repl
+print(context[:1000])
+lines = context.split("\n")
+print(len(lines), "lines")
+```
+
+Example: chunk, read the chunks side by side, aggregate. Each prompt stays
+well under the sub-model's window:
+```repl
+size = %s
+chunks = [context[i:i + size] for i in range(0, len(context), size)]
+prompts = [f"List every product recall this text mentions, one per line, or NONE.\n\n{c}"
+           for c in chunks]
+notes = [a for a in llm_query_batched(prompts)
+         if not isinstance(a, SubCallError) and a.strip() != "NONE"]
+print(len(chunks), "chunks,", len(notes), "with recalls")
+```
+Then, in the next turn, once the numbers look right:
+```repl
+recalls = llm_query("Merge these notes into one list without duplicates:\n\n"
+                    + "\n\n".join(notes))
+print(recalls[:2000])
+```
+
+Example: a list of documents. Filter with code, then ask about the few that
+matter:
+```repl
+hits = [i for i, doc in enumerate(context) if "invoice" in str(doc).lower()]
+print(len(hits), "of", len(context), "documents mention an invoice")
+totals = llm_query_batched([f"What is the total amount of this invoice? Reply with the number only.\n\n{context[i]}"
+                            for i in hits[:50]])
+```
+
+When you know the answer, and have checked it with code, give it NOT in a
+code block, on a line of its own, as one of:
+FINAL(your final answer here)
+FINAL_VAR(variable_name)
+FINAL(...) takes the answer as text (several lines are fine); FINAL_VAR(...)
+the name of a variable you built in the REPL, whose value is the answer. Both
+also work as calls inside code, as does setting `answer["content"] = ...` and
+then `answer["ready"] = True`. Do not guess: if you have not found the
+answer yet, keep working.]==]
 
 local NESTED = [[
 
@@ -50,31 +99,127 @@ local NESTED = [[
   `rlm_query_batched(prompts, contexts=None)` runs several side by side and
   returns the answers in order (failures as `SubCallError` slots).]]
 
--- describe(context) -> what the system prompt says `context` is.
-function M.describe(context)
-  if type(context) == "string" then
-    return ("a str of %d characters"):format(#context)
+-- 1234567 -> "1,234,567"
+local function thousands(n)
+  local s = ("%d"):format(n)
+  local head, digits = s:match("^(%-?%d)(%d*)$")
+  return head .. digits:reverse():gsub("(%d%d%d)", "%1,"):reverse()
+end
+M.thousands = thousands
+
+-- How many items describe() lists one by one before it sums up.
+local SHOWN_ITEMS = 5
+
+-- The characters an item of a list or dict context has for the model: a
+-- str's own; anything else's as JSON text.
+local function item_chars(v)
+  if type(v) == "string" then
+    return textlib.utf8_len(v), true
   end
-  local n = 0
-  for _ in pairs(context) do
-    n = n + 1
-  end
-  local is_list = n == #context
-  return ("a %s of %d %s, loaded from JSON"):format(
-    is_list and "list" or "dict", n, is_list and "items" or "keys")
+  local ok, text = pcall(protocol.encode, v)
+  return ok and textlib.utf8_len(text) or 0, false
 end
 
--- The system prompt of a session at `depth` (0 for the root); `context` is
--- how describe() put it.
-function M.system(opts, context, depth)
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do
+    keys[#keys + 1] = k
+  end
+  table.sort(keys, function(a, b)
+    if type(a) == type(b) and (type(a) == "string" or type(a) == "number") then
+      return a < b
+    end
+    return type(a) < type(b)
+  end)
+  return keys
+end
+
+-- describe(context) -> what the system prompt says `context` is: its type,
+-- its total characters, and for a list or dict the lengths of its items
+-- (the first few one by one, then the least, the median and the most).
+function M.describe(context)
+  if type(context) == "string" then
+    return ("a str of %s characters"):format(thousands(textlib.utf8_len(context)))
+  end
+  local keys = sorted_keys(context)
+  local n = #keys
+  local is_list = n == #context
+  if n == 0 then
+    local ok, text = pcall(protocol.encode, context)
+    return ("an empty %s"):format(ok and text == "[]" and "list" or "dict")
+  end
+  local lengths, shown, all_str, total = {}, {}, true, 0
+  for i, k in ipairs(keys) do
+    local chars, is_str = item_chars(context[k])
+    all_str = all_str and is_str
+    lengths[i], total = chars, total + chars
+    if i <= SHOWN_ITEMS then
+      shown[i] = is_list and thousands(chars) or ("%q: %s"):format(tostring(k), thousands(chars))
+    end
+  end
+  local what = is_list and ("a list of %s %s"):format(thousands(n), n == 1 and "item" or "items")
+    or ("a dict of %s %s"):format(thousands(n), n == 1 and "key" or "keys")
+  local parts = { ("%s, %s characters in all"):format(what, thousands(total)) }
+  local unit = all_str and "" or " (str items as text, others as JSON)"
+  local label = is_list and "item lengths" or "value lengths"
+  if n <= SHOWN_ITEMS then
+    parts[#parts + 1] = ("%s%s: %s"):format(label, unit, table.concat(shown, ", "))
+  else
+    table.sort(lengths)
+    parts[#parts + 1] = ("%s%s: %s, ... (the first %d of %s; least %s, median %s, most %s)"):format(
+      label, unit, table.concat(shown, ", "), SHOWN_ITEMS, thousands(n), thousands(lengths[1]),
+      thousands(lengths[math.floor((n + 1) / 2)]), thousands(lengths[n]))
+  end
+  return table.concat(parts, "; ")
+end
+
+-- The description of a nested session's JSON context (text the code sent).
+function M.describe_json(text)
+  local value = cjson_safe.decode(text)
+  if type(value) == "table" then
+    return M.describe(value)
+  end
+  return ("a JSON document of %s characters, loaded as a Python value"):format(
+    thousands(textlib.utf8_len(text)))
+end
+
+-- A chunk size for the example: half the sub-model's window, rounded.
+local function example_chunk(window)
+  local size = math.floor(window / 2 / 1000) * 1000
+  return size >= 1000 and size or math.max(math.floor(window / 2), 1)
+end
+
+-- The default system prompt of a session at `depth` (0 for the root);
+-- `context` is how describe() put it.
+function M.default_system(opts, context, depth)
   local extra = ""
   if #opts.allowed_modules > 0 then
     extra = ", and also " .. table.concat(opts.allowed_modules, ", ")
   end
-  local window = opts.max_sub_prompt_chars and tostring(opts.max_sub_prompt_chars)
-    or "100000"
+  local window = opts.max_sub_prompt_chars or 100000
   local nested = (depth or 0) + 1 < opts.max_depth and NESTED or ""
-  return SYSTEM:format(context, opts.stdout_truncate_chars, window, nested, extra)
+  return SYSTEM:format(context, thousands(opts.stdout_truncate_chars), thousands(window), nested, extra,
+    tostring(example_chunk(window)))
+end
+
+-- The system prompt: the default, or what option system_prompt makes of
+-- it (a string replaces it; a function gets it and returns the text).
+-- Returns text, or nil and why.
+function M.system(opts, context, depth)
+  local default = M.default_system(opts, context, depth)
+  local custom = opts.system_prompt
+  if custom == nil then
+    return default
+  elseif type(custom) == "string" then
+    return custom
+  end
+  local ok, text = pcall(custom, default, { depth = depth or 0, context = context })
+  if not ok then
+    return nil, "option 'system_prompt' raised: " .. tostring(text)
+  elseif type(text) ~= "string" then
+    return nil, "option 'system_prompt' returned " .. type(text) .. ", not a string"
+  end
+  return text
 end
 
 function M.first_user(query)
@@ -104,11 +249,35 @@ function M.follow_up(previous, question, limit)
   return table.concat(lines, "\n")
 end
 
-M.NO_CODE = "Your response had no ```repl code block, so nothing ran. " ..
-  "Write code in a ```repl block, or end with FINAL(answer) in one."
+M.NO_CODE = "Your response had no ```repl code block and no FINAL line, so nothing ran. " ..
+  "Write code in a ```repl block, or answer on a line of its own with FINAL(answer) or " ..
+  "FINAL_VAR(variable_name)."
 
-M.LAST_CHANCE = "You have no runs left. Give your final answer now, on a line " ..
-  "of its own, as FINAL(answer) or FINAL_VAR(\"name\"), with no other code."
+M.LAST_CHANCE = "You have no turns left: nothing more will run. Give your final answer now, " ..
+  "on a line of its own, as FINAL(your answer) or FINAL_VAR(variable_name). If you do not have " ..
+  "it, write your best answer as plain text; it will be taken as your answer, marked as such."
+
+-- The turns at the end of which the model is warned.
+M.WARN_TURNS_LEFT = 2
+
+-- The line at the end of every REPL output message: turns used and left,
+-- the sub-calls left, and a warning near the end. t = { used =, max =,
+-- sub_calls =, max_sub_calls = }.
+function M.status(t)
+  local left = t.max - t.used
+  local s = ("[Turn %d of %d used, %d left. Sub-calls: %d of %d used, %d left.]"):format(
+    t.used, t.max, left, t.sub_calls, t.max_sub_calls, math.max(t.max_sub_calls - t.sub_calls, 0))
+  if left == 0 then
+    s = s .. "\nThat was your last turn: next, give your final answer."
+  elseif left <= M.WARN_TURNS_LEFT then
+    s = s .. ("\nOnly %d turn%s left: finish up and answer with FINAL(...) or FINAL_VAR(...) "
+      .. "on a line of its own."):format(left, left == 1 and "" or "s")
+  end
+  if t.sub_calls >= t.max_sub_calls then
+    s = s .. "\nNo sub-calls are left: a single llm_query now ends the run; answer from what you have."
+  end
+  return s
+end
 
 -- One REPL run, as the model will read it.
 function M.exec_output(i, n, stdout, err)
@@ -122,50 +291,198 @@ function M.exec_output(i, n, stdout, err)
   return head .. body
 end
 
-local function is_final_line(line)
-  return line:match("^%s*FINAL_VAR%s*%(") or line:match("^%s*FINAL%s*%(")
+-- Reading a response -----------------------------------------------------
+
+-- Fence tags whose blocks run; an untagged block runs when no block of the
+-- response has one of these tags.
+local RUN_TAGS = { repl = true, python = true, python3 = true, py = true }
+
+local function split_lines(s)
+  local lines = {}
+  for line in (s .. "\n"):gmatch("(.-)\r?\n") do
+    lines[#lines + 1] = line
+  end
+  return lines
 end
 
--- extract(response) -> { code, ... }: the ```repl and ```python blocks in
--- order, then any FINAL(...)/FINAL_VAR(...) written as a bare line of prose
--- outside the fences (models do this often; it runs as code).
-function M.extract(response)
-  local blocks, finals = {}, {}
-  local in_block, lang, buf = false, nil, nil
-  for line in (response .. "\n"):gmatch("(.-)\r?\n") do
-    local fence = line:match("^%s*```%s*([%w_%-]*)%s*$")
-    if in_block then
-      if line:match("^%s*```%s*$") then
-        if lang == "repl" or lang == "python" or lang == "py" then
-          blocks[#blocks + 1] = table.concat(buf, "\n")
-        end
-        in_block = false
+-- The block's lines without the fence's own indent, then without the
+-- indent all its lines share (a block inside a numbered list).
+local function dedent(lines, indent)
+  local out, common = {}, nil
+  for i, l in ipairs(lines) do
+    if l:sub(1, #indent) == indent then
+      l = l:sub(#indent + 1)
+    end
+    out[i] = l
+    if l:match("%S") then
+      local lead = l:match("^[ \t]*")
+      if not common then
+        common = lead
       else
-        buf[#buf + 1] = line
+        local k = 0
+        while k < #common and k < #lead and common:byte(k + 1) == lead:byte(k + 1) do
+          k = k + 1
+        end
+        common = common:sub(1, k)
       end
-    elseif fence then
-      in_block, lang, buf = true, fence:lower(), {}
-    elseif is_final_line(line) then
-      finals[#finals + 1] = (line:gsub("^%s+", ""))
     end
   end
-  for _, f in ipairs(finals) do
-    blocks[#blocks + 1] = f
+  if common and common ~= "" then
+    for i, l in ipairs(out) do
+      out[i] = l:sub(1, #common) == common and l:sub(#common + 1) or l:match("^[ \t]*(.*)$")
+    end
   end
-  return blocks
+  return table.concat(out, "\n")
 end
 
--- Only the bare FINAL lines of a response (for the last-chance answer).
-function M.extract_finals(response)
-  local finals = {}
-  for _, code in ipairs(M.extract(response)) do
-    for line in (code .. "\n"):gmatch("(.-)\n") do
-      if is_final_line(line) then
-        finals[#finals + 1] = (line:gsub("^%s+", ""))
+-- A final-answer line: FINAL( or FINAL_VAR( at the start of a line,
+-- perhaps after markdown's emphasis, inline-code ticks or a quote mark.
+local FINAL_START = "^[ \t]*[%*`>_]*[ \t]*()FINAL(_?V?A?R?)[ \t]*%("
+
+-- From the "(" at position open in s: the text up to the matching ")",
+-- and the position after it; nil when it is never closed.
+local function balanced(s, open)
+  local depth = 0
+  for pos = open, #s do
+    local c = s:sub(pos, pos)
+    if c == "(" then
+      depth = depth + 1
+    elseif c == ")" then
+      depth = depth - 1
+      if depth == 0 then
+        return s:sub(open + 1, pos - 1), pos + 1
       end
     end
   end
-  return finals
+  return nil
+end
+
+-- The final at the start of text (a line of prose, or a whole block):
+-- { kind = "final" | "var", text = what is between the parentheses, rest =
+-- what follows }, or nil; { unclosed = true } when its ")" is missing.
+local function final_at(text)
+  local start, suffix = text:match(FINAL_START)
+  if not start or (suffix ~= "" and suffix ~= "_VAR") then
+    return nil
+  end
+  local open = text:find("(", start, true)
+  local inner, after = balanced(text, open)
+  if not inner then
+    return { kind = suffix == "" and "final" or "var", unclosed = true }
+  end
+  return { kind = suffix == "" and "final" or "var", text = inner, rest = text:sub(after) }
+end
+
+-- The finals written in prose (lines outside fences); a FINAL may run on
+-- over several lines. Returns the finals and the prose without them.
+local function prose_finals(prose, finals, notes)
+  local lines = split_lines(prose)
+  local kept, i = {}, 1
+  while i <= #lines do
+    local f = lines[i]:match(FINAL_START) and final_at(table.concat(lines, "\n", i))
+    if f and f.unclosed then
+      notes[#notes + 1] = "Your FINAL line has no closing parenthesis, so it was not taken as an answer."
+      kept[#kept + 1] = lines[i]
+      i = i + 1
+    elseif f then
+      finals[#finals + 1] = { kind = f.kind, text = f.text }
+      -- Skip the lines the final spans.
+      local spanned = select(2, (f.text):gsub("\n", ""))
+      i = i + spanned + 1
+    else
+      kept[#kept + 1] = lines[i]
+      i = i + 1
+    end
+  end
+  return table.concat(kept, "\n")
+end
+
+local function fence_name(tag, ch)
+  return (ch == "~" and "~~~" or "```") .. tag
+end
+
+-- parse(response) -> {
+--   blocks = { code, ... }   the code to run, in order;
+--   sole_finals = { [i] = final }: block i is only a FINAL(...) or
+--            FINAL_VAR(...) call, read as a prose final when it fails;
+--   finals = { { kind = "final" | "var", text = }, ... }: FINAL(...) /
+--            FINAL_VAR(...) written as a line of prose;
+--   code_finals = { final, ... }: the FINAL lines inside the blocks (the
+--            last chance runs only those), strict = true when a block had
+--            other code too (its FINAL's text is no answer by itself);
+--   notes = { text, ... }    what was skipped, for the model;
+--   text = the prose outside the fences, without the final lines. }
+-- Fences are ``` or ~~~ (three or more), tagged repl, python, python3 or
+-- py, or untagged; indented fences are dedented.
+function M.parse(response)
+  local lines = split_lines(response)
+  local found, prose, notes = {}, {}, {}
+  local tagged = false
+  local i = 1
+  while i <= #lines do
+    local indent, fence, info = lines[i]:match("^([ \t]*)(```+)[ \t]*([^`]-)[ \t]*$")
+    if not fence then
+      indent, fence, info = lines[i]:match("^([ \t]*)(~~~+)[ \t]*(.-)[ \t]*$")
+    end
+    if fence then
+      local ch = fence:sub(1, 1)
+      local tag = (info:match("^[{.]?([%w_%+%-]*)") or ""):lower()
+      local buf, j, closed = {}, i + 1, false
+      while j <= #lines do
+        local close = lines[j]:match("^[ \t]*([`~]+)[ \t]*$")
+        if close and close:sub(1, 1) == ch and #close >= #fence and not close:find(ch == "`" and "~" or "`") then
+          closed = true
+          break
+        end
+        buf[#buf + 1] = lines[j]
+        j = j + 1
+      end
+      if not closed then
+        notes[#notes + 1] = ("A %s block was never closed (no %s line after it), so it did not run.")
+          :format(fence_name(tag, ch), fence)
+      else
+        found[#found + 1] = { tag = tag, ch = ch, code = dedent(buf, indent) }
+        tagged = tagged or RUN_TAGS[tag] ~= nil
+      end
+      i = j + 1
+    else
+      prose[#prose + 1] = lines[i]
+      i = i + 1
+    end
+  end
+  local out = { blocks = {}, sole_finals = {}, finals = {}, code_finals = {}, notes = notes }
+  for _, b in ipairs(found) do
+    if RUN_TAGS[b.tag] or (b.tag == "" and not tagged) then
+      out.blocks[#out.blocks + 1] = b.code
+      local f = final_at(b.code)
+      if f and not f.unclosed and not f.rest:match("%S") then
+        -- A block that is only FINAL(...): read as the reference reads it.
+        out.sole_finals[#out.blocks] = { kind = f.kind, text = f.text }
+        out.code_finals[#out.code_finals + 1] = out.sole_finals[#out.blocks]
+      else
+        for line in (b.code .. "\n"):gmatch("(.-)\n") do
+          local lf = final_at(line)
+          if lf and not lf.unclosed and not lf.rest:match("%S") then
+            out.code_finals[#out.code_finals + 1] = { kind = lf.kind, text = lf.text, strict = true }
+          end
+        end
+      end
+    elseif b.tag == "" then
+      notes[#notes + 1] = "An untagged ``` block did not run, because other blocks were tagged repl: " ..
+        "tag every block you want to run ```repl."
+    else
+      notes[#notes + 1] = ("A %s block did not run: only blocks tagged repl (or python) run.")
+        :format(fence_name(b.tag, b.ch))
+    end
+  end
+  out.text = prose_finals(table.concat(prose, "\n"), out.finals, notes):match("^%s*(.-)%s*$")
+  return out
+end
+
+-- extract(response) -> { code, ... }: the blocks that run (for callers
+-- that want only the code).
+function M.extract(response)
+  return M.parse(response).blocks
 end
 
 return M

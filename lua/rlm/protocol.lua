@@ -59,6 +59,14 @@ local function string_list(v)
   return true
 end
 
+-- llm_query's optional model= hint: a short string (the driver checks the
+-- same bound).
+local MAX_MODEL_BYTES = 800
+
+local function model_hint(v)
+  return v == nil or (type(v) == "string" and #v > 0 and #v <= MAX_MODEL_BYTES)
+end
+
 -- One nested session's question: a prompt and an optional context, text or
 -- a JSON document.
 local function sub_session(m)
@@ -116,10 +124,10 @@ local validators = {
       and f.value ~= nil and (f.json or type(f.value) == "string")
   end,
   llm_query = function(m)
-    return is_int(m.id) and type(m.prompt) == "string"
+    return is_int(m.id) and type(m.prompt) == "string" and model_hint(m.model)
   end,
   llm_batch = function(m)
-    return is_int(m.id) and string_list(m.prompts) and is_list(m.prompts)
+    return is_int(m.id) and string_list(m.prompts) and is_list(m.prompts) and model_hint(m.model)
   end,
   rlm_query = function(m)
     return is_int(m.id) and sub_session(m)

@@ -55,8 +55,17 @@ local function new_session(o, parent, context_data, context_format, description)
     self.session_id = "1"
   end
   self.tokens = self.tree.tokens
+  -- A system_prompt function that fails: misuse at Session.new for the
+  -- root; a nested session ends with callback_error when it starts.
+  local system, problem = prompt.system(o, description, self.depth)
+  if not system then
+    if not parent then
+      error("rlm.Session.new: " .. problem, 3)
+    end
+    self.system_problem, system = problem, ""
+  end
   self.messages = {
-    { role = "system", content = prompt.system(o, description, self.depth) },
+    { role = "system", content = system },
     { role = "user", content = prompt.first_user(o.query) },
   }
   return self
@@ -72,8 +81,7 @@ function Session:_new_child(call)
   end
   o.query, o.context = call.prompt, nil
   if call.context and call.format == "json" then
-    return new_session(o, self, call.context, "json",
-      ("a JSON document of %d bytes, loaded as a Python value"):format(#call.context))
+    return new_session(o, self, call.context, "json", prompt.describe_json(call.context))
   end
   local text = call.context or call.prompt
   return new_session(o, self, text, "text", prompt.describe(text))

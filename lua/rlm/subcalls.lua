@@ -175,7 +175,7 @@ function M:_sub_query(msg)
       tree.sub_calls = tree.sub_calls + 1
       local call = { prompt = c.prompt, depth = self.depth, driver_id = msg.id, exec_id = self.next_exec_id,
         index = tree.sub_calls, batch_index = slot, batch_size = batch and #calls or nil,
-        batch_id = batch and tree.batches or nil }
+        batch_id = batch and tree.batches or nil, model = msg.model }
       if nested then
         call.context, call.format = c.context, c.format
         self:_queue_child(call)

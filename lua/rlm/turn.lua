@@ -5,6 +5,7 @@ local errors = require("rlm.errors")
 local prompt = require("rlm.prompt")
 local protocol = require("rlm.protocol")
 local textlib = require("rlm.text")
+local util = require("rlm.util")
 local IDLE = require("rlm.engine").IDLE
 
 local M = {}
@@ -110,12 +111,45 @@ function M:_call_root(messages)
   end
 end
 
--- Runs the blocks of one response; returns the history entry.
-function M:_run_blocks(response, blocks)
+-- Whether an error is FINAL's own refusal of an answer too large for the
+-- host (python/_rlm_driver/api.py final_problem), not a failed expression.
+local function too_large(err)
+  return err:find("the final answer is %d+ bytes as JSON") or err:find("the final answer holds more than")
+end
+
+-- Python's name rule, for FINAL_VAR's argument.
+local function identifier(s)
+  return s:match("^[%a_][%w_]*$") ~= nil
+end
+
+-- The code that runs for a final written in prose or as a block of its
+-- own: FINAL_VAR takes a name, quoted or not (else an expression whose
+-- value a variable holds); FINAL an expression.
+local function final_code(f)
+  if f.kind == "var" then
+    local name = f.text:match("^%s*(.-)%s*$")
+    name = name:match([[^"(.*)"$]]) or name:match("^'(.*)'$") or name
+    return identifier(name) and ("FINAL_VAR('%s')"):format(name) or ("FINAL_VAR(%s)"):format(f.text)
+  end
+  return "FINAL(" .. f.text .. ")"
+end
+
+-- A FINAL whose text is no Python expression that evaluates in the REPL
+-- answers with the text itself, as the reference reads it.
+local function text_final(f, res)
+  if f.kind == "final" and not f.strict and res.error and not too_large(res.error) then
+    return { kind = "value", value = f.text, answer = f.text, source = "prose" }
+  end
+end
+
+-- Runs the blocks of one response; returns the history entry and the
+-- output texts for the model. sole[i]: block i is only a final.
+function M:_run_blocks(response, blocks, sole)
+  sole = sole or {}
   local entry = { response = response, blocks = {} }
   local codes, outs, texts, first_error = {}, {}, {}, nil
   for i, code in ipairs(blocks) do
-    local res, err = self:_exec(code)
+    local res, err = self:_exec(sole[i] and final_code(sole[i]) or code)
     if not res then
       return nil, err
     end
@@ -131,13 +165,76 @@ function M:_run_blocks(response, blocks)
     end
     if res.final then
       entry.final = final_of(res.final)
+      entry.final.source = "code"
+      break
+    end
+    entry.final = sole[i] and text_final(sole[i], res)
+    if entry.final then
       break
     end
   end
   entry.code = table.concat(codes, "\n\n")
   entry.stdout = table.concat(outs, "")
   entry.error = first_error
-  return entry, table.concat(texts, "\n\n")
+  return entry, texts
+end
+
+-- A FINAL(...) or FINAL_VAR(...) line of prose, as the reference reads it:
+-- FINAL's text is the answer unless it is a Python expression that
+-- evaluates in the REPL (then its value is). Returns the final, or nil and
+-- what to tell the model; nil, nil, err when the session ended.
+function M:_prose_final(f)
+  local res, err = self:_exec(final_code(f))
+  if not res then
+    return nil, nil, err
+  end
+  if res.final then
+    local final = final_of(res.final)
+    final.source = "prose"
+    return final
+  end
+  local final = text_final(f, res)
+  if final then
+    return final
+  end
+  return nil, ("Your %s line did not give an answer:\n%s"):format(f.kind == "var" and "FINAL_VAR" or "FINAL",
+    res.error or "(no error)")
+end
+
+-- What one response does: its blocks run in order; then, unless one of
+-- them answered or raised, its first prose FINAL/FINAL_VAR is taken.
+-- Returns the history entry and the feedback for the model.
+function M:_act(response)
+  local reply = prompt.parse(response)
+  local entry, texts = { response = response, code = "", stdout = "", blocks = {} }, {}
+  if #reply.blocks > 0 then
+    entry, texts = self:_run_blocks(response, reply.blocks, reply.sole_finals)
+    if not entry then
+      return nil, texts
+    end
+  end
+  local f = reply.finals[1]
+  if f and not entry.final then
+    if entry.error then
+      texts[#texts + 1] = "Your FINAL line was not taken as the answer, because a block raised an " ..
+        "error: fix it, check the result, and answer again."
+    else
+      local final, why, err = self:_prose_final(f)
+      if err then
+        return nil, err
+      end
+      entry.final, entry.error = final, why
+      texts[#texts + 1] = why
+    end
+  end
+  for _, note in ipairs(reply.notes) do
+    texts[#texts + 1] = note
+  end
+  if #reply.blocks == 0 and not f then
+    table.insert(texts, 1, prompt.NO_CODE)
+  end
+  entry.skipped = #reply.notes > 0 and reply.notes or nil
+  return entry, texts
 end
 
 function M:_record(entry, feedback)
@@ -149,9 +246,16 @@ function M:_record(entry, feedback)
   if entry.final then
     self.final = entry.final
     return self:_emit({ type = "final", step = self.iterations, answer = entry.final.answer,
-      kind = entry.final.kind })
+      kind = entry.final.kind, source = entry.final.source })
   end
   return true
+end
+
+-- Turns used and left, sub-calls used and left: the last line of every
+-- REPL output message.
+function M:_status()
+  return prompt.status({ used = self.iterations - (self.turn_base or 0), max = self.opts.max_iterations,
+    sub_calls = self.tree.sub_calls, max_sub_calls = self.opts.max_sub_calls })
 end
 
 -- One root turn: ask the root model, run the code it wrote, record the
@@ -168,18 +272,13 @@ function M:_turn()
   if not response then
     return nil, err
   end
-  local blocks = prompt.extract(response)
-  local entry, feedback
-  if #blocks == 0 then
-    entry, feedback = { response = response, code = "", stdout = "", blocks = {} }, prompt.NO_CODE
-  else
-    entry, feedback = self:_run_blocks(response, blocks)
-    if not entry then
-      return nil, feedback
-    end
+  local entry, texts = self:_act(response)
+  if not entry then
+    return nil, texts
   end
   self:_set_deadline(0)
-  ok, err = self:_record(entry, feedback)
+  texts[#texts + 1] = self:_status()
+  ok, err = self:_record(entry, table.concat(texts, "\n\n"))
   if not ok then
     return nil, err
   end
@@ -192,6 +291,7 @@ function M:_result(final)
     value = final.value,
     kind = final.kind,
     var = final.var,
+    answer_source = final.source,
     iterations = self.iterations,
     sub_calls = self.tree.sub_calls,
     tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },
@@ -199,7 +299,28 @@ function M:_result(final)
   }
 end
 
--- When the turns run out: one more root call that may only answer.
+-- The best answer a run without a final one has: what the REPL printed
+-- last, else the prose of the model's last response.
+function M:_partial()
+  for i = #self.history, 1, -1 do
+    local out = self.history[i].stdout
+    if out and out:match("%S") then
+      return out:match("^%s*(.-)%s*$"), "repl_output"
+    end
+  end
+  for i = #self.history, 1, -1 do
+    local text = prompt.parse(self.history[i].response or "").text
+    if text ~= "" then
+      return text, "response"
+    end
+  end
+  return nil
+end
+
+-- When the turns run out: one more root call that may only answer. A
+-- FINAL or FINAL_VAR (in prose, or a FINAL line of a block) is the answer;
+-- else the response's plain text is (answer_source "text"). Nothing runs
+-- but the final lines.
 function M:_last_chance()
   self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
   self:_set_deadline(self.opts.step_timeout_ms)
@@ -207,25 +328,40 @@ function M:_last_chance()
   if not response then
     return nil, err
   end
-  local finals = prompt.extract_finals(response)
-  if #finals > 0 then
-    local entry
-    entry, err = self:_run_blocks(response, finals)
-    if not entry then
+  local reply = prompt.parse(response)
+  local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
+  local final
+  for _, f in ipairs(util.append({}, reply.finals, reply.code_finals)) do
+    local _
+    final, _, err = self:_prose_final(f)
+    if err then
       return nil, err
-    end
-    self:_set_deadline(0)
-    if entry.final then
-      local ok
-      ok, err = self:_record(entry, nil)
-      if not ok then
-        return nil, err
-      end
-      return self:_result(entry.final)
+    elseif final then
+      break
     end
   end
+  if not final and reply.text ~= "" then
+    final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
+  end
+  self:_set_deadline(0)
+  if final then
+    entry.final = final
+    local ok
+    ok, err = self:_record(entry, nil)
+    if not ok then
+      return nil, err
+    end
+    return self:_result(final)
+  end
+  local partial, source = self:_partial()
   return nil, errors.new("max_iterations", ("no final answer after max_iterations (%d) root turns")
-    :format(self.opts.max_iterations), { history = self.history })
+    :format(self.opts.max_iterations), { history = self.history, partial = partial, partial_source = source })
+end
+
+-- The one place where a run that spent its turns ends: the last-chance
+-- call, and (rlm.fallback, when configured) anything after it.
+function M:_out_of_turns()
+  return self:_last_chance()
 end
 
 -- max_iterations counts the root turns of one question.
@@ -253,6 +389,9 @@ function M:_run_turns()
   if not self.parent then
     self.tree.t0 = core.now_ms() -- max_wall_ms counts from here, over the tree
   end
+  if self.system_problem then
+    return { type = "error", err = select(2, self:_error("callback_error", self.system_problem)) }
+  end
   if not self.started then
     local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
     if ok then
@@ -269,7 +408,7 @@ function M:_run_turns()
       return { type = "done", result = self:_result(self.final) }
     end
     if self:_turns_spent() then
-      local result, err = self:_last_chance()
+      local result, err = self:_out_of_turns()
       if not result then
         return { type = "error", err = err }
       end

@@ -2,6 +2,7 @@
 (llm_query, llm_query_batched, rlm_query, rlm_query_batched) and
 SubCallError. Each sub-call is one call back to the host (protocol.call)."""
 
+import difflib
 import json
 
 from . import protocol, state
@@ -65,11 +66,8 @@ def FINAL(value):
 
 def FINAL_VAR(name):
     namespace = state.current.namespace
-    if not isinstance(name, str):
-        raise NameError(f"FINAL_VAR takes a variable's name as a string, e.g. "
-                        f"FINAL_VAR('result'), not a {type(name).__name__}")
-    if name not in namespace:
-        raise NameError(f"FINAL_VAR: name {name!r} is not defined")
+    if not isinstance(name, str) or name not in namespace:
+        name = name_of_value(namespace, name)
     value = namespace[name]
     try:
         # Parsed back, so the value is frozen now and surely serialisable
@@ -78,6 +76,30 @@ def FINAL_VAR(name):
     except Exception:
         value, is_json = safe_repr(value), False
     finish({"kind": "var", "name": name, "value": value, "json": is_json})
+
+
+def user_names(namespace):
+    reserved = names()
+    return [k for k in namespace if not k.startswith("_") and k not in reserved]
+
+
+def name_of_value(namespace, value):
+    """FINAL_VAR(result) passes result's value, not its name: the variable
+    that holds that very value, or a NameError that says how to fix the call."""
+    for key in user_names(namespace):
+        if namespace[key] is value:
+            return key
+    defined = user_names(namespace)
+    listed = ", ".join(defined[:20]) + (", ..." if len(defined) > 20 else "") or "none yet"
+    if isinstance(value, str) and value.isidentifier():
+        close = difflib.get_close_matches(value, defined, n=1)
+        hint = f" Did you mean FINAL_VAR({close[0]!r})?" if close else ""
+        raise NameError(f"FINAL_VAR: no variable named {value!r}.{hint} Your variables: {listed}. "
+                        f"Set it first (e.g. {value} = ...), then call FINAL_VAR({value!r}).")
+    raise NameError(f"FINAL_VAR takes the name of a variable, as a string: FINAL_VAR('result'). It was "
+                    f"given a {type(value).__name__} value that no variable holds. Store the answer in "
+                    f"a variable and call FINAL_VAR('that_name'), or answer with FINAL(value). "
+                    f"Your variables: {listed}.")
 
 
 def safe_repr(value):
@@ -93,18 +115,32 @@ def str_list(value, what):
     return list(value)
 
 
-def llm_query(prompt):
+MAX_MODEL_CHARS = 200
+
+
+def with_model(request, model, what):
+    """The optional model= hint: a short str the host's callback may use to
+    pick a sub-model (docs/api.md)."""
+    if model is not None:
+        if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_CHARS:
+            raise TypeError(f"{what}: model= takes a str of 1 to {MAX_MODEL_CHARS} characters")
+        request["model"] = model
+    return request
+
+
+def llm_query(prompt, model=None):
     if not isinstance(prompt, str):
         raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
-    return protocol.call({"type": "llm_query", "prompt": prompt}, "the llm_query prompt")
+    request = with_model({"type": "llm_query", "prompt": prompt}, model, "llm_query()")
+    return protocol.call(request, "the llm_query prompt")
 
 
-def llm_query_batched(prompts):
+def llm_query_batched(prompts, model=None):
     prompts = str_list(prompts, "llm_query_batched()")
+    request = with_model({"type": "llm_batch", "prompts": prompts}, model, "llm_query_batched()")
     if not prompts:
         return []
-    return protocol.call_batch({"type": "llm_batch", "prompts": prompts}, len(prompts),
-                               "the llm_query_batched prompts together")
+    return protocol.call_batch(request, len(prompts), "the llm_query_batched prompts together")
 
 
 def sub_session(prompt, context, what):

@@ -138,7 +138,7 @@ def run(code):
     output = CappedWriter(session.stdout_limit)
     before = dict(namespace)  # shallow: names only, for the rollback
     session.final = None
-    error = None
+    error = raised = None
     namespace["__builtins__"] = guard.builtins_table() if session.guardrails else builtins
     if session.guardrails:
         shield.shield_modules()
@@ -155,11 +155,12 @@ def run(code):
     except GuardrailError as refusal:
         error = f"GuardrailError: {refusal}"
     except BaseException as exc:  # SystemExit too: the driver must live on
-        error = describe_error(exc)
+        error, raised = describe_error(exc), exc
     if error is not None:
         error = keep_end(error, session.stdout_limit)
-        namespace.clear()
-        namespace.update(before)
+        if not failed_in_final(code, filename, raised):
+            namespace.clear()
+            namespace.update(before)
     final = session.final
     if final is None:
         final, problem = answer_final(namespace)
@@ -167,6 +168,32 @@ def run(code):
             refused = f"ValueError: answer['content']: {problem}"
             error = refused if error is None else f"{error}\n{refused}"
     return output.getvalue(), error, final
+
+
+FINAL_NAMES = ("FINAL", "FINAL_VAR")
+
+
+def failed_in_final(code, filename, exc):
+    """Whether exc came out of a FINAL(...) or FINAL_VAR(...) call statement
+    (its argument or the call): a failed answer costs the model a turn,
+    never the variables the block set, so the step is not rolled back."""
+    tb, line = getattr(exc, "__traceback__", None), None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename and tb.tb_frame.f_code.co_name == "<module>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    if line is None:
+        return False
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name) and node.value.func.id in FINAL_NAMES
+                and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            return True
+    return False
 
 
 def compile_step(code, filename, guardrails):
