@@ -1,0 +1,259 @@
+-- Answers as real root models write them: prose FINAL and FINAL_VAR lines
+-- (the paper's format), slips in FINAL_VAR, odd fences, answers at the last
+-- chance. The stand-in root models below write what GPT- and Qwen-class
+-- models write; the REPL and the sandbox are real.
+local H = require("helpers")
+local fence = H.fence
+
+-- The last message the root model was sent before its call n.
+local function told(root, n)
+  local m = root.calls[n]
+  return m[#m].content
+end
+
+describe("answers", function()
+  after_each(H.assert_clean)
+
+  describe("a prose FINAL line", function()
+    local cases = {
+      { "takes plain words up to the closing parenthesis",
+        "I checked all three documents.\n\nFINAL(The capital is Paris, per the 3rd document)\n",
+        "The capital is Paris, per the 3rd document" },
+      { "takes several lines (a numbered list) up to the matching parenthesis",
+        "The items are:\nFINAL(1. alpha\n2. beta (the second)\n3. gamma)\nThat is all.",
+        "1. alpha\n2. beta (the second)\n3. gamma" },
+      { "takes a FINAL in markdown bold", "**FINAL(42 apples)**", "42 apples" },
+      { "takes a FINAL in inline code", "My answer: \n`FINAL(Ada Lovelace)`", "Ada Lovelace" },
+      { "evaluates a Python expression that works in the REPL", "FINAL(6 * 7)", "42" },
+      { "evaluates a variable's name to its value", fence("summary = 'svc-b ran out of connections'")
+        .. "\nFINAL(summary)", "svc-b ran out of connections" },
+      { "takes a name that is not defined as the text it is", "FINAL(Paris)", "Paris" },
+      { "takes a block that is only FINAL(prose) as its text", fence("FINAL(The answer is 42)"),
+        "The answer is 42" },
+    }
+    for _, case in ipairs(cases) do
+      it(case[1], function()
+        local result, err = H.run({ root_llm = H.script({ case[2] }) })
+        assert.is_nil(err)
+        assert.are.equal(case[3], result.answer)
+        assert.are.equal(1, result.iterations)
+      end)
+    end
+
+    it("is marked answer_source 'prose' (code's answers are 'code')", function()
+      local result = H.run({ root_llm = H.script({ "FINAL(Paris)" }) })
+      assert.are.equal("prose", result.answer_source)
+      result = H.run({ root_llm = H.script({ fence("x = 1\nFINAL(x)") }) })
+      assert.are.equal("code", result.answer_source)
+    end)
+
+    it("is not taken when a block of the same response raised, and the model is told", function()
+      local root = H.script({ fence("result = 1 / 0") .. "\nFINAL_VAR(result)", fence("result = 2") ..
+        "\nFINAL_VAR(result)" })
+      local result, err = H.run({ root_llm = root })
+      assert.is_nil(err)
+      assert.are.equal("2", result.answer)
+      assert.are.equal(2, result.iterations)
+      assert.matches("ZeroDivisionError", told(root, 2), 1, true)
+      assert.matches("Your FINAL line was not taken as the answer, because a block raised", told(root, 2), 1, true)
+    end)
+
+    it("too large for the host is an error the model sees, not its text as the answer", function()
+      local root = H.script({ "FINAL('x' * 100000)", "FINAL(small)" })
+      local result = H.run({ root_llm = root, max_message_bytes = 65536 })
+      assert.are.equal("small", result.answer)
+      assert.matches("answer with something smaller", told(root, 2), 1, true)
+    end)
+  end)
+
+  describe("a prose FINAL_VAR line", function()
+    for _, form in ipairs({ "FINAL_VAR(result)", "FINAL_VAR('result')", 'FINAL_VAR("result")',
+      "FINAL_VAR( result )" }) do
+      it("takes the variable's name written as " .. form, function()
+        local root = H.script({ fence("result = 'The outage was caused by svc-b'"),
+          "I have the answer in `result`.\n\n" .. form })
+        local result, err = H.run({ root_llm = root })
+        assert.is_nil(err)
+        assert.are.equal("The outage was caused by svc-b", result.answer)
+        assert.are.equal("var", result.kind)
+        assert.are.equal("result", result.var)
+      end)
+    end
+
+    it("that fails costs one turn, keeps the variables, and the corrected call answers", function()
+      local root = H.script({ fence("result = {'service': 'svc-b'}"), "FINAL_VAR(reslt)", "FINAL_VAR(result)" })
+      local result, err = H.run({ root_llm = root })
+      assert.is_nil(err)
+      assert.are.same({ service = "svc-b" }, result.value)
+      assert.are.equal(3, result.iterations)
+      assert.matches("no variable named 'reslt'. Did you mean FINAL_VAR('result')?", told(root, 3), 1, true)
+    end)
+  end)
+
+  describe("FINAL_VAR in code", function()
+    it("given a global's value instead of its name, finds the global", function()
+      local result, err = H.run({ root_llm = H.script({
+        fence("result = 'The outage was caused by svc-b'\nFINAL_VAR(result)") }) })
+      assert.is_nil(err)
+      assert.are.equal("result", result.var)
+      assert.are.equal("The outage was caused by svc-b", result.answer)
+    end)
+
+    it("given a list a global holds, finds it too", function()
+      local result = H.run({ root_llm = H.script({ fence("found = ['a', 'b']\nFINAL_VAR(found)") }) })
+      assert.are.equal("found", result.var)
+      assert.are.same({ "a", "b" }, result.value)
+    end)
+
+    it("given a value no variable holds, says how to fix the call", function()
+      local root = H.script({ fence("FINAL_VAR(6 * 7)"), fence("FINAL('ok')") })
+      H.run({ root_llm = root })
+      assert.matches("FINAL_VAR takes the name of a variable, as a string: FINAL_VAR('result'). It was given "
+        .. "a int value that no variable holds", told(root, 2), 1, true)
+    end)
+  end)
+
+  describe("a failed final", function()
+    -- The issue's run: the block is rolled back, the variable goes, and
+    -- the corrected FINAL_VAR fails too, turn after turn.
+    it("keeps the variables the same block set (FINAL_VAR of a misspelt name)", function()
+      local root = H.script({ fence("result = 'kept'\nFINAL_VAR('reslt')"), fence("FINAL_VAR('result')") })
+      local result, err = H.run({ root_llm = root, max_iterations = 3 })
+      assert.is_nil(err)
+      assert.are.equal("kept", result.answer)
+      assert.are.equal(2, result.iterations)
+    end)
+
+    it("keeps them when FINAL's argument raises", function()
+      local root = H.script({ fence("total = 41\nFINAL(totl + 1)"), fence("FINAL(total + 1)") })
+      local result = H.run({ root_llm = root, max_iterations = 3 })
+      assert.are.equal("42", result.answer)
+      assert.matches("NameError", told(root, 2), 1, true)
+    end)
+
+    it("still rolls back a block that failed elsewhere", function()
+      local root = H.script({ fence("gone = 1\nraise ValueError('no')"), fence("try:\n    gone\n    FINAL('kept')\nexcept NameError:\n    FINAL('rolled back')") })
+      local result = H.run({ root_llm = root })
+      assert.are.equal("rolled back", result.answer)
+    end)
+  end)
+
+  describe("the last chance", function()
+    it("takes a prose FINAL(42 apples)", function()
+      local root = H.script({ fence("x = 1"), "FINAL(42 apples)" })
+      local result, err = H.run({ root_llm = root, max_iterations = 1 })
+      assert.is_nil(err)
+      assert.are.equal("42 apples", result.answer)
+      assert.are.equal("prose", result.answer_source)
+      assert.matches("no turns left", told(root, 2), 1, true)
+    end)
+
+    it("takes a prose FINAL_VAR(name)", function()
+      local root = H.script({ fence("best = 'svc-b'"), "FINAL_VAR(best)" })
+      local result = H.run({ root_llm = root, max_iterations = 1 })
+      assert.are.equal("svc-b", result.answer)
+      assert.are.equal("best", result.var)
+    end)
+
+    it("takes a FINAL line of a code block, and runs nothing else", function()
+      local root = H.script({ fence("best = 'svc-b'"), fence("print('not run')\nFINAL(best)") })
+      local result = H.run({ root_llm = root, max_iterations = 1 })
+      assert.are.equal("svc-b", result.answer)
+      assert.are.equal("", result.history[2].stdout)
+    end)
+
+    it("takes plain text as the answer, marked answer_source 'text'", function()
+      local root = H.script({ fence("x = 1"), "I could not verify it, but the failing service is svc-b." })
+      local result, err = H.run({ root_llm = root, max_iterations = 1 })
+      assert.is_nil(err)
+      assert.are.equal("I could not verify it, but the failing service is svc-b.", result.answer)
+      assert.are.equal("text", result.answer_source)
+      assert.are.equal("text", result.kind)
+    end)
+
+    it("fails with max_iterations carrying the best partial answer (err.partial)", function()
+      local root = H.script({ fence("print('candidates: svc-b, svc-c')"), fence("print('more work')\nx = 2") })
+      local result, err = H.run({ root_llm = root, max_iterations = 2 })
+      assert.is_nil(result)
+      assert.are.equal("max_iterations", err.kind)
+      assert.are.equal("more work", err.partial)
+      assert.are.equal("repl_output", err.partial_source)
+    end)
+
+    it("falls back on the model's prose for err.partial when nothing was printed", function()
+      local root = H.script({ "Thinking: it is probably svc-b.\n" .. fence("x = 1"), fence("x = 2") })
+      local _, err = H.run({ root_llm = root, max_iterations = 1 })
+      assert.are.equal("Thinking: it is probably svc-b.", err.partial)
+      assert.are.equal("response", err.partial_source)
+    end)
+  end)
+
+  describe("every REPL output message", function()
+    it("says the turns used and left and the sub-calls used and left", function()
+      local root = H.script({ fence("print(llm_query('a'))"), fence("print(1)"), fence("FINAL('x')") })
+      H.run({ root_llm = root, max_iterations = 10, max_sub_calls = 5 })
+      assert.matches("[Turn 1 of 10 used, 9 left. Sub-calls: 1 of 5 used, 4 left.]", told(root, 2), 1, true)
+      assert.matches("[Turn 2 of 10 used, 8 left. Sub-calls: 1 of 5 used, 4 left.]", told(root, 3), 1, true)
+    end)
+
+    it("says it after a response with no code too", function()
+      local root = H.script({ "Let me think about it.", fence("FINAL('x')") })
+      H.run({ root_llm = root, max_iterations = 4 })
+      assert.matches("no ```repl code block", told(root, 2), 1, true)
+      assert.matches("[Turn 1 of 4 used, 3 left.", told(root, 2), 1, true)
+    end)
+
+    it("warns at the last turns, and after the last one", function()
+      local root = H.script({ fence("x = 1") })
+      H.run({ root_llm = root, max_iterations = 3 })
+      assert.not_matches("turn left", told(root, 2), 1, true)
+      assert.matches("Only 1 turn left: finish up and answer", told(root, 3), 1, true)
+      local m = root.calls[4]
+      assert.matches("That was your last turn", m[#m - 1].content, 1, true)
+    end)
+
+    it("says when no sub-calls are left", function()
+      local root = H.script({ fence("print(llm_query('a'))"), fence("FINAL('x')") })
+      H.run({ root_llm = root, max_sub_calls = 1 })
+      assert.matches("No sub-calls are left", told(root, 2), 1, true)
+    end)
+  end)
+
+  describe("code extraction", function()
+    local cases = {
+      { "runs a block indented inside a numbered list (dedented)",
+        "Plan:\n1. Count the lines:\n   ```python\n   n = 0\n   for l in context.split(' '):\n       n += 1\n   ```\n"
+          .. "2. Answer:\n   ```repl\n   FINAL(n)\n   ```", "2" },
+      { "runs an untagged fence when nothing is tagged", "```\nFINAL(len(context))\n```", "11" },
+      { "runs a ~~~ fence", "~~~python\nFINAL('tilde')\n~~~", "tilde" },
+      { "runs a python3 fence", "```python3\nFINAL('py3')\n```", "py3" },
+      { "runs a py fence", "```py\nFINAL('py')\n```", "py" },
+      { "runs a four-backtick fence holding a triple-backtick string",
+        "````repl\ns = '```'\nFINAL(len(s))\n````", "3" },
+      { "runs a fence written ```Python with a space", "``` Python\nFINAL('cap')\n```", "cap" },
+    }
+    for _, case in ipairs(cases) do
+      it(case[1], function()
+        local result, err = H.run({ root_llm = H.script({ case[2] }) })
+        assert.is_nil(err)
+        assert.are.equal(case[3], result.answer)
+      end)
+    end
+
+    local skipped = {
+      { "a block in another language", "```bash\nls\n```\n" .. fence("print(1)"),
+        "A ```bash block did not run: only blocks tagged repl (or python) run." },
+      { "an untagged block beside tagged ones", fence("print(1)") .. "\n```\nprint(2)\n```",
+        "An untagged ``` block did not run" },
+      { "a block never closed", "```repl\nprint(1)\n", "A ```repl block was never closed" },
+      { "a FINAL line never closed", "FINAL(the answer is", "Your FINAL line has no closing parenthesis" },
+    }
+    for _, case in ipairs(skipped) do
+      it("tells the model about " .. case[1], function()
+        local root = H.script({ case[2], fence("FINAL('x')") })
+        H.run({ root_llm = root })
+        assert.matches(case[3], told(root, 2), 1, true)
+      end)
+    end
+  end)
+end)
