@@ -160,7 +160,7 @@ function M.describe(context)
   local what = is_list and ("a list of %s %s"):format(thousands(n), n == 1 and "item" or "items")
     or ("a dict of %s %s"):format(thousands(n), n == 1 and "key" or "keys")
   local parts = { ("%s, %s characters in all"):format(what, thousands(total)) }
-  local unit = all_str and "" or " (str items as text, others as JSON)"
+  local unit = all_str and "" or (" (str %s as text, others as JSON)"):format(is_list and "items" or "values")
   local label = is_list and "item lengths" or "value lengths"
   if n <= SHOWN_ITEMS then
     parts[#parts + 1] = ("%s%s: %s"):format(label, unit, table.concat(shown, ", "))
