@@ -86,11 +86,29 @@ local function price_table(v)
   return true
 end
 
+-- A model: a name; a list of names, one per depth (the last for deeper
+-- sessions); or a function(depth, hint) returning a name.
+local function model_choice(v)
+  local want = "a model name, a list of names (one per depth), or a function(depth, hint) returning one"
+  if non_empty_string(v) or callable(v) then
+    return true
+  end
+  if type(v) ~= "table" or #v == 0 then
+    return false, want
+  end
+  for k, name in pairs(v) do
+    if type(k) ~= "number" or k < 1 or k > #v or k ~= math.floor(k) or not non_empty_string(name) then
+      return false, want
+    end
+  end
+  return true
+end
+
 -- name = { check, default }; no default means optional.
 local schema = {
   base_url = { base_url, required = true },
-  model = { non_empty_string, required = true },
-  sub_model = { non_empty_string },
+  model = { model_choice, required = true },
+  sub_model = { model_choice },
   api_key_env = { env_name, secret = true },
   temperature = { number_in(0, 2) },
   max_tokens = { integer(1) },
@@ -376,14 +394,34 @@ function M.new(cfg)
     end
   end
 
-  local client = {}
-
-  function client.root_llm(messages)
-    return chat(o.model, messages)
+  -- The model for a call at `depth` (info.depth from rlm; 0 without it).
+  -- Only a function sees llm_query's model= hint: the code in the sandbox
+  -- does not choose what is paid for unless the host says so.
+  local function pick(choice, info, what)
+    local depth = type(info) == "table" and type(info.depth) == "number" and info.depth or 0
+    if type(choice) == "string" then
+      return choice
+    elseif type(choice) == "table" and not callable(choice) then
+      return choice[math.min(depth + 1, #choice)]
+    end
+    local name = choice(depth, type(info) == "table" and info.model or nil)
+    if type(name) ~= "string" or name == "" then
+      fail(("option '%s' (a function) returned %s for depth %d, not a model name"):format(what,
+        type(name) == "string" and "an empty string" or type(name), depth))
+    end
+    return name
   end
 
-  function client.llm_query(prompt)
-    return chat(o.sub_model, { { role = "user", content = prompt } })
+  local client = {}
+
+  -- root_llm(messages[, info]) and llm_query(prompt[, info]): info is what
+  -- rlm passes, { depth =, model = }.
+  function client.root_llm(messages, info)
+    return chat(pick(o.model, info, "model"), messages)
+  end
+
+  function client.llm_query(prompt, info)
+    return chat(pick(o.sub_model, info, "sub_model"), { { role = "user", content = prompt } })
   end
 
   -- The USD spent so far, from the usage the replies reported.
