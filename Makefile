@@ -55,6 +55,8 @@ check: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@$(call lua_env,lua5.4) lua5.4 examples/demo.lua
+	@echo; echo "=== the same task, the root model writing the paper's prose format ==="; echo
+	@$(call lua_env,lua5.4) RLM_DEMO_STYLE=prose lua5.4 examples/demo.lua
 
 # luacheck (Debian's lua-check) on every Lua file, and clang-format's view
 # of the C.

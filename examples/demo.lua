@@ -8,6 +8,9 @@
 --   RLM_API_KEY_ENV  the variable that holds the key (default OPENAI_API_KEY)
 --   RLM_DEMO_MAX_USD the spending cap where the models' prices are known (default 1)
 --   RLM_DEMO_MB    the size of the logs (default 20)
+--   RLM_DEMO_STYLE=prose  the scripted root model writes the paper's format
+--                  instead: blocks indented in a numbered list, ```python
+--                  fences, and the answer as a FINAL(...) line of prose
 local rlm = require("rlm")
 
 local MB = tonumber(os.getenv("RLM_DEMO_MB") or "20")
@@ -109,9 +112,46 @@ print(found)]]),
   "All three facts are found.\n" .. fence("FINAL_VAR('found')"),
 }
 
+-- The same work written the way the paper's trajectories (and many chat
+-- models) write it: a plan as a numbered list with the code indented in
+-- it, ```python fences, and the answer as a FINAL(...) line of prose,
+-- several lines long, taken from what the REPL printed.
+local prose_turns = {
+  "I'll start by examining the context to understand its structure.\n\n```python\n"
+    .. "print(type(context).__name__, len(context))\nlines = context.split('\\n')\n"
+    .. "print(len(lines), 'lines')\nprint(lines[0])\n```",
+  "These are service logs. My plan:\n\n"
+    .. "1. Find where the incident is mentioned:\n"
+    .. "   ```python\n   hits = [l for l in lines if 'INC-4471' in l]\n   for l in hits[:5]:\n"
+    .. "       print(l[:160])\n   ```\n"
+    .. "2. Then have a sub-model read the errors and deploy actions in chunks.",
+  "Only the opening line names the incident. Next, the candidates:\n\n```python\n"
+    .. "candidates = [l for l in lines if ' ERROR ' in l or 'rollback' in l]\n"
+    .. "chunks = ['\\n'.join(candidates[i:i + 400]) for i in range(0, len(candidates), 400)]\n"
+    .. "question = ('These are log lines from a day with incident INC-4471. Report the failing '\n"
+    .. "            'service, the root-cause error code and who approved the rollback, as '\n"
+    .. "            'service=...; code=...; approver=... with NONE for what is not in these lines.\\n\\n')\n"
+    .. "answers = llm_query_batched([question + c for c in chunks])\n"
+    .. "for a in answers:\n    if 'NONE; code=NONE; approver=NONE' not in a:\n        print(a)\n```",
+  function(messages)
+    -- Reads the facts in the last REPL output, as a model would.
+    local out = messages[#messages].content
+    local service = out:match("service=([%w%-%.]+)")
+    local code = out:match("code=([%w%-%.]+)")
+    local approver = out:match("approver=([%w%-%.]+)")
+    return "The sub-model found all three facts in the chunks it read.\n\n"
+      .. ("FINAL(During incident INC-4471:\n- service: %s\n- code: %s\n- approver: %s)"):format(
+        tostring(service), tostring(code), tostring(approver))
+  end,
+}
+
+local style = os.getenv("RLM_DEMO_STYLE") or "code"
+local turns = style == "prose" and prose_turns or root_turns
+
 local function root_llm(messages)
   local turn = math.floor((#messages - 1) / 2) + 1
-  return root_turns[math.min(turn, #root_turns)]
+  local item = turns[math.min(turn, #turns)]
+  return type(item) == "function" and item(messages) or item
 end
 
 -- A sub-model that reads its prompt the way a careful one would: it reports
@@ -165,6 +205,9 @@ if real then
     or "No prices known for these models: the run stops at 2,000,000 tokens.\n")
 else
   print("rlm demo: both the root model and the sub-model are SCRIPTED STAND-INS, not LLMs.")
+  if style == "prose" then
+    print("This root model writes the paper's format: a numbered plan, ```python fences, a prose FINAL(...).")
+  end
   print("The REPL, the sandbox, the sub-calls and the data are real.")
   print("Set RLM_MODEL (and RLM_BASE_URL) to run the same task with a real model.\n")
 end
@@ -190,7 +233,7 @@ local opts = {
   on_event = function(ev)
     if ev.type == "step_start" then
       io.write(("--- step %d ---\n"):format(ev.step))
-    elseif ev.type == "root_response" and real then
+    elseif ev.type == "root_response" and (real or style == "prose") then
       local prose = ev.response:gsub("```.*", ""):gsub("%s+$", "")
       if prose ~= "" then
         io.write("model: ", (prose:gsub("\n", "\n       ")), "\n")
@@ -214,8 +257,9 @@ if not result then
   print("\nThe run failed: " .. tostring(err))
   os.exit(1)
 end
-print(("\nAnswer after %d steps and %d sub-calls, in %.1f s:"):format(result.iterations,
-  result.sub_calls, (clock() - t0) / 1000))
+print(("\nAnswer after %d steps and %d sub-calls, in %.1f s (from %s):"):format(result.iterations,
+  result.sub_calls, (clock() - t0) / 1000, result.answer_source == "prose" and "a FINAL line of prose"
+    or result.answer_source == "text" and "the last reply's plain text" or "the code"))
 local right
 if type(result.value) == "table" and not real then
   for _, k in ipairs({ "service", "code", "approver" }) do

@@ -49,6 +49,17 @@ describe("make demo", function()
     assert.matches("That is the right answer", out)
   end)
 
+  it("finds the three facts with the prose-style stand-in that writes the paper's format", function()
+    local code, out = demo({ "RLM_DEMO_STYLE=prose" })
+    assert.are.equal(0, code, out)
+    assert.matches("writes the paper's format", out, 1, true)
+    assert.matches("hits = [l for l in lines if 'INC-4471' in l]", out, 1, true) -- the indented block ran
+    assert.matches("FINAL(During incident INC-4471:", out, 1, true)
+    assert.matches("(from a FINAL line of prose)", out, 1, true)
+    assert.matches("  - approver: m.okafor", out, 1, true)
+    assert.matches("That is the right answer", out)
+  end)
+
   it("runs the same task with a real model when RLM_MODEL and RLM_BASE_URL are set", function()
     srv:script({
       { content = "I will pull the lines that matter and have the sub-model read them.\n" .. F.fence([[
