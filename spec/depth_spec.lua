@@ -43,6 +43,28 @@ describe("per-depth models", function()
     assert.are.same({ { "outer", 0, "none" }, { "inner", 1, "small" } }, subs)
   end)
 
+  it("under an adapter, the second argument is the same info, callable as done", function()
+    local luv_adapter = require("rlm.adapters.luv")
+    local L = require("helpers.luv")
+    local depths, result, over = {}, nil, false
+    luv_adapter.run(H.opts({
+      root_llm = H.script({ fence("FINAL(llm_query('q', model='m1'))") }),
+      llm_query = function(prompt, done)
+        depths[#depths + 1] = { done.depth, done.model }
+        L.after(10, function()
+          done("later:" .. prompt)
+        end)
+      end,
+    }), function(_, r)
+      result, over = r, true
+    end)
+    L.run_until(function()
+      return over
+    end)
+    assert.are.equal("later:q", result.answer)
+    assert.are.same({ { 0, "m1" } }, depths)
+  end)
+
   it("llm_query_batch receives the depth and the batch's model= hint", function()
     local seen
     local result = H.run({

@@ -54,12 +54,19 @@ local function argument(ev)
   return ev.prompt
 end
 
--- The callback with its second argument: { depth =, model = } (the
--- session's depth; llm_query's model= hint). A Lua closure, so that a
--- yield inside fn passes through it on every Lua.
+-- The callback with its second argument, info = { depth =, model = }: the
+-- session's depth and llm_query's model= hint. Under an adapter the second
+-- argument was done(text[, usage]); info is then callable and does what
+-- done does, so fn(arg, done) callbacks work as before. A Lua closure, so
+-- that a yield inside fn passes through it on every Lua.
 local function with_info(fn, ev)
-  local info = { depth = ev.depth or 0, model = ev.model }
-  return function(arg)
+  return function(arg, done)
+    local info = { depth = ev.depth or 0, model = ev.model }
+    if done then
+      setmetatable(info, { __call = function(_, ...)
+        return done(...)
+      end })
+    end
     return fn(arg, info)
   end
 end
