@@ -338,7 +338,7 @@ describe("bin/rlm", function()
   describe("a failed run exits with its kind's status", function()
     -- one row a case: the replies, extra args, status, kind
     local cases = {
-      { { { content = F.fence("x = 1") }, { content = "no code, no answer" } },
+      { { { content = F.fence("x = 1") }, { content = F.fence("x = 2") } }, -- the last chance: code, no answer
         { "--max-iterations", "1" }, 16, "max_iterations" },
       { { { status = 400, json = { error = { message = "bad model" } } } }, {}, 19, "callback_error" },
       { { { content = F.fence("llm_query('one too many')") } }, { "--max-sub-calls", "0" }, 14, "sub_call_budget" },

@@ -68,6 +68,8 @@ recalls = llm_query("Merge these notes into one list without duplicates:\n\n"
                     + "\n\n".join(notes))
 print(recalls[:2000])
 ```
+and, once the printed list checks out, a line of prose (not code):
+FINAL_VAR(recalls)
 
 Example: a list of documents. Filter with code, then ask about the few that
 matter:
