@@ -299,6 +299,18 @@ end
 -- response has one of these tags.
 local RUN_TAGS = { repl = true, python = true, python3 = true, py = true }
 
+local function trim(s)
+  local first = s:find("%S")
+  if not first then
+    return ""
+  end
+  local last = #s
+  while s:find("^%s", last) do
+    last = last - 1
+  end
+  return s:sub(first, last)
+end
+
 local function split_lines(s)
   local lines = {}
   for line in (s .. "\n"):gmatch("(.-)\r?\n") do
@@ -344,19 +356,22 @@ local FINAL_START = "^[ \t]*[%*`>_]*[ \t]*()FINAL(_?V?A?R?)[ \t]*%("
 -- From the "(" at position open in s: the text up to the matching ")",
 -- and the position after it; nil when it is never closed.
 local function balanced(s, open)
-  local depth = 0
-  for pos = open, #s do
-    local c = s:sub(pos, pos)
-    if c == "(" then
+  local depth, pos = 0, open
+  while true do
+    pos = s:find("[()]", pos)
+    if not pos then
+      return nil
+    end
+    if s:byte(pos) == 40 then -- "("
       depth = depth + 1
-    elseif c == ")" then
+    else
       depth = depth - 1
       if depth == 0 then
         return s:sub(open + 1, pos - 1), pos + 1
       end
     end
+    pos = pos + 1
   end
-  return nil
 end
 
 -- The final at the start of text (a line of prose, or a whole block):
@@ -375,28 +390,32 @@ local function final_at(text)
   return { kind = suffix == "" and "final" or "var", text = inner, rest = text:sub(after) }
 end
 
--- The finals written in prose (lines outside fences); a FINAL may run on
--- over several lines. Returns the finals and the prose without them.
-local function prose_finals(prose, finals, notes)
+-- The first final written in prose (lines outside fences); a FINAL may
+-- run on over several lines. Only the first is looked for, so that a
+-- reply of many unclosed FINAL lines costs one scan. Returns the prose
+-- without the final's lines.
+local function prose_final(prose, finals, notes)
   local lines = split_lines(prose)
-  local kept, i = {}, 1
-  while i <= #lines do
-    local f = lines[i]:match(FINAL_START) and final_at(table.concat(lines, "\n", i))
-    if f and f.unclosed then
-      notes[#notes + 1] = "Your FINAL line has no closing parenthesis, so it was not taken as an answer."
-      kept[#kept + 1] = lines[i]
-      i = i + 1
-    elseif f then
-      finals[#finals + 1] = { kind = f.kind, text = f.text }
-      -- Skip the lines the final spans.
-      local spanned = select(2, (f.text):gsub("\n", ""))
-      i = i + spanned + 1
-    else
-      kept[#kept + 1] = lines[i]
-      i = i + 1
+  for i, line in ipairs(lines) do
+    if line:match(FINAL_START) then
+      local f = final_at(table.concat(lines, "\n", i))
+      if f and f.unclosed then
+        notes[#notes + 1] = "Your FINAL line has no closing parenthesis, so it was not taken as an answer."
+        return prose
+      elseif f then
+        finals[#finals + 1] = { kind = f.kind, text = f.text }
+        local spanned = select(2, f.text:gsub("\n", ""))
+        local kept = {}
+        for k, l in ipairs(lines) do
+          if k < i or k > i + spanned then
+            kept[#kept + 1] = l
+          end
+        end
+        return table.concat(kept, "\n")
+      end
     end
   end
-  return table.concat(kept, "\n")
+  return prose
 end
 
 local function fence_name(tag, ch)
@@ -477,7 +496,7 @@ function M.parse(response)
         :format(fence_name(b.tag, b.ch))
     end
   end
-  out.text = prose_finals(table.concat(prose, "\n"), out.finals, notes):match("^%s*(.-)%s*$")
+  out.text = trim(prose_final(table.concat(prose, "\n"), out.finals, notes))
   return out
 end
 
