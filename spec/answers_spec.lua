@@ -240,6 +240,17 @@ describe("answers", function()
       end)
     end
 
+    it("reads a reply of 20,000 unclosed FINAL lines in linear time", function()
+      local core = require("rlm.core")
+      local reply = ("FINAL(never closed (\n"):rep(20000)
+      local t0 = core.now_ms()
+      local parsed = require("rlm.prompt").parse(reply)
+      -- A scan from each line to the end would read 4 GB here.
+      assert.is_true(core.now_ms() - t0 < 2000, "took " .. (core.now_ms() - t0) .. " ms")
+      assert.are.equal(0, #parsed.finals)
+      assert.are.equal(1, #parsed.notes)
+    end)
+
     local skipped = {
       { "a block in another language", "```bash\nls\n```\n" .. fence("print(1)"),
         "A ```bash block did not run: only blocks tagged repl (or python) run." },
