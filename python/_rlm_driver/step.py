@@ -158,7 +158,8 @@ def run(code):
         error, raised = describe_error(exc), exc
     if error is not None:
         error = keep_end(error, session.stdout_limit)
-        if not failed_in_final(code, filename, raised):
+        kept, raised = failed_in_final(code, filename, raised), None  # no frame cycle left
+        if not kept:
             namespace.clear()
             namespace.update(before)
     final = session.final
