@@ -585,6 +585,16 @@ static int driver_uid(lua_State *L) {
   return 1;
 }
 
+/* d:exec_ms() -> when bubblewrap was exec'd, on now_ms()'s clock (nil
+ * until it has started). */
+static int driver_exec_ms(lua_State *L) {
+  uint64_t ns = rlm_driver_exec_ns(check_driver(L)->d);
+  if (ns == 0)
+    return 0;
+  lua_pushnumber(L, (lua_Number)(ns / 1000) / 1000.0);
+  return 1;
+}
+
 static int driver_close(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   rlm_driver *d = u->d;
@@ -741,6 +751,7 @@ static const luaL_Reg driver_methods[] = {
     {"fd", driver_fd},
     {"timeout", driver_timeout},
     {"uid", driver_uid},
+    {"exec_ms", driver_exec_ms},
     {"close", driver_close},
     {NULL, NULL},
 };

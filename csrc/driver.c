@@ -70,6 +70,7 @@ extern char **environ;
 enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };
 
 struct rlm_driver {
+  uint64_t exec_ns; /* uv_hrtime() when the spawn returned: bubblewrap runs */
   uv_loop_t loop;
   uv_poll_t exit_watch; /* the pidfd turns readable when the process exits */
   int pidfd;
@@ -79,9 +80,9 @@ struct rlm_driver {
   uv_timer_t deadline, wait, grace, launcher_grace;
   int handles; /* initialised handles not yet closed */
 
-  unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, err_eof : 1, reading : 1,
-      in_closed : 1, terminal_queued : 1, exit_queued : 1, wait_expired : 1,
-      deadline_hit : 1, paused : 1, grace_due : 1;
+  unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, err_eof : 1,
+      reading : 1, in_closed : 1, terminal_queued : 1, exit_queued : 1,
+      wait_expired : 1, deadline_hit : 1, paused : 1, grace_due : 1;
   int64_t exit_status;
   int term_signal;
 
@@ -295,9 +296,7 @@ static void check_breach(rlm_driver *d) {
 
 /* Whether both of the driver's output pipes have reached their end: then
  * the exit event carries all it said, bubblewrap's own error included. */
-static int drained(const rlm_driver *d) {
-  return d->out_eof && d->err_eof;
-}
+static int drained(const rlm_driver *d) { return d->out_eof && d->err_eof; }
 
 /* The exit is reported once the process is reaped and its stdout and stderr
  * are drained, or killed, or silent for EXIT_GRACE_MS after exiting. */
@@ -961,6 +960,7 @@ static int keeper_start(rlm_driver *d) {
   }
   if (spawn_process(d, err, errlen) != 0)
     return -1;
+  d->exec_ns = uv_hrtime(); /* the spawn returns once the child has exec'd */
   if (d->want_cgroup && d->max_rss > 0) {
     /* Now, while bubblewrap sets up: its children inherit the cgroup. What
      * it forked before this is moved by rlm_driver_adopt after the hello.
@@ -1537,6 +1537,10 @@ int rlm_driver_backend_timeout(rlm_driver *d) {
 }
 
 unsigned rlm_driver_uid(const rlm_driver *d) { return d->spawned ? d->uid : 0; }
+
+uint64_t rlm_driver_exec_ns(const rlm_driver *d) {
+  return d->spawned ? d->exec_ns : 0;
+}
 
 int rlm_driver_context_done(rlm_driver *d) { return atomic_load(&d->ctx_done); }
 

@@ -9,8 +9,12 @@ package _rlm_driver beside it, loaded by path under that private name and
 never put on sys.path.
 """
 
-import mmap
-import os
+import time
+
+STARTED = time.monotonic()  # the start-up phases (hello's "t"): CLOCK_MONOTONIC, the host's clock
+
+import mmap  # noqa: E402
+import os  # noqa: E402
 
 # The context: a sealed memfd the host hands over at this descriptor. It is
 # mapped read-only here (load_context decodes it later) and the descriptor
@@ -60,7 +64,7 @@ def load_package():
 if __name__ == "__main__":
     driver = load_package()
     try:
-        driver.main(CONTEXT_DATA)
+        driver.main(CONTEXT_DATA, (STARTED, time.monotonic()))
     except Exception as exc:  # a driver bug: say so on the protocol, details on stderr
         traceback.print_exc()
         driver.fatal(f"driver error: {exc!r}")
