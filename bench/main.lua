@@ -88,7 +88,15 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    interpreter probe) running `bench/echo_driver.py` instead of the driver,
    from spawn to its answer to one line, from a plain C host
    (`bench/floor_pingpong.c`). Samples alternate floor and rlm in rounds. The
-   session's teardown is not timed, nor the floor's.
+   session's teardown is not timed, nor the floor's. The phases (medians of
+   the same samples): rlm.boot's `start_times` (the host's clock around the
+   spawn and each reply, bubblewrap's exec from the keeper thread, and the
+   driver's `CLOCK_MONOTONIC` stamps in its hello, `configured`,
+   `self_test_result` and `ready`); beside each, the floor's part where the
+   floor does the same (`floor_pingpong phases`: the spawn to the exec, the
+   exec to the echo driver's first line, that to its hello, one line's
+   round trip). The phases do not add up to the total exactly: the host's
+   reading of each reply sits between them.
 2. **Step round trip**: `s:step()` timed in Lua, many steps in one session.
    Floor: `floor_pingpong` writing one short JSON-like line to
    `python3 -I -S bench/echo_driver.py` over a pipe and reading the echo.
