@@ -27,6 +27,12 @@ local PHASES = {
   { "ready to the first step's end (one exec)", function(t, total) return total - (t.ready - t.begin) end, 4 },
 }
 
+-- What floor_pingpong's four parts are.
+local FLOOR_PARTS = {
+  "spawn to bubblewrap's exec", "exec to the echo driver's first line",
+  "that to its hello read", "one line's round trip",
+}
+
 -- n samples of the floor in parts: { total = {...}, [1..4] = {...} }, or nil
 -- and why.
 local function floor_phases(env, n, argv)
@@ -122,15 +128,16 @@ function M.run(env)
   })
   for i, p in ipairs(PHASES) do
     if #phases[i] > 0 then
-      local k = p[3]
-      local text = common.fmt_ms(common.summary(phases[i]))
+      local k, name = p[3], "  phase: " .. p[1]
+      local stats = common.summary(phases[i])
       if k and #floor_parts[k] > 0 then
-        text = text .. ("   floor %s"):format(common.fmt_ms(common.summary(floor_parts[k])))
+        rows[#rows + 1] = common.time_row({ figure = "1", name = name, stats = stats,
+          floor = common.summary(floor_parts[k]), floor_name = "the floor's part: " .. FLOOR_PARTS[k] })
       else
-        text = text .. "   floor -"
+        local row = common.context_row("1", name, stats.median, "ms", common.fmt_ms(stats), stats.n)
+        row.no_floor = "none: the floor does no such thing"
+        rows[#rows + 1] = row
       end
-      rows[#rows + 1] = common.context_row("1", "  phase: " .. p[1], common.median(phases[i]), "ms",
-        text, #phases[i])
     end
   end
   if #bare > 0 then
