@@ -3,9 +3,65 @@
 -- self-test, context load and one exec. The floor is bubblewrap with the
 -- real sandbox's binds running a driver that does nothing (echo_driver.py),
 -- timed from the spawn to its answer to one line.
+--
+-- Beside it, the start's phases (medians), each beside the floor's part
+-- where the floor has one: the session's own stamps (rlm.boot's
+-- start_times: the host's clock, bubblewrap's exec from the keeper, and the
+-- driver's monotonic stamps in its replies), the floor's from
+-- floor_pingpong's `phases` mode.
 local common = require("bench.common")
 
 local M = {}
+
+-- The phases: name, the session's span, the floor's part (index into the
+-- four floor_pingpong prints, or nil: the floor does no such thing).
+local PHASES = {
+  { "host: Session.new to the spawn (probe cached, canaries, argv)", function(t) return t.spawn - t.begin end },
+  { "spawn to bubblewrap's exec (keeper, uid, staging)", function(t) return t.exec - t.spawn end, 1 },
+  { "bubblewrap's exec to the driver's first line", function(t) return t.interpreter[1] - t.exec end, 2 },
+  { "driver import, to its hello read by the host", function(t) return t.hello - t.interpreter[1] end, 3 },
+  { "host checks after the hello (cgroup, fds) to configure", function(t) return t.configure[1] - t.hello end },
+  { "configure (rlimits, sys.path)", function(t) return t.configure[2] - t.configure[1] end },
+  { "self-test", function(t) return t.self_test[2] - t.self_test[1] end },
+  { "context load", function(t) return t.context[2] - t.context[1] end },
+  { "ready to the first step's end (one exec)", function(t, total) return total - (t.ready - t.begin) end, 4 },
+}
+
+-- What floor_pingpong's four parts are.
+local FLOOR_PARTS = {
+  "spawn to bubblewrap's exec", "exec to the echo driver's first line",
+  "that to its hello read", "one line's round trip",
+}
+
+-- n samples of the floor in parts: { total = {...}, [1..4] = {...} }, or nil
+-- and why.
+local function floor_phases(env, n, argv)
+  local exe, why = common.helper(env)
+  if not exe then
+    return nil, why
+  end
+  local cmd = { exe, "phases", tostring(n), "--" }
+  for _, a in ipairs(argv) do
+    cmd[#cmd + 1] = a
+  end
+  local ns = {}
+  for x in common.capture(cmd):gmatch("%-?%d+") do
+    ns[#ns + 1] = tonumber(x) / 1e6
+  end
+  if #ns ~= 4 * n then
+    error(("floor_pingpong phases printed %d numbers, not %d"):format(#ns, 4 * n))
+  end
+  local out = { total = {}, {}, {}, {}, {} }
+  for i = 0, n - 1 do
+    local sum = 0
+    for k = 1, 4 do
+      out[k][#out[k] + 1] = ns[4 * i + k]
+      sum = sum + ns[4 * i + k]
+    end
+    out.total[#out.total + 1] = sum
+  end
+  return out
+end
 
 -- Rounds alternate floor, rlm and bare Python samples, so that a noisy
 -- neighbour lands on all three alike.
@@ -27,16 +83,34 @@ function M.run(env)
   os.execute("mkdir -p " .. common.quote(workdir))
   local sandboxed = common.sandbox_echo_argv(env, workdir)
   local real, floor, bare, floor_missing = {}, {}, {}, nil
+  local phases, floor_parts = {}, { {}, {}, {}, {} }
+  for i = 1, #PHASES do
+    phases[i] = {}
+  end
   for _ = 1, size.rounds do
-    local f, why = common.floor(env, "first", size.per_round, sandboxed)
+    local f, why = floor_phases(env, size.per_round, sandboxed)
     floor_missing = why
-    for _, ms in ipairs(f or {}) do
+    if f then
+      for k = 1, 4 do
+        for _, ms in ipairs(f[k]) do
+          floor_parts[k][#floor_parts[k] + 1] = ms
+        end
+      end
+    end
+    for _, ms in ipairs(f and f.total or {}) do
       floor[#floor + 1] = ms
     end
     for _ = 1, size.per_round do
       local session, ms = common.start(env)
+      local t = session.start_times
       session:close()
       real[#real + 1] = ms
+      if t and t.exec and t.interpreter and t.configure and t.self_test and t.context and t.ready then
+        for i, p in ipairs(PHASES) do
+          local x = phases[i]
+          x[#x + 1] = p[2](t, ms)
+        end
+      end
     end
     local b = common.floor(env, "exit", size.per_round, { env.python, "-I", "-S", "-c", "pass" })
     for _, ms in ipairs(b or {}) do
@@ -52,6 +126,20 @@ function M.run(env)
     floor_name = "bwrap (same binds) + echo driver, spawn to first answer",
     max_ratio = 1.3,
   })
+  for i, p in ipairs(PHASES) do
+    if #phases[i] > 0 then
+      local k, name = p[3], "  phase: " .. p[1]
+      local stats = common.summary(phases[i])
+      if k and #floor_parts[k] > 0 then
+        rows[#rows + 1] = common.time_row({ figure = "1", name = name, stats = stats,
+          floor = common.summary(floor_parts[k]), floor_name = "the floor's part: " .. FLOOR_PARTS[k] })
+      else
+        local row = common.context_row("1", name, stats.median, "ms", common.fmt_ms(stats), stats.n)
+        row.no_floor = "none: the floor does no such thing"
+        rows[#rows + 1] = row
+      end
+    end
+  end
   if #bare > 0 then
     local b = common.summary(bare)
     rows[#rows + 1] = common.context_row("1", "python3 -I -S -c pass, spawn to exit",

@@ -10,6 +10,11 @@
  *   floor_pingpong first N -- ARGV...
  *       N times: spawns ARGV, reads its hello, writes one line and reads the
  *       reply: one sample from before the spawn to the reply.
+ *   floor_pingpong phases N -- ARGV...
+ *       as `first`, in four parts per sample, one line each: the spawn (to
+ *       the exec), the exec to the child's first line (the monotonic stamp
+ *       its hello carries as "t":[seconds]), that to the hello read here,
+ *       and the one line's round trip.
  *   floor_pingpong exit N -- ARGV...
  *       N times: spawns ARGV and waits for it to exit.
  *   floor_pingpong send FILE -- ARGV...
@@ -36,7 +41,7 @@ static char *child_env[] = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8",
 
 typedef struct child {
   pid_t pid;
-  int in, out;    /* our ends: we write to in, read from out */
+  int in, out;     /* our ends: we write to in, read from out */
   char buf[65536]; /* bytes read past the last line */
   size_t len;
 } child;
@@ -148,8 +153,9 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: floor_pingpong pingpong|first|exit N -- ARGV...\n"
-                  "       floor_pingpong send FILE -- ARGV...\n");
+  fprintf(stderr,
+          "usage: floor_pingpong pingpong|first|phases|exit N -- ARGV...\n"
+          "       floor_pingpong send FILE -- ARGV...\n");
   exit(2);
 }
 
@@ -203,7 +209,8 @@ int main(int argc, char **argv) {
   } else if (strcmp(mode, "first") == 0) {
     for (long i = 0; i < n; i++) {
       static child c;
-      static const char hi[] = "{\"type\":\"exec\",\"id\":1,\"code\":\"x = 1\"}\n";
+      static const char hi[] =
+          "{\"type\":\"exec\",\"id\":1,\"code\":\"x = 1\"}\n";
       long long t0 = now_ns();
       spawn(&c, cargv);
       read_line(&c, NULL, 0);
@@ -212,6 +219,36 @@ int main(int argc, char **argv) {
       samples[i] = now_ns() - t0;
       finish(&c);
     }
+  } else if (strcmp(mode, "phases") == 0) {
+    long long *parts = malloc((size_t)n * 4 * sizeof(*parts));
+    if (parts == NULL)
+      die("malloc");
+    for (long i = 0; i < n; i++) {
+      static child c;
+      static const char hi[] =
+          "{\"type\":\"exec\",\"id\":1,\"code\":\"x = 1\"}\n";
+      char hello[512];
+      long long t0 = now_ns();
+      spawn(&c, cargv); /* posix_spawn returns once the child has exec'd */
+      long long t1 = now_ns();
+      read_line(&c, hello, sizeof(hello));
+      long long t3 = now_ns();
+      write_all(c.in, hi, sizeof(hi) - 1);
+      read_line(&c, NULL, 0);
+      long long t4 = now_ns();
+      finish(&c);
+      const char *t = strstr(hello, "\"t\":[");
+      long long t2 = t ? (long long)(strtod(t + 5, NULL) * 1e9) : t1;
+      parts[4 * i] = t1 - t0;
+      parts[4 * i + 1] = t2 - t1;
+      parts[4 * i + 2] = t3 - t2;
+      parts[4 * i + 3] = t4 - t3;
+    }
+    for (long i = 0; i < 4 * n; i++)
+      printf("%lld\n", parts[i]);
+    free(parts);
+    free(samples);
+    return 0;
   } else if (strcmp(mode, "exit") == 0) {
     for (long i = 0; i < n; i++) {
       child c;

@@ -88,7 +88,15 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    interpreter probe) running `bench/echo_driver.py` instead of the driver,
    from spawn to its answer to one line, from a plain C host
    (`bench/floor_pingpong.c`). Samples alternate floor and rlm in rounds. The
-   session's teardown is not timed, nor the floor's.
+   session's teardown is not timed, nor the floor's. The phases (medians of
+   the same samples): rlm.boot's `start_times` (the host's clock around the
+   spawn and each reply, bubblewrap's exec from the keeper thread, and the
+   driver's `CLOCK_MONOTONIC` stamps in its hello, `configured`,
+   `self_test_result` and `ready`); beside each, the floor's part where the
+   floor does the same (`floor_pingpong phases`: the spawn to the exec, the
+   exec to the echo driver's first line, that to its hello, one line's
+   round trip). The phases do not add up to the total exactly: the host's
+   reading of each reply sits between them.
 2. **Step round trip**: `s:step()` timed in Lua, many steps in one session.
    Floor: `floor_pingpong` writing one short JSON-like line to
    `python3 -I -S bench/echo_driver.py` over a pipe and reading the echo.
@@ -139,6 +147,17 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    1's (bubblewrap with the same binds, spawn to first answer).
 ]]
 
+-- One row of RESULTS.md's table.
+local function table_row(row)
+  local res = result(row)
+  if row.met ~= nil then
+    res = "**" .. res .. "**"
+  end
+  return ("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"):format(cell(row.figure), cell(row.name),
+    cell(row.text), cell(row.n), cell(row.floor and row.floor.name or row.floor_missing or row.no_floor),
+    cell(row.floor and row.floor.text), cell(row.ratio_text), cell(row.target), res, cell(row.note))
+end
+
 local function write_results(path, rows, info, seconds)
   local out = {}
   local function add(s)
@@ -162,13 +181,7 @@ local function write_results(path, rows, info, seconds)
       total = total + 1
       met = met + (row.met and 1 or 0)
     end
-    local res = result(row)
-    if row.met ~= nil then
-      res = "**" .. res .. "**"
-    end
-    add(("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"):format(cell(row.figure), cell(row.name),
-      cell(row.text), cell(row.n), cell(row.floor and row.floor.name or row.floor_missing or row.no_floor),
-      cell(row.floor and row.floor.text), cell(row.ratio_text), cell(row.target), res, cell(row.note)))
+    add(table_row(row))
   end
   add(("\n%d of %d targets met.\n"):format(met, total))
   add(METHOD)
@@ -206,6 +219,13 @@ local seconds = (common.now_ms() - t0) / 1000
 
 if tiny or next(only) ~= nil then
   print(("\n(%.0f s; partial or tiny run: bench/RESULTS.md left as it was)"):format(seconds))
+  if os.getenv("BENCH_ROWS") then
+    -- The run's rows as RESULTS.md would hold them (to update some rows).
+    print(("\n(load average at the end: %s)"):format(loadavg()))
+    for _, row in ipairs(rows) do
+      print(table_row(row))
+    end
+  end
 else
   local met, total = write_results(root .. "/bench/RESULTS.md", rows, info, seconds)
   print(("\n%d of %d targets met in %.0f s; wrote bench/RESULTS.md"):format(met, total, seconds))

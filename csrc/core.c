@@ -81,6 +81,14 @@ static lua_Integer opt_integer(lua_State *L, int t, const char *key,
   return v;
 }
 
+/* Where the child finds what it is handed: the filter (bwrap reads it), the
+ * context (the driver maps it) and the driver's text, then its package's
+ * files (bwrap copies them). */
+#define CHILD_SECCOMP_FD 3
+#define CHILD_CONTEXT_FD 4
+#define CHILD_DRIVER_FD 5
+#define CHILD_ZIP_FD 6 /* the package's zip, in place of its files */
+
 /* The sandbox spec's common options, from the table at index 1: bwrap,
  * python, driver and the list `ro` (kept alive by the table). */
 static void read_spec(lua_State *L, rlm_sandbox_spec *spec) {
@@ -90,6 +98,14 @@ static void read_spec(lua_State *L, rlm_sandbox_spec *spec) {
   spec->driver = opt_string(L, 1, "driver");
   spec->seccomp_fd = 3; /* where the child finds the filter */
   spec->driver_fd = -1;
+  spec->zip_fd = -1;
+  lua_getfield(L, 1, "driver_zip");
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TSTRING)
+      luaL_error(L, "rlm.core: driver_zip must be a string");
+    spec->zip_fd = CHILD_ZIP_FD;
+  }
+  lua_pop(L, 1);
   lua_getfield(L, 1, "ro");
   luaL_checktype(L, -1, LUA_TTABLE);
   size_t n_ro = lua_rawlen(L, -1);
@@ -138,12 +154,6 @@ static int push_argv(lua_State *L, rlm_argv *argv) {
   return 1;
 }
 
-/* Where the child finds what it is handed: the filter (bwrap reads it), the
- * context (the driver maps it) and the driver's text, then its package's
- * files (bwrap copies them). */
-#define CHILD_SECCOMP_FD 3
-#define CHILD_CONTEXT_FD 4
-#define CHILD_DRIVER_FD 5
 #define HANDED_MAX (3 + RLM_MAX_DRIVER_MODULES)
 
 /* Opens the package's files beside the driver into fds[]; 0, or -1 with a
@@ -222,8 +232,23 @@ static int core_spawn(lua_State *L) {
     snprintf(err, sizeof(err), "opening %s: %s", spec.driver, strerror(errno));
     goto failed;
   }
-  if (open_modules(&spec, handed + 3, err, sizeof(err)) != 0)
+  if (spec.zip_fd >= 0) {
+    size_t zip_len;
+    lua_getfield(L, 1, "driver_zip");
+    const char *zip = lua_tolstring(L, -1, &zip_len);
+    int zfd = rlm_context_open();
+    if (zfd < 0 || rlm_context_append(zfd, zip, zip_len) != 0 ||
+        rlm_context_seal(zfd) != 0) {
+      snprintf(err, sizeof(err), "the driver's zip: %s", strerror(errno));
+      if (zfd >= 0)
+        close(zfd);
+      goto failed;
+    }
+    lua_pop(L, 1);
+    handed[3] = zfd;
+  } else if (open_modules(&spec, handed + 3, err, sizeof(err)) != 0) {
     goto failed;
+  }
   spec.seccomp_fd = CHILD_SECCOMP_FD;
   spec.driver_fd = CHILD_DRIVER_FD;
   if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
@@ -236,7 +261,7 @@ static int core_spawn(lua_State *L) {
   o.argv = argv.v;
   o.env = sandbox_env;
   o.inherit_fds = handed;
-  o.n_inherit = 3 + spec.n_modules;
+  o.n_inherit = 3 + (spec.zip_fd >= 0 ? 1 : spec.n_modules);
   o.context = context;
   o.context_len = context_len;
   o.context_at = CHILD_CONTEXT_FD - 3;
@@ -377,6 +402,41 @@ static int core_find_program(lua_State *L) {
   if (rlm_find_program(name, out, sizeof(out)) != 0)
     return 0;
   lua_pushstring(L, out);
+  return 1;
+}
+
+/* core.base64_decode(s) -> bytes | nil: standard base64 with padding (the
+ * probe's driver_zip); nil for anything else. */
+static int core_base64_decode(lua_State *L) {
+  size_t len;
+  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  if (len % 4 != 0)
+    return 0;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (size_t i = 0; i < len; i += 4) {
+    unsigned v = 0;
+    int pad = 0;
+    for (int k = 0; k < 4; k++) {
+      unsigned char c = s[i + k];
+      int x = c >= 'A' && c <= 'Z'   ? c - 'A'
+              : c >= 'a' && c <= 'z' ? c - 'a' + 26
+              : c >= '0' && c <= '9' ? c - '0' + 52
+              : c == '+'             ? 62
+              : c == '/'             ? 63
+                                     : -1;
+      if (c == '=' && i + 4 == len && k >= 2 && (k == 3 || s[i + 3] == '=')) {
+        pad++;
+        x = 0;
+      } else if (x < 0 || pad > 0) {
+        return 0;
+      }
+      v = v << 6 | (unsigned)x;
+    }
+    char out[3] = {(char)(v >> 16), (char)(v >> 8 & 0xff), (char)(v & 0xff)};
+    luaL_addlstring(&b, out, 3 - (size_t)pad);
+  }
+  luaL_pushresult(&b);
   return 1;
 }
 
@@ -585,6 +645,16 @@ static int driver_uid(lua_State *L) {
   return 1;
 }
 
+/* d:exec_ms() -> when bubblewrap was exec'd, on now_ms()'s clock (nil
+ * until it has started). */
+static int driver_exec_ms(lua_State *L) {
+  uint64_t ns = rlm_driver_exec_ns(check_driver(L)->d);
+  if (ns == 0)
+    return 0;
+  lua_pushnumber(L, (lua_Number)(ns / 1000) / 1000.0);
+  return 1;
+}
+
 static int driver_close(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   rlm_driver *d = u->d;
@@ -741,6 +811,7 @@ static const luaL_Reg driver_methods[] = {
     {"fd", driver_fd},
     {"timeout", driver_timeout},
     {"uid", driver_uid},
+    {"exec_ms", driver_exec_ms},
     {"close", driver_close},
     {NULL, NULL},
 };
@@ -754,6 +825,7 @@ static const luaL_Reg core_functions[] = {
     {"find_program", core_find_program},
     {"fd_headroom", core_fd_headroom},
     {"now_ms", core_now_ms},
+    {"base64_decode", core_base64_decode},
     {"utf8_prefix", core_utf8_prefix},
     {"plant_canaries", core_plant_canaries},
     {NULL, NULL},

@@ -126,6 +126,9 @@ RLM_FN uint64_t rlm_driver_oom_kills(const rlm_driver *d, uint64_t *peak);
 
 /* The host uid the sandbox runs as (0 until it has started). */
 RLM_FN unsigned rlm_driver_uid(const rlm_driver *d);
+/* When bubblewrap was exec'd, on uv_hrtime()'s clock (CLOCK_MONOTONIC, ns);
+ * 0 until it has started. For the start-up phases of bench/. */
+RLM_FN uint64_t rlm_driver_exec_ns(const rlm_driver *d);
 
 /* Whether the keeper is done with opts.context: the caller may free it. */
 RLM_FN int rlm_driver_context_done(rlm_driver *d);

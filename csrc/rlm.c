@@ -6,11 +6,13 @@
 
 #include "canary.c"
 #include "cgroup.c"
-#include "driver.c"
+#include "driver.c" /* with keeper.c and spawn.c: see driver_impl.h */
 #include "framing.c"
+#include "keeper.c"
 #include "sandbox.c"
 #include "seccomp.c"
 #include "smallfile.c"
+#include "spawn.c"
 #include "uid.c"
 #include "waitset.c"
 #include "watchdog.c"

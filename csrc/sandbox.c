@@ -313,8 +313,14 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
   } else {
     emit(&e, "--ro-bind", spec->driver, RLM_SANDBOX_DRIVER);
   }
-  if (bind_modules(&e, spec, err, errlen) != 0)
+  if (spec->zip_fd >= 0) {
+    /* The whole package: one file, one mount. */
+    char fd[16];
+    snprintf(fd, sizeof(fd), "%d", spec->zip_fd);
+    emit(&e, "--ro-bind-data", fd, RLM_SANDBOX_DRIVER_ZIP);
+  } else if (bind_modules(&e, spec, err, errlen) != 0) {
     goto fail;
+  }
   /* The workdir is the sandbox's own tmpfs: nothing it writes reaches the
    * host's disk, and it goes with the mount namespace. bwrap mounts it
    * nosuid and nodev. */

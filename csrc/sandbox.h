@@ -27,6 +27,9 @@ typedef struct rlm_sandbox_spec {
                                  descriptors driver_fd + 1, + 2, ... (checked
                                  with rlm_sandbox_module_ok) */
   size_t n_modules;
+  int zip_fd; /* >= 0: the child's descriptor on the package packed in one zip
+                 (probe.py --driver), copied in at RLM_SANDBOX_DRIVER_ZIP in
+                 place of the modules' files */
   const char *const *ro; /* host paths to expose read-only, at the same path */
   size_t n_ro;
   int seccomp_fd;         /* the filter's descriptor in the child; -1: none */
@@ -39,6 +42,8 @@ typedef struct rlm_sandbox_spec {
 /* Paths inside the sandbox. */
 #define RLM_SANDBOX_DRIVER "/rlm/repl_driver.py"
 #define RLM_SANDBOX_DRIVER_DIR "/rlm"
+/* The package in one archive (python/probe.py names its frames so). */
+#define RLM_SANDBOX_DRIVER_ZIP "/rlm/driver.zip"
 /* Files of the driver's package besides repl_driver.py, at most. */
 #define RLM_MAX_DRIVER_MODULES 12
 #define RLM_SANDBOX_WORKDIR "/session"

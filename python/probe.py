@@ -5,7 +5,13 @@ host binds exactly these, read-only, into the sandbox. Directories that .pth
 files add to sys.path are reported apart (pth_paths): they can be anything (a
 project's checkout, with its .env), and are bound only when the user asks.
 Run with -I -S: site runs here, after the interpreter's own path is noted.
-Trusted: it runs on the host, with no user input but module names."""
+Trusted: it runs on the host, with no user input but module names.
+
+With `--driver DIR` first, it also packs the driver's package
+(DIR/_rlm_driver/*.py) into one zip archive for the sandbox, each module as
+its source and this interpreter's bytecode for it (a hash-based pyc that
+zipimport checks against the source beside it): one file to bind, and no
+compiling in every sandbox (driver_zip, base64)."""
 import importlib
 import json
 import os
@@ -75,7 +81,38 @@ def soname_links(files):
     return links
 
 
+def driver_zip(directory):
+    """The zip of the package: for each module its .py and a checked-hash
+    .pyc, stored (zipimport then needs no zlib)."""
+    import base64
+    import importlib.util
+    import io
+    import zipfile
+    package = os.path.join(directory, "_rlm_driver")
+    names = sorted(n for n in os.listdir(package)
+                   if n.endswith(".py") and n[:-3].isidentifier())
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for name in names:
+            with open(os.path.join(package, name), "rb") as f:
+                source = f.read()
+            # The same name zipimport gives the module's frames.
+            code = compile(source, "/rlm/driver.zip/_rlm_driver/" + name, "exec",
+                           dont_inherit=True)
+            pyc = importlib._bootstrap_external._code_to_hash_pyc(
+                code, importlib.util.source_hash(source), checked=True)
+            # A fixed date: the archive is the same for the same sources.
+            for entry, data in ((name, source), (name + "c", pyc)):
+                info = zipfile.ZipInfo("_rlm_driver/" + entry, (1980, 1, 1, 0, 0, 0))
+                archive.writestr(info, data)
+    return base64.b64encode(out.getvalue()).decode("ascii")
+
+
 def main():
+    driver_dir = None
+    if sys.argv[1:2] == ["--driver"]:
+        driver_dir = sys.argv[2]
+        del sys.argv[1:3]
     import site
     own = [p for p in sys.path if p]
     site.main()  # no-op for what -S did not skip; adds site-packages and .pth paths
@@ -90,6 +127,8 @@ def main():
             failed.append(name)
     executable = os.path.realpath(sys.executable)
     files = mapped_files()
+    # After the files are listed: what packing maps (zlib) is not bound.
+    packed = driver_zip(driver_dir) if driver_dir else None
     print(json.dumps({
         "executable": executable,
         "version": "%d.%d.%d" % sys.version_info[:3],
@@ -99,6 +138,7 @@ def main():
         "pth_paths": pth_paths,
         "files": files + soname_links(files),
         "missing": failed,
+        "driver_zip": packed,
     }))
 
 

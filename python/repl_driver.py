@@ -9,8 +9,12 @@ package _rlm_driver beside it, loaded by path under that private name and
 never put on sys.path.
 """
 
-import mmap
-import os
+import time
+
+STARTED = time.monotonic()  # the start-up phases (hello's "t"): CLOCK_MONOTONIC, the host's clock
+
+import mmap  # noqa: E402
+import os  # noqa: E402
 
 # The context: a sealed memfd the host hands over at this descriptor. It is
 # mapped read-only here (load_context decodes it later) and the descriptor
@@ -36,23 +40,42 @@ CONTEXT_DATA = take_context()
 os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 
 import importlib  # noqa: E402 (after the descriptors are closed)
-import importlib.util  # noqa: E402
 import sys  # noqa: E402
-import traceback  # noqa: E402
 
 PACKAGE = "_rlm_driver"
+MODULES = ("protocol", "state", "api", "screen", "guard", "shield", "step", "selftest")
+
+
+def package_spec(here):
+    """Where the package is: in the sandbox, the zip the host copied in
+    (driver.zip: each module's source and its bytecode, which zipimport
+    checks against the source); elsewhere, the directory beside this file."""
+    archive = os.path.join(here, "driver.zip")
+    if os.path.exists(archive):
+        import zipimport
+        importer = zipimport.zipimporter(archive)
+        if hasattr(importer, "find_spec"):  # 3.10+
+            return importer.find_spec(PACKAGE)
+        import importlib.util
+        return importlib.util.spec_from_loader(PACKAGE, importer, is_package=True)
+    import importlib.util
+    location = os.path.join(here, PACKAGE)
+    return importlib.util.spec_from_file_location(
+        PACKAGE, os.path.join(location, "__init__.py"), submodule_search_locations=[location])
 
 
 def load_package():
-    """The package beside this file, by path: its directory is never on
-    sys.path, so nothing else can import it from there."""
-    location = os.path.join(os.path.dirname(os.path.abspath(__file__)), PACKAGE)
-    spec = importlib.util.spec_from_file_location(
-        PACKAGE, os.path.join(location, "__init__.py"), submodule_search_locations=[location])
-    package = importlib.util.module_from_spec(spec)
+    """The package, by its location: that is never on sys.path, so nothing
+    else can import it from there."""
+    spec = package_spec(os.path.dirname(os.path.abspath(__file__)))
+    package = type(sys)(PACKAGE)  # what importlib.util.module_from_spec makes
+    package.__spec__, package.__loader__ = spec, spec.loader
+    package.__package__, package.__path__ = PACKAGE, spec.submodule_search_locations
+    if spec.has_location:
+        package.__file__ = spec.origin
     sys.modules[PACKAGE] = package
     spec.loader.exec_module(package)
-    for name in ("protocol", "state", "api", "screen", "guard", "shield", "step", "selftest"):
+    for name in MODULES:
         importlib.import_module(f"{PACKAGE}.{name}")
     return importlib.import_module(f"{PACKAGE}.main")
 
@@ -60,7 +83,8 @@ def load_package():
 if __name__ == "__main__":
     driver = load_package()
     try:
-        driver.main(CONTEXT_DATA)
+        driver.main(CONTEXT_DATA, (STARTED, time.monotonic()))
     except Exception as exc:  # a driver bug: say so on the protocol, details on stderr
+        import traceback
         traceback.print_exc()
         driver.fatal(f"driver error: {exc!r}")

@@ -38,7 +38,19 @@ local function checks_failed(checks)
   return bad
 end
 
+-- The driver's own stamps (seconds on CLOCK_MONOTONIC): diagnostics for
+-- bench/ only, never trusted for anything else.
+local function driver_stamps(t)
+  if type(t) ~= "table" or type(t[1]) ~= "number" or type(t[2]) ~= "number" then
+    return nil
+  end
+  return { t[1] * 1000, t[2] * 1000 }
+end
+
 function M:_start()
+  -- When each part of the start happened, in ms on core.now_ms()'s clock
+  -- (bench/cold_start.lua shows them as phases).
+  self.start_times = { begin = core.now_ms() }
   -- Planted before the spawn, so that the leaked descriptor is there to leak.
   local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
   local ok, err = self:_boot(canaries)
@@ -58,6 +70,8 @@ function M:_boot(canaries)
   if not spec then
     return self:_fail(info)
   end
+  local times = self.start_times or {}
+  times.spawn = core.now_ms()
   local drv, serr = core.spawn(spec)
   if not drv then
     return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(serr))
@@ -76,6 +90,7 @@ function M:_boot(canaries)
   if not hello then
     return nil, err
   end
+  times.hello, times.exec, times.interpreter = core.now_ms(), drv:exec_ms(), driver_stamps(hello.t)
   if hello.protocol ~= protocol.VERSION then
     return self:_error("protocol_error", ("the driver speaks protocol %s, the host %d")
       :format(tostring(hello.protocol), protocol.VERSION))
@@ -111,6 +126,7 @@ function M:_boot(canaries)
   if not msg then
     return nil, err
   end
+  times.configure = driver_stamps(msg.t)
   local tree = drv:tree()
   local problem = "the sandbox has no processes"
   if #tree > 0 then
@@ -127,6 +143,7 @@ function M:_boot(canaries)
   if not msg then
     return nil, err
   end
+  times.self_test = driver_stamps(msg.t)
   local bad = checks_failed(msg.checks)
   if #bad > 0 then
     return self:_error("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
@@ -139,6 +156,7 @@ function M:_boot(canaries)
   if msg.error then
     return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
   end
+  times.context, times.ready = driver_stamps(msg.t), core.now_ms()
   self.booting = nil
   self:_set_deadline(0)
   return true

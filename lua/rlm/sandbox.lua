@@ -44,7 +44,9 @@ local function find_file(name)
 end
 
 -- The driver's package, beside repl_driver.py (python/ in a checkout, rlm/
--- when installed): each file is copied into the sandbox at /rlm/<path>.
+-- when installed). The probe packs these files into one zip with the
+-- interpreter's bytecode for each (checked against its source), copied into
+-- the sandbox at /rlm/driver.zip: one mount, and nothing compiled per start.
 M.driver_modules = {
   "_rlm_driver/__init__.py", "_rlm_driver/api.py", "_rlm_driver/guard.py",
   "_rlm_driver/main.py", "_rlm_driver/protocol.py", "_rlm_driver/screen.py",
@@ -65,12 +67,12 @@ local probe_cache = {}
 
 -- Runs the probe as a helper process and reads its one line; wait(helper)
 -- returns the helper's next event (the session's engine yields meanwhile).
-local function run_probe(python, modules, wait)
+local function run_probe(python, modules, wait, driver_dir)
   local script, ferr = find_file("probe.py")
   if not script then
     return nil, ferr
   end
-  local argv = util.append({ python, "-I", "-S", script }, modules)
+  local argv = util.append({ python, "-I", "-S", script, "--driver", driver_dir }, modules)
   local helper, err = core.helper(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
   if not helper then
     return unavailable(("asking %s about its installation: %s"):format(python, err))
@@ -102,6 +104,11 @@ local function run_probe(python, modules, wait)
     return unavailable(("%s did not describe its installation (exit %s): %s")
       :format(python, tostring(status), out:sub(1, 200)))
   end
+  -- The driver's package in one zip, with this interpreter's bytecode.
+  info.driver_zip = type(info.driver_zip) == "string" and core.base64_decode(info.driver_zip) or nil
+  if not info.driver_zip then
+    return unavailable(("%s could not pack the driver's package"):format(python))
+  end
   return info
 end
 
@@ -115,12 +122,12 @@ local function stale(entry)
   return at ~= nil and core.now_ms() - at > STALE_OWNER_MS
 end
 
-local function probe(python, modules, wait, owner)
-  local key = python .. "\0" .. table.concat(modules, "\0")
+local function probe(python, modules, wait, owner, driver_dir)
+  local key = python .. "\0" .. driver_dir .. "\0" .. table.concat(modules, "\0")
   while probe_cache[key] and probe_cache[key].owner do
     -- Another session of this Lua state is asking: wait for its answer.
     if stale(probe_cache[key]) then
-      return run_probe(python, modules, wait)
+      return run_probe(python, modules, wait, driver_dir)
     end
     wait(nil)
   end
@@ -128,7 +135,7 @@ local function probe(python, modules, wait, owner)
     return probe_cache[key]
   end
   probe_cache[key] = { owner = owner }
-  local info, err = run_probe(python, modules, wait)
+  local info, err = run_probe(python, modules, wait, driver_dir)
   probe_cache[key] = info
   return info, err
 end
@@ -193,7 +200,7 @@ function M.prepare(opts, context_data, wait, owner)
         :format(name, driver_py, why and ": " .. why or ""))
     end
   end
-  local info, perr = probe(python, util.append({}, M.default_modules, opts.allowed_modules), wait, owner)
+  local info, perr = probe(python, util.append({}, M.default_modules, opts.allowed_modules), wait, owner, dir)
   if not info then
     return nil, perr
   end
@@ -204,6 +211,7 @@ function M.prepare(opts, context_data, wait, owner)
     python = info.executable,
     driver = driver_py,
     driver_modules = M.driver_modules,
+    driver_zip = info.driver_zip,
     ro = ro,
     context = context_data,
     max_line = opts.max_message_bytes,

@@ -4,6 +4,7 @@ then one exec after another (docs/protocol.md)."""
 import json
 import mmap
 import sys
+import time
 
 from . import api, protocol, selftest, state, step
 from .protocol import fatal, field, send, string_list
@@ -90,28 +91,41 @@ def run_step(message):
           "stdout": stdout, "error": error, "final": final})
 
 
-def main(context_data):
+def timed(reply, received):
+    """The reply with when its message came and when it was done (seconds on
+    CLOCK_MONOTONIC, the host's clock too): the start-up phases of bench/."""
+    reply["t"] = [received, time.monotonic()]
+    return reply
+
+
+def main(context_data, started=None):
+    """started: (the interpreter ran the entry script, the package was
+    imported), on time.monotonic()."""
     session = state.current
     session.context_data = context_data
     session.namespace.update(api.names())
     state.driver_modules[:] = [module for name, module in list(sys.modules.items())
                                if name == __package__ or name.startswith(__package__ + ".")]
-    send({"type": "hello", "protocol": PROTOCOL_VERSION,
-          "python": "%d.%d.%d" % sys.version_info[:3]})
+    hello = {"type": "hello", "protocol": PROTOCOL_VERSION,
+             "python": "%d.%d.%d" % sys.version_info[:3]}
+    if started is not None:
+        hello["t"] = list(started)
+    send(hello)
     while True:
         message = protocol.receive()
         if message is None:
             return
         kind = message["type"]
+        received = time.monotonic()
         if kind == "configure":
             configure(message)
-            send({"type": "configured"})
+            send(timed({"type": "configured"}, received))
         elif kind == "self_test":
             checks = selftest.self_test(string_list(message, "absent", []),
                                         field(message, "canaries", dict, {}))
-            send({"type": "self_test_result", "checks": checks})
+            send(timed({"type": "self_test_result", "checks": checks}, received))
         elif kind == "load_context":
-            send(load_context(message))
+            send(timed(load_context(message), received))
         elif kind == "exec":
             run_step(message)
         else:

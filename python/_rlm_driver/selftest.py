@@ -1,9 +1,9 @@
 """The self-test: fixed driver code, outside the guardrails, that tries what
 the sandbox must forbid (docs/security.md lists the checks)."""
 
-import ast
+import _socket  # the C module: `socket` costs the start a few ms, and its
+import ast      # create_connection a cold getaddrinfo (NSS) for a numeric address
 import os
-import socket
 import sys
 
 HOST_PATHS = ("/etc/passwd", "/etc/shadow", "/etc/hostname", "/home", "/var",
@@ -53,11 +53,20 @@ def check_network():
 
 
 def try_connect(host, port):
+    """A TCP connection to a numeric IPv4 address (what create_connection
+    does once it has resolved one)."""
     try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True, f"{host}:{port} reachable"
-    except Exception as exc:  # refused, unreachable, or no sockets at all
+        sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    except Exception as exc:  # no sockets at all
         return False, f"{host}:{port} blocked ({exc})"
+    try:
+        sock.settimeout(0.5)
+        sock.connect((host, port))
+        return True, f"{host}:{port} reachable"
+    except Exception as exc:  # refused or unreachable
+        return False, f"{host}:{port} blocked ({exc})"
+    finally:
+        sock.close()
 
 
 def check_host_files(absent):
@@ -105,12 +114,17 @@ def check_canaries(canaries):
 
 def unix_connects(address):
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.5)
-            sock.connect(address)
-            return True
-    except Exception:  # refused, absent, or no sockets at all
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    except Exception:  # no sockets at all
         return False
+    try:
+        sock.settimeout(0.5)
+        sock.connect(address)
+        return True
+    except Exception:  # refused or absent
+        return False
+    finally:
+        sock.close()
 
 
 def descriptor_open(fd):

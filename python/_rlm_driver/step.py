@@ -10,7 +10,6 @@ import linecache
 import os
 import sys
 import threading
-import traceback
 
 from . import api, guard, shield, state
 from .screen import GuardrailError, RouteFormatting, screen
@@ -90,6 +89,7 @@ class CappedWriter(io.TextIOBase):
 
 def describe_error(exc):
     """The exception as Python prints it, without this driver's frames."""
+    import traceback  # here: the first error pays for it, not every start
     report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
     pending, seen = [report], set()
     while pending:

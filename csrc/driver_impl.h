@@ -1,0 +1,143 @@
+/* driver_impl.h: what the three parts of the driver share (driver.c, the
+ * loop side; keeper.c, the keeper thread; spawn.c, the child before its
+ * exec): the driver's struct, its limits and the functions one part calls
+ * in another. Included by those three alone, in the one unit (csrc/rlm.c). */
+#ifndef RLM_DRIVER_IMPL_H
+#define RLM_DRIVER_IMPL_H
+
+#include "driver.h"
+
+#include "cgroup.h"
+#include "framing.h"
+#include "uid.h"
+#include "watchdog.h"
+#include "workdir.h"
+
+#include "sandbox.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+extern char **environ;
+
+#define READ_CHUNK 65536
+#define KEEPER_STACK (256u << 10)
+#define CHILD_STACK (64u << 10) /* the launcher's, until its exec */
+#define STDERR_TAIL 4096
+#define EXIT_GRACE_MS 200     /* after the process exits, wait this for EOF */
+#define CLOSE_WAIT_MS 5000    /* bound on reaping a killed sandbox */
+#define LAUNCHER_GRACE_MS 500 /* after its namespace's init was killed */
+#define SANDBOX_TASKS 128     /* the cgroup's pids.max: threads, mostly */
+#define MAX_WRITE_QUEUE (256u << 20)
+#define MAX_INHERIT 16 /* descriptors handed to the child beyond 0..2 */
+
+/* What the watchdog thread ended the sandbox for. */
+enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };
+
+struct rlm_driver {
+  uint64_t exec_ns; /* uv_hrtime() when the spawn returned: bubblewrap runs */
+  uv_loop_t loop;
+  uv_poll_t exit_watch; /* the pidfd turns readable when the process exits */
+  int pidfd;
+  pid_t pid;
+  unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
+  uv_pipe_t in, out, err;
+  uv_timer_t deadline, wait, grace, launcher_grace;
+  int handles; /* initialised handles not yet closed */
+
+  unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, err_eof : 1,
+      reading : 1, in_closed : 1, terminal_queued : 1, exit_queued : 1,
+      wait_expired : 1, deadline_hit : 1, paused : 1, grace_due : 1;
+  int64_t exit_status;
+  int term_signal;
+
+  rlm_framer framer;
+  rlm_event line;         /* the line last handed out: a view into framer */
+  rlm_event *head, *tail; /* terminal events: a handful at most */
+
+  char err_tail[STDERR_TAIL + 1];
+  size_t err_len;
+
+  uint64_t max_rss, max_files;
+  unsigned rss_interval_ms;
+  rlm_cgroup cg;
+  int uid_lock; /* held while the sandbox's uid is ours; -1: none */
+
+  /* The keeper thread (keeper_main): it starts the process, watches its
+   * memory, and after close() kills, reaps and frees it all. It writes pid,
+   * pidfd, cg, uid and uid_lock before it publishes start_state, and the
+   * host reads them only after it has seen that (on_started). */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  atomic_int closing;     /* the host has called close(): stop, tear down */
+  int handed;             /* under mu: the host will not touch d again */
+  int ctx_busy;           /* under mu: the keeper reads the caller's context */
+  atomic_int ctx_done;    /* the keeper is done with the caller's context */
+  atomic_int start_state; /* START_ values */
+  uv_async_t started;     /* the keeper's word that the start is over */
+  unsigned start_seen : 1, start_failed : 1, kill_pending : 1;
+  char start_err[512];
+
+  /* What the keeper starts, its own copies. */
+  char **argv, **env, **stage;
+  size_t n_stage;
+  int child_fds[3 + MAX_INHERIT]; /* the child's 0, 1, 2, 3...; owned */
+  int nfds;
+  const char *context; /* the caller's, until ctx_done */
+  size_t context_len;
+  int context_at; /* the context memfd's place among child_fds; -1: none */
+  int claim_uid, want_cgroup;
+  uint32_t uid_first, uid_count, uid;
+  unsigned run_as; /* nonzero: the child drops to this uid before exec */
+
+  atomic_int wd_breach; /* the keeper killed the sandbox: a BREACH_ value */
+  _Atomic uint64_t peak_rss;
+  _Atomic uint64_t files_seen; /* in /session, at the last poll */
+  char err_buf[4096];
+};
+
+enum { START_PENDING, START_OK, START_FAILED };
+
+/* Descriptors the child moves into 0..2 + MAX_INHERIT are first numbered
+ * above that, so that its dup2s cannot clobber one another. */
+#define FD_BASE (3 + MAX_INHERIT + 1)
+
+/* What one part calls in another (csrc/rlm.c includes them in any order).
+ * The loop side's (driver.c), for the keeper: */
+static void kill_launcher(rlm_driver *d);
+static void kill_sandbox(rlm_driver *d);
+static void free_driver(rlm_driver *d);
+/* The keeper's (keeper.c), for the loop side: */
+static int start_keeper(rlm_driver *d);
+static void *keeper_main(void *arg);
+static void register_exit_wait(void);
+static void teardowns_add(int n);
+static pthread_once_t teardowns_once;
+/* The child's (spawn.c), for both: */
+static int make_pipe(int fds[2]);
+static void close_pair(int fds[2]);
+static int spawn_process(rlm_driver *d, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,334 @@
+/* keeper.c: the keeper thread, one per driver, from the start to the
+ * reaping: the context's memfd, the uid, the spawn (spawn.c), the memory
+ * watchdog, and after close() the kill, the reaping and the freeing. */
+#define _GNU_SOURCE
+#include "driver_impl.h"
+
+/* What the watchdog counts against max_rss: the resident memory of the
+ * sandbox's processes plus what /session's tmpfs holds (where no cgroup
+ * charges it, this is the only count of it); and the files in /session. */
+static uint64_t watchdog_measure(rlm_driver *d, uint64_t *files) {
+  uint64_t rss = rlm_tree_rss(d->pid), bytes = 0;
+  *files = 0;
+  if (rlm_workdir_usage(d->pid, &bytes, files) == 0)
+    rss += bytes;
+  return rss;
+}
+
+/* Whether the launcher has exited: its pid may then name another process. */
+static int launcher_exited(rlm_driver *d) {
+  struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n != 0; /* an error: do not trust the pid either */
+}
+
+/* Waits ms, or until told to stop. Returns nonzero when told to. */
+static int watchdog_sleep(rlm_driver *d, unsigned ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&d->mu);
+  while (!atomic_load(&d->closing) &&
+         pthread_cond_timedwait(&d->cv, &d->mu, &until) == 0)
+    ;
+  int stop = atomic_load(&d->closing);
+  pthread_mutex_unlock(&d->mu);
+  return stop;
+}
+
+static uint64_t monotonic_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* How long until the next poll: rss_interval_ms, or less when the memory
+ * grows toward the limit: half the time the growth seen since the last
+ * poll would take to reach it (at least WATCHDOG_MIN_MS), and a fifth of the
+ * interval in the last eighth below the limit. So a steady climb is caught
+ * within about WATCHDOG_MIN_MS of its growth; only a burst out of a flat
+ * line can still run for a whole interval. */
+#define WATCHDOG_MIN_MS 1
+static unsigned watchdog_next_ms(rlm_driver *d, uint64_t rss,
+                                 uint64_t *last_rss, uint64_t *last_ms) {
+  uint64_t now = monotonic_ms();
+  unsigned ms = d->rss_interval_ms;
+  if (d->max_rss == 0)
+    return ms; /* files only: no climb to watch */
+  uint64_t headroom = d->max_rss > rss ? d->max_rss - rss : 0;
+  if (*last_ms != 0 && rss > *last_rss && now > *last_ms) {
+    /* bytes per ms since the last poll */
+    uint64_t rate = (rss - *last_rss) / (now - *last_ms);
+    if (rate > 0 && headroom / rate / 2 < ms)
+      ms = (unsigned)(headroom / rate / 2);
+  }
+  if (headroom < d->max_rss / 8 && ms > d->rss_interval_ms / 5)
+    ms = d->rss_interval_ms / 5;
+  if (ms < WATCHDOG_MIN_MS)
+    ms = WATCHDOG_MIN_MS;
+  *last_rss = rss;
+  *last_ms = now;
+  return ms;
+}
+
+/* Polls the sandbox's memory every rss_interval_ms (sooner near the limit),
+ * whatever the host's thread is doing. On a breach it kills the pid namespace's
+ * init (the kernel then kills the rest), and the launcher too if that lingers;
+ * the loop learns of it from the launcher's exit or its next poll. A
+ * measurement counts only if the launcher was still alive after it: a
+ * reaped pid may be another process's by then. */
+static void watchdog_run(rlm_driver *d) {
+  uint64_t last_rss = 0, last_ms = 0;
+  while (!watchdog_sleep(d, 0)) {
+    if (launcher_exited(d))
+      break;
+    uint64_t files;
+    uint64_t rss = watchdog_measure(d, &files);
+    if (launcher_exited(d))
+      break;
+    atomic_store(&d->files_seen, files);
+    uint64_t peak = atomic_load(&d->peak_rss);
+    while (rss > peak &&
+           !atomic_compare_exchange_weak(&d->peak_rss, &peak, rss))
+      ;
+    int breach = d->max_files > 0 && files > d->max_files ? BREACH_FILES
+                 : d->max_rss > 0 && rss > d->max_rss     ? BREACH_MEMORY
+                                                          : BREACH_NONE;
+    if (breach != BREACH_NONE) {
+      atomic_store(&d->wd_breach, breach);
+      pid_t pids[2];
+      if (rlm_tree_pids(d->pid, pids, 2) == 2)
+        (void)kill(pids[1], SIGKILL);
+      else
+        kill_launcher(d);
+      if (!watchdog_sleep(d, LAUNCHER_GRACE_MS) && !launcher_exited(d))
+        kill_launcher(d);
+      break;
+    }
+    if (watchdog_sleep(d, watchdog_next_ms(d, rss, &last_rss, &last_ms)))
+      break;
+  }
+}
+
+/* The context, written into a sealed memfd in slices, so that a close()
+ * that comes meanwhile waits for one slice at most. */
+#define CONTEXT_SLICE (1u << 20)
+static int write_context(rlm_driver *d, char *err, size_t errlen) {
+  pthread_mutex_lock(&d->mu);
+  int go = !atomic_load(&d->closing);
+  d->ctx_busy = go;
+  pthread_mutex_unlock(&d->mu);
+  int fd = -1, e = ECANCELED;
+  if (go) {
+    e = 0;
+    fd = rlm_context_open();
+    if (fd < 0)
+      e = errno;
+    size_t off = 0;
+    while (e == 0 && off < d->context_len) {
+      if (atomic_load(&d->closing)) {
+        e = ECANCELED;
+        break;
+      }
+      size_t n = d->context_len - off;
+      if (n > CONTEXT_SLICE)
+        n = CONTEXT_SLICE;
+      if (rlm_context_append(fd, d->context + off, n) != 0)
+        e = errno;
+      off += n;
+    }
+  }
+  pthread_mutex_lock(&d->mu);
+  d->ctx_busy = 0;
+  d->context = NULL;
+  atomic_store(&d->ctx_done, 1);
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  int high = -1;
+  if (e == 0 && rlm_context_seal(fd) == 0 &&
+      (high = fcntl(fd, F_DUPFD_CLOEXEC, FD_BASE)) >= 0)
+    d->child_fds[3 + d->context_at] = high;
+  else if (e == 0)
+    e = errno;
+  if (fd >= 0)
+    close(fd);
+  if (e != 0) {
+    snprintf(err, errlen, "handing the context over: %s", strerror(e));
+    return -1;
+  }
+  return 0;
+}
+
+/* The start, on the keeper: the context, the uid, the process, its
+ * cgroup. Returns 0, or -1 with start_err set. */
+static int keeper_start(rlm_driver *d) {
+  char *err = d->start_err;
+  size_t errlen = sizeof(d->start_err);
+  if (d->context_at >= 0 && write_context(d, err, errlen) != 0)
+    return -1;
+  if (d->claim_uid) {
+    /* Never host root inside: an unprivileged uid of the session's own. */
+    uint32_t uid;
+    d->uid_lock = rlm_uid_claim(d->uid_first, d->uid_count, &uid, err, errlen);
+    if (d->uid_lock < 0)
+      return -1;
+    d->uid = uid;
+    d->run_as = uid;
+  }
+  if (atomic_load(&d->closing)) {
+    snprintf(err, errlen, "closed before it started");
+    return -1;
+  }
+  if (spawn_process(d, err, errlen) != 0)
+    return -1;
+  d->exec_ns = uv_hrtime(); /* the spawn returns once the child has exec'd */
+  if (d->want_cgroup && d->max_rss > 0) {
+    /* Now, while bubblewrap sets up: its children inherit the cgroup. What
+     * it forked before this is moved by rlm_driver_adopt after the hello.
+     * The name says whose it is, so that a later host can sweep it. */
+    char name[64];
+    snprintf(name, sizeof(name), "rlm-%d-%d", (int)getpid(), (int)d->pid);
+    rlm_cgroup_create(&d->cg, name, d->max_rss, SANDBOX_TASKS);
+    if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
+      rlm_cgroup_remove(&d->cg);
+  }
+  return 0;
+}
+
+/* The teardowns handed to keepers and not yet over, process-wide (threads
+ * and children are the process's, not one Lua state's): a host that exits
+ * right after close() waits for them, up to EXIT_WAIT_MS, at exit, so that
+ * it reaps its own children rather than leave them to init. */
+#define EXIT_WAIT_MS 2000
+static pthread_mutex_t teardowns_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t teardowns_cv = PTHREAD_COND_INITIALIZER;
+static int teardowns;
+static pthread_once_t teardowns_once = PTHREAD_ONCE_INIT;
+
+static void wait_teardowns(void) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += EXIT_WAIT_MS / 1000;
+  pthread_mutex_lock(&teardowns_mu);
+  while (teardowns > 0 &&
+         pthread_cond_timedwait(&teardowns_cv, &teardowns_mu, &until) == 0)
+    ;
+  pthread_mutex_unlock(&teardowns_mu);
+}
+
+static void register_exit_wait(void) { (void)atexit(wait_teardowns); }
+
+static void teardowns_add(int n) {
+  pthread_mutex_lock(&teardowns_mu);
+  teardowns += n;
+  if (teardowns == 0)
+    pthread_cond_broadcast(&teardowns_cv);
+  pthread_mutex_unlock(&teardowns_mu);
+}
+
+/* Waits up to ms (<0: no limit) for the launcher to exit. */
+static int wait_launcher(rlm_driver *d, int ms) {
+  struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, ms);
+  while (n < 0 && errno == EINTR);
+  return n != 0;
+}
+
+/* After close(): kill what still runs (the pid namespace's init, then the
+ * launcher if it lingers), reap the launcher, remove the cgroup, let go of
+ * the uid, and drop /session's pin only then (its tmpfs's teardown). */
+static void keeper_teardown(rlm_driver *d) {
+  int pin = -1;
+  if (!d->exited) {
+    if (d->max_files > 0)
+      pin = rlm_workdir_pin(d->pid);
+    pid_t pids[2];
+    if (!(rlm_tree_pids(d->pid, pids, 2) == 2 && kill(pids[1], SIGKILL) == 0 &&
+          wait_launcher(d, LAUNCHER_GRACE_MS)))
+      kill_launcher(d);
+    while (!wait_launcher(d, CLOSE_WAIT_MS))
+      kill_launcher(d); /* a launcher that will not go: again, and wait */
+    /* ECHILD: the host reaps children itself (SIGCHLD ignored, nginx). */
+    while (waitpid(d->pid, NULL, WNOHANG) < 0 && errno == EINTR)
+      ;
+  }
+  rlm_cgroup_remove(&d->cg);
+  if (pin >= 0)
+    close(pin);
+}
+
+/* The keeper: one thread per driver, from the start to the reaping. It
+ * forks the launcher, so it must outlive it: bubblewrap's --die-with-parent
+ * follows the thread that forked it (and so the host, whose exit ends every
+ * thread). */
+static void *keeper_main(void *arg) {
+  rlm_driver *d = arg;
+  int rc = keeper_start(d);
+  for (int i = 0; i < d->nfds; i++)
+    if (d->child_fds[i] >= 0) {
+      close(d->child_fds[i]); /* the child has its copies */
+      d->child_fds[i] = -1;
+    }
+  pthread_mutex_lock(&d->mu);
+  atomic_store(&d->start_state, rc == 0 ? START_OK : START_FAILED);
+  if (!atomic_load(&d->closing))
+    uv_async_send(&d->started);
+  pthread_mutex_unlock(&d->mu);
+  if (rc == 0 && (d->max_rss > 0 || d->max_files > 0))
+    watchdog_run(d);
+  pthread_mutex_lock(&d->mu);
+  while (!d->handed)
+    pthread_cond_wait(&d->cv, &d->mu);
+  pthread_mutex_unlock(&d->mu);
+  if (rc == 0)
+    keeper_teardown(d);
+  pthread_mutex_destroy(&d->mu);
+  pthread_cond_destroy(&d->cv);
+  free_driver(d);
+  teardowns_add(-1);
+  return NULL;
+}
+
+static int start_keeper(rlm_driver *d) {
+  pthread_condattr_t ca;
+  int e = pthread_condattr_init(&ca);
+  if (e == 0) {
+    e = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (e == 0)
+      e = pthread_cond_init(&d->cv, &ca);
+    pthread_condattr_destroy(&ca);
+  }
+  if (e == 0 && (e = pthread_mutex_init(&d->mu, NULL)) != 0)
+    pthread_cond_destroy(&d->cv);
+  if (e != 0)
+    return e;
+  /* The thread takes none of the host's signals. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_attr_t ta;
+  pthread_t t;
+  e = pthread_attr_init(&ta);
+  if (e == 0) {
+    (void)pthread_attr_setstacksize(&ta, KEEPER_STACK);
+    (void)pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    e = pthread_create(&t, &ta, keeper_main, d);
+    pthread_attr_destroy(&ta);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e != 0) {
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+  }
+  return e;
+}
