@@ -92,7 +92,11 @@ function M.idle_gap(uv, ms)
   while not over do
     uv.run("once")
   end
-  return stop()
+  local gap = stop()
+  -- The closes finish on the loop: a handle still closing when the Lua
+  -- state ends makes luv's own teardown crash.
+  uv.run("nowait")
+  return gap
 end
 
 function M.run(env)
