@@ -11,7 +11,9 @@ describe("the memory watchdog", function()
   after_each(H.assert_clean)
 
   -- A thread in the sandbox allocates as fast as it can while the host is
-  -- stuck in a 3 s llm_query callback: the watchdog's thread kills it.
+  -- stuck in a 3 s llm_query callback: the watchdog's thread kills it. The
+  -- call waits for 150 MiB first, so that a loaded machine's scheduler
+  -- cannot leave the limit unreached for the whole 3 s.
   local ALLOC = [[
 import threading
 hold = []
@@ -19,6 +21,9 @@ def grab():
     while True:
         hold.append(bytearray(1 << 20))
 threading.Thread(target=grab, daemon=True).start()
+import time
+while len(hold) < 150:  # most of the way there before the host blocks
+    time.sleep(0.005)
 llm_query('block')
 FINAL('not reached')]]
   for _, interval in ipairs({ 50, 10 }) do
