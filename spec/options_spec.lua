@@ -134,7 +134,7 @@ describe("Session.new's context", function()
   end
   local cycle = {}
   cycle.self = cycle
-  local cases = {
+  local rows = {
     { { 1, 2, { name = "a\255b" } }, "option 'context' holds a string that is not UTF-8 at context[3].name (byte 2)" },
     { { ok = { ["k\255"] = 1 } }, "option 'context' holds a key that is not UTF-8 at context.ok[\"k\\255\"]" },
     { { ["a b"] = "\237\160\128" }, "not UTF-8 at context[\"a b\"] (byte 1)" }, -- a surrogate
@@ -144,7 +144,7 @@ describe("Session.new's context", function()
     { deep, "option 'context' nests deeper than 200 tables at context[1][1]" },
     { cycle, "option 'context' nests deeper than 200 tables at context.self.self" },
   }
-  for _, case in ipairs(cases) do
+  for _, case in ipairs(rows) do
     it("refuses, naming the path: " .. case[2], function()
       local o = base()
       o.context = case[1]

@@ -71,7 +71,7 @@ local function utf8_valid(s)
     if not i then
       return true
     end
-    local c, n, lo, hi = s:byte(i), 0, 0x80, 0xBF
+    local c, n, lo, hi = s:byte(i), nil, 0x80, 0xBF
     if c >= 0xC2 and c <= 0xDF then
       n = 1
     elseif c >= 0xE0 and c <= 0xEF then
