@@ -71,9 +71,10 @@ local function utf8_valid(s)
     if not i then
       return true
     end
-    local c, n, lo, hi = s:byte(i), nil, 0x80, 0xBF
+    local c, lo, hi = s:byte(i), 0x80, 0xBF
+    local n = 1 -- continuation bytes
     if c >= 0xC2 and c <= 0xDF then
-      n = 1
+      lo = 0x80
     elseif c >= 0xE0 and c <= 0xEF then
       n = 2
       lo = c == 0xE0 and 0xA0 or 0x80
