@@ -71,18 +71,15 @@ local function utf8_valid(s)
     if not i then
       return true
     end
-    local c, lo, hi = s:byte(i), 0x80, 0xBF
-    local n = 1 -- continuation bytes
+    -- n continuation bytes; the first in lo..hi, the others in 80..BF.
+    local c = s:byte(i)
+    local n, lo, hi
     if c >= 0xC2 and c <= 0xDF then
-      lo = 0x80
+      n, lo, hi = 1, 0x80, 0xBF
     elseif c >= 0xE0 and c <= 0xEF then
-      n = 2
-      lo = c == 0xE0 and 0xA0 or 0x80
-      hi = c == 0xED and 0x9F or 0xBF
+      n, lo, hi = 2, c == 0xE0 and 0xA0 or 0x80, c == 0xED and 0x9F or 0xBF
     elseif c >= 0xF0 and c <= 0xF4 then
-      n = 3
-      lo = c == 0xF0 and 0x90 or 0x80
-      hi = c == 0xF4 and 0x8F or 0xBF
+      n, lo, hi = 3, c == 0xF0 and 0x90 or 0x80, c == 0xF4 and 0x8F or 0xBF
     else
       return false, i
     end
