@@ -14,10 +14,10 @@
 -- (ngx.thread.spawn), so callbacks may use cosockets, ngx.sleep and
 -- ngx.location.capture, and several sub-calls run at once. A callback may
 -- also return nothing and call done(text[, usage]) later, from any request
--- or timer of the same worker (see rlm.async.invoke). on_event and cost_usd
+-- or timer of the same worker (see rlm.util.invoke). on_event and cost_usd
 -- run inside the pump and must not yield.
 -- luacheck: read globals ngx
-local async = require("rlm.async")
+local util = require("rlm.util")
 local dispatch = require("rlm.dispatch")
 local errors = require("rlm.errors")
 local rlm = require("rlm")
@@ -58,7 +58,7 @@ local function loop(s)
   local started = 0 -- callbacks started: activity, so the wait starts short again
 
   local function start(fn, arg, settle)
-    local t = ngx.thread.spawn(async.invoke, fn, arg, function(ok, text, usage)
+    local t = ngx.thread.spawn(util.invoke, fn, arg, function(ok, text, usage)
       if over then
         return
       end
