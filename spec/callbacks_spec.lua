@@ -84,3 +84,21 @@ describe("the adapters", function()
     end
   end)
 end)
+
+describe("root_llm's messages", function()
+  after_each(H.assert_clean)
+
+  it("are one conversation table, appended to from call to call, never copied", function()
+    local seen, sizes = {}, {}
+    local root = function(messages)
+      seen[#seen + 1], sizes[#sizes + 1] = messages, #messages
+      return #seen < 3 and fence("print(1)") or FINAL
+    end
+    local result, err = H.run({ root_llm = root })
+    assert.is_nil(err)
+    assert.equals("done", result.answer)
+    assert.equals(3, #seen)
+    assert.is_true(rawequal(seen[1], seen[2]) and rawequal(seen[2], seen[3]))
+    assert.are.same({ 2, 4, 6 }, sizes)
+  end)
+end)
