@@ -13,10 +13,14 @@ code to read it, and code may call sub-LLMs. The C core (libuv) owns the
 sandbox, the pipes and the limits; your Lua callbacks own the models.]],
   license = "MIT",
 }
+-- The core needs no socket library: the model client (rlm.llm.openai)
+-- takes a transport (OpenResty's cosockets, Neovim's, yours). Its LuaSocket
+-- transport is here, as every file under lua/ (luarocks' builtin copies
+-- lua/ whole), but loads LuaSocket only when it is required. The CLI, and
+-- LuaSocket as a dependency, are the rock rlm-tools (rlm-tools-scm-1.rockspec).
 dependencies = {
   "lua >= 5.1",
   "lua-cjson",
-  "luasocket", -- the HTTP transport of rlm.llm.openai and bin/rlm; https also needs luasec
 }
 external_dependencies = {
   LIBUV = { header = "uv.h", library = "uv" },
@@ -66,9 +70,6 @@ build = {
     },
   },
   install = {
-    bin = {
-      ["rlm"] = "bin/rlm",
-    },
     lua = {
       ["rlm.repl_driver"] = "python/repl_driver.py",
       ["rlm._rlm_driver.__init__"] = "python/_rlm_driver/__init__.py",

@@ -158,7 +158,7 @@ describe("bin/rlm", function()
       { { "-x", "--context", "CTX", "q" }, {}, "unknown flag -x" },
       { { "--max-iterations", "many", "--context", "CTX", "q" }, {}, "--max-iterations wants a number" },
       { { "--max-sub-calls", "1.5", "--context", "CTX", "q" }, {}, "--max-sub-calls wants an integer" },
-      { { "--max-iterations", "0", "--context", "CTX", "q" }, {}, "option 'max_iterations' must be an integer >= 1" },
+      { { "--max-iterations", "0", "--context", "CTX", "q" }, {}, "option 'max_iterations' must be an integer from 1 to 1000000" },
       { { "--temperature", "9", "--context", "CTX", "q" }, {}, "option 'temperature'" },
       { { "--context" }, {}, "--context wants a value" },
       { { "--trace=yes", "--context", "CTX", "q" }, {}, "--trace takes no value" },

@@ -8,10 +8,10 @@ end
 local cases = {
   -- option, value, message pattern
   { "bogus", 1, "unknown option 'bogus'" },
-  { "max_iterations", 0, "option 'max_iterations' must be an integer >= 1" },
+  { "max_iterations", 0, "option 'max_iterations' must be an integer from 1 to 1000000" },
   { "max_iterations", 2.5, "option 'max_iterations'" },
   { "max_iterations", "10", "option 'max_iterations'" },
-  { "step_timeout_ms", -1, "option 'step_timeout_ms' must be a number > 0" },
+  { "step_timeout_ms", -1, "option 'step_timeout_ms' must be a number of milliseconds > 0" },
   { "max_rss_bytes", -5, "option 'max_rss_bytes'" },
   { "rss_poll_interval_ms", 0, "option 'rss_poll_interval_ms'" },
   { "max_sub_calls", -1, "option 'max_sub_calls'" },
@@ -68,5 +68,97 @@ describe("Session.new", function()
     local s = rlm.Session.new(base())
     assert.is_nil(s.driver)
     s:close()
+  end)
+end)
+
+-- Every number that reaches a limit or a budget: NaN and the infinities
+-- are refused, and so is a value past the option's range, naming the range.
+local numeric = {
+  max_iterations = 10 ^ 6, step_timeout_ms = 2 ^ 31 - 1, start_timeout_ms = 2 ^ 31 - 1,
+  max_rss_bytes = 2 ^ 44, rss_poll_interval_ms = 60000, max_sub_calls = 2 ^ 31 - 1,
+  max_concurrent_sub_calls = 4096, max_depth = 32, max_wall_ms = 2 ^ 31 - 1,
+  max_total_tokens = 2 ^ 50, max_sub_prompt_chars = 2 ^ 30, stdout_truncate_chars = 2 ^ 26,
+  workdir_max_bytes = 2 ^ 40, workdir_max_files = 2 ^ 31 - 1, sandbox_uid_first = 2 ^ 32 - 2,
+  sandbox_uid_count = 2 ^ 32 - 2, max_message_bytes = 2 ^ 30, max_total_cost_usd = false,
+}
+local names = {}
+for name in pairs(numeric) do
+  names[#names + 1] = name
+end
+table.sort(names)
+
+describe("Session.new's numbers", function()
+  local function refuses(opts, pattern)
+    local o = base()
+    o.cost_usd = function() return 0 end
+    for k, v in pairs(opts) do
+      o[k] = v
+    end
+    local ok, err = pcall(rlm.Session.new, o)
+    assert.is_false(ok, "accepted")
+    assert.matches(pattern, err, 1, true)
+  end
+
+  for _, name in ipairs(names) do
+    it(("refuses NaN, inf and -inf for '%s'"):format(name), function()
+      for _, v in ipairs({ 0 / 0, math.huge, -math.huge }) do
+        refuses({ [name] = v }, "option '" .. name .. "' must be")
+      end
+    end)
+    if numeric[name] then
+      it(("refuses '%s' past its range, naming the range"):format(name), function()
+        refuses({ [name] = numeric[name] + 1 }, "option '" .. name .. "' must be")
+        refuses({ [name] = 2 ^ 53 - 1 }, " to ")
+      end)
+    end
+  end
+
+  it("refuses the values of issue 14 with the range", function()
+    refuses({ step_timeout_ms = 1e300 }, "option 'step_timeout_ms' must be a number of milliseconds > 0, up to 2^31 - 1 (24.8 days)")
+    refuses({ max_iterations = 2 ^ 53 - 1 }, "option 'max_iterations' must be an integer from 1 to 1000000")
+    refuses({ stdout_truncate_chars = 2 ^ 52 }, "option 'stdout_truncate_chars' must be an integer from 1 to 2^26")
+  end)
+
+  it("refuses a max_message_bytes too small for stdout_truncate_chars, naming both", function()
+    refuses({ max_message_bytes = 20000 }, "option 'max_message_bytes' (20000) must be at least 12 * option "
+      .. "'stdout_truncate_chars' + 8192 (32192 here)")
+    refuses({ stdout_truncate_chars = 2 ^ 21 }, "option 'stdout_truncate_chars'")
+    refuses({ max_message_bytes = 8204, stdout_truncate_chars = 2 }, "option 'max_message_bytes' (8204)")
+  end)
+end)
+
+describe("Session.new's context", function()
+  local deep = { "leaf" }
+  for _ = 2, 201 do
+    deep = { deep }
+  end
+  local cycle = {}
+  cycle.self = cycle
+  local rows = {
+    { { 1, 2, { name = "a\255b" } }, "option 'context' holds a string that is not UTF-8 at context[3].name (byte 2)" },
+    { { ok = { ["k\255"] = 1 } }, "option 'context' holds a key that is not UTF-8 at context.ok[\"k\\255\"]" },
+    { { ["a b"] = "\237\160\128" }, "not UTF-8 at context[\"a b\"] (byte 1)" }, -- a surrogate
+    { { "\192\128" }, "not UTF-8 at context[1]" }, -- overlong NUL
+    { { "\244\144\128\128" }, "not UTF-8 at context[1]" }, -- past U+10FFFF
+    { { "ok \226\130" }, "not UTF-8 at context[1] (byte 4)" }, -- cut short
+    { deep, "option 'context' nests deeper than 200 tables at context[1][1]" },
+    { cycle, "option 'context' nests deeper than 200 tables at context.self.self" },
+  }
+  for _, case in ipairs(rows) do
+    it("refuses, naming the path: " .. case[2], function()
+      local o = base()
+      o.context = case[1]
+      local ok, err = pcall(rlm.Session.new, o)
+      assert.is_false(ok, "accepted")
+      assert.matches(case[2], err, 1, true)
+    end)
+  end
+
+  it("accepts valid UTF-8 of every length and a text context of any bytes", function()
+    for _, context in ipairs({ { "é", "€", "𝄞", ["ключ"] = "значение" }, "a\255b" }) do
+      local o = base()
+      o.context = context
+      rlm.Session.new(o):close()
+    end
   end)
 end)

@@ -2,14 +2,15 @@
 -- and every C file under csrc/ (through csrc/rlm.c, the one unit), nothing
 -- more (luarocks would fail on a file that is gone and silently leave out
 -- one that is new).
-local function rockspec()
+local function rockspec(file)
+  file = file or "rlm-scm-1.rockspec"
   local env = {}
   local chunk
   if setfenv then
-    chunk = assert(loadfile("rlm-scm-1.rockspec"))
+    chunk = assert(loadfile(file))
     setfenv(chunk, env)
   else
-    chunk = assert(loadfile("rlm-scm-1.rockspec", "t", env))
+    chunk = assert(loadfile(file, "t", env))
   end
   chunk()
   return env
@@ -28,6 +29,50 @@ end
 
 describe("the rockspec", function()
   local spec = rockspec()
+  local tools = rockspec("rlm-tools-scm-1.rockspec")
+
+  -- luarocks itself, offline, into a scratch tree: the core rock alone,
+  -- then the tools rock beside it.
+  local has_luarocks = os.execute("command -v luarocks >/dev/null 2>&1")
+  has_luarocks = has_luarocks == true or has_luarocks == 0
+  local it_luarocks = has_luarocks and it or function(name)
+    pending(name .. " (luarocks is not installed)")
+  end
+  it_luarocks("builds with luarocks: the core rock without the CLI, then the tools rock beside it", function()
+    local tree = os.tmpname()
+    os.remove(tree)
+    local function make(file)
+      local p = assert(io.popen(("env -u LD_PRELOAD luarocks --lua-version=5.4 make --tree=%s --deps-mode=none %s 2>&1; echo rc=$?")
+        :format(tree, file)))
+      local out = p:read("*a")
+      p:close()
+      assert.matches("rc=0\n$", out, nil, false)
+    end
+    make("rlm-scm-1.rockspec")
+    local core_files = lines("cd " .. tree .. " && find bin share lib/lua -type f 2>/dev/null")
+    make("rlm-tools-scm-1.rockspec")
+    local all_files = lines("cd " .. tree .. " && find bin share lib/lua -type f 2>/dev/null")
+    local so = tree .. "/lib/lua/5.4/rlm/core.so"
+    local syms = lines("nm -D --defined-only " .. so .. " | awk '{print $3}'")
+    os.execute("rm -rf " .. tree)
+    local has = function(list, f)
+      for _, x in ipairs(list) do
+        if x == f then
+          return true
+        end
+      end
+      return false
+    end
+    assert.is_true(has(core_files, "share/lua/5.4/rlm/init.lua"))
+    assert.is_true(has(core_files, "share/lua/5.4/rlm/llm/openai.lua"))
+    assert.is_false(has(core_files, "bin/rlm"))
+    assert.is_true(has(all_files, "bin/rlm"))
+    -- the tools rock owns bin/rlm and nothing of rlm's
+    table.insert(core_files, "bin/rlm")
+    table.sort(core_files)
+    assert.are.same(core_files, all_files)
+    assert.are.same({ "luaopen_rlm_core" }, syms)
+  end)
 
   it("lists every Lua module of lua/rlm, each at its path", function()
     local listed = {}
@@ -39,6 +84,50 @@ describe("the rockspec", function()
     end
     table.sort(listed)
     assert.are.same(lines("find lua -name '*.lua'"), listed)
+  end)
+
+  it("makes the core rock depend on lua and lua-cjson only, the tools rock on rlm and luasocket", function()
+    assert.are.same({ "lua >= 5.1", "lua-cjson" }, spec.dependencies)
+    assert.are.same({ "lua >= 5.1", "rlm", "luasocket" }, tools.dependencies)
+    assert.is_nil(spec.build.install.bin)
+    assert.are.same({ rlm = "bin/rlm" }, tools.build.install.bin)
+    assert.are.same("none", tools.build.type)
+  end)
+
+  -- Loads every module of the core rock in a Lua where LuaSocket and LuaSec
+  -- cannot be found: none but the LuaSocket transport may need them to load
+  -- (rlm.llm.openai looks for it only when it is given no transport).
+  it("loads every module of the core rock but the LuaSocket transport without LuaSocket", function()
+    local names = {}
+    for name, src in pairs(spec.build.modules) do
+      if type(src) == "string" and name ~= "rlm.llm.transport.luasocket" then -- LuaSocket's own
+        names[#names + 1] = name
+      end
+    end
+    table.sort(names)
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+for _, m in ipairs({ "socket", "socket.http", "socket.url", "ltn12", "ssl", "mime" }) do
+  package.preload[m] = function() error("no LuaSocket here: " .. m) end
+end
+for name in io.lines() do
+  local ok, err = pcall(require, name)
+  if not ok and tostring(err):find("no LuaSocket here", 1, true) then
+    print(name .. ": " .. tostring(err):match("^[^\n]*"))
+  end
+end
+local ok, err = pcall(require("rlm.llm.openai").new, { base_url = "http://127.0.0.1:1/v1", model = "m",
+  api_key_env = "PATH" })
+print(ok and "openai.new without a transport worked" or tostring(err):match("^[^\n]*"))
+]])
+    f:close()
+    local lua = os.getenv("RLM_SPEC_LUA") or "lua5.4"
+    local p = assert(io.popen(("printf '%%s\\n' %s | %s %s 2>&1"):format(table.concat(names, " "), lua, script)))
+    local out = p:read("*a")
+    p:close()
+    os.remove(script)
+    assert.matches("^rlm%.llm%.openai%.new: no transport: install LuaSocket %(the rock rlm%-tools", out)
   end)
 
   it("installs the driver, its whole package and the probe beside the modules", function()

@@ -8,54 +8,10 @@ local util = require("rlm.util")
 
 local M = {}
 
--- pcall and xpcall can be yielded across everywhere but on PUC Lua 5.1.
-local yieldable_pcall = not (_VERSION == "Lua 5.1" and rawget(_G, "jit") == nil)
-
--- Calls fn(arg, done) in a coroutine of its own and calls finish(ok, text,
--- usage) exactly once. fn may
---   return text[, usage] at once (or raise, or return nil, "message");
---   yield, and be resumed later by whatever it waits on (a timer, a socket),
---     then return as above;
---   return nothing, and call done(text[, usage]) or done(nil, "message") later.
--- On PUC Lua 5.1 a raise after a yield reaches whoever resumed fn, not us:
--- the step deadline then ends the session.
+-- Calls a model callback fn(arg, done) the asynchronous way and calls
+-- finish(ok, text, usage) once: rlm.util.invoke, the one path of every host.
 function M.invoke(fn, arg, finish)
-  local finished = false
-  local function once(ok, a, b)
-    if not finished then
-      finished = true
-      finish(ok, a, b)
-    end
-  end
-  local function done(text, usage)
-    if text == nil then
-      once(false, usage ~= nil and tostring(usage) or "the callback called done() without a result")
-    else
-      once(true, text, usage)
-    end
-  end
-  local function settle(ok, ...)
-    if not ok then
-      return once(false, tostring((...)))
-    end
-    local n, text, second = select("#", ...), ...
-    if text ~= nil then
-      once(true, text, second)
-    elseif n >= 2 and type(second) == "string" then
-      once(false, second)
-    end -- nothing returned: done() will come
-  end
-  local co = coroutine.create(function()
-    if yieldable_pcall then
-      settle(xpcall(fn, debug.traceback, arg, done))
-    else
-      settle(true, fn(arg, done))
-    end
-  end)
-  local ok, err = coroutine.resume(co)
-  if not ok then
-    once(false, debug.traceback(co, tostring(err)))
-  end
+  return util.invoke(fn, arg, finish, false)
 end
 
 -- Drives session s to its end on a host loop, then calls cb(err, result)

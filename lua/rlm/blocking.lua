@@ -8,15 +8,17 @@ local util = require("rlm.util")
 
 local M = {}
 
+-- Each callback at once, its yields passed through to whoever resumed
+-- run(): rlm.util.invoke, the path every host takes.
 local function call_now(fn, arg, settle)
-  settle(util.call_protected(fn, arg))
+  util.invoke(fn, arg, settle, true)
 end
 
 -- Drives s until an event of type `stop` or the end of the run.
 local function drive(s, who, stop)
   dispatch.claim(s, who)
   -- No pcall here: callbacks may yield through run() on PUC Lua 5.1 too.
-  -- Nothing in the loop raises (poll() and call_protected catch).
+  -- Nothing in the loop raises (poll() and util.invoke catch).
   while true do
     local ev = dispatch.next(s, call_now, stop)
     if ev then

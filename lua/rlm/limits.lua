@@ -100,8 +100,11 @@ function M:_check_budget()
   if not ok then
     return self:_error("callback_error", "cost_usd raised: " .. tostring(spent))
   end
-  if type(spent) ~= "number" then
-    return self:_error("callback_error", "cost_usd returned " .. type(spent) .. ", not a number")
+  -- NaN compares false with every budget, and inf or a negative is no
+  -- spending: any of them would turn the budget off without a word.
+  if type(spent) ~= "number" or spent ~= spent or spent < 0 or spent == math.huge then
+    return self:_error("callback_error", ("cost_usd returned %s, not a finite number >= 0")
+      :format(type(spent) == "number" and tostring(spent) or type(spent)))
   end
   if spent >= o.max_total_cost_usd then
     return self:_error("cost_budget", ("spent %.4f USD of max_total_cost_usd %.4f")
@@ -117,9 +120,13 @@ function M:_add_usage(who, usage)
   end
   local input, output = type(usage) == "table" and usage.input_tokens or nil,
     type(usage) == "table" and usage.output_tokens or nil
-  if type(input) ~= "number" or type(output) ~= "number" or input < 0 or output < 0 then
-    return self:_error("callback_error", who .. " returned a usage that is not "
-      .. "{ input_tokens = n, output_tokens = n }")
+  local function count(n)
+    return type(n) == "number" and n >= 0 and n < math.huge -- false for NaN
+  end
+  if not count(input) or not count(output) then
+    return self:_error("callback_error", ("%s returned a usage that is not "
+      .. "{ input_tokens = n, output_tokens = n } with finite n >= 0 (got %s, %s)")
+      :format(who, tostring(input), tostring(output)))
   end
   local t = self.tokens
   t.input, t.output = t.input + input, t.output + output

@@ -3,10 +3,25 @@ local util = require("rlm.util")
 
 local M = {}
 
-local function integer(min)
+-- How a bound reads in a message: 2^31 - 1, not 2147483647.
+local function show(n)
+  for e = 10, 62 do
+    if n == 2 ^ e then
+      return "2^" .. e
+    elseif n == 2 ^ e - 1 then
+      return "2^" .. e .. " - 1"
+    end
+  end
+  return ("%.0f"):format(n)
+end
+
+-- An integer from min to max (default: below 2^53). NaN and the infinities
+-- fail every comparison or the floor test.
+local function integer(min, max)
+  local want = max and ("an integer from %s to %s"):format(show(min), show(max)) or "an integer >= " .. min
+  max = max or 2 ^ 53 - 1
   return function(v)
-    return type(v) == "number" and v == math.floor(v) and v >= min and v < 2 ^ 53,
-      "an integer >= " .. min
+    return type(v) == "number" and v == math.floor(v) and v >= min and v <= max, want
   end
 end
 
@@ -16,6 +31,13 @@ end
 
 local function non_negative_number(v)
   return type(v) == "number" and v >= 0 and v < math.huge, "a number >= 0"
+end
+
+-- Milliseconds, finite and at most 2^31 - 1 (24.8 days): what a deadline,
+-- a CPU rlimit and a C int can all hold.
+local MAX_MS = 2 ^ 31 - 1
+local function milliseconds(v)
+  return type(v) == "number" and v > 0 and v <= MAX_MS, "a number of milliseconds > 0, up to 2^31 - 1 (24.8 days)"
 end
 
 local function callable(v)
@@ -38,8 +60,93 @@ local function boolean(v)
   return type(v) == "boolean", "a boolean"
 end
 
+-- The deepest a JSON context may nest: what the protocol decodes
+-- (protocol.lua's decode_max_depth), well below where the sandbox's
+-- json.loads runs out of recursion (about 990).
+M.MAX_CONTEXT_DEPTH = 200
+
+-- Whether s is UTF-8 that Python's strict decoder takes: no stray
+-- continuation byte, no overlong form, no surrogate, nothing past U+10FFFF.
+-- Returns true, or false and the position of the first bad byte.
+local function utf8_valid(s)
+  local i = 1
+  while true do
+    i = s:find("[\128-\255]", i)
+    if not i then
+      return true
+    end
+    -- n continuation bytes; the first in lo..hi, the others in 80..BF.
+    local c = s:byte(i)
+    local n, lo, hi
+    if c >= 0xC2 and c <= 0xDF then
+      n, lo, hi = 1, 0x80, 0xBF
+    elseif c >= 0xE0 and c <= 0xEF then
+      n, lo, hi = 2, c == 0xE0 and 0xA0 or 0x80, c == 0xED and 0x9F or 0xBF
+    elseif c >= 0xF0 and c <= 0xF4 then
+      n, lo, hi = 3, c == 0xF0 and 0x90 or 0x80, c == 0xF4 and 0x8F or 0xBF
+    else
+      return false, i
+    end
+    for j = 1, n do
+      local b = s:byte(i + j)
+      if not b or b < lo or b > hi then
+        return false, i
+      end
+      lo, hi = 0x80, 0xBF
+    end
+    i = i + n + 1
+  end
+end
+M.utf8_valid = utf8_valid
+
+local function path_to(path, k)
+  if type(k) == "string" and k:match("^[%a_][%w_]*$") then
+    return path .. "." .. k
+  elseif type(k) == "string" then
+    local bad = utf8_valid(k) and "[%c\"\\]" or "[%c\"\\\128-\255]"
+    return path .. "[\"" .. k:gsub(bad, function(ch)
+      return ("\\%d"):format(ch:byte())
+    end) .. "\"]"
+  end
+  return path .. "[" .. tostring(k) .. "]"
+end
+
+-- nil, or why the driver would refuse this context (so that run() never
+-- refuses as protocol_error what new accepted): a string or key that is
+-- not UTF-8, or nesting past MAX_CONTEXT_DEPTH (a cycle included). The
+-- rest (functions, sparse arrays, NaN) is left to the JSON encoder.
+local function context_problem(v, path, depth)
+  if type(v) == "string" then
+    local ok, at = utf8_valid(v)
+    return not ok and ("holds a string that is not UTF-8 at %s (byte %d)"):format(path, at) or nil
+  elseif type(v) ~= "table" then
+    return nil
+  end
+  if depth > M.MAX_CONTEXT_DEPTH then
+    return ("nests deeper than %d tables at %s"):format(M.MAX_CONTEXT_DEPTH, path:sub(1, 200)
+      .. (#path > 200 and "..." or ""))
+  end
+  for k, item in pairs(v) do
+    local at = path_to(path, k)
+    if type(k) == "string" and not utf8_valid(k) then
+      return ("holds a key that is not UTF-8 at %s"):format(at)
+    end
+    local why = context_problem(item, at, depth + 1)
+    if why then
+      return why
+    end
+  end
+  return nil
+end
+
 local function context(v)
-  return type(v) == "string" or type(v) == "table", "a string or a JSON-able table"
+  if type(v) == "string" then
+    return true -- a text context is bytes; the driver keeps invalid UTF-8 as it is
+  elseif type(v) ~= "table" then
+    return false, "a string or a JSON-able table"
+  end
+  local why = context_problem(v, "context", 1)
+  return why == nil, "a JSON-able table", why
 end
 
 local function module_list(v)
@@ -68,6 +175,10 @@ M.checks = {
   non_empty_string = non_empty_string,
 }
 
+-- What one driver line needs besides the output and the traceback: the
+-- JSON around them, the truncation markers, and a short final answer.
+M.LINE_OVERHEAD = 8192
+
 -- name = { check, default }; a default of nil means optional.
 local schema = {
   context = { context, "" },
@@ -78,31 +189,31 @@ local schema = {
   cost_usd = { callable },
   on_event = { callable },
   system_prompt = { text_or_callable },
-  max_iterations = { integer(1), 20 },
-  step_timeout_ms = { positive_number, 60000 },
-  start_timeout_ms = { positive_number, 30000 },
-  max_rss_bytes = { integer(0), 2 ^ 30 },
-  rss_poll_interval_ms = { integer(1), 50 },
+  max_iterations = { integer(1, 10 ^ 6), 20 },
+  step_timeout_ms = { milliseconds, 60000 },
+  start_timeout_ms = { milliseconds, 30000 },
+  max_rss_bytes = { integer(0, 2 ^ 44), 2 ^ 30 },
+  rss_poll_interval_ms = { integer(1, 60000), 50 },
   memory_cgroup = { boolean, true },
-  max_sub_calls = { integer(0), 200 },
-  max_concurrent_sub_calls = { integer(1), 8 },
-  max_depth = { integer(1), 1 },
-  max_wall_ms = { positive_number },
+  max_sub_calls = { integer(0, 2 ^ 31 - 1), 200 },
+  max_concurrent_sub_calls = { integer(1, 4096), 8 },
+  max_depth = { integer(1, 32), 1 },
+  max_wall_ms = { milliseconds },
   max_total_cost_usd = { non_negative_number },
-  max_total_tokens = { integer(1) },
-  max_sub_prompt_chars = { integer(1) },
-  stdout_truncate_chars = { integer(1), 2000 },
+  max_total_tokens = { integer(1, 2 ^ 50) },
+  max_sub_prompt_chars = { integer(1, 2 ^ 30) },
+  stdout_truncate_chars = { integer(1, 2 ^ 26), 2000 },
   python = { non_empty_string, "python3" },
   guardrails = { boolean, true },
   allowed_modules = { module_list },
   bwrap = { non_empty_string, "bwrap" },
   tmpdir = { non_empty_string },
-  workdir_max_bytes = { integer(4096), 2 ^ 28 },
-  workdir_max_files = { integer(1), 10000 },
-  sandbox_uid_first = { integer(1), 1879048192 },
-  sandbox_uid_count = { integer(1), 65536 },
+  workdir_max_bytes = { integer(4096, 2 ^ 40), 2 ^ 28 },
+  workdir_max_files = { integer(1, 2 ^ 31 - 1), 10000 },
+  sandbox_uid_first = { integer(1, 2 ^ 32 - 2), 1879048192 },
+  sandbox_uid_count = { integer(1, 2 ^ 32 - 2), 65536 },
   bind_pth_paths = { boolean, false },
-  max_message_bytes = { integer(1024), 16 * 2 ^ 20 },
+  max_message_bytes = { integer(12 + M.LINE_OVERHEAD, 2 ^ 30), 16 * 2 ^ 20 },
 }
 
 M.names = {}
@@ -132,16 +243,28 @@ function M.check(opts)
       end
       v = rule[2]
     else
-      local ok, want = rule[1](v)
-      if not ok then
+      local ok, want, why = rule[1](v)
+      if why then
+        error(("rlm.Session.new: option '%s' %s"):format(name, why), 3)
+      elseif not ok then
         error(("rlm.Session.new: option '%s' must be %s, got %s"):format(
-          name, want, type(v) == "string" and ("%q"):format(v) or type(v)), 3)
+          name, want, type(v) == "string" and ("%q"):format(v)
+          or type(v) == "number" and tostring(v) or type(v)), 3)
       end
     end
     out[name] = v
   end
   if out.sandbox_uid_first + out.sandbox_uid_count > 2 ^ 32 - 1 then
     error("rlm.Session.new: options 'sandbox_uid_first' + 'sandbox_uid_count' must stay below 2^32 - 1", 3)
+  end
+  -- One exec_result line holds the output and the traceback, each up to
+  -- stdout_truncate_chars characters of up to 6 bytes as JSON (\u0001),
+  -- and the frame around them; a FINAL needs room beside the output.
+  local need = 12 * out.stdout_truncate_chars + M.LINE_OVERHEAD
+  if out.max_message_bytes < need then
+    error(("rlm.Session.new: option 'max_message_bytes' (%d) must be at least 12 * option "
+      .. "'stdout_truncate_chars' + %d (%d here): a block's output and error, escaped as JSON, "
+      .. "must fit in one line"):format(out.max_message_bytes, M.LINE_OVERHEAD, need), 3)
   end
   if out.max_total_cost_usd and not out.cost_usd then
     error("rlm.Session.new: option 'max_total_cost_usd' needs option 'cost_usd'", 3)

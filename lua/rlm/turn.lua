@@ -81,11 +81,10 @@ function M:_call_root(messages)
   if not ok then
     return nil, err
   end
-  local copy = {}
-  for i, m in ipairs(messages) do
-    copy[i] = { role = m.role, content = m.content }
-  end
-  local req = self:_request({ type = "root_llm", messages = copy, depth = self.depth })
+  -- The conversation itself, not a copy: it is only appended to, so a
+  -- step costs the same at step 2,000 as at step 10 (docs/api.md: read it,
+  -- do not modify it; copy what you keep).
+  local req = self:_request({ type = "root_llm", messages = messages, depth = self.depth })
   while true do
     local kind, a, b, c = self:_wait(true)
     if kind ~= "reply" then

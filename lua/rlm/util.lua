@@ -34,22 +34,42 @@ M.NO_YIELD = setmetatable({}, { __tostring = function()
   return "rlm.NO_YIELD"
 end })
 
--- Calls f(...) in a coroutine of its own and passes any yield through to
--- whoever resumed us, so user callbacks may yield (to an outer scheduler, an
--- OpenResty cosocket, Neovim's loop) on every Lua, 5.1 included, while their
--- errors are still caught. Returns true, results... or false, message; a
--- yield with no coroutine to pass it to is that message.
-function M.call_protected(f, ...)
-  local co = coroutine.create(function(...)
-    return f(...) -- f may be a callable table
+-- pcall and xpcall can be yielded across everywhere but on PUC Lua 5.1.
+local yieldable_pcall = not (_VERSION == "Lua 5.1" and rawget(_G, "jit") == nil)
+
+-- The one way a user callback is called (every host, every callback): fn
+-- runs with args in a coroutine of its own, what it raises is caught with
+-- a traceback, and on_end(ok, results... | false, message) is called once,
+-- when it returns. A yield of fn:
+--   pass_yields: passed on to whoever resumed us (run() inside a scheduler's
+--     coroutine, cqueues, an OpenResty request), and its answer handed back;
+--     when nothing may yield there, the call fails (NO_YIELD);
+--   otherwise: fn stays suspended until what it waits on (a timer, a
+--     socket of the host's loop) resumes it; on_end comes then.
+-- On PUC Lua 5.1, a raise after such an outside resume reaches that resumer.
+local function call(fn, args, on_end, pass_yields)
+  local ended = false
+  local function finish(...)
+    if not ended then
+      ended = true
+      on_end(...)
+    end
+  end
+  local co = coroutine.create(function()
+    if yieldable_pcall then
+      return finish(xpcall(function()
+        return fn(unpack(args, 1, args.n)) -- fn may be a callable table
+      end, debug.traceback))
+    end
+    return finish(true, fn(unpack(args, 1, args.n)))
   end)
-  local res = pack(coroutine.resume(co, ...))
+  local res = pack(coroutine.resume(co))
   while true do
     if not res[1] then
-      return false, debug.traceback(co, tostring(res[2]))
+      return finish(false, debug.traceback(co, tostring(res[2])))
     end
-    if coroutine.status(co) == "dead" then
-      return true, unpack(res, 2, res.n)
+    if ended or not pass_yields or coroutine.status(co) == "dead" then
+      return
     end
     local back
     if M.can_yield() then
@@ -58,10 +78,59 @@ function M.call_protected(f, ...)
       back = pack(M.NO_YIELD)
     end
     if back[1] == M.NO_YIELD then
-      return false, "the callback yielded, and nothing can resume it here (run() outside a coroutine, "
-        .. "or on_event/cost_usd under an adapter): " .. debug.traceback(co)
+      return finish(false, "the callback yielded, and nothing can resume it here (run() outside a coroutine, "
+        .. "or on_event/cost_usd under an adapter): " .. debug.traceback(co))
     end
     res = pack(coroutine.resume(co, unpack(back, 1, back.n)))
+  end
+end
+
+-- A callback whose results are wanted here and now (on_event, cost_usd):
+-- returns true, results... or false, message. Yields pass through.
+function M.call_protected(f, ...)
+  local out
+  call(f, pack(...), function(...)
+    out = pack(...)
+  end, true)
+  return unpack(out, 1, out.n)
+end
+
+-- A model callback (root_llm, llm_query, llm_query_batch): fn(arg, done)
+-- and finish(ok, text, usage) exactly once. fn may
+--   return text[, usage] (or raise, or return nil, "message");
+--   yield (see call above), then return as above;
+--   return nothing, and call done(text[, usage]) or done(nil, "message")
+--     later: from anything of the host's loop under an adapter; under
+--     run() and step() (pass_yields), before it returns or while a yield
+--     it passed out is pending, or the call is taken as returning nil.
+function M.invoke(fn, arg, finish, pass_yields)
+  local finished = false
+  local function once(ok, a, b)
+    if not finished then
+      finished = true
+      finish(ok, a, b)
+    end
+  end
+  local function done(text, usage)
+    if text == nil then
+      once(false, usage ~= nil and tostring(usage) or "the callback called done() without a result")
+    else
+      once(true, text, usage)
+    end
+  end
+  call(fn, pack(arg, done), function(ok, ...)
+    if not ok then
+      return once(false, tostring((...)))
+    end
+    local n, text, second = select("#", ...), ...
+    if text ~= nil then
+      once(true, text, second)
+    elseif n >= 2 and type(second) == "string" then
+      once(false, second)
+    end -- nothing returned: done() will come
+  end, pass_yields)
+  if pass_yields then
+    once(true, nil) -- it returned nothing and called no done(): "returned nil"
   end
 end
 

@@ -18,12 +18,17 @@ H.tmpdir = os.getenv("RLM_SPEC_TMPDIR") or run("mktemp -d /tmp/rlm-spec.XXXXXX")
 
 -- A root model that answers from a script: each item is a string, or a
 -- function(messages, turn) returning one. Past the end it repeats the last.
--- The messages it was called with are kept in .calls.
+-- The messages it was called with are kept in .calls, each as it was then
+-- (root_llm gets the one conversation, appended to as it goes on).
 function H.script(items)
   local calls = {}
   local model = setmetatable({ calls = calls }, {
     __call = function(_, messages)
-      calls[#calls + 1] = messages
+      local seen = {}
+      for i, m in ipairs(messages) do
+        seen[i] = { role = m.role, content = m.content }
+      end
+      calls[#calls + 1] = seen
       local item = items[math.min(#calls, #items)]
       if type(item) == "function" then
         return item(messages, #calls)

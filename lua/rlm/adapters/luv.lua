@@ -4,7 +4,7 @@
 --   uv.run()
 --
 -- root_llm and llm_query may answer at once, yield until a luv callback
--- resumes them, or call done(text[, usage]) later: see rlm.async.invoke.
+-- resumes them, or call done(text[, usage]) later: see rlm.util.invoke.
 local async = require("rlm.async")
 local rlm = require("rlm")
 local util = require("rlm.util")

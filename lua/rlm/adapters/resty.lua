@@ -2,6 +2,8 @@
 --
 --   local resty = require("rlm.adapters.resty")
 --   local result, err = resty.run(opts)         -- rewrite, access, content, timer
+--   local h = resty.start(opts)                 -- the same, with a handle first:
+--   local result, err = h:wait()                --   h:cancel() from anywhere ends it
 --   resty.run(opts, function(err, result) end)  -- any phase with ngx.timer.at
 --
 -- ngx_lua has no way to wait on a raw descriptor, so the session is pumped
@@ -12,10 +14,10 @@
 -- (ngx.thread.spawn), so callbacks may use cosockets, ngx.sleep and
 -- ngx.location.capture, and several sub-calls run at once. A callback may
 -- also return nothing and call done(text[, usage]) later, from any request
--- or timer of the same worker (see rlm.async.invoke). on_event and cost_usd
+-- or timer of the same worker (see rlm.util.invoke). on_event and cost_usd
 -- run inside the pump and must not yield.
 -- luacheck: read globals ngx
-local async = require("rlm.async")
+local util = require("rlm.util")
 local dispatch = require("rlm.dispatch")
 local errors = require("rlm.errors")
 local rlm = require("rlm")
@@ -56,7 +58,7 @@ local function loop(s)
   local started = 0 -- callbacks started: activity, so the wait starts short again
 
   local function start(fn, arg, settle)
-    local t = ngx.thread.spawn(async.invoke, fn, arg, function(ok, text, usage)
+    local t = ngx.thread.spawn(util.invoke, fn, arg, function(ok, text, usage)
       if over then
         return
       end
@@ -173,30 +175,61 @@ function M.drive(s, cb)
   end)
 end
 
+-- A run in the current request (or timer), as a handle (vim.system's
+-- shape): start returns at once; wait() drives the session to its end in
+-- this request's coroutines and closes it; cancel() (= close()), from a
+-- light thread, a timer or a callback, ends the run: wait() then returns
+-- nil, err of kind `cancelled`.
+local Handle = {}
+Handle.__index = Handle
+
+function Handle:wait()
+  if self.waited then
+    error("rlm.adapters.resty: wait() is called once per handle", 2)
+  end
+  self.waited = true
+  local s = self.session
+  local ok, result, err = pcall(loop, s)
+  s:close()
+  if not ok then
+    error(result, 0)
+  end
+  return result, err
+end
+
+function Handle:cancel()
+  self.session:close()
+end
+Handle.close = Handle.cancel
+
+-- start(opts) -> handle (rewrite, access, content, timer). Misuse raises
+-- at once, as in Session.new. With lua_check_client_abort on, a client that
+-- goes away cancels the run (ngx.on_abort) instead of leaving it to spend
+-- tokens, and the sandbox is killed then and there; with it off (nginx's
+-- default) the run goes on to its end. A request that registered its own
+-- ngx.on_abort first keeps it: call h:cancel() from there.
+function M.start(opts)
+  check_phase("start")
+  local s = rlm.Session.new(opts)
+  if ngx.get_phase() ~= "timer" then
+    pcall(ngx.on_abort, function()
+      s:close()
+    end)
+  end
+  return setmetatable({ session = s }, Handle)
+end
+
 -- A new session from opts, driven to its end and closed. Misuse raises at
 -- once, as in Session.new.
---   run(opts) -> result | nil, err        (rewrite, access, content, timer)
+--   run(opts) -> result | nil, err        (rewrite, access, content, timer;
+--     start(opts):wait(), client aborts included)
 --   run(opts, function(err, result) end)  (any phase with ngx.timer.at:
 --     the session runs in a timer; returns the session, whose cancel()
 --     (= close()) cancels the run: cb gets an err of kind `cancelled`)
 function M.run(opts, cb)
   if cb == nil then
     check_phase("run")
-    local s = rlm.Session.new(opts)
-    if ngx.get_phase() ~= "timer" then
-      -- With lua_check_client_abort on, a client that goes away ends the
-      -- run (nil, err of kind `cancelled`) instead of leaving it to spend
-      -- tokens; with it off (nginx's default) this does nothing.
-      pcall(ngx.on_abort, function()
-        s:close()
-      end)
-    end
-    local ok, result, err = pcall(loop, s)
-    s:close()
-    if not ok then
-      error(result, 0)
-    end
-    return result, err
+    return M.start(opts):wait()
   end
   if type(cb) ~= "function" then
     error("rlm.adapters.resty.run: argument 2 must be a function(err, result)", 2)

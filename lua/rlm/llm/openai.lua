@@ -262,7 +262,7 @@ function M.new(cfg)
   if not transport then
     local ok, luasocket = pcall(require, "rlm.llm.transport.luasocket")
     if not ok then
-      error(NAME .. ".new: no transport: install LuaSocket (apt-get install lua-socket lua-sec) "
+      error(NAME .. ".new: no transport: install LuaSocket (the rock rlm-tools, or apt-get install lua-socket lua-sec) "
         .. "or pass option 'transport' (" .. tostring(luasocket):match("^[^\n]*") .. ")", 2)
     end
     transport = luasocket.new()

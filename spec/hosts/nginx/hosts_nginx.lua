@@ -221,4 +221,56 @@ function M.transport_session()
   end)
 end
 
+-- GET /abort (lua_check_client_abort on): a run that never ends on its own
+-- (each step sleeps, no FINAL). The shared dict counts root_llm's calls
+-- ("abort_calls") and says how the run ended ("abort_end"), so that the
+-- test can check that a client who leaves ends it and spends nothing more.
+function M.abort()
+  local dict = ngx.shared.rlm_results
+  dict:set("abort_calls", 0)
+  dict:set("abort_end", "")
+  local h = resty.start({
+    context = "x",
+    tmpdir = tmpdir,
+    max_iterations = 1000,
+    step_timeout_ms = 30000,
+    root_llm = function()
+      dict:incr("abort_calls", 1)
+      return fence("import time\ntime.sleep(0.2)\nprint('still here')")
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  })
+  ngx.header["Content-Type"] = "text/plain"
+  ngx.say("started")
+  ngx.flush(true)
+  local result, err = h:wait()
+  dict:set("abort_end", result and "answered" or err.kind)
+end
+
+-- GET /cancel: resty.start's handle, cancelled from a light thread while
+-- wait() drives the run; says the kind wait() returned and how long it took.
+function M.cancel()
+  local t0 = ngx.now()
+  local h = resty.start({
+    context = "x",
+    tmpdir = tmpdir,
+    max_iterations = 1000,
+    root_llm = function()
+      return fence("import time\ntime.sleep(0.2)")
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  })
+  ngx.thread.spawn(function()
+    ngx.sleep(0.5)
+    h:cancel()
+  end)
+  local result, err = h:wait()
+  ngx.update_time()
+  ngx.say(result and "answered" or err.kind, " ", math.floor((ngx.now() - t0) * 1000))
+end
+
 return M

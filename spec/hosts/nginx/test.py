@@ -343,6 +343,68 @@ def case_reload(srv):
 CERTS = {}
 
 
+def descendants(pid):
+    """Every process below pid (the sandbox's bwrap and python below a worker)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for tid in os.listdir("/proc/%d/task" % p):
+                with open("/proc/%d/task/%s/children" % (p, tid)) as f:
+                    kids = [int(k) for k in f.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            pass
+    return out
+
+
+def case_abort(srv):
+    """A client that disconnects mid-run, lua_check_client_abort on: the run
+    ends (cancelled), its sandbox is gone within a bound, and root_llm is
+    not called again."""
+    worker = int(srv.get("/pid")[1])
+    c = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    c.sendall(b"GET /abort HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = c.recv(4096)
+    deadline = time.time() + 20
+    calls = 0
+    while time.time() < deadline:  # a few steps in, a sandbox running
+        calls = int(srv.get("/result?key=abort_calls")[1].strip() or 0)
+        if calls >= 3 and descendants(worker):
+            break
+        time.sleep(0.05)
+    sandbox = descendants(worker)
+    t0 = time.time()
+    c.close()
+    gone = None
+    while time.time() - t0 < 5:
+        if not [p for p in sandbox if state(p) not in (None, "Z")] and not descendants(worker):
+            gone = time.time() - t0
+            break
+        time.sleep(0.02)
+    at_close = calls
+    calls = int(srv.get("/result?key=abort_calls")[1].strip() or 0)
+    time.sleep(1.5)  # several steps' worth: a run still going would call again
+    later = int(srv.get("/result?key=abort_calls")[1].strip() or 0)
+    end = srv.get("/result?key=abort_end")[1].strip()
+    report(b"started" in head and sandbox and gone is not None and gone < 2.0,
+           "a client that disconnects mid-run: the sandbox is gone within 2 s",
+           "%d sandbox processes, gone after %s" % (
+               len(sandbox), "%.0f ms" % (gone * 1000) if gone is not None else "more than 5 s (still there)"))
+    report(end == "cancelled" and later == calls and calls <= at_close + 1,
+           "a client that disconnects mid-run: the run ends cancelled and root_llm is not called after",
+           "ended %r; root_llm calls: %d at the disconnect, %d when the sandbox was gone, %d 1.5 s later" % (
+               end, at_close, calls, later))
+
+
+def case_cancel(srv):
+    status, body, _, _ = srv.get("/cancel")
+    kind, _, ms = body.strip().partition(" ")
+    report(status == 200 and kind == "cancelled" and int(ms or 1e9) < 3000,
+           "resty.start's handle: cancel() from a light thread ends wait() with `cancelled`", body.strip())
+
+
 def make_certs(d):
     """A CA and server certificates signed by it (for localhost and
     127.0.0.1, and one for another name), and a second CA with a server
@@ -590,7 +652,7 @@ def main():
     srv = Server()
     print("# the worker's LuaJIT: " + srv.get("/luajit")[1].strip(), flush=True)
     try:
-        for case in (case_session, case_concurrent, case_phases, case_transport, case_reload):
+        for case in (case_session, case_concurrent, case_phases, case_abort, case_cancel, case_transport, case_reload):
             try:
                 case(srv)
             except Exception as e:  # a case that broke is a failure, the others still run
