@@ -10,7 +10,7 @@ local IDLE = require("rlm.engine").IDLE
 local M = {}
 
 local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, rlm_query = true,
-  rlm_batch = true, fatal = true }
+  rlm_batch = true, tool_call = true, fatal = true }
 
 -- Runs one block of code; answers the driver's calls back meanwhile.
 function M:_exec(code)
@@ -177,6 +177,10 @@ function M:_turn()
     if not entry then
       return nil, feedback
     end
+    feedback, err = self:_check_answer(entry, feedback) -- rlm.answer
+    if not feedback then
+      return nil, err
+    end
   end
   self:_set_deadline(0)
   ok, err = self:_record(entry, feedback)
@@ -215,6 +219,11 @@ function M:_last_chance()
       return nil, err
     end
     self:_set_deadline(0)
+    local checked
+    checked, err = self:_check_answer(entry, "") -- rlm.answer
+    if not checked then
+      return nil, err
+    end
     if entry.final then
       local ok
       ok, err = self:_record(entry, nil)
@@ -237,7 +246,7 @@ end
 -- "step" event marks the end of each turn; the engine goes on only when
 -- polled again, so step() can stop between turns.
 function M:_main()
-  local ev = self:_run_turns()
+  local ev = require("rlm.fallback").after(self, self:_run_turns())
   local r, e = ev.result, ev.err
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,

@@ -5,7 +5,7 @@ import json
 import mmap
 import sys
 
-from . import api, protocol, selftest, state, step
+from . import api, protocol, selftest, state, step, tools
 from .protocol import fatal, field, send, string_list
 
 PROTOCOL_VERSION = 1
@@ -23,6 +23,7 @@ def configure(message):
     if sys_path is not None:
         sys.path[:] = sys_path
     apply_rlimits(field(message, "rlimits", dict, {}))
+    tools.install(message)
 
 
 def apply_rlimits(limits):
