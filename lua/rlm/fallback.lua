@@ -82,9 +82,7 @@ function M.after(s, ev)
   end
   if not ok or s.closed then
     s.failed = failed or s.failed
-    if text and failed then
-      failed.partial_answer = text
-    end
+    e.partial_answer = text
     return ev
   end
   s.failed = nil
