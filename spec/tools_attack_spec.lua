@@ -58,7 +58,6 @@ describe("a hostile driver's tool calls", function()
     it("ends with " .. c[3] .. " on " .. c[1], function()
       local opts = c[5]
       if opts and opts.tools == false then
-        opts = { tools = nil }
         local result, err = H.run({ guardrails = false,
           root_llm = H.script({ fence("import os\n" .. c[2]), fence("FINAL('survived')") }) })
         assert.is_nil(result)
