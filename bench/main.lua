@@ -145,6 +145,10 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    once, timed in the REPL (spawn, self-test, context, one turn, teardown),
    one after another and as `rlm_query_batched` of 8; the floor is figure
    1's (bubblewrap with the same binds, spawn to first answer).
+9. **Host tool round trip**: one exec calls a host tool `add(i, y=1)` (a Lua
+   function) 1,000 times, each call timed inside the REPL with
+   `time.perf_counter_ns`; ten such execs take turns with ten execs of 1,000
+   `llm_query("q")` calls in the same session, which are the floor.
 ]]
 
 -- One row of RESULTS.md's table.

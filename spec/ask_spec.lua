@@ -29,6 +29,7 @@ describe("session:ask", function()
   it("carries the sub-call budget across questions", function()
     local s = H.session({
       max_sub_calls = 3,
+      fallback = false,
       root_llm = H.script({ fence("llm_query('a')\nllm_query('b')\nFINAL('x')"),
         fence("llm_query('c')\nllm_query('d')\nFINAL('y')") }),
     })

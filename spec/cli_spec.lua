@@ -343,11 +343,12 @@ describe("bin/rlm", function()
       { { { status = 400, json = { error = { message = "bad model" } } } }, {}, 19, "callback_error" },
       { { { content = F.fence("llm_query('one too many')") } }, { "--max-sub-calls", "0" }, 14, "sub_call_budget" },
       { { { content = F.fence("x = 1"), usage = { 1000, 1000 } }, { content = F.fence("FINAL('never')") } },
-        { "--price", "fake-root=1000:1000", "--price", "fake-sub=1:1", "--max-cost-usd", "0.5" }, 15, "cost_budget" },
+        { "--price", "fake-root=1000:1000", "--price", "fake-sub=1:1", "--max-cost-usd", "0.5", "--no-fallback" }, 15,
+        "cost_budget" },
       { { { content = F.fence("x = 1"), usage = { 60, 60 } }, { content = F.fence("FINAL('never')") } },
-        { "--max-total-tokens", "100" }, 15, "cost_budget" },
+        { "--max-total-tokens", "100", "--no-fallback" }, 15, "cost_budget" },
       { { { content = F.fence("while True:\n    pass") } }, { "--step-timeout-ms", "1500" }, 12, "step_timeout" },
-      { { { content = F.fence("while True:\n    pass") } }, { "--max-wall-ms", "1500" }, 15, "cost_budget" },
+      { { { content = F.fence("while True:\n    pass") } }, { "--max-wall-ms", "1500", "--no-fallback" }, 15, "cost_budget" },
       { { { content = F.fence("b = b'x' * (400 << 20)") } }, { "--max-rss-bytes", tostring(96 * 2 ^ 20) },
         13, "memory_limit" },
       { { { content = F.fence("FINAL('never')") } }, { "--python", "/nonexistent/python3" }, 10, "sandbox_unavailable" },
@@ -427,6 +428,50 @@ describe("bin/rlm", function()
       local code, _, err = rlm({ "view", "/nonexistent/run.jsonl" }, { endpoint = false })
       assert.are.equal(1, code)
       assert.matches("cannot read", err)
+    end)
+  end)
+
+  describe("--tools, --schema and the fallback", function()
+    it("gives the model the tools of a Lua file", function()
+      local tools = os.tmpname()
+      local f = assert(io.open(tools, "w"))
+      f:write("return { double = { call = function(args) return args[1] * 2 end, doc = 'double(n): 2n' } }\n")
+      f:close()
+      srv:script({ { content = F.fence("FINAL(double(21))") } })
+      local code, out, err = rlm({ "--tools", tools, "--context", context_file, "q" })
+      os.remove(tools)
+      assert.are.equal(0, code, err)
+      assert.are.equal("42\n", out)
+      local system = srv:requests()[1].json.messages[1].content
+      assert.is_truthy(system:find("`double(...)`: double(n): 2n", 1, true), system)
+    end)
+
+    it("checks the answer against --schema and prints it as JSON", function()
+      local schema = os.tmpname()
+      local f = assert(io.open(schema, "w"))
+      f:write('{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}')
+      f:close()
+      srv:script({
+        { content = F.fence("r = {'m': 1}\nFINAL_VAR('r')") },
+        { content = F.fence("r = {'n': 7}\nFINAL_VAR('r')") },
+      })
+      local code, out, err = rlm({ "--schema", schema, "--context", context_file, "q" })
+      os.remove(schema)
+      assert.are.equal(0, code, err)
+      assert.are.equal('{"n":7}\n', out)
+    end)
+
+    it("prints a partial answer with status 3 when the turns run out, and the error with --no-fallback", function()
+      local turns = { { content = F.fence("x = 1") }, { content = "no code" } }
+      srv:script({ turns[1], turns[2], { content = "my best guess" } })
+      local code, out, err = rlm({ "--max-iterations", "1", "--context", context_file, "q" })
+      assert.are.equal(3, code, err)
+      assert.are.equal("my best guess\n", out)
+      assert.matches("^rlm: partial answer %(max_iterations: ", err)
+      srv:script({ turns[1], turns[2], { content = "my best guess" } })
+      code, out = rlm({ "--no-fallback", "--max-iterations", "1", "--context", context_file, "q" })
+      assert.are.equal(16, code)
+      assert.are.equal("", out)
     end)
   end)
 end)

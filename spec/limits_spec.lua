@@ -65,6 +65,7 @@ describe("max_sub_calls", function()
     local calls = 0
     local result, err = H.run({
       max_sub_calls = 3,
+      fallback = false,
       root_llm = H.script({ fence("for i in range(10):\n    llm_query(str(i))") }),
       llm_query = function(p)
         calls = calls + 1
@@ -81,6 +82,7 @@ describe("max_sub_calls", function()
   it("counts across steps", function()
     local _, err = H.run({
       max_sub_calls = 2,
+      fallback = false,
       root_llm = H.script({ fence("llm_query('a')"), fence("llm_query('b')"), fence("llm_query('c')") }),
     })
     assert.are.equal("sub_call_budget", err.kind)
@@ -94,6 +96,7 @@ describe("max_total_cost_usd", function()
     local spent, turns = 0, 0
     local _, err = H.run({
       max_total_cost_usd = 0.05,
+      fallback = false,
       cost_usd = function() return spent end,
       root_llm = function()
         turns = turns + 1
@@ -110,6 +113,7 @@ describe("max_total_cost_usd", function()
     local spent, calls = 0, 0
     local _, err = H.run({
       max_total_cost_usd = 0.01,
+      fallback = false,
       cost_usd = function() return spent end,
       root_llm = H.script({ fence("for i in range(5):\n    llm_query('q')") }),
       llm_query = function()
@@ -142,6 +146,7 @@ describe("max_total_tokens", function()
     local turns = 0
     local _, err = H.run({
       max_total_tokens = 250,
+      fallback = false,
       root_llm = function()
         turns = turns + 1
         return fence("x = 1"), { input_tokens = 100, output_tokens = 0 }

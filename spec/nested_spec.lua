@@ -395,6 +395,7 @@ describe("one budget over the tree", function()
     local result, err = H.run({
       max_depth = 2,
       max_total_tokens = 250,
+      fallback = false,
       root_llm = function(messages)
         local q = messages[2].content:match("^Question: (%S+)")
         local text = q and fence("FINAL('child')") or fence("print(rlm_query('go'))")
@@ -415,6 +416,7 @@ describe("max_wall_ms", function()
     local t0 = require("rlm.core").now_ms()
     local _, err = H.run({
       max_wall_ms = 1500,
+      fallback = false,
       root_llm = H.script({ fence("while True:\n    pass") }),
     })
     local took = require("rlm.core").now_ms() - t0
@@ -429,6 +431,7 @@ describe("max_wall_ms", function()
     local _, err = H.run({
       max_depth = 2,
       max_wall_ms = 2000,
+      fallback = false,
       root_llm = tree_model({ fence("rlm_query('spin')") }, function()
         return fence("while True:\n    pass")
       end),

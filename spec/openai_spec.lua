@@ -592,7 +592,7 @@ describe("rlm.llm.openai", function()
       script_run()
       local c = client({ sub_model = "fake-sub", prices = prices })
       local result, err = H.run({ root_llm = c.root_llm, llm_query = c.llm_query, cost_usd = c.cost_usd,
-        max_total_cost_usd = 0.0001 })
+        max_total_cost_usd = 0.0001, fallback = false })
       assert.is_nil(result)
       assert.are.equal("cost_budget", err.kind)
       assert.are.equal(1, #srv:requests()) -- 0.0006 USD after the first call

@@ -181,7 +181,7 @@ describe("a session", function()
 
     it("fails with max_iterations when the last chance gives no answer", function()
       local root = H.script({ fence("x = 1") })
-      local result, err = H.run({ root_llm = root, max_iterations = 3 })
+      local result, err = H.run({ root_llm = root, max_iterations = 3, fallback = false })
       assert.is_nil(result)
       assert.are.equal("max_iterations", err.kind)
       assert.are.equal(3, #err.history)

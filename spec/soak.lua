@@ -35,7 +35,7 @@ local faults = {
   { "infinite loop", "while True:\n    pass", {}, "step_timeout" },
   { "memory hog", "b = []\nwhile True:\n    b.append(bytearray(1 << 20))", { max_rss_bytes = 64 * 2 ^ 20 },
     "memory_limit" },
-  { "sub-call budget", "for i in range(10):\n    llm_query(str(i))", { max_sub_calls = 2 }, "sub_call_budget" },
+  { "sub-call budget", "for i in range(10):\n    llm_query(str(i))", { max_sub_calls = 2, fallback = false }, "sub_call_budget" },
 }
 
 local function soak_one(i, fault)

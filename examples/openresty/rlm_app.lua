@@ -6,8 +6,13 @@
 -- OpenAI's; the key from $RLM_API_KEY), through rlm.llm.openai over
 -- rlm.llm.transport.resty: cosockets, so every model call, and every wait
 -- before a retry, yields to nginx, in a request handler as in a timer.
+--
+-- The model also gets a host tool, kv_get(key): a lookup in the shared dict
+-- `rlm_kv` (lua_shared_dict in nginx.conf), which PUT /kv?key=K fills with
+-- the body. The sandbox has no network; the cache reaches it only this way.
 -- luacheck: globals ngx
 local cjson = require("cjson.safe")
+local rlm = require("rlm")
 local resty = require("rlm.adapters.resty")
 local openai = require("rlm.llm.openai")
 local transport = require("rlm.llm.transport.resty")
@@ -54,6 +59,37 @@ local function send(status, t)
   ngx.say(cjson.encode(t))
 end
 
+-- The host tools of a session: Lua functions the REPL's code calls by name.
+M.tools = {
+  kv_get = {
+    doc = "kv_get(key): the value stored under key in the server's cache (a str), or None",
+    call = function(args)
+      local key = args[1] or args.key
+      if type(key) ~= "string" then
+        error("kv_get(key) takes a str key", 0)
+      end
+      local value = ngx.shared.rlm_kv:get(key)
+      if value == nil then
+        return rlm.null
+      end
+      return value
+    end,
+  },
+}
+
+-- PUT /kv?key=K with the value as the body: what kv_get(K) then returns.
+function M.kv_put()
+  local key = ngx.var.arg_key and ngx.unescape_uri(ngx.var.arg_key)
+  if ngx.req.get_method() ~= "PUT" or not key or key == "" then
+    return send(400, { error = "PUT the value, with ?key=the key" })
+  end
+  local ok, err = ngx.shared.rlm_kv:set(key, request_body())
+  if not ok then
+    return send(507, { error = err })
+  end
+  send(200, { stored = key })
+end
+
 function M.ask()
   if ngx.req.get_method() ~= "POST" then
     return send(405, { error = "POST the document, with ?q=the question" })
@@ -65,6 +101,7 @@ function M.ask()
     tmpdir = M.tmpdir,
     root_llm = models.root_llm,
     llm_query = models.llm_query,
+    tools = M.tools,
     max_iterations = 20,
     step_timeout_ms = 120000,
   })

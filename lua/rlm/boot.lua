@@ -111,7 +111,7 @@ function M:_boot(canaries)
     max_message_bytes = o.max_message_bytes, max_message_values = self.max_values,
     guardrails = o.guardrails,
     allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
-    sys_path = info.sys_path, rlimits = rlimits })
+    sys_path = info.sys_path, rlimits = rlimits, tools = require("rlm.tools").specs(o) })
   if ok then
     ok, err = self:_send({ type = "self_test", absent = info.absent, canaries = canary_info })
   end

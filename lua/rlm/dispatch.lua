@@ -5,6 +5,7 @@
 -- light thread) and how the host waits between polls is the host's: see
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
 local errors = require("rlm.errors")
+local tools = require("rlm.tools")
 
 local M = {}
 
@@ -115,6 +116,8 @@ function M.next(s, start, stop)
       return nil
     elseif ev.type == "root_llm" or ev.type == "llm_query" then
       answer(s, ev, start)
+    elseif ev.type == "tool_call" then
+      tools.start(s, ev, start)
     elseif ev.type == "done" or ev.type == "error" or ev.type == stop then
       return ev
     end

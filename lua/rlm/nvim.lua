@@ -20,7 +20,12 @@
 -- ($RLM_SUB_MODEL, gpt-4o-mini), api_key_env (the NAME of the variable that
 -- holds the key, default "RLM_API_KEY"). root_llm and llm_query replace
 -- those models; any other key not listed below goes to rlm.Session.new
--- (max_iterations, max_sub_calls, tmpdir, on_event...).
+-- (max_iterations, max_sub_calls, tmpdir, on_event, tools...).
+--
+-- The model gets two host tools (docs/api.md, "Tools"): list_buffers() and
+-- read_buffer(name), the text of another loaded buffer by its name (or the
+-- end of its path), bounded by max_context_bytes. buffer_tools = false
+-- leaves them out; tools of your own (setup{ tools = ... }) come beside them.
 -- luacheck: read globals vim
 local adapter = require("rlm.adapters.nvim")
 
@@ -29,12 +34,13 @@ local M = { config = {} }
 -- setup() keys of the plugin itself; the others are session options.
 local PLUGIN_KEYS = {
   base_url = true, model = true, sub_model = true, api_key_env = true,
-  progress = true, cancel_key = true, max_context_bytes = true,
+  progress = true, cancel_key = true, max_context_bytes = true, buffer_tools = true,
 }
 M.defaults = {
   progress = "float", -- "float", "statusline" (see status()) or false
   cancel_key = "<C-c>", -- a normal-mode key mapped while a session runs; false: none
-  max_context_bytes = 256 * 2 ^ 20, -- the most a list of files may add up to
+  max_context_bytes = 256 * 2 ^ 20, -- the most a list of files (or read_buffer) may add up to
+  buffer_tools = true, -- list_buffers() and read_buffer(name) in the REPL
 }
 
 local function uv()
@@ -177,6 +183,62 @@ function M.files_context(paths)
   return table.concat(parts, "\n")
 end
 
+-- The loaded buffers that have a name: { { buf =, name = }, ... }.
+local function named_buffers()
+  local out = {}
+  for _, b in ipairs(vim.api.nvim_list_bufs()) do
+    local name = vim.api.nvim_buf_is_loaded(b) and vim.api.nvim_buf_get_name(b) or ""
+    if name ~= "" and not name:match("^rlm://") then
+      out[#out + 1] = { buf = b, name = name }
+    end
+  end
+  return out
+end
+
+-- The host tools the model gets (they run through vim.schedule, where the
+-- editor's API may be called).
+M.buffer_tools = {
+  list_buffers = {
+    doc = "list_buffers(): the names of the editor's open buffers, a list of str",
+    call = function()
+      local names = {}
+      for i, b in ipairs(named_buffers()) do
+        names[i] = b.name
+      end
+      return names
+    end,
+  },
+  read_buffer = {
+    doc = "read_buffer(name): the text of an open buffer, by its name or the end of its path "
+      .. "(e.g. 'main.c'), as a str",
+    call = function(args)
+      local want = args[1] or args.name
+      if type(want) ~= "string" or want == "" then
+        error("read_buffer(name) takes a buffer's name as a str", 0)
+      end
+      local found
+      for _, b in ipairs(named_buffers()) do
+        local n = b.name
+        if n == want or (#n > #want and n:sub(-#want - 1) == "/" .. want) then
+          if found then
+            error(("%q names more than one buffer (%s, %s): give more of the path")
+              :format(want, found.name, n), 0)
+          end
+          found = b
+        end
+      end
+      if not found then
+        error(("no open buffer is named %q (list_buffers() lists them)"):format(want), 0)
+      end
+      local text = table.concat(vim.api.nvim_buf_get_lines(found.buf, 0, -1, false), "\n")
+      if #text > option("max_context_bytes") then
+        error(("buffer %q is larger than max_context_bytes (%d)"):format(want, option("max_context_bytes")), 0)
+      end
+      return text
+    end,
+  },
+}
+
 -- Asks question about context (a string; default: the current buffer).
 -- Returns the session; M.cancel() or session:close() ends it. The answer
 -- lands in M.last_answer and rlm://answer, a failure in M.last_error.
@@ -198,6 +260,16 @@ function M.ask(question, context, what)
   end
   opts.context = context
   opts.query = question
+  if option("buffer_tools") then
+    local tools = {}
+    for k, v in pairs(M.buffer_tools) do
+      tools[k] = v
+    end
+    for k, v in pairs(opts.tools or {}) do
+      tools[k] = v
+    end
+    opts.tools = tools
+  end
   what = what or "the buffer"
   local t0 = uv().hrtime()
   local step, subs = 0, 0

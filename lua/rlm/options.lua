@@ -214,6 +214,11 @@ local schema = {
   sandbox_uid_count = { integer(1, 2 ^ 32 - 2), 65536 },
   bind_pth_paths = { boolean, false },
   max_message_bytes = { integer(12 + M.LINE_OVERHEAD, 2 ^ 30), 16 * 2 ^ 20 },
+  tools = { require("rlm.tools").check },
+  max_tool_calls = { integer(0, 2 ^ 31 - 1), 1000 },
+  validate = { callable },
+  answer_schema = { require("rlm.answer").check_schema },
+  fallback = { boolean, true },
 }
 
 M.names = {}

@@ -143,6 +143,9 @@ local validators = {
     end
     return true
   end,
+  tool_call = function(m)
+    return is_int(m.id) and require("rlm.tools").valid_call(m)
+  end,
   fatal = function(m)
     return opt_string(m.message)
   end,

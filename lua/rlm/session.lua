@@ -5,6 +5,7 @@
 local errors = require("rlm.errors")
 local prompt = require("rlm.prompt")
 local protocol = require("rlm.protocol")
+local tools = require("rlm.tools")
 local util = require("rlm.util")
 
 local Session = {}
@@ -65,7 +66,8 @@ local function new_session(o, parent, context_data, context_format, description)
     self.system_problem, system = problem, ""
   end
   self.messages = {
-    { role = "system", content = system },
+    -- The tools and the answer's schema are told whatever the prompt is.
+    { role = "system", content = system .. tools.prompt(o) .. require("rlm.answer").prompt(o) },
     { role = "user", content = prompt.first_user(o.query) },
   }
   return self
@@ -128,6 +130,13 @@ function Session:_emit(ev)
 end
 
 Session.new_session = new_session
+
+for _, methods in ipairs({ tools.methods, require("rlm.answer").methods }) do
+  for k, fn in pairs(methods) do
+    assert(Session[k] == nil, k)
+    Session[k] = fn
+  end
+end
 
 for _, name in ipairs({ "wire", "boot", "limits", "subcalls", "nested", "turn", "engine", "blocking" }) do
   for k, fn in pairs(require("rlm." .. name)) do

@@ -127,6 +127,9 @@ end
 -- they come. In a batch, a call that does not fit gets its error in its
 -- slot; a lone call past max_sub_calls ends the session.
 function M:_sub_query(msg)
+  if msg.type == "tool_call" then
+    return self:_tool_call(msg) -- rlm.tools
+  end
   local o, tree = self.opts, self.tree
   -- The driver waits for each call's answers before the next: so at most
   -- one message's worth of prompts is ever held here.
@@ -199,6 +202,9 @@ end
 -- The answer to one of the code's llm_query calls: back to the driver.
 function M:_sub_answer(reply)
   local req = reply.request
+  if req.type == "tool_call" then
+    return self:_tool_answer(reply) -- rlm.tools
+  end
   if req.exec_id ~= self.next_exec_id then
     return true -- the exec it belonged to is over
   end

@@ -11,7 +11,7 @@ local IDLE = require("rlm.engine").IDLE
 local M = {}
 
 local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, rlm_query = true,
-  rlm_batch = true, fatal = true }
+  rlm_batch = true, tool_call = true, fatal = true }
 
 -- Runs one block of code; answers the driver's calls back meanwhile.
 function M:_exec(code)
@@ -275,6 +275,14 @@ function M:_turn()
   if not entry then
     return nil, texts
   end
+  local complaint
+  complaint, err = self:_check_answer(entry, "") -- rlm.answer
+  if not complaint then
+    return nil, err
+  end
+  if complaint ~= "" then
+    texts[#texts + 1] = complaint
+  end
   self:_set_deadline(0)
   texts[#texts + 1] = self:_status()
   ok, err = self:_record(entry, table.concat(texts, "\n\n"))
@@ -343,8 +351,14 @@ function M:_last_chance()
     final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
   end
   self:_set_deadline(0)
+  entry.final = final
+  local checked
+  checked, err = self:_check_answer(entry, "") -- rlm.answer
+  if not checked then
+    return nil, err
+  end
+  final = entry.final
   if final then
-    entry.final = final
     local ok
     ok, err = self:_record(entry, nil)
     if not ok then
@@ -372,7 +386,7 @@ end
 -- "step" event marks the end of each turn; the engine goes on only when
 -- polled again, so step() can stop between turns.
 function M:_main()
-  local ev = self:_run_turns()
+  local ev = require("rlm.fallback").after(self, self:_run_turns())
   local r, e = ev.result, ev.err
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,

@@ -22,6 +22,7 @@ local M = {}
 local MAX_FIELD_CHARS = 100000
 -- Fields shown of an event of an unknown type.
 local MAX_EVENT_FIELDS = 100
+local MAX_TOOL_CALLS_SHOWN = 50 -- per block: a loop of 1,000 calls shows the first ones and a count
 -- Deeper child runs are shown at this depth.
 local MAX_DEPTH = 32
 -- With more step elements than this, steps start collapsed.
@@ -215,6 +216,9 @@ local function build(events)
       model.sub_calls = model.sub_calls + 1
       local where = step and step.pending or run.items
       where[#where + 1] = { kind = "sub", ev = ev }
+    elseif t == "tool_call" then
+      local where = step and step.pending or run.items
+      where[#where + 1] = { kind = "tool", ev = ev }
     elseif step and t == "final" then
       step.final = ev
       step.items[#step.items + 1] = { kind = "final", ev = ev }
@@ -230,7 +234,7 @@ end
 
 -- Figures over a run and every run below it.
 local function run_figures(run)
-  local f = { steps = 0, sub_calls = 0 }
+  local f = { steps = 0, sub_calls = 0, tool_calls = 0 }
   -- Child runs' events come in the middle of their parent's: the span is
   -- from the least to the most, not from the first to the last visited.
   local span = { t = {}, ts = {}, cost = {} }
@@ -249,6 +253,8 @@ local function run_figures(run)
       widen(span.cost, num(ev.cost_usd))
       if ev.type == "sub_query" then
         f.sub_calls = f.sub_calls + 1
+      elseif ev.type == "tool_call" then
+        f.tool_calls = f.tool_calls + 1
       end
       if ev.type == "root_response" or (ev.type == "sub_query" and not ev.recursive) then
         local u = usage_of(ev.usage)
@@ -520,15 +526,48 @@ function Page:sub(ev)
   self:add("</div></details>")
 end
 
+-- A host tool's call: its name, arguments and result or error.
+function Page:tool(ev)
+  local function json(v)
+    if v == nil or type(v) == "string" then
+      return v
+    end
+    local ok, text = pcall(cjson.encode, v)
+    return ok and text or tostring(v)
+  end
+  self:add('<details class="sub tool"><summary>', "tool ", esc(as_text(ev.name)),
+    num(ev.index) and (" #" .. esc(num(ev.index))) or "")
+  self:add(' <span class="muted">', esc(joined(fmt_ms(ev.latency_ms))), "</span>")
+  if ev.error ~= nil then
+    self:badge("err", "error")
+  end
+  self:add("</summary><div>")
+  self:pre("Arguments", json(ev.args))
+  self:pre("Result", json(ev.result))
+  self:pre("Error", ev.error, "error")
+  self:add("</div></details>")
+end
+
 function Page:calls(items)
+  local tools, hidden = 0, 0
   for _, item in ipairs(items) do
-    if item.kind == "sub" then
+    if item.kind == "tool" then
+      tools = tools + 1
+      if tools <= MAX_TOOL_CALLS_SHOWN then
+        self:tool(item.ev)
+      else
+        hidden = hidden + 1
+      end
+    elseif item.kind == "sub" then
       self:sub(item.ev)
     elseif item.kind == "child" then
       self:run(item.run)
     else
       self:other(item.ev)
     end
+  end
+  if hidden > 0 then
+    self:add('<p class="muted">', esc(("%d more tool calls"):format(hidden)), "</p>")
   end
 end
 
@@ -602,6 +641,7 @@ function Page:run(run)
   local meta = joined(
     ("%d step%s"):format(f.steps, f.steps == 1 and "" or "s"),
     ("%d sub-call%s"):format(f.sub_calls, f.sub_calls == 1 and "" or "s"),
+    f.tool_calls > 0 and ("%d tool call%s"):format(f.tool_calls, f.tool_calls == 1 and "" or "s") or nil,
     fmt_tokens(f.tokens), fmt_usd(f.cost), f.wall_ms and ("wall " .. fmt_ms(f.wall_ms)) or nil
   )
   self:add('<p class="meta">', esc(meta))
@@ -609,6 +649,9 @@ function Page:run(run)
     self:badge("err", as_text(finish.error_kind or "error"))
   elseif finish and finish.ok then
     self:badge("ok", "ok")
+    if run.final and run.final.partial then
+      self:badge("info", "partial answer")
+    end
   elseif not finish then
     self:badge("info", run.final and "no run_end" or "unfinished")
   end

@@ -6,7 +6,7 @@ import mmap
 import sys
 import time
 
-from . import api, protocol, selftest, state, step
+from . import api, protocol, selftest, state, step, tools
 from .protocol import fatal, field, send, string_list
 
 PROTOCOL_VERSION = 1
@@ -24,6 +24,7 @@ def configure(message):
     if sys_path is not None:
         sys.path[:] = sys_path
     apply_rlimits(field(message, "rlimits", dict, {}))
+    tools.install(message)
 
 
 def apply_rlimits(limits):

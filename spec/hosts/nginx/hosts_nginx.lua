@@ -54,6 +54,55 @@ function M.session()
   }))
 end
 
+-- Host tools under the adapter: one reads a key of ngx.shared (the
+-- OpenResty way to give the model a cache without a network), one answers
+-- after ngx.sleep (its light thread yields), one through done() from a
+-- timer, one fails later; the code catches the failure.
+function M.tools()
+  local dict = ngx.shared.rlm_results
+  dict:set("tools:owner", "team-db")
+  local result, err = resty.run({
+    context = "x",
+    tmpdir = tmpdir,
+    step_timeout_ms = 30000,
+    tools = {
+      shared_get = function(args)
+        local v = dict:get(args[1])
+        if v == nil then
+          return require("rlm").null
+        end
+        return v
+      end,
+      slow_double = function(args)
+        ngx.sleep(0.05)
+        return args[1] * 2
+      end,
+      later = function(args, done)
+        assert(ngx.timer.at(0.05, function()
+          done(args[1] .. "!")
+        end))
+      end,
+      fails_later = function(_, done)
+        assert(ngx.timer.at(0.02, function()
+          done(nil, "the cache is cold")
+        end))
+      end,
+    },
+    root_llm = function()
+      return fence("try:\n    fails_later()\nexcept ToolError as e:\n    print(e)\n"
+        .. "FINAL('%s %s %s %s' % (shared_get('tools:owner'), shared_get('nope'), slow_double(21), later('hi')))")
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  })
+  ngx.say(cjson.encode({
+    answer = result and result.answer or cjson.null,
+    stdout = result and result.history[1].stdout or cjson.null,
+    error = err and tostring(err) or cjson.null,
+  }))
+end
+
 -- For comparison: Session:run() called in the worker without the adapter,
 -- the REPL spinning for a second. The worker serves nothing meanwhile.
 function M.blocking_run()

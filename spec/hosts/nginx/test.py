@@ -286,6 +286,19 @@ def case_concurrent(srv):
                got.get("answer"), got.get("most"), got.get("elapsed_ms")) if got else body)
 
 
+def case_tools(srv):
+    """Host tools under rlm.adapters.resty: ngx.shared, a yield, done() later."""
+    status, body, ms, _ = srv.get("/tools")
+    try:
+        got = json.loads(body)
+    except ValueError:
+        got = {"error": body}
+    report(status == 200 and got.get("answer") == "team-db None 42 hi!"
+           and "fails_later: the cache is cold" in (got.get("stdout") or ""),
+           "host tools under the resty adapter: ngx.shared, a yield, done() from a timer, a caught failure",
+           "%s %r in %.0f ms" % (status, got, ms))
+
+
 def wait_result(srv, key):
     deadline = time.time() + PHASE_TIMEOUT_S
     while time.time() < deadline:
@@ -603,7 +616,8 @@ def case_example():
 
         control("POST", "/_control/script", {"replies": [
             {"content": "```repl\nn = sum(1 for l in context.splitlines() if 'ERROR' in l)\n"
-                        "r = llm_query('say hi')\nFINAL(str(n) + ' ' + r)\n```", "usage": [100, 20]},
+                        "r = llm_query('say hi')\nFINAL(str(n) + ' ' + r + ' ' + kv_get('owner'))\n```",
+             "usage": [100, 20]},
             {"status": 429, "headers": {"retry-after-ms": "200"},
              "json": {"error": {"message": "slow down"}}},
             {"content": "hi", "usage": [5, 1], "delay_ms": 200},
@@ -612,6 +626,7 @@ def case_example():
                      env={"RLM_API_KEY": SECRET, "RLM_ROOT_MODEL": "root-model",
                           "RLM_SUB_MODEL": "sub-model",
                           "RLM_BASE_URL": "http://127.0.0.1:%d/v1" % fake_port})
+        put_status = srv.get("/kv?key=owner", method="PUT", body="team-db")[0]
         status, body, ms, _ = srv.get("/ask?q=How+many+errors%3F", method="POST",
                                       body="ERROR a\nok\nERROR b\n",
                                       headers={"Cookie": "session=client-secret"})
@@ -623,11 +638,11 @@ def case_example():
         models = [r["json"]["model"] for r in reqs if r.get("json")]
         auth_ok = all(r["headers"].get("authorization") == "Bearer " + SECRET for r in reqs)
         leaked = [r for r in reqs if "cookie" in r["headers"] or r.get("argv_hits")]
-        report(status == 200 and got.get("answer") == "2 hi"
+        report(put_status == 200 and status == 200 and got.get("answer") == "2 hi team-db"
                and models == ["root-model", "sub-model", "sub-model"] and auth_ok and not leaked
                and got.get("tokens", {}).get("total") == 126,
                "examples/openresty answers through rlm.llm.openai over the cosocket transport, "
-               "waiting out a 429",
+               "waiting out a 429, with its kv_get tool over ngx.shared",
                "%s %r in %.0f ms; models %s; key in the header only: %s; tokens %s" % (
                    status, got.get("answer") or got, ms, models, auth_ok and not leaked, got.get("tokens")))
     finally:
@@ -652,7 +667,8 @@ def main():
     srv = Server()
     print("# the worker's LuaJIT: " + srv.get("/luajit")[1].strip(), flush=True)
     try:
-        for case in (case_session, case_concurrent, case_phases, case_abort, case_cancel, case_transport, case_reload):
+        for case in (case_session, case_concurrent, case_tools, case_phases, case_abort, case_cancel,
+                     case_transport, case_reload):
             try:
                 case(srv)
             except Exception as e:  # a case that broke is a failure, the others still run

@@ -363,4 +363,51 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
+-- 5. Host tools under the Neovim adapter: a tool that answers later
+-- (done() from vim.defer_fn), one that fails later, and rlm.nvim's
+-- read_buffer, which reads another buffer by name through the editor's API.
+cases[#cases + 1] = function(next_case)
+  local notes = vim.api.nvim_create_buf(true, false)
+  vim.api.nvim_buf_set_name(notes, tmpdir .. "-notes/notes.txt")
+  vim.api.nvim_buf_set_lines(notes, 0, -1, false, { "alpha", "beta" })
+  local tools = {}
+  for k, v in pairs(require("rlm.nvim").buffer_tools) do
+    tools[k] = v
+  end
+  tools.later = function(args, done)
+    vim.defer_fn(function()
+      done(args[1] * 2)
+    end, 50)
+  end
+  tools.fails_later = function(_, done)
+    vim.defer_fn(function()
+      done(nil, "the index is busy")
+    end, 20)
+  end
+  adapter.run({
+    context = "x",
+    tmpdir = tmpdir,
+    tools = tools,
+    root_llm = function(_, done)
+      vim.defer_fn(function()
+        done(fence("try:\n    fails_later()\nexcept ToolError as e:\n    print(e)\n"
+          .. "try:\n    read_buffer('nope.txt')\nexcept ToolError as e:\n    print(e)\n"
+          .. "FINAL(str(later(21)) + ' ' + read_buffer('notes.txt').replace(chr(10), ','))"))
+      end, 20)
+    end,
+    llm_query = function(p)
+      return p
+    end,
+  }, function(err, result)
+    local out = result and result.history[1].stdout or ""
+    report(result ~= nil and result.answer == "42 alpha,beta"
+      and out:find("fails_later: the index is busy", 1, true) ~= nil
+      and out:find('no open buffer is named "nope.txt"', 1, true) ~= nil,
+      "host tools answer later under the nvim adapter, and read_buffer reads another buffer",
+      err and tostring(err) or ("%q; %q"):format(result.answer, out))
+    vim.api.nvim_buf_delete(notes, { force = true })
+    next_case()
+  end)
+end
+
 harness.run(cases, TEST_TIMEOUT_MS)

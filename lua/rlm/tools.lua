@@ -1,0 +1,277 @@
+-- Host tools: Lua functions of the host that the REPL's code calls as Python
+-- functions (docs/api.md, "Tools"). The code's call travels as a tool_call
+-- message; the host checks it, counts it against max_tool_calls, hands it
+-- out through poll() like an llm_query, and sends the tool's value (or its
+-- error) back as a tool_result.
+local core = require("rlm.core")
+local protocol = require("rlm.protocol")
+
+local M = {}
+
+-- Session methods, mixed into rlm.Session.
+M.methods = {}
+local S = M.methods
+
+local function set(words)
+  local t = {}
+  for w in words:gmatch("%S+") do
+    t[w] = true
+  end
+  return t
+end
+
+-- What a tool may not be called: Python's keywords, the builtins the code
+-- uses, and the names the REPL already gives the code.
+local KEYWORDS = set([[False None True and as assert async await break class continue def del elif
+  else except finally for from global if import in is lambda nonlocal not or pass raise return try
+  while with yield]])
+local BUILTINS = set([[abs all any ascii bin bool bytearray bytes callable chr classmethod compile
+  complex delattr dict dir divmod enumerate eval exec filter float format frozenset getattr globals
+  hasattr hash help hex id input int isinstance issubclass iter len list locals map max memoryview
+  min next object oct open ord pow print property range repr reversed round set setattr slice
+  sorted staticmethod str sum super tuple type vars zip breakpoint exit quit]])
+local REPL_NAMES = set([[context answer FINAL FINAL_VAR llm_query llm_query_batched rlm_query
+  rlm_query_batched SubCallError ToolError]])
+
+M.MAX_TOOLS = 100
+M.MAX_NAME = 64
+M.MAX_DOC = 1000
+
+local function callable(v)
+  return require("rlm.util").is_callable(v)
+end
+
+-- Why `name` cannot be a tool's name, or nil.
+local function name_problem(name)
+  if type(name) ~= "string" or not name:match("^[%a][%w_]*$") or #name > M.MAX_NAME then
+    return ("%s is not a Python identifier of at most %d characters that starts with a letter")
+      :format(type(name) == "string" and ("%q"):format(name:sub(1, 80)) or type(name), M.MAX_NAME)
+  end
+  if KEYWORDS[name] then
+    return ("%q is a Python keyword"):format(name)
+  end
+  if BUILTINS[name] or REPL_NAMES[name] then
+    return ("%q would hide the REPL's own %s"):format(name, name)
+  end
+end
+
+-- The option check (rlm.options): ok, or false and what was wanted.
+function M.check(tools)
+  local want = "a table of name = function or { call = function, doc = string }"
+  if type(tools) ~= "table" then
+    return false, want
+  end
+  local n = 0
+  for name, t in pairs(tools) do
+    n = n + 1
+    local problem = name_problem(name)
+    if not problem and not callable(t) then
+      if type(t) ~= "table" or not callable(t.call) then
+        problem = ("tool %q is neither a function nor a table with a function `call`"):format(name)
+      elseif t.doc ~= nil and (type(t.doc) ~= "string" or #t.doc > M.MAX_DOC) then
+        problem = ("tool %q: doc must be a string of at most %d bytes"):format(name, M.MAX_DOC)
+      else
+        for k in pairs(t) do
+          if k ~= "call" and k ~= "doc" then
+            problem = ("tool %q: unknown field %s (call, doc)"):format(name, tostring(k))
+          end
+        end
+      end
+    end
+    if problem then
+      return false, want .. " (" .. problem .. ")"
+    end
+  end
+  if n > M.MAX_TOOLS then
+    return false, ("%s, of at most %d tools"):format(want, M.MAX_TOOLS)
+  end
+  return true
+end
+
+-- The tools as a sorted list of { name =, doc =, call = }.
+function M.list(o)
+  local out = {}
+  for name, t in pairs(o.tools or {}) do
+    local fn, doc = t, nil
+    if not callable(t) then
+      fn, doc = t.call, t.doc
+    end
+    out[#out + 1] = { name = name, doc = doc and doc:gsub("%s+", " ") or "", call = fn }
+  end
+  table.sort(out, function(a, b)
+    return a.name < b.name
+  end)
+  return out
+end
+
+-- What the driver's configure message says about them: names and docs.
+function M.specs(o)
+  local list = M.list(o)
+  if #list == 0 then
+    return nil -- an empty table would be an object
+  end
+  local specs = {}
+  for i, t in ipairs(list) do
+    specs[i] = { name = t.name, doc = t.doc }
+  end
+  return specs
+end
+
+-- The system prompt's lines about the tools ("" with none).
+function M.prompt(o)
+  local list = M.list(o)
+  if #list == 0 then
+    return ""
+  end
+  local lines = { "", "", "Host tools (Python functions in the REPL; arguments and results are JSON values: "
+    .. "str, int, float, bool, None, list, dict; a tool that fails raises `ToolError`, which you may "
+    .. ("catch; at most %d tool calls per run):"):format(o.max_tool_calls) }
+  for _, t in ipairs(list) do
+    lines[#lines + 1] = ("- `%s(...)`%s"):format(t.name, t.doc ~= "" and (": " .. t.doc) or "")
+  end
+  return table.concat(lines, "\n")
+end
+
+local function call_of(o, name)
+  local t = o.tools and o.tools[name]
+  if t == nil or callable(t) then
+    return t
+  end
+  return t.call
+end
+
+-- Starts the tool for request ev (rlm.dispatch): start(fn, args, settle)
+-- as for llm_query. A tool answers a value (rlm.null for None), nil and a
+-- message, or raises.
+function M.start(s, ev, start)
+  start(call_of(s.opts, ev.name), ev.args, function(ok, value, message)
+    if not ok then
+      s:reply(ev.id, nil, tostring(value))
+    elseif value == nil then
+      s:reply(ev.id, nil, type(message) == "string" and message or M.NOTHING)
+    else
+      s:reply(ev.id, value)
+    end
+  end)
+end
+
+M.NOTHING = "the tool returned nothing (a tool returns a JSON value; rlm.null is Python's None)"
+
+-- A list decoded from JSON: keys 1..n only (cjson makes [] an empty table).
+local function is_array(v)
+  if type(v) ~= "table" then
+    return false
+  end
+  local n = #v
+  for k in pairs(v) do
+    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+      return false
+    end
+  end
+  return true
+end
+
+local function is_object(v)
+  if type(v) ~= "table" then
+    return false
+  end
+  for k in pairs(v) do
+    if type(k) ~= "string" then
+      return false
+    end
+  end
+  return true
+end
+
+-- The protocol's check of a tool_call line (rlm.protocol's validators).
+function M.valid_call(m)
+  return type(m.name) == "string" and (m.args == nil or is_array(m.args))
+    and (m.kwargs == nil or is_object(m.kwargs))
+end
+
+-- The code called a tool: check it, count it, hand it out through poll().
+-- A name the host never gave is a hostile driver: protocol_error. A call
+-- past max_tool_calls is not made: the code gets a ToolError.
+function S:_tool_call(msg)
+  local o, tree = self.opts, self.tree
+  if self.open_slots > 0 then
+    return self:_error("protocol_error", "the driver made a call before its last one was answered")
+  end
+  if not call_of(o, msg.name) then
+    return self:_error("protocol_error", ("the driver called a tool %q the host does not have")
+      :format(msg.name:sub(1, M.MAX_NAME)))
+  end
+  self.open_slots = 1
+  tree.tool_calls = tree.tool_calls or 0
+  if tree.tool_calls >= o.max_tool_calls then
+    return self:_tool_send(msg.id, nil, ("not called: the run's max_tool_calls (%d) are spent")
+      :format(o.max_tool_calls))
+  end
+  local ok, err = self:_check_budget()
+  if not ok then
+    return nil, err
+  end
+  tree.tool_calls = tree.tool_calls + 1
+  local args = msg.args or {}
+  for k, v in pairs(msg.kwargs or {}) do
+    args[k] = v
+  end
+  self:_request({ type = "tool_call", name = msg.name, args = args, depth = self.depth,
+    driver_id = msg.id, exec_id = self.next_exec_id, index = tree.tool_calls })
+  return true
+end
+
+-- One line of why a tool failed, without the Lua position of a raise.
+local function reason(message)
+  local line = tostring(message):match("^[^\n]*")
+  return (line:gsub("^[^:%s]+:%d+: ", ""))
+end
+
+-- A tool answered (through reply()): its value or its error goes back to
+-- the code, and an event says so.
+function S:_tool_answer(reply)
+  local req = reply.request
+  if req.exec_id ~= self.next_exec_id then
+    return true -- the exec it belonged to is over
+  end
+  local value, problem = reply.text, nil
+  if reply.failed then
+    value, problem = nil, reason(reply.message)
+  elseif value == nil then
+    problem = M.NOTHING
+  end
+  local ok, err = self:_deadline_check()
+  if not ok then
+    return nil, err
+  end
+  ok, err = self:_emit({ type = "tool_call", step = self.iterations, name = req.name, args = req.args,
+    result = value, error = problem, latency_ms = core.now_ms() - req.t0, index = req.index })
+  if not ok then
+    return nil, err
+  end
+  return self:_tool_send(req.driver_id, value, problem, req.name)
+end
+
+-- Sends a tool_result: the value, or the error the code raises as ToolError.
+function S:_tool_send(id, value, problem, name)
+  self.open_slots = 0
+  local text
+  if problem == nil then
+    local ok, encoded = pcall(protocol.encode, { type = "tool_result", id = id, value = value })
+    if not ok then
+      problem = ("tool %s returned a value JSON cannot carry: %s"):format(name, reason(encoded))
+    elseif #encoded > self.opts.max_message_bytes then
+      problem = ("tool %s returned %d bytes of JSON, more than max_message_bytes (%d)")
+        :format(name, #encoded, self.opts.max_message_bytes)
+    else
+      text = encoded
+    end
+  end
+  text = text or protocol.encode({ type = "tool_result", id = id, error = problem })
+  if not self.driver:send(text) then
+    return self:_expect({}) -- the reason it cannot take input is queued
+  end
+  return true
+end
+
+return M

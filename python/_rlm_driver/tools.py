@@ -1,0 +1,71 @@
+"""Host tools: the functions the host's configure message names become
+Python functions in the REPL's namespace. Each call is one tool_call message
+back to the host; its tool_result is the value (JSON), or an error raised
+here as ToolError (docs/protocol.md)."""
+
+import keyword
+import os
+
+from . import api, protocol, state
+from .protocol import fatal
+
+
+class ToolError(RuntimeError):
+    """A host tool failed (it raised, returned an error, or the run's
+    max_tool_calls are spent). The code may catch it."""
+
+
+def call(name, args, kwargs):
+    """One tool call: its value, or ToolError."""
+    what = f"the arguments of {name}()"
+    request = {"type": "tool_call", "name": name, "args": list(args)}
+    if kwargs:
+        request["kwargs"] = dict(kwargs)
+    room = state.current.value_limit - 64
+    if api.count_values([request["args"], request.get("kwargs")], room) > room:
+        raise ValueError(f"{what} hold more than {room} JSON values; the host accepts no more "
+                         "in one message: pass less")
+    with protocol.CHANNEL:
+        try:
+            request_id = protocol.begin_call(request, what)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ValueError) and "bytes as a message" in str(exc):
+                raise
+            raise TypeError(f"{what} must be JSON values (str, int, float, bool, None, list, "
+                            f"dict with str keys): {exc}") from None
+        reply = protocol.receive()
+        if reply is None:
+            os._exit(0)  # the host asked us to leave
+        if reply["type"] != "tool_result" or reply.get("id") != request_id:
+            fatal(f"expected tool_result for tool call {request_id}, got {reply['type']} "
+                  f"for {reply.get('id')!r}")
+    if reply.get("error") is not None:
+        raise ToolError(f"{name}: {reply['error']}")
+    if "value" not in reply:
+        fatal(f"tool_result {request_id} has neither a 'value' nor an 'error'")
+    return reply["value"]
+
+
+def make(name, doc):
+    def tool(*args, **kwargs):
+        return call(name, args, kwargs)
+    tool.__name__ = tool.__qualname__ = name
+    tool.__doc__ = doc or None
+    return tool
+
+
+def install(message):
+    """configure's `tools`: a list of {"name", "doc"}; each becomes a
+    function of the namespace, with ToolError beside them."""
+    specs = protocol.field(message, "tools", list, [])
+    if not specs:
+        return
+    namespace = state.current.namespace
+    for spec in specs:
+        name = spec.get("name") if isinstance(spec, dict) else None
+        doc = spec.get("doc", "") if isinstance(spec, dict) else None
+        if (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
+                or name.startswith("_") or name in namespace or not isinstance(doc, str)):
+            fatal(f"configure: bad tool {spec!r:.100}")
+        namespace[name] = make(name, doc)
+    namespace["ToolError"] = ToolError
