@@ -116,8 +116,8 @@ FINAL_VAR("r")]]) }),
 
   it("refuses results longer than max_message_bytes", function()
     local result, err = H.run({
-      max_message_bytes = 4096,
-      tools = { big = function() return ("x"):rep(10000) end },
+      max_message_bytes = 40000,
+      tools = { big = function() return ("x"):rep(50000) end },
       root_llm = H.script({ fence("try:\n    big()\nexcept ToolError as e:\n    print(e)\nFINAL('ok')") }),
     })
     assert.is_nil(err)
