@@ -1,14 +1,8 @@
 -- rlm.log: the JSON-lines trajectory writer.
 local H = require("helpers")
+local read = H.read_file
 local log = require("rlm.log")
 local cjson = require("cjson").new()
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
 
 local function lines(path)
   local out = {}

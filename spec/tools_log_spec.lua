@@ -1,28 +1,12 @@
 -- Host tools, typed answers and the fallback in the trajectory log and
 -- its page: a real session writes the JSONL, rlm.view renders it.
 local H = require("helpers")
+local count = H.count
+local read = H.read_file
 local log = require("rlm.log")
 local view = require("rlm.view")
 local cjson = require("cjson")
 local fence = H.fence
-
-local function count(s, plain)
-  local n, at = 0, 1
-  while true do
-    local i = s:find(plain, at, true)
-    if not i then
-      return n
-    end
-    n, at = n + 1, i + #plain
-  end
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
 
 describe("host tools in the log and the viewer", function()
   after_each(H.assert_clean)

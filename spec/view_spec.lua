@@ -2,6 +2,7 @@
 -- so most of it is pinned on the string; a headless Chromium then runs the
 -- page's script on a real session's log and the DOM it leaves is checked.
 local H = require("helpers")
+local count = H.count
 local log = require("rlm.log")
 local view = require("rlm.view")
 local cjson = require("cjson").new()
@@ -14,17 +15,6 @@ local function jsonl(events)
     out[i] = cjson.encode(ev)
   end
   return table.concat(out, "\n") .. "\n"
-end
-
-local function count(s, plain)
-  local n, at = 0, 1
-  while true do
-    local i = s:find(plain, at, true)
-    if not i then
-      return n
-    end
-    n, at = n + 1, i + #plain
-  end
 end
 
 local function write(path, text)

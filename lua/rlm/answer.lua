@@ -126,25 +126,6 @@ function M.check_schema(schema)
   return false, "a schema of the documented subset of JSON Schema (" .. why .. ")"
 end
 
-local function is_array(v)
-  local n = #v
-  for k in pairs(v) do
-    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
-      return false
-    end
-  end
-  return true
-end
-
-local function is_object(v)
-  for k in pairs(v) do
-    if type(k) ~= "string" then
-      return false
-    end
-  end
-  return true
-end
-
 -- Whether v is of JSON type t (an empty table is both a list and a dict:
 -- JSON's [] and {} decode alike).
 local function is_type(v, t)
@@ -153,9 +134,9 @@ local function is_type(v, t)
   elseif t == "integer" then
     return type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge
   elseif t == "object" then
-    return type(v) == "table" and v ~= cjson.null and is_object(v)
+    return type(v) == "table" and v ~= cjson.null and util.is_json_object(v)
   elseif t == "array" then
-    return type(v) == "table" and v ~= cjson.null and is_array(v)
+    return type(v) == "table" and v ~= cjson.null and util.is_json_array(v)
   end
   return type(v) == t
 end
@@ -208,7 +189,7 @@ local function problem(v, s, path)
       return ("%s must be <= %s (it is %s)"):format(path, tostring(s.maximum), tostring(v))
     end
   elseif type(v) == "table" and v ~= cjson.null then
-    if is_array(v) and (s.items or s.minItems or s.maxItems) and not s.properties then
+    if util.is_json_array(v) and (s.items or s.minItems or s.maxItems) and not s.properties then
       if s.minItems and #v < s.minItems then
         return ("%s must hold at least %d items (it has %d)"):format(path, s.minItems, #v)
       end
@@ -222,7 +203,7 @@ local function problem(v, s, path)
         end
       end
     end
-    if is_object(v) then
+    if util.is_json_object(v) then
       for _, name in ipairs(s.required or {}) do
         if v[name] == nil then
           return ("%s must have the key %q"):format(path, name)

@@ -6,6 +6,8 @@
 local core = require("rlm.core")
 local protocol = require("rlm.protocol")
 
+local util = require("rlm.util")
+
 local M = {}
 
 -- Session methods, mixed into rlm.Session.
@@ -37,10 +39,6 @@ M.MAX_TOOLS = 100
 M.MAX_NAME = 64
 M.MAX_DOC = 1000
 
-local function callable(v)
-  return require("rlm.util").is_callable(v)
-end
-
 -- Why `name` cannot be a tool's name, or nil.
 local function name_problem(name)
   if type(name) ~= "string" or not name:match("^[%a][%w_]*$") or #name > M.MAX_NAME then
@@ -65,8 +63,8 @@ function M.check(tools)
   for name, t in pairs(tools) do
     n = n + 1
     local problem = name_problem(name)
-    if not problem and not callable(t) then
-      if type(t) ~= "table" or not callable(t.call) then
+    if not problem and not util.is_callable(t) then
+      if type(t) ~= "table" or not util.is_callable(t.call) then
         problem = ("tool %q is neither a function nor a table with a function `call`"):format(name)
       elseif t.doc ~= nil and (type(t.doc) ~= "string" or #t.doc > M.MAX_DOC) then
         problem = ("tool %q: doc must be a string of at most %d bytes"):format(name, M.MAX_DOC)
@@ -93,7 +91,7 @@ function M.list(o)
   local out = {}
   for name, t in pairs(o.tools or {}) do
     local fn, doc = t, nil
-    if not callable(t) then
+    if not util.is_callable(t) then
       fn, doc = t.call, t.doc
     end
     out[#out + 1] = { name = name, doc = doc and doc:gsub("%s+", " ") or "", call = fn }
@@ -134,7 +132,7 @@ end
 
 local function call_of(o, name)
   local t = o.tools and o.tools[name]
-  if t == nil or callable(t) then
+  if t == nil or util.is_callable(t) then
     return t
   end
   return t.call
@@ -157,36 +155,10 @@ end
 
 M.NOTHING = "the tool returned nothing (a tool returns a JSON value; rlm.null is Python's None)"
 
--- A list decoded from JSON: keys 1..n only (cjson makes [] an empty table).
-local function is_array(v)
-  if type(v) ~= "table" then
-    return false
-  end
-  local n = #v
-  for k in pairs(v) do
-    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
-      return false
-    end
-  end
-  return true
-end
-
-local function is_object(v)
-  if type(v) ~= "table" then
-    return false
-  end
-  for k in pairs(v) do
-    if type(k) ~= "string" then
-      return false
-    end
-  end
-  return true
-end
-
 -- The protocol's check of a tool_call line (rlm.protocol's validators).
 function M.valid_call(m)
-  return type(m.name) == "string" and (m.args == nil or is_array(m.args))
-    and (m.kwargs == nil or is_object(m.kwargs))
+  return type(m.name) == "string" and (m.args == nil or util.is_json_array(m.args))
+    and (m.kwargs == nil or util.is_json_object(m.kwargs))
 end
 
 -- The code called a tool: check it, count it, hand it out through poll().

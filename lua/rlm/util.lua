@@ -135,6 +135,34 @@ function M.invoke(fn, arg, finish, pass_yields)
 end
 
 -- Appends the items of each list to dst; returns dst.
+-- A table decoded from JSON as a list: keys 1..n only (cjson makes [] an
+-- empty table, so an empty table is both a list and a dict).
+function M.is_json_array(v)
+  if type(v) ~= "table" then
+    return false
+  end
+  local n = #v
+  for k in pairs(v) do
+    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+      return false
+    end
+  end
+  return true
+end
+
+-- A table decoded from JSON as a dict: string keys only.
+function M.is_json_object(v)
+  if type(v) ~= "table" then
+    return false
+  end
+  for k in pairs(v) do
+    if type(k) ~= "string" then
+      return false
+    end
+  end
+  return true
+end
+
 function M.append(dst, ...)
   for i = 1, select("#", ...) do
     for _, v in ipairs((select(i, ...))) do

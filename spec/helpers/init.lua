@@ -176,6 +176,26 @@ function H.describe_luv(name, fn)
   end)
 end
 
+-- The whole of a file.
+function H.read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- How many times `plain` occurs in s.
+function H.count(s, plain)
+  local n, at = 0, 1
+  while true do
+    local i = s:find(plain, at, true)
+    if not i then
+      return n
+    end
+    n, at = n + 1, i + #plain
+  end
+end
+
 function H.lua_name()
   return os.getenv("RLM_SPEC_LUA") or _VERSION
 end
