@@ -283,12 +283,14 @@ describe("the guard", function()
       root_llm = H.script({
         fence("import datetime\ndatetime.datetime.strptime('2024', '%Y')\nimport _strptime"),
         fence("import datetime\nprint(datetime._strptime)"),
+        fence("imp = __import__\nos = imp('os', None, None, [], 0)"), -- the C code's form, by hand
         fence("import time\nprint([n for n in dir(time) if 'strptime' in n])\nFINAL('ok')"),
       }),
     })
+    assert.matches("GuardrailError: line 1: the name '__import__' is refused", result.history[3].error, 1, true)
     assert.matches("ImportError: import of '_strptime' is refused", result.history[1].error, 1, true)
     assert.matches("AttributeError", result.history[2].error, 1, true)
-    assert.are.equal("['strptime']\n", result.history[3].stdout)
+    assert.are.equal("['strptime']\n", result.history[4].stdout)
   end)
 end)
 
