@@ -297,7 +297,7 @@ end)
 describe("numbers", function()
   after_each(H.assert_clean)
   local M = setmetatable({}, { __index = math }) -- 5.3+ fields, unknown to luacheck's lua51
-  local has_int = rawget(M, "type") ~= nil
+  local has_int = M.type ~= nil
 
   it("reach Python exactly: integers as ints (all 64 bits on 5.3+), floats with 17 digits", function()
     local ctx = { ts = 1700000000123456, ratio = 0.1, third = 1 / 3, big = 2 ^ 60, neg = -42, f = 3.0 }
@@ -359,5 +359,45 @@ describe("numbers", function()
     local ok, e = pcall(require("rlm").Session.new, H.opts({ context = { [1] = "a", ["1"] = "b", x = 1 } }))
     assert.is_false(ok)
     assert.matches('the keys (%S+) and (%S+) are both "1" in JSON', e)
+  end)
+end)
+
+describe("the host's reading of a FINAL_VAR value (a hostile driver)", function()
+  local protocol = require("rlm.protocol")
+  local allowed = { exec_result = true }
+  local function line(value_json)
+    return protocol.encode({ type = "exec_result", id = 1, stdout = "",
+      final = { kind = "var", name = "v", json = true, value_json = value_json } })
+  end
+
+  it("decodes integers as integers and floats as floats", function()
+    local msg = assert(protocol.decode(line('{"a": [1, 2.5, -3e2, "x\\"y"], "b": null, "c": true}'), allowed, 100))
+    local v = msg.final.value
+    assert.are.equal(1, v.a[1])
+    assert.are.equal(2.5, v.a[2])
+    assert.are.equal(-300, v.a[3])
+    assert.are.equal('x"y', v.a[4])
+    assert.are.equal(protocol.null, v.b)
+    assert.is_true(v.c)
+  end)
+
+  it("refuses text that is not JSON, too many values, too deep a nesting", function()
+    for _, case in ipairs({
+      { "[1, 2", "a missing" }, { "[1] x", "text after the value" }, { "{1: 2}", "not a string" },
+      { "[" .. ("1,"):rep(200) .. "1]", "more than 100 values" },
+      { ("["):rep(300) .. ("]"):rep(300), "nesting deeper than 200", 1000 }, { '"abc', "unterminated" },
+      { "NaN", "unexpected character" },
+    }) do
+      local msg, why = protocol.decode(line(case[1]), allowed, case[3] or 100)
+      assert.is_nil(msg)
+      assert.matches(case[2], why, 1, true)
+    end
+  end)
+
+  it("encodes what JSON cannot carry as an error, not a change", function()
+    assert.has_error(function() protocol.encode({ 1, nil, 3 }) end)
+    assert.has_error(function() protocol.encode({ x = 0 / 0 }) end)
+    assert.has_error(function() protocol.encode({ f = print }) end)
+    assert.are.equal('{"a":[0.1,-2,1e+300]}', protocol.encode({ a = { 0.1, -2, 1e300 } }))
   end)
 end)
