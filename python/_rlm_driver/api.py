@@ -81,10 +81,13 @@ def FINAL_VAR(name):
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except Exception:
         finish({"kind": "var", "name": name, "value": safe_repr(value), "json": False})
-    problem = exactness_problem(value, state.current.int_bits)
+    problem, numbers = exactness_problem(value, state.current.int_bits)
     if problem is not None:
         raise ValueError(f"FINAL_VAR({name!r}): {problem}")
-    finish({"kind": "var", "name": name, "value_json": text, "json": True}, value)
+    final = {"kind": "var", "name": name, "value_json": text, "json": True}
+    if numbers:
+        final["numbers"] = numbers
+    finish(final, value)
 
 
 def json_key(key):
@@ -103,33 +106,45 @@ def json_key(key):
 
 
 def exactness_problem(value, int_bits):
-    """Why the host would not get `value` exactly (docs/protocol.md,
-    "Numbers"), or None: an int past what a Lua number holds (64 bits on
-    Lua 5.3+, 2^53 on 5.1 and LuaJIT), or dict keys that JSON makes one
-    ({1: 'a', '1': 'b'}). The value has been through json.dumps: no cycles."""
+    """(why the host would not get `value` exactly, or None; what numbers it
+    holds). The why (docs/protocol.md, "Numbers"): an int past what a Lua
+    number holds (64 bits on Lua 5.3+, 2^53 on 5.1 and LuaJIT), or dict keys
+    that JSON makes one ({1: 'a', '1': 'b'}). The numbers, a hint for the
+    host's decoder: None (no number), "ints" (ints within 2^53 only),
+    "floats" (floats only), or "mixed". The value has been through
+    json.dumps: no cycles."""
     limit = 2 ** 63 if int_bits >= 64 else 2 ** 53
+    ints = floats = big = False
     stack = [value]
     while stack:
         v = stack.pop()
-        if isinstance(v, int) and not isinstance(v, bool):
+        if isinstance(v, float):
+            floats = True
+        elif isinstance(v, int) and not isinstance(v, bool):
+            ints = True
+            big = big or not -2 ** 53 <= v <= 2 ** 53
             fits = -limit <= v < limit if int_bits >= 64 else -limit <= v <= limit
             if not fits:
                 where = "64-bit integer" if int_bits >= 64 else "Lua 5.1/LuaJIT number (2**53)"
                 return (f"the int {v if v.bit_length() < 200 else 'of ' + str(v.bit_length()) + ' bits'} "
                         f"does not fit a {where}: the host could not hold it exactly; "
-                        "send it as a str (or a float, if rounding is fine)")
+                        "send it as a str (or a float, if rounding is fine)"), None
         elif isinstance(v, dict):
             seen = {}
             for key, item in v.items():
                 text = json_key(key)
                 if text in seen:
                     return (f"the dict keys {seen[text]!r} and {key!r} are both {text!r} in JSON, so one "
-                            "would be lost: give them distinct str keys")
+                            "would be lost: give them distinct str keys"), None
                 seen[text] = key
                 stack.append(item)
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
-    return None
+    if not ints and not floats:
+        return None, None
+    if ints and not floats and not big:
+        return None, "ints"
+    return None, "floats" if not ints else "mixed"
 
 
 def safe_repr(value):
@@ -173,7 +188,7 @@ def sub_session(prompt, context, what):
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{what}: context must be a str or JSON-able (dict, list, ...): "
                             f"{exc}") from None
-        problem = exactness_problem(context, 1024)  # Python to Python: only the keys matter
+        problem, _ = exactness_problem(context, 1024)  # Python to Python: only the keys matter
         if problem is not None:
             raise ValueError(f"{what}: context: {problem}")
         query["format"] = "json"
