@@ -25,6 +25,7 @@ M.null = cjson.null
 -- through lua-cjson.
 local math_type = rawget(math, "type") -- Lua 5.3+; nil on 5.1 and LuaJIT
 local tointeger = rawget(math, "tointeger")
+local integers
 M.INT_BITS = math_type and 64 or 53 -- what a Lua number holds exactly
 
 local function float_text(n)
@@ -197,8 +198,8 @@ function M.encode(v)
 end
 
 -- Turns every number of a decoded value into an integer (all were
--- integers within 2^53: see decode_final).
-local function integers(v)
+-- integers within 2^53: see M.decode).
+function integers(v)
   for k, item in pairs(v) do
     if type(item) == "number" then
       v[k] = tointeger(item) or item
@@ -206,34 +207,6 @@ local function integers(v)
       integers(item)
     end
   end
-end
-
--- The JSON text of a FINAL_VAR value -> value | nil, why. lua-cjson where
--- it is exact: on 5.1 and LuaJIT always (the driver sends no integer past
--- 2^53 there), on 5.3+ when the driver says the value holds only floats,
--- or only integers within 2^53 (made integers after). Else decode_value.
--- A driver that lies only gets its own answer wrong. lua-cjson's decode is
--- bounded here as the line's is: values (counted from above by the
--- commas and brackets) and depth (200).
-function M.decode_final(text, numbers, max_values)
-  if not math_type or numbers == nil or numbers == "floats" or numbers == "ints" then
-    local _, bound = text:gsub("[,%[{]", "")
-    if bound + 1 <= max_values then
-      local ok, value = pcall(json.decode, text)
-      if not ok then
-        return nil, tostring(value)
-      end
-      if math_type and numbers == "ints" then
-        if type(value) == "table" then
-          integers(value)
-        elseif type(value) == "number" then
-          value = tointeger(value) or value
-        end
-      end
-      return value
-    end
-  end
-  return M.decode_value(text, max_values)
 end
 
 -- Decodes the JSON text of a FINAL_VAR value, keeping what lua-cjson loses:
@@ -468,7 +441,10 @@ local validators = {
     if f.numbers ~= nil and f.numbers ~= "ints" and f.numbers ~= "floats" and f.numbers ~= "mixed" then
       return false
     end
-    return f.json and type(f.value_json) == "string" or type(f.value) == "string"
+    if f.value_json ~= nil then
+      return f.json and type(f.value_json) == "string"
+    end
+    return f.value ~= nil and (f.json or type(f.value) == "string")
   end,
   llm_query = function(m)
     return is_int(m.id) and type(m.prompt) == "string"
@@ -521,13 +497,25 @@ function M.decode(line, allowed, max_values)
   if msg.final == cjson.null then
     msg.final = nil
   end
+  -- A FINAL_VAR value: lua-cjson decoded it where that is exact (no
+  -- numbers, floats only, or on 5.1 and LuaJIT, where the driver sends no
+  -- integer past 2^53); "ints" (integers within 2^53 only) are made Lua
+  -- integers; a value holding integers and floats comes as its text
+  -- (value_json) for decode_value. A driver that gives a wrong hint only
+  -- gets its own answer's numbers wrong.
   local f = msg.final
-  if f and f.kind == "var" and f.json then
-    local value, why = M.decode_final(f.value_json, f.numbers, max_values or math.huge)
+  if f and f.kind == "var" and f.value_json then
+    local value, why = M.decode_value(f.value_json, max_values or math.huge)
     if value == nil then
       return nil, "a FINAL_VAR value that is not JSON: " .. why
     end
     f.value, f.value_json = value, nil
+  elseif f and f.kind == "var" and f.json and f.numbers == "ints" and tointeger then
+    if type(f.value) == "table" then
+      integers(f.value)
+    elseif type(f.value) == "number" then
+      f.value = tointeger(f.value) or f.value
+    end
   end
   return msg
 end

@@ -84,9 +84,13 @@ def FINAL_VAR(name):
     problem, numbers = exactness_problem(value, state.current.int_bits)
     if problem is not None:
         raise ValueError(f"FINAL_VAR({name!r}): {problem}")
-    final = {"kind": "var", "name": name, "value_json": text, "json": True}
-    if numbers:
-        final["numbers"] = numbers
+    final = {"kind": "var", "name": name, "json": True}
+    if numbers == "mixed" and state.current.int_bits >= 64:
+        final["value_json"] = text  # ints and floats: the host decodes this text itself
+    else:
+        final["value"] = json.loads(text)  # parsed back: frozen now
+        if numbers:
+            final["numbers"] = numbers
     finish(final, value)
 
 
