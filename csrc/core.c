@@ -15,6 +15,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -609,6 +611,60 @@ static int driver_tree(lua_State *L) {
   return 1;
 }
 
+#ifdef __linux__
+/* Whether /proc/<pid>/comm names bubblewrap (the launcher and the pid
+ * namespace's init are bubblewrap; the first process that is not is the
+ * driver's interpreter). */
+static int is_bwrap(int pid) {
+  char path[64], comm[32];
+  snprintf(path, sizeof(path), "/proc/%d/comm", pid);
+  int fd;
+  do
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    return -1;
+  ssize_t n;
+  do
+    n = read(fd, comm, sizeof(comm) - 1);
+  while (n < 0 && errno == EINTR);
+  (void)close(fd);
+  if (n <= 0)
+    return -1;
+  comm[n] = '\0';
+  return strcmp(comm, "bwrap\n") == 0;
+}
+#endif
+
+/* d:interrupt() -> true | false: SIGINT to the driver's interpreter (the
+ * first process of the sandbox's tree, launcher first, that is not
+ * bubblewrap), which turns it into an exception in the REPL's code. Only
+ * that one process: bubblewrap's own would die of it. false when no such
+ * process runs or the signal could not be sent. */
+static int driver_interrupt(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  int pids[8];
+  size_t n = rlm_driver_tree(u->d, pids, 8);
+#ifdef __linux__
+  for (size_t i = 0; i < n; i++) {
+    int b = is_bwrap(pids[i]);
+    if (b < 0)
+      break; /* gone meanwhile: nothing to interrupt */
+    if (b == 0) {
+      lua_pushboolean(L, kill(pids[i], SIGINT) == 0);
+      return 1;
+    }
+  }
+#else
+  if (n > 0) { /* sandbox-exec runs the interpreter itself */
+    lua_pushboolean(L, kill(pids[0], SIGINT) == 0);
+    return 1;
+  }
+#endif
+  lua_pushboolean(L, 0);
+  return 1;
+}
+
 static void push_foreign_fd(void *ud, int pid, int fd, const char *target) {
   lua_State *L = ud;
   lua_pushfstring(L, "pid %d fd %d: %s", pid, fd, target);
@@ -798,6 +854,7 @@ static const luaL_Reg driver_methods[] = {
     {"send", driver_send},
     {"poll", driver_poll},
     {"kill", driver_kill},
+    {"interrupt", driver_interrupt},
     {"set_deadline", driver_set_deadline},
     {"deadline_passed", driver_deadline_passed},
     {"pid", driver_pid},

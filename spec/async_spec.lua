@@ -187,10 +187,10 @@ H.describe_luv("the luv adapter", function()
     assert.are.same({}, wrong)
   end)
 
-  it("keeps the step deadline while the root model has not answered", function()
+  it("gives up a root model that has not answered at root_timeout_ms", function()
     local err, t0
     luv_adapter.run(H.opts({
-      step_timeout_ms = 300,
+      root_timeout_ms = 300,
       root_llm = function(_, done) -- never answers
         t0 = core.now_ms()
         local _ = done
@@ -201,7 +201,9 @@ H.describe_luv("the luv adapter", function()
     run_until(function()
       return err ~= nil
     end)
-    assert.are.equal("step_timeout", err.kind)
+    assert.are.equal("callback_error", err.kind)
+    assert.are.equal(300, err.timeout_ms)
+    assert.is_true(err.resumable)
     local took = core.now_ms() - t0
     assert.is_true(took >= 290 and took < 1500, ("took %.0f ms"):format(took))
   end)

@@ -347,7 +347,9 @@ describe("bin/rlm", function()
         "cost_budget" },
       { { { content = F.fence("x = 1"), usage = { 60, 60 } }, { content = F.fence("FINAL('never')") } },
         { "--max-total-tokens", "100", "--no-fallback" }, 15, "cost_budget" },
-      { { { content = F.fence("while True:\n    pass") } }, { "--step-timeout-ms", "1500" }, 12, "step_timeout" },
+      -- Interrupted at 1.5 s, swallowed, killed 2 s (interrupt_grace_ms) later.
+      { { { content = F.fence("while True:\n    try:\n        while True:\n            pass\n    except:\n        pass") } },
+        { "--step-timeout-ms", "1500" }, 12, "step_timeout" },
       { { { content = F.fence("while True:\n    pass") } }, { "--max-wall-ms", "1500", "--no-fallback" }, 15, "cost_budget" },
       { { { content = F.fence("b = b'x' * (400 << 20)") } }, { "--max-rss-bytes", tostring(96 * 2 ^ 20) },
         13, "memory_limit" },

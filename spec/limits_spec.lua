@@ -7,6 +7,8 @@ local fence = H.fence
 describe("step_timeout_ms", function()
   after_each(H.assert_clean)
 
+  -- Interrupted (SIGINT, a KeyboardInterrupt in the code): the block is
+  -- rolled back, the model told, the REPL kept.
   local slow = {
     { "an infinite loop", "while True:\n    pass" },
     { "a long sleep", "import time\ntime.sleep(600)" },
@@ -15,11 +17,50 @@ describe("step_timeout_ms", function()
     { "a read that never returns", "import os\nr, w = os.pipe()\nos.read(r, 1)", guardrails = false },
   }
   for _, case in ipairs(slow) do
-    it("ends " .. case[1] .. " within the timeout plus 200 ms", function()
+    it("interrupts " .. case[1] .. " within the timeout plus 200 ms, and the run goes on", function()
       local timeout = 700
+      local t0, t1
+      local result, err = H.run({
+        step_timeout_ms = timeout,
+        guardrails = case.guardrails,
+        root_llm = H.script({
+          function()
+            t0 = core.now_ms()
+            return fence("kept = 1"), nil
+          end,
+          function()
+            return fence("lost = 1\n" .. case[2])
+          end,
+          function()
+            t1 = core.now_ms()
+            return fence("try:\n    lost\n    seen = True\nexcept NameError:\n    seen = False\nFINAL(f'{kept} {seen}')")
+          end,
+        }),
+      })
+      assert.is_nil(err)
+      assert.are.equal("1 False", result.answer)
+      assert.matches("KeyboardInterrupt", result.history[2].error)
+      assert.is_true(t1 - t0 < timeout + 200, ("took %.0f ms"):format(t1 - t0))
+    end)
+  end
+
+  -- Code that does not stop when interrupted is killed interrupt_grace_ms
+  -- later: its state is lost, the run ends with step_timeout.
+  local stubborn = {
+    { "a loop that swallows the interrupt", "while True:\n    try:\n        while True:\n            pass\n"
+      .. "    except:\n        pass" },
+    { "a driver that ignores SIGINT", "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+      .. "while True:\n    time.sleep(0.01)", guardrails = false },
+    { "a read that never returns, SIGINT ignored", "import os, signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+      .. "r, w = os.pipe()\nos.read(r, 1)", guardrails = false },
+  }
+  for _, case in ipairs(stubborn) do
+    it("kills " .. case[1] .. " within the timeout and the grace plus 200 ms", function()
+      local timeout, grace = 500, 300
       local t0
       local result, err = H.run({
         step_timeout_ms = timeout,
+        interrupt_grace_ms = grace,
         guardrails = case.guardrails,
         root_llm = function()
           t0 = core.now_ms()
@@ -30,11 +71,12 @@ describe("step_timeout_ms", function()
       assert.is_nil(result)
       assert.are.equal("step_timeout", err.kind)
       assert.are.equal(timeout, err.timeout_ms)
-      assert.is_true(elapsed < timeout + 200, ("took %.0f ms"):format(elapsed))
+      assert.are.equal(grace, err.grace_ms)
+      assert.is_true(elapsed < timeout + grace + 200, ("took %.0f ms"):format(elapsed))
     end)
   end
 
-  it("counts a root model that blocks past the deadline, once it returns", function()
+  it("does not count a root model that blocks past it (root_timeout_ms is the root call's)", function()
     local result, err = H.run({
       step_timeout_ms = 200,
       root_llm = function()
@@ -43,8 +85,8 @@ describe("step_timeout_ms", function()
         return fence("FINAL(1)")
       end,
     })
-    assert.is_nil(result)
-    assert.are.equal("step_timeout", err.kind)
+    assert.is_nil(err)
+    assert.are.equal("1", result.answer)
   end)
 
   it("gives each step its own deadline", function()

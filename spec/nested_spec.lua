@@ -138,7 +138,8 @@ describe("rlm_query", function()
   -- A child's fatal error, and what made it: each reaches the parent's code
   -- as an exception.
   for _, case in ipairs({
-    { "step timeout", "step_timeout", { step_timeout_ms = 1500 }, "while True:\n    pass" },
+    { "step timeout", "step_timeout", { step_timeout_ms = 1500, interrupt_grace_ms = 300 },
+      "while True:\n    try:\n        while True:\n            pass\n    except:\n        pass" },
     { "memory kill", "memory_limit", { max_rss_bytes = 128 * 2 ^ 20, rss_poll_interval_ms = 10 },
       "b = []\nwhile True:\n    b.append(bytearray(1 << 20))" },
   }) do

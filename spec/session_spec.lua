@@ -224,12 +224,15 @@ describe("a session", function()
       assert.matches("model down", err.message)
     end)
 
-    it("gives callback_error when llm_query returns a non-string", function()
-      local _, err = H.run({
-        root_llm = H.script({ fence("llm_query('x')") }),
+    it("raises a RuntimeError in the code when llm_query returns a non-string", function()
+      local result, err = H.run({
+        root_llm = H.script({ fence("llm_query('x')"), fence("FINAL('on')") }),
         llm_query = function() return 42 end,
       })
-      assert.are.equal("callback_error", err.kind)
+      assert.is_nil(err)
+      assert.are.equal("on", result.answer)
+      assert.matches("RuntimeError: llm_query failed: the callback returned number, not a string",
+        result.history[1].error, 1, true)
     end)
   end)
 end)

@@ -110,6 +110,7 @@ function M:_boot(canaries)
   ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
     max_message_bytes = o.max_message_bytes, max_message_values = self.max_values,
     guardrails = o.guardrails,
+    int_bits = protocol.INT_BITS,
     allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
     sys_path = info.sys_path, rlimits = rlimits, tools = require("rlm.tools").specs(o) })
   if ok then

@@ -214,7 +214,7 @@ function M:timeout()
     return 0
   end
   local d = self.driver or self.helper
-  local ms = d and d:timeout() or PROBE_WAIT_MS
+  local ms = self:_soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
   for _, child in ipairs(self.children) do
     local c = child:timeout()
     if ms < 0 or (c >= 0 and c < ms) then

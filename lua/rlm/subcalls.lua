@@ -5,6 +5,9 @@ local textlib = require("rlm.text")
 
 local M = {}
 
+-- How much of a failed callback's message the code is shown.
+local MAX_CAUSE_CHARS = 500
+
 -- Hands a request to the outside world (through poll) and returns it.
 -- Sub-calls count against max_concurrent_sub_calls over the whole tree of
 -- sessions, whoever drives it.
@@ -136,9 +139,13 @@ function M:_sub_query(msg)
   if self.open_slots > 0 then
     return self:_error("protocol_error", "the driver made a call before its last one was answered")
   end
+  if self.interrupted then
+    -- Past step_timeout_ms: a call the code makes now is not run.
+    return self:_send({ type = "llm_result", id = msg.id, interrupted = true })
+  end
   local calls, batch, nested = self:_calls_of(msg)
   local ok, err
-  self.open_slots = #calls
+  self.open_slots, self.open_call, self.open_tool = #calls, msg.id, nil
   if batch then
     ok, err = self:_check_budget()
     if not ok then
@@ -205,14 +212,17 @@ function M:_sub_answer(reply)
   if req.type == "tool_call" then
     return self:_tool_answer(reply) -- rlm.tools
   end
-  if req.exec_id ~= self.next_exec_id then
-    return true -- the exec it belonged to is over
+  if req.exec_id ~= self.next_exec_id or self.interrupted then
+    return true -- the exec it belonged to is over, or was interrupted
   end
   local text, usage, slot_error
-  if req.batch_index and (reply.failed or type(reply.text) ~= "string") then
-    -- In a batch, a failed call is the model's to handle, in its slot.
-    slot_error = reply.failed and ("llm_query failed: " .. tostring(reply.message):match("^[^\n]*"))
-      or ("llm_query returned " .. type(reply.text) .. ", not a string")
+  if reply.failed or type(reply.text) ~= "string" then
+    -- A failed call is the model's to handle: in its slot in a batch, an
+    -- exception (RuntimeError) the code can catch for a lone call. Only the
+    -- budgets end the run.
+    slot_error = reply.failed and ("llm_query failed: " .. textlib.cut(tostring(reply.message)
+      :match("^[^\n]*"), MAX_CAUSE_CHARS, false))
+      or ("llm_query failed: the callback returned " .. type(reply.text) .. ", not a string")
   else
     text, usage = self:_model_result("llm_query", reply)
     if not text then

@@ -173,7 +173,11 @@ function S:_tool_call(msg)
     return self:_error("protocol_error", ("the driver called a tool %q the host does not have")
       :format(msg.name:sub(1, M.MAX_NAME)))
   end
-  self.open_slots = 1
+  if self.interrupted then
+    -- The step ran out of time: no call is made until the exec ends.
+    return self:_send({ type = "tool_result", id = msg.id, interrupted = true })
+  end
+  self.open_slots, self.open_call, self.open_tool = 1, msg.id, true
   tree.tool_calls = tree.tool_calls or 0
   if tree.tool_calls >= o.max_tool_calls then
     return self:_tool_send(msg.id, nil, ("not called: the run's max_tool_calls (%d) are spent")
@@ -203,8 +207,8 @@ end
 -- the code, and an event says so.
 function S:_tool_answer(reply)
   local req = reply.request
-  if req.exec_id ~= self.next_exec_id then
-    return true -- the exec it belonged to is over
+  if req.exec_id ~= self.next_exec_id or self.interrupted then
+    return true -- the exec it belonged to is over, or was interrupted
   end
   local value, problem = reply.text, nil
   if reply.failed then

@@ -16,6 +16,7 @@ local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, r
 -- Runs one block of code; answers the driver's calls back meanwhile.
 function M:_exec(code)
   self.next_exec_id = self.next_exec_id + 1
+  self.interrupted, self.open_call = nil, nil
   local id = self.next_exec_id
   local ok, err = self:_send({ type = "exec", id = id, code = code })
   if not ok then
@@ -25,6 +26,8 @@ function M:_exec(code)
     local kind, a, b, c = self:_wait(true)
     if kind == "reply" then
       ok, err = self:_sub_answer(a)
+    elseif kind == "soft" then
+      ok, err = self:_interrupt()
     elseif kind == "child" then
       ok, err = self:_child_done(a, b)
     else
@@ -56,6 +59,10 @@ function M:_exec_done(msg, id)
   local limit = self.opts.stdout_truncate_chars
   msg.stdout = textlib.cut(msg.stdout, limit, false)
   msg.error = msg.error and textlib.cut(msg.error, limit, true) or nil
+  if self.interrupted then
+    msg.interrupted = true
+    msg.error = (msg.error and msg.error .. "\n" or "") .. self:_interrupt_note()
+  end
   return msg
 end
 
@@ -87,7 +94,7 @@ function M:_call_root(messages)
   local req = self:_request({ type = "root_llm", messages = messages, depth = self.depth })
   while true do
     local kind, a, b, c = self:_wait(true)
-    if kind ~= "reply" then
+    if kind ~= "reply" and kind ~= "soft" then
       local _
       _, err = self:_driver_message({ fatal = true }, kind, a, b, c)
       if not err then
@@ -95,7 +102,16 @@ function M:_call_root(messages)
       end
       return nil, err
     end
-    if a.request == req then
+    if kind == "soft" then
+      -- Given up: a late answer is dropped (reply() returns false).
+      self.pending[req.id] = nil
+      return nil, self:_root_failed(("root_llm did not answer within root_timeout_ms (%.0f ms)")
+        :format(self.opts.root_timeout_ms), { timeout_ms = self.opts.root_timeout_ms })
+    end
+    if a.request == req and not self.parent and (a.failed or type(a.text) ~= "string") then
+      return nil, self:_root_failed(a.failed and ("root_llm raised: " .. tostring(a.message))
+        or ("root_llm returned " .. type(a.text) .. ", not a string"))
+    elseif a.request == req then
       local text, usage = self:_model_result("root_llm", a)
       if not text then
         return nil, usage
@@ -108,6 +124,16 @@ function M:_call_root(messages)
       return text
     end
   end
+end
+
+-- A root call that failed (raised, returned nil, err, or timed out) leaves
+-- the session as it is: the error goes to run() or step(), and the next
+-- run() or step() asks again, with the REPL intact. (A nested session's
+-- root call fails its rlm_query instead.)
+function M:_root_failed(message, fields)
+  local err = errors.new("callback_error", message, fields)
+  err.resumable, err.history = true, self.history
+  return err
 end
 
 -- Whether an error is FINAL's own refusal of an answer too large for the
@@ -170,6 +196,9 @@ function M:_run_blocks(response, blocks, sole)
     entry.final = sole[i] and text_final(sole[i], res)
     if entry.final then
       break
+    end
+    if res.interrupted then
+      break -- the turn's time is spent: the rest of its blocks do not run
     end
   end
   entry.code = table.concat(codes, "\n\n")
@@ -261,16 +290,21 @@ end
 -- output for the model. Returns the history entry, or nil, err.
 function M:_turn()
   self.iterations = self.iterations + 1
-  self:_set_deadline(self.opts.step_timeout_ms)
   local ok, err = self:_emit({ type = "step_start", step = self.iterations })
   if not ok then
     return nil, err
   end
+  self:_arm_root_deadline()
   local response
   response, err = self:_call_root(self.messages)
   if not response then
+    if err.resumable then
+      self:_disarm_deadlines()
+      self.iterations = self.iterations - 1 -- the turn is asked again
+    end
     return nil, err
   end
+  self:_arm_step_deadline()
   local entry, texts = self:_act(response)
   if not entry then
     return nil, texts
@@ -283,7 +317,7 @@ function M:_turn()
   if complaint ~= "" then
     texts[#texts + 1] = complaint
   end
-  self:_set_deadline(0)
+  self:_disarm_deadlines()
   texts[#texts + 1] = self:_status()
   ok, err = self:_record(entry, table.concat(texts, "\n\n"))
   if not ok then
@@ -330,11 +364,12 @@ end
 -- but the final lines.
 function M:_last_chance()
   self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
-  self:_set_deadline(self.opts.step_timeout_ms)
+  self:_arm_root_deadline()
   local response, err = self:_call_root(self.messages)
   if not response then
     return nil, err
   end
+  self:_arm_step_deadline()
   local reply = prompt.parse(response)
   local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
   local final
@@ -350,7 +385,7 @@ function M:_last_chance()
   if not final and reply.text ~= "" then
     final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
   end
-  self:_set_deadline(0)
+  self:_disarm_deadlines()
   entry.final = final
   local checked
   checked, err = self:_check_answer(entry, "") -- rlm.answer
@@ -423,17 +458,23 @@ function M:_run_turns()
     if self:_turns_spent() then
       local result, err = self:_out_of_turns()
       if not result then
+        err.resumable = nil -- the run ends here
         return { type = "error", err = err }
       end
       return { type = "done", result = result }
     end
     self.more_turns = nil
     local entry, err = self:_turn()
-    if not entry then
+    if not entry and err.resumable and not self.closed then
+      -- Reported, not the end: polled again, the turn is asked again.
+      self.outbox[#self.outbox + 1] = { type = "error", err = err }
+      coroutine.yield(IDLE)
+    elseif not entry then
       return { type = "error", err = err }
+    else
+      self.outbox[#self.outbox + 1] = { type = "step", entry = entry }
+      coroutine.yield(IDLE)
     end
-    self.outbox[#self.outbox + 1] = { type = "step", entry = entry }
-    coroutine.yield(IDLE)
   end
 end
 

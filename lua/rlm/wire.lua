@@ -15,13 +15,18 @@ local function exit_message(status, signal, stderr)
   return how .. (stderr ~= "" and (": " .. stderr) or "")
 end
 
--- The next thing the engine must handle: "reply", reply (when accept_replies)
--- or a driver event (kind, ...). It never waits in C: with nothing to do it
+-- The next thing the engine must handle: "reply", reply (when accept_replies),
+-- "soft", kind (a soft deadline passed: rlm.limits) or a driver event (kind,
+-- ...). It never waits in C: with nothing to do it
 -- yields IDLE until poll() is called again.
 function M:_wait(accept_replies)
   while true do
     if accept_replies and #self.inbox > 0 then
       return "reply", table.remove(self.inbox, 1)
+    end
+    local due = self:_soft_due()
+    if due then
+      return "soft", due
     end
     local drv = self.driver
     if not drv then
@@ -67,7 +72,7 @@ end
 -- `allowed`, or into the error it means.
 function M:_driver_message(allowed, kind, a, b, c)
   if kind == "line" then
-    local msg, why = protocol.decode(a, allowed)
+    local msg, why = protocol.decode(a, allowed, self.max_values)
     if not msg then
       return self:_error("protocol_error", "the driver sent " .. why)
     end

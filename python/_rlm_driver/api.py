@@ -31,7 +31,10 @@ def count_values(value, limit):
     return count
 
 
-def final_problem(final):
+NO_VALUE = object()
+
+
+def final_problem(final, value=NO_VALUE):
     """Why the host would refuse this final answer, or None. One check for
     FINAL, FINAL_VAR and the answer dict: what the host refuses ends the
     session, so a refusal here is an error the model sees instead."""
@@ -42,17 +45,17 @@ def final_problem(final):
         return (f"the final answer is {size} bytes as JSON; the host accepts about "
                 f"{max(room, 0)}: answer with something smaller")
     room = session.value_limit - 64
-    values = count_values(final.get("value"), room)
+    values = count_values(final.get("value") if value is NO_VALUE else value, room)
     if values > room:
         return (f"the final answer holds more than {room} JSON values (lists, dicts and their "
                 f"items); answer with something smaller")
     return None
 
 
-def finish(final):
+def finish(final, value=NO_VALUE):
     # The host ends the session on a line longer than its limit; an
     # exception here lets the model send something smaller instead.
-    problem = final_problem(final)
+    problem = final_problem(final, value)
     if problem is not None:
         raise ValueError(problem)
     if state.current.final is None:  # kept here too, in case a bare except swallows the signal
@@ -70,12 +73,80 @@ def FINAL_VAR(name):
         name = name_of_value(namespace, name)
     value = namespace[name]
     try:
-        # Parsed back, so the value is frozen now and surely serialisable
-        # later. It travels once: the host makes its text answer from it.
-        value, is_json = json.loads(json.dumps(value, allow_nan=False)), True
+        # Its JSON text now, so the value is frozen and surely serialisable.
+        # It travels once: the host decodes it (keeping ints ints) and makes
+        # its text answer from it.
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except Exception:
-        value, is_json = safe_repr(value), False
-    finish({"kind": "var", "name": name, "value": value, "json": is_json})
+        finish({"kind": "var", "name": name, "value": safe_repr(value), "json": False})
+    problem, numbers = exactness_problem(value, state.current.int_bits)
+    if problem is not None:
+        raise ValueError(f"FINAL_VAR({name!r}): {problem}")
+    final = {"kind": "var", "name": name, "json": True}
+    if numbers == "mixed" and state.current.int_bits >= 64:
+        final["value_json"] = text  # ints and floats: the host decodes this text itself
+    else:
+        final["value"] = json.loads(text)  # parsed back: frozen now
+        if numbers:
+            final["numbers"] = numbers
+    finish(final, value)
+
+
+def json_key(key):
+    """The object key json.dumps writes for a dict key."""
+    if isinstance(key, str):
+        return key
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    if isinstance(key, float):
+        return float.__repr__(key)
+    return int.__repr__(key)
+
+
+def exactness_problem(value, int_bits):
+    """(why the host would not get `value` exactly, or None; what numbers it
+    holds). The why (docs/protocol.md, "Numbers"): an int past what a Lua
+    number holds (64 bits on Lua 5.3+, 2^53 on 5.1 and LuaJIT), or dict keys
+    that JSON makes one ({1: 'a', '1': 'b'}). The numbers, a hint for the
+    host's decoder: None (no number), "ints" (ints within 2^53 only),
+    "floats" (floats only), or "mixed". The value has been through
+    json.dumps: no cycles."""
+    limit = 2 ** 63 if int_bits >= 64 else 2 ** 53
+    ints = floats = big = False
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            floats = True
+        elif isinstance(v, int) and not isinstance(v, bool):
+            ints = True
+            big = big or not -2 ** 53 <= v <= 2 ** 53
+            fits = -limit <= v < limit if int_bits >= 64 else -limit <= v <= limit
+            if not fits:
+                where = "64-bit integer" if int_bits >= 64 else "Lua 5.1/LuaJIT number (2**53)"
+                return (f"the int {v if v.bit_length() < 200 else 'of ' + str(v.bit_length()) + ' bits'} "
+                        f"does not fit a {where}: the host could not hold it exactly; "
+                        "send it as a str (or a float, if rounding is fine)"), None
+        elif isinstance(v, dict):
+            seen = {}
+            for key, item in v.items():
+                text = json_key(key)
+                if text in seen:
+                    return (f"the dict keys {seen[text]!r} and {key!r} are both {text!r} in JSON, so one "
+                            "would be lost: give them distinct str keys"), None
+                seen[text] = key
+                stack.append(item)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    if not ints and not floats:
+        return None, None
+    if ints and not floats and not big:
+        return None, "ints"
+    return None, "floats" if not ints else "mixed"
 
 
 def user_names(namespace):
@@ -157,6 +228,9 @@ def sub_session(prompt, context, what):
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{what}: context must be a str or JSON-able (dict, list, ...): "
                             f"{exc}") from None
+        problem, _ = exactness_problem(context, 1024)  # Python to Python: only the keys matter
+        if problem is not None:
+            raise ValueError(f"{what}: context: {problem}")
         query["format"] = "json"
     return query
 

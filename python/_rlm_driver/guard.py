@@ -23,6 +23,8 @@ def allowed_name(name):
 def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
     if level:
         raise ImportError("relative imports are refused by the REPL guardrails")
+    if type(fromlist) is list and level == 0:
+        return import_for_c(name)
     allowed = allowed_modules()
     parts = name.split(".")
     if parts[0] not in allowed:
@@ -39,6 +41,20 @@ def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
             raise ImportError(f"cannot import name {item!r} from {name!r} "
                               "(missing, or hidden by the REPL guardrails)")
     return view_of(module)
+
+
+def import_for_c(name):
+    """An import the C code of an allowed module makes while it runs for the
+    REPL (datetime.strptime imports _strptime): PyImport_Import calls the
+    __import__ of the calling frame's builtins, here the REPL's, with a
+    list as fromlist, which the REPL's own import statements never pass
+    (they give None or a tuple; the name __import__ itself is refused by the
+    screen). The import is the module's, so it is not judged; the C caller
+    takes the module from sys.modules, and the REPL only ever sees a view
+    (private names hidden), never the module."""
+    module = REAL_IMPORT(name, None, None, None, 0)
+    shield.shield_modules()
+    return view_of(sys.modules.get(name, module))
 
 
 class ModuleView:

@@ -19,6 +19,7 @@ def configure(message):
     session.message_limit = field(message, "max_message_bytes", int, state.DEFAULT_MESSAGE_LIMIT)
     session.value_limit = field(message, "max_message_values", int, state.DEFAULT_VALUE_LIMIT)
     session.guardrails = field(message, "guardrails", bool, True)
+    session.int_bits = field(message, "int_bits", int, 64)
     session.extra_modules = frozenset(string_list(message, "allowed_modules", []))
     sys_path = string_list(message, "sys_path")
     if sys_path is not None:

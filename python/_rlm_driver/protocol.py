@@ -92,6 +92,40 @@ def is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# The step ran past step_timeout_ms: the host interrupted it (SIGINT, or the
+# answer to the call the code waited on). A KeyboardInterrupt, so that
+# `except Exception:` lets it through and the block is rolled back.
+INTERRUPT_MESSAGE = ("the step ran past step_timeout_ms: the host interrupted it "
+                     "(this block's changes are rolled back)")
+
+
+def interrupt_now():
+    """Raise the step's interrupt here (once a step)."""
+    session = state.current
+    session.interrupt_pending = False
+    session.interrupt_raised = True
+    raise KeyboardInterrupt(INTERRUPT_MESSAGE)
+
+
+class MainThreadBusy:
+    """Marks the main thread as inside a call to the host: SIGINT's handler
+    does not raise there (a protocol line half read or written would be
+    lost); the interrupt is raised when the call is over."""
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            state.current.main_busy += 1
+
+    def __exit__(self, kind, value, traceback):
+        session = state.current
+        if threading.current_thread() is threading.main_thread():
+            session.main_busy -= 1
+            if (not session.main_busy and session.interrupt_pending and session.executing
+                    and not session.interrupt_raised and kind is None):
+                interrupt_now()
+        return False
+
+
 class SubCallError(str):
     """A failed sub-call's slot in a batch: a str, so joining the answers
     works, that says "Error: ..." and can be told apart with
@@ -123,12 +157,21 @@ def next_reply(request_id, what):
     if reply["type"] != "llm_result" or reply.get("id") != request_id:
         fatal(f"expected llm_result for {what} {request_id}, got {reply['type']} "
               f"for {reply.get('id')!r}")
+    if reply.get("interrupted") is True:
+        raise_interrupt()
     return reply
+
+
+def raise_interrupt():
+    """The host answered a call with `interrupted`: the step's time is up."""
+    if threading.current_thread() is threading.main_thread():
+        interrupt_now()
+    raise KeyboardInterrupt(INTERRUPT_MESSAGE)
 
 
 def call(request, what):
     """One call back to the host: its answer, or its error raised here."""
-    with CHANNEL:
+    with MainThreadBusy(), CHANNEL:
         request_id = begin_call(request, what)
         reply = next_reply(request_id, "request")
     if reply.get("error") is not None:
@@ -147,7 +190,7 @@ def call_batch(request, n, what):
                          f"message: split it")
     answers = [None] * n
     missing = n
-    with CHANNEL:
+    with MainThreadBusy(), CHANNEL:
         request_id = begin_call(request, what)
         while missing:
             reply = next_reply(request_id, "batch")

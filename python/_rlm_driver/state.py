@@ -15,10 +15,16 @@ class State:
         self.message_limit = DEFAULT_MESSAGE_LIMIT
         self.value_limit = DEFAULT_VALUE_LIMIT
         self.guardrails = True
+        self.int_bits = 64  # the host's Lua: 64 (5.3+) or 53 (5.1, LuaJIT: doubles)
         self.extra_modules = frozenset()
         self.steps = 0
         self.final = None
         self.in_step = False  # calls to the host are taken only during a step
+        self.executing = False  # the REPL's code runs (SIGINT may raise in it)
+        self.main_busy = 0  # the main thread is inside a call to the host
+        self.interrupt_pending = False  # SIGINT came while it could not raise
+        self.interrupt_raised = False  # this step's interrupt was raised
+        self.originals = None  # the REPL's own names' values (step.restore_names)
         self.context_data = None  # the context's mapping, until load_context
         # The REPL's namespace is a module of its own, registered as
         # __main__: typing and dataclasses look up the globals of a class's

@@ -8,10 +8,11 @@ import collections
 import io
 import linecache
 import os
+import signal
 import sys
 import threading
 
-from . import api, guard, shield, state
+from . import api, guard, protocol, shield, state
 from .screen import GuardrailError, RouteFormatting, screen
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -128,27 +129,74 @@ def answer_final(namespace):
     return None, None
 
 
+def on_interrupt(signum, frame):
+    """SIGINT from the host: the step ran past step_timeout_ms. Raised in the
+    REPL's code, once a step; inside a call to the host it waits for the
+    call's end; in the driver's own work, or between steps, it is dropped
+    (the host kills the sandbox if the step does not end)."""
+    session = state.current
+    if session.interrupt_raised or not session.executing:
+        return
+    if session.main_busy:
+        session.interrupt_pending = True
+        return
+    protocol.interrupt_now()
+
+
+signal.signal(signal.SIGINT, on_interrupt)
+
+
+# The REPL's own names: put back after every block that rebinds or deletes
+# them, so that the data and the sub-model stay reachable for the rest of
+# the session. `answer` may be rebound to another dict (the reference's
+# models write `answer = {...}`); anything else is put back.
+PROTECTED = ("context", "llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched",
+             "FINAL", "FINAL_VAR", "answer")
+
+
+def restore_names(namespace):
+    """Puts the REPL's own names back; returns a note for the model, or None."""
+    session = state.current
+    restored = []
+    for name, value in session.originals.items():
+        current = namespace.get(name, restore_names)
+        if current is value or (name == "answer" and isinstance(current, dict)):
+            continue
+        namespace[name] = value
+        restored.append(name)
+    if not restored:
+        return None
+    return (f"[note: {', '.join(restored)} {'is' if len(restored) == 1 else 'are'} the REPL's own "
+            f"name{'' if len(restored) == 1 else 's'} and {'was' if len(restored) == 1 else 'were'} "
+            "restored after this block; keep your values under other names]")
+
+
 def run(code):
     """Run one step: (stdout, error, final)."""
     session = state.current
     namespace = session.namespace
     session.steps += 1
+    if session.originals is None:  # the first step: the context is loaded by now
+        session.originals = {name: namespace.get(name) for name in PROTECTED}
     filename = f"<repl-{session.steps}>"
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     output = CappedWriter(session.stdout_limit)
     before = dict(namespace)  # shallow: names only, for the rollback
     session.final = None
+    session.interrupt_pending = session.interrupt_raised = False
     error = raised = None
     namespace["__builtins__"] = guard.builtins_table() if session.guardrails else builtins
     if session.guardrails:
         shield.shield_modules()
+    saved = sys.stdout, sys.stderr
     try:
         compiled = compile_step(code, filename, session.guardrails)
-        saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = output
         try:
+            session.executing = True
             exec(compiled, namespace)
         finally:
+            session.executing = False
             sys.stdout, sys.stderr = saved
     except api.FinalSignal:
         pass
@@ -156,9 +204,14 @@ def run(code):
         error = f"GuardrailError: {refusal}"
     except BaseException as exc:  # SystemExit too: the driver must live on
         error, raised = describe_error(exc), exc
+    # Again: the one interrupt a step may raise can land inside the finally.
+    session.executing = False
+    sys.stdout, sys.stderr = saved
     if error is not None:
         error = keep_end(error, session.stdout_limit)
-        kept, raised = failed_in_final(code, filename, raised), None  # no frame cycle left
+        # An interrupt rolls back even inside FINAL(...): the step's time is up.
+        kept = not isinstance(raised, KeyboardInterrupt) and failed_in_final(code, filename, raised)
+        raised = None  # no frame cycle left
         if not kept:
             namespace.clear()
             namespace.update(before)
@@ -168,7 +221,11 @@ def run(code):
         if problem is not None:
             refused = f"ValueError: answer['content']: {problem}"
             error = refused if error is None else f"{error}\n{refused}"
-    return output.getvalue(), error, final
+    note = restore_names(namespace)
+    stdout = output.getvalue()
+    if note is not None:
+        stdout = f"{stdout}{'' if not stdout or stdout.endswith(chr(10)) else chr(10)}{note}\n"
+    return stdout, error, final
 
 
 FINAL_NAMES = ("FINAL", "FINAL_VAR")

@@ -25,7 +25,7 @@ def call(name, args, kwargs):
     if api.count_values([request["args"], request.get("kwargs")], room) > room:
         raise ValueError(f"{what} hold more than {room} JSON values; the host accepts no more "
                          "in one message: pass less")
-    with protocol.CHANNEL:
+    with protocol.MainThreadBusy(), protocol.CHANNEL:
         try:
             request_id = protocol.begin_call(request, what)
         except (TypeError, ValueError) as exc:
@@ -39,6 +39,8 @@ def call(name, args, kwargs):
         if reply["type"] != "tool_result" or reply.get("id") != request_id:
             fatal(f"expected tool_result for tool call {request_id}, got {reply['type']} "
                   f"for {reply.get('id')!r}")
+        if reply.get("interrupted") is True:
+            protocol.raise_interrupt()
     if reply.get("error") is not None:
         raise ToolError(f"{name}: {reply['error']}")
     if "value" not in reply:
