@@ -464,13 +464,15 @@ describe("bin/rlm", function()
     end)
 
     it("prints a partial answer with status 3 when the turns run out, and the error with --no-fallback", function()
-      local turns = { { content = F.fence("x = 1") }, { content = "no code" } }
-      srv:script({ turns[1], turns[2], { content = "my best guess" } })
+      -- The last chance writes code, not an answer: the best partial answer
+      -- is what the REPL printed.
+      local turns = { { content = F.fence("print('my best guess')") }, { content = F.fence("y = 2") } }
+      srv:script({ turns[1], turns[2] })
       local code, out, err = rlm({ "--max-iterations", "1", "--context", context_file, "q" })
       assert.are.equal(3, code, err)
       assert.are.equal("my best guess\n", out)
       assert.matches("^rlm: partial answer %(max_iterations: ", err)
-      srv:script({ turns[1], turns[2], { content = "my best guess" } })
+      srv:script({ turns[1], turns[2] })
       code, out = rlm({ "--no-fallback", "--max-iterations", "1", "--context", context_file, "q" })
       assert.are.equal(16, code)
       assert.are.equal("", out)

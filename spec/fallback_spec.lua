@@ -117,9 +117,12 @@ describe("the fallback answer", function()
   end)
 
   it("does not replace a step timeout or a protocol error", function()
+    -- Code that swallows the interrupt is killed after the grace.
     local result, err = H.run({
       step_timeout_ms = 300,
-      root_llm = H.script({ fence("while True: pass") }),
+      interrupt_grace_ms = 300,
+      root_llm = H.script({ fence("while True:\n    try:\n        while True:\n            pass\n"
+        .. "    except:\n        print('caught, going on')") }),
     })
     assert.is_nil(result)
     assert.are.equal("step_timeout", err.kind)

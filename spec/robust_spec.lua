@@ -51,6 +51,7 @@ describe("a failed llm_query", function()
   it("past max_sub_calls still ends the run", function()
     local _, err = H.run({
       max_sub_calls = 1,
+      fallback = false,
       root_llm = H.script({ fence("for i in range(3):\n    try:\n        llm_query('x')\n    except Exception:\n"
         .. "        pass") }),
     })

@@ -325,15 +325,14 @@ H.describe_luv("host tools under the luv adapter", function()
     assert.are.equal("15", result.answer)
   end)
 
-  it("ends the step at step_timeout_ms when a tool never answers", function()
+  it("interrupts the step at step_timeout_ms when a tool never answers, and the run goes on", function()
     local result, err = run({
       step_timeout_ms = 500,
       tools = { never = function() end },
-      root_llm = function()
-        return fence("never()")
-      end,
+      root_llm = H.script({ fence("x = 1\nnever()"), fence("FINAL('after')") }),
     })
-    assert.is_nil(result)
-    assert.are.equal("step_timeout", err.kind)
+    assert.is_nil(err)
+    assert.are.equal("after", result.answer)
+    assert.matches("KeyboardInterrupt", result.history[1].error, 1, true)
   end)
 end)
