@@ -53,6 +53,7 @@ build = {
     ["rlm.options"] = "lua/rlm/options.lua",
     ["rlm.prompt"] = "lua/rlm/prompt.lua",
     ["rlm.protocol"] = "lua/rlm/protocol.lua",
+    ["rlm.reply"] = "lua/rlm/reply.lua",
     ["rlm.sandbox"] = "lua/rlm/sandbox.lua",
     ["rlm.selftest"] = "lua/rlm/selftest.lua",
     ["rlm.session"] = "lua/rlm/session.lua",

@@ -4,6 +4,7 @@ local core = require("rlm.core")
 local errors = require("rlm.errors")
 local prompt = require("rlm.prompt")
 local protocol = require("rlm.protocol")
+local reply_parser = require("rlm.reply")
 local textlib = require("rlm.text")
 local util = require("rlm.util")
 local IDLE = require("rlm.engine").IDLE
@@ -204,7 +205,7 @@ end
 -- them answered or raised, its first prose FINAL/FINAL_VAR is taken.
 -- Returns the history entry and the feedback for the model.
 function M:_act(response)
-  local reply = prompt.parse(response)
+  local reply = reply_parser.parse(response)
   local entry, texts = { response = response, code = "", stdout = "", blocks = {} }, {}
   if #reply.blocks > 0 then
     entry, texts = self:_run_blocks(response, reply.blocks, reply.sole_finals)
@@ -316,7 +317,7 @@ function M:_partial()
     end
   end
   for i = #self.history, 1, -1 do
-    local text = prompt.parse(self.history[i].response or "").text
+    local text = reply_parser.parse(self.history[i].response or "").text
     if text ~= "" then
       return text, "response"
     end
@@ -335,7 +336,7 @@ function M:_last_chance()
   if not response then
     return nil, err
   end
-  local reply = prompt.parse(response)
+  local reply = reply_parser.parse(response)
   local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
   local final
   for _, f in ipairs(util.append({}, reply.finals, reply.code_finals)) do
