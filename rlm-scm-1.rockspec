@@ -41,6 +41,7 @@ build = {
     ["rlm.engine"] = "lua/rlm/engine.lua",
     ["rlm.errors"] = "lua/rlm/errors.lua",
     ["rlm.fallback"] = "lua/rlm/fallback.lua",
+    ["rlm.finals"] = "lua/rlm/finals.lua",
     ["rlm.health"] = "lua/rlm/health.lua",
     ["rlm.limits"] = "lua/rlm/limits.lua",
     ["rlm.llm.openai"] = "lua/rlm/llm/openai.lua",
