@@ -45,6 +45,7 @@ build = {
     ["rlm.health"] = "lua/rlm/health.lua",
     ["rlm.limits"] = "lua/rlm/limits.lua",
     ["rlm.llm.openai"] = "lua/rlm/llm/openai.lua",
+    ["rlm.llm.openai_config"] = "lua/rlm/llm/openai_config.lua",
     ["rlm.llm.transport.luasocket"] = "lua/rlm/llm/transport/luasocket.lua",
     ["rlm.llm.transport.nvim"] = "lua/rlm/llm/transport/nvim.lua",
     ["rlm.llm.transport.resty"] = "lua/rlm/llm/transport/resty.lua",
