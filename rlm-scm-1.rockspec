@@ -50,6 +50,7 @@ build = {
     ["rlm.llm.transport.nvim"] = "lua/rlm/llm/transport/nvim.lua",
     ["rlm.llm.transport.resty"] = "lua/rlm/llm/transport/resty.lua",
     ["rlm.log"] = "lua/rlm/log.lua",
+    ["rlm.logline"] = "lua/rlm/logline.lua",
     ["rlm.nested"] = "lua/rlm/nested.lua",
     ["rlm.nvim"] = "lua/rlm/nvim.lua",
     ["rlm.options"] = "lua/rlm/options.lua",
