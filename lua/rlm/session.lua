@@ -1,7 +1,8 @@
 -- A session's state: what one session and the nested sessions it starts
 -- share (the tree), its own fields, and how it fails. The methods of the
--- other modules (boot, wire, limits, subcalls, nested, turn, engine) are
--- mixed into the one Session class here; rlm (init.lua) adds the public API.
+-- other modules (boot, wire, limits, subcalls, nested, turn, finals,
+-- engine) are mixed into the one Session class here; rlm (init.lua) adds
+-- the public API.
 local errors = require("rlm.errors")
 local prompt = require("rlm.prompt")
 local protocol = require("rlm.protocol")
@@ -131,7 +132,7 @@ end
 
 Session.new_session = new_session
 
-for _, methods in ipairs({ tools.methods, require("rlm.answer").methods }) do
+for _, methods in ipairs({ tools.methods, require("rlm.answer").methods, require("rlm.finals").methods }) do
   for k, fn in pairs(methods) do
     assert(Session[k] == nil, k)
     Session[k] = fn

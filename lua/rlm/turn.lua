@@ -1,11 +1,10 @@
 -- Root turns: ask the root model, run its code, record the output; the
--- engine's body.
+-- engine's body. Reading the final answer is lua/rlm/finals.lua's.
 local core = require("rlm.core")
-local errors = require("rlm.errors")
+local finals = require("rlm.finals")
 local prompt = require("rlm.prompt")
-local protocol = require("rlm.protocol")
+local reply_parser = require("rlm.reply")
 local textlib = require("rlm.text")
-local util = require("rlm.util")
 local IDLE = require("rlm.engine").IDLE
 
 local M = {}
@@ -66,20 +65,6 @@ function M:_exec_done(msg, id)
   return msg
 end
 
--- FINAL_VAR's value travels once: the answer is that string, or the
--- value's JSON text (made here, not sent twice).
-local function final_of(f)
-  if f.kind == "var" then
-    local answer = f.value
-    if type(answer) ~= "string" then
-      local ok, text = pcall(protocol.encode, f.value)
-      answer = ok and text or tostring(f.value)
-    end
-    return { kind = "var", var = f.name, value = f.value, answer = answer }
-  end
-  return { kind = f.kind, value = f.value, answer = f.value }
-end
-
 -- Asks the root model (through poll/reply) and waits for its answer. The
 -- driver is idle meanwhile: anything it says is an error, and the step
 -- deadline still runs.
@@ -136,37 +121,6 @@ function M:_root_failed(message, fields)
   return err
 end
 
--- Whether an error is FINAL's own refusal of an answer too large for the
--- host (python/_rlm_driver/api.py final_problem), not a failed expression.
-local function too_large(err)
-  return err:find("the final answer is %d+ bytes as JSON") or err:find("the final answer holds more than")
-end
-
--- Python's name rule, for FINAL_VAR's argument.
-local function identifier(s)
-  return s:match("^[%a_][%w_]*$") ~= nil
-end
-
--- The code that runs for a final written in prose or as a block of its
--- own: FINAL_VAR takes a name, quoted or not (else an expression whose
--- value a variable holds); FINAL an expression.
-local function final_code(f)
-  if f.kind == "var" then
-    local name = f.text:match("^%s*(.-)%s*$")
-    name = name:match([[^"(.*)"$]]) or name:match("^'(.*)'$") or name
-    return identifier(name) and ("FINAL_VAR('%s')"):format(name) or ("FINAL_VAR(%s)"):format(f.text)
-  end
-  return "FINAL(" .. f.text .. ")"
-end
-
--- A FINAL whose text is no Python expression that evaluates in the REPL
--- answers with the text itself, as the reference reads it.
-local function text_final(f, res)
-  if f.kind == "final" and not f.strict and res.error and not too_large(res.error) then
-    return { kind = "value", value = f.text, answer = f.text, source = "prose" }
-  end
-end
-
 -- Runs the blocks of one response; returns the history entry and the
 -- output texts for the model. sole[i]: block i is only a final.
 function M:_run_blocks(response, blocks, sole)
@@ -174,7 +128,7 @@ function M:_run_blocks(response, blocks, sole)
   local entry = { response = response, blocks = {} }
   local codes, outs, texts, first_error = {}, {}, {}, nil
   for i, code in ipairs(blocks) do
-    local res, err = self:_exec(sole[i] and final_code(sole[i]) or code)
+    local res, err = self:_exec(sole[i] and finals.final_code(sole[i]) or code)
     if not res then
       return nil, err
     end
@@ -189,11 +143,11 @@ function M:_run_blocks(response, blocks, sole)
       return nil, err
     end
     if res.final then
-      entry.final = final_of(res.final)
+      entry.final = finals.final_of(res.final)
       entry.final.source = "code"
       break
     end
-    entry.final = sole[i] and text_final(sole[i], res)
+    entry.final = sole[i] and finals.text_final(sole[i], res)
     if entry.final then
       break
     end
@@ -207,33 +161,11 @@ function M:_run_blocks(response, blocks, sole)
   return entry, texts
 end
 
--- A FINAL(...) or FINAL_VAR(...) line of prose, as the reference reads it:
--- FINAL's text is the answer unless it is a Python expression that
--- evaluates in the REPL (then its value is). Returns the final, or nil and
--- what to tell the model; nil, nil, err when the session ended.
-function M:_prose_final(f)
-  local res, err = self:_exec(final_code(f))
-  if not res then
-    return nil, nil, err
-  end
-  if res.final then
-    local final = final_of(res.final)
-    final.source = "prose"
-    return final
-  end
-  local final = text_final(f, res)
-  if final then
-    return final
-  end
-  return nil, ("Your %s line did not give an answer:\n%s"):format(f.kind == "var" and "FINAL_VAR" or "FINAL",
-    res.error or "(no error)")
-end
-
 -- What one response does: its blocks run in order; then, unless one of
 -- them answered or raised, its first prose FINAL/FINAL_VAR is taken.
 -- Returns the history entry and the feedback for the model.
 function M:_act(response)
-  local reply = prompt.parse(response)
+  local reply = reply_parser.parse(response)
   local entry, texts = { response = response, code = "", stdout = "", blocks = {} }, {}
   if #reply.blocks > 0 then
     entry, texts = self:_run_blocks(response, reply.blocks, reply.sole_finals)
@@ -340,72 +272,6 @@ function M:_result(final)
   }
 end
 
--- The best answer a run without a final one has: what the REPL printed
--- last, else the prose of the model's last response.
-function M:_partial()
-  for i = #self.history, 1, -1 do
-    local out = self.history[i].stdout
-    if out and out:match("%S") then
-      return out:match("^%s*(.-)%s*$"), "repl_output"
-    end
-  end
-  for i = #self.history, 1, -1 do
-    local text = prompt.parse(self.history[i].response or "").text
-    if text ~= "" then
-      return text, "response"
-    end
-  end
-  return nil
-end
-
--- When the turns run out: one more root call that may only answer. A
--- FINAL or FINAL_VAR (in prose, or a FINAL line of a block) is the answer;
--- else the response's plain text is (answer_source "text"). Nothing runs
--- but the final lines.
-function M:_last_chance()
-  self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
-  self:_arm_root_deadline()
-  local response, err = self:_call_root(self.messages)
-  if not response then
-    return nil, err
-  end
-  self:_arm_step_deadline()
-  local reply = prompt.parse(response)
-  local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
-  local final
-  for _, f in ipairs(util.append({}, reply.finals, reply.code_finals)) do
-    local _
-    final, _, err = self:_prose_final(f)
-    if err then
-      return nil, err
-    elseif final then
-      break
-    end
-  end
-  if not final and reply.text ~= "" then
-    final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
-  end
-  self:_disarm_deadlines()
-  entry.final = final
-  local checked
-  checked, err = self:_check_answer(entry, "") -- rlm.answer
-  if not checked then
-    return nil, err
-  end
-  final = entry.final
-  if final then
-    local ok
-    ok, err = self:_record(entry, nil)
-    if not ok then
-      return nil, err
-    end
-    return self:_result(final)
-  end
-  local partial, source = self:_partial()
-  return nil, errors.new("max_iterations", ("no final answer after max_iterations (%d) root turns")
-    :format(self.opts.max_iterations), { history = self.history, partial = partial, partial_source = source })
-end
-
 -- The one place where a run that spent its turns ends: the last-chance
 -- call, and (rlm.fallback, when configured) anything after it.
 function M:_out_of_turns()
@@ -478,5 +344,4 @@ function M:_run_turns()
   end
 end
 
--- A yield from a user callback that runs inside the engine (on_event,
 return M

@@ -1,9 +1,11 @@
--- The texts docs/prompt.md shows, made by lua/rlm/prompt.lua itself:
+-- The texts docs/prompt.md shows, made by lua/rlm/prompt.lua and
+-- lua/rlm/reply.lua themselves:
 -- spec/prompt_spec.lua checks that the document still says them, and
 --   lua5.4 spec/helpers/prompt_doc.lua docs/prompt.md
 -- (with the LUA_PATH/LUA_CPATH of make test) writes them into it again.
 local options = require("rlm.options")
 local prompt = require("rlm.prompt")
+local reply = require("rlm.reply")
 
 local M = {}
 
@@ -29,7 +31,7 @@ end
 -- { name, text } in the order the document shows them.
 function M.blocks()
   local o = defaults()
-  local parse_notes = prompt.parse("```bash\nls\n```\n```repl\nprint(1)\n```\n```\nprint(2)\n```\n"
+  local parse_notes = reply.parse("```bash\nls\n```\n```repl\nprint(1)\n```\n```\nprint(2)\n```\n"
     .. "FINAL(never closed\n\n```repl\nprint(3)\n").notes
   return {
     { "system", prompt.default_system(o, "a str of 1,234,567 characters", 0) },

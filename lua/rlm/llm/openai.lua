@@ -28,136 +28,10 @@ local EXCERPT_CHARS = 300
 
 local NAME = "rlm.llm.openai"
 
-local checks = require("rlm.options").checks
-local callable, integer, non_empty_string = checks.callable, checks.integer, checks.non_empty_string
-local positive_number, non_negative_number = checks.positive_number, checks.non_negative_number
+local config = require("rlm.llm.openai_config")
+local callable = require("rlm.options").checks.callable
 
-local function base_url(v)
-  return type(v) == "string" and v:match("^[hH][tT][tT][pP][sS]?://[^/]") ~= nil,
-    "an http:// or https:// URL such as \"https://api.openai.com/v1\""
-end
-
-local function env_name(v)
-  return type(v) == "string" and v:match("^[%a_][%w_]*$") ~= nil,
-    "the NAME of an environment variable (letters, digits, _) that holds the key, not the key"
-end
-
-local function number_in(lo, hi)
-  return function(v)
-    return type(v) == "number" and v >= lo and v <= hi, ("a number from %s to %s"):format(lo, hi)
-  end
-end
-
-local function string_map(v)
-  if type(v) ~= "table" then
-    return false, "a table of header names to string values"
-  end
-  for k, s in pairs(v) do
-    if type(k) ~= "string" or type(s) ~= "string" or k:find("[\r\n:]") or s:find("[\r\n]") then
-      return false, "a table of header names to string values (one line each)"
-    end
-  end
-  return true
-end
-
-local PRICE_FIELDS = { input_per_mtok = true, output_per_mtok = true }
-
-local function price_table(v)
-  local want = "a table of model names to { input_per_mtok = n, output_per_mtok = n }"
-  if type(v) ~= "table" then
-    return false, want
-  end
-  for model, p in pairs(v) do
-    if type(model) ~= "string" or type(p) ~= "table" then
-      return false, want
-    end
-    for field in pairs(p) do
-      if not PRICE_FIELDS[field] then
-        return false, ("%s (prices[%q] has unknown field '%s')"):format(want, model, tostring(field))
-      end
-    end
-    for field in pairs(PRICE_FIELDS) do
-      local n = p[field]
-      if type(n) ~= "number" or n < 0 or n >= math.huge then
-        return false, ("%s (prices[%q].%s must be a number >= 0)"):format(want, model, field)
-      end
-    end
-  end
-  return true
-end
-
--- A model: a name; a list of names, one per depth (the last for deeper
--- sessions); or a function(depth, hint) returning a name.
-local function model_choice(v)
-  local want = "a model name, a list of names (one per depth), or a function(depth, hint) returning one"
-  if non_empty_string(v) or callable(v) then
-    return true
-  end
-  if type(v) ~= "table" or #v == 0 then
-    return false, want
-  end
-  for k, name in pairs(v) do
-    if type(k) ~= "number" or k < 1 or k > #v or k ~= math.floor(k) or not non_empty_string(name) then
-      return false, want
-    end
-  end
-  return true
-end
-
--- name = { check, default }; no default means optional.
-local schema = {
-  base_url = { base_url, required = true },
-  model = { model_choice, required = true },
-  sub_model = { model_choice },
-  api_key_env = { env_name, secret = true },
-  temperature = { number_in(0, 2) },
-  max_tokens = { integer(1) },
-  timeout_ms = { positive_number, 300000 },
-  retries = { integer(0), 2 },
-  retry_base_ms = { non_negative_number, 500 },
-  retry_max_ms = { non_negative_number, 60000 },
-  prices = { price_table },
-  headers = { string_map },
-  transport = { callable },
-  sleep = { callable },
-}
-
-local names = {}
-for name in pairs(schema) do
-  names[#names + 1] = name
-end
-table.sort(names)
-M.options = names
-
-local function check(cfg)
-  if type(cfg) ~= "table" then
-    error(NAME .. ".new: expected a table of options, got " .. type(cfg), 3)
-  end
-  for k in pairs(cfg) do
-    if type(k) ~= "string" or not schema[k] then
-      error(("%s.new: unknown option '%s' (known: %s)"):format(NAME, tostring(k), table.concat(names, ", ")), 3)
-    end
-  end
-  local out = {}
-  for name, rule in pairs(schema) do
-    local v = cfg[name]
-    if v == nil then
-      if rule.required then
-        error(("%s.new: option '%s' is required"):format(NAME, name), 3)
-      end
-      v = rule[2]
-    else
-      local ok, want = rule[1](v)
-      if not ok then
-        -- A wrong api_key_env may be the key itself: never echo it.
-        local got = (type(v) == "string" and not rule.secret) and ("%q"):format(v) or type(v)
-        error(("%s.new: option '%s' must be %s, got %s"):format(NAME, name, want, got), 3)
-      end
-    end
-    out[name] = v
-  end
-  return out
-end
+M.options = config.names
 
 local function excerpt(s)
   s = tostring(s)
@@ -221,7 +95,7 @@ local function call_transport(transport, request)
 end
 
 function M.new(cfg)
-  local o = check(cfg)
+  local o = config.check(cfg)
   o.sub_model = o.sub_model or o.model
   local url = o.base_url:gsub("/+$", "") .. "/chat/completions"
 

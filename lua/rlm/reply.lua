@@ -1,0 +1,217 @@
+-- What the root model writes: the code and the answers in its responses
+-- (parse), split from lua/rlm/prompt.lua, which makes what the model reads.
+-- docs/prompt.md shows the notes this file makes.
+local M = {}
+
+-- Fence tags whose blocks run; an untagged block runs when no block of the
+-- response has one of these tags.
+local RUN_TAGS = { repl = true, python = true, python3 = true, py = true }
+
+local function trim(s)
+  local first = s:find("%S")
+  if not first then
+    return ""
+  end
+  local last = #s
+  while s:find("^%s", last) do
+    last = last - 1
+  end
+  return s:sub(first, last)
+end
+
+local function split_lines(s)
+  local lines = {}
+  for line in (s .. "\n"):gmatch("(.-)\r?\n") do
+    lines[#lines + 1] = line
+  end
+  return lines
+end
+
+-- The block's lines without the fence's own indent, then without the
+-- indent all its lines share (a block inside a numbered list).
+local function dedent(lines, indent)
+  local out, common = {}, nil
+  for i, l in ipairs(lines) do
+    if l:sub(1, #indent) == indent then
+      l = l:sub(#indent + 1)
+    end
+    out[i] = l
+    if l:match("%S") then
+      local lead = l:match("^[ \t]*")
+      if not common then
+        common = lead
+      else
+        local k = 0
+        while k < #common and k < #lead and common:byte(k + 1) == lead:byte(k + 1) do
+          k = k + 1
+        end
+        common = common:sub(1, k)
+      end
+    end
+  end
+  if common and common ~= "" then
+    for i, l in ipairs(out) do
+      out[i] = l:sub(1, #common) == common and l:sub(#common + 1) or l:match("^[ \t]*(.*)$")
+    end
+  end
+  return table.concat(out, "\n")
+end
+
+-- A final-answer line: FINAL( or FINAL_VAR( at the start of a line,
+-- perhaps after markdown's emphasis, inline-code ticks or a quote mark.
+local FINAL_START = "^[ \t]*[%*`>_]*[ \t]*()FINAL(_?V?A?R?)[ \t]*%("
+
+-- From the "(" at position open in s: the text up to the matching ")",
+-- and the position after it; nil when it is never closed.
+local function balanced(s, open)
+  local depth, pos = 0, open
+  while true do
+    pos = s:find("[()]", pos)
+    if not pos then
+      return nil
+    end
+    if s:byte(pos) == 40 then -- "("
+      depth = depth + 1
+    else
+      depth = depth - 1
+      if depth == 0 then
+        return s:sub(open + 1, pos - 1), pos + 1
+      end
+    end
+    pos = pos + 1
+  end
+end
+
+-- The final at the start of text (a line of prose, or a whole block):
+-- { kind = "final" | "var", text = what is between the parentheses, rest =
+-- what follows }, or nil; { unclosed = true } when its ")" is missing.
+local function final_at(text)
+  local start, suffix = text:match(FINAL_START)
+  if not start or (suffix ~= "" and suffix ~= "_VAR") then
+    return nil
+  end
+  local open = text:find("(", start, true)
+  local inner, after = balanced(text, open)
+  if not inner then
+    return { kind = suffix == "" and "final" or "var", unclosed = true }
+  end
+  return { kind = suffix == "" and "final" or "var", text = inner, rest = text:sub(after) }
+end
+
+-- The first final written in prose (lines outside fences); a FINAL may
+-- run on over several lines. Only the first is looked for, so that a
+-- reply of many unclosed FINAL lines costs one scan. Returns the prose
+-- without the final's lines.
+local function prose_final(prose, finals, notes)
+  local lines = split_lines(prose)
+  for i, line in ipairs(lines) do
+    if line:match(FINAL_START) then
+      local f = final_at(table.concat(lines, "\n", i))
+      if f and f.unclosed then
+        notes[#notes + 1] = "Your FINAL line has no closing parenthesis, so it was not taken as an answer."
+        return prose
+      elseif f then
+        finals[#finals + 1] = { kind = f.kind, text = f.text }
+        local spanned = select(2, f.text:gsub("\n", ""))
+        local kept = {}
+        for k, l in ipairs(lines) do
+          if k < i or k > i + spanned then
+            kept[#kept + 1] = l
+          end
+        end
+        return table.concat(kept, "\n")
+      end
+    end
+  end
+  return prose
+end
+
+local function fence_name(tag, ch)
+  return (ch == "~" and "~~~" or "```") .. tag
+end
+
+-- parse(response) -> {
+--   blocks = { code, ... }   the code to run, in order;
+--   sole_finals = { [i] = final }: block i is only a FINAL(...) or
+--            FINAL_VAR(...) call, read as a prose final when it fails;
+--   finals = { { kind = "final" | "var", text = }, ... }: FINAL(...) /
+--            FINAL_VAR(...) written as a line of prose;
+--   code_finals = { final, ... }: the FINAL lines inside the blocks (the
+--            last chance runs only those), strict = true when a block had
+--            other code too (its FINAL's text is no answer by itself);
+--   notes = { text, ... }    what was skipped, for the model;
+--   text = the prose outside the fences, without the final lines. }
+-- Fences are ``` or ~~~ (three or more), tagged repl, python, python3 or
+-- py, or untagged; indented fences are dedented.
+function M.parse(response)
+  local lines = split_lines(response)
+  local found, prose, notes = {}, {}, {}
+  local tagged = false
+  local i = 1
+  while i <= #lines do
+    local indent, fence, info = lines[i]:match("^([ \t]*)(```+)[ \t]*([^`]-)[ \t]*$")
+    if not fence then
+      indent, fence, info = lines[i]:match("^([ \t]*)(~~~+)[ \t]*(.-)[ \t]*$")
+    end
+    if fence then
+      local ch = fence:sub(1, 1)
+      local tag = (info:match("^[{.]?([%w_%+%-]*)") or ""):lower()
+      local buf, j, closed = {}, i + 1, false
+      while j <= #lines do
+        local close = lines[j]:match("^[ \t]*([`~]+)[ \t]*$")
+        if close and close:sub(1, 1) == ch and #close >= #fence and not close:find(ch == "`" and "~" or "`") then
+          closed = true
+          break
+        end
+        buf[#buf + 1] = lines[j]
+        j = j + 1
+      end
+      if not closed then
+        notes[#notes + 1] = ("A %s block was never closed (no %s line after it), so it did not run.")
+          :format(fence_name(tag, ch), fence)
+      else
+        found[#found + 1] = { tag = tag, ch = ch, code = dedent(buf, indent) }
+        tagged = tagged or RUN_TAGS[tag] ~= nil
+      end
+      i = j + 1
+    else
+      prose[#prose + 1] = lines[i]
+      i = i + 1
+    end
+  end
+  local out = { blocks = {}, sole_finals = {}, finals = {}, code_finals = {}, notes = notes }
+  for _, b in ipairs(found) do
+    if RUN_TAGS[b.tag] or (b.tag == "" and not tagged) then
+      out.blocks[#out.blocks + 1] = b.code
+      local f = final_at(b.code)
+      if f and not f.unclosed and not f.rest:match("%S") then
+        -- A block that is only FINAL(...): read as the reference reads it.
+        out.sole_finals[#out.blocks] = { kind = f.kind, text = f.text }
+        out.code_finals[#out.code_finals + 1] = out.sole_finals[#out.blocks]
+      else
+        for line in (b.code .. "\n"):gmatch("(.-)\n") do
+          local lf = final_at(line)
+          if lf and not lf.unclosed and not lf.rest:match("%S") then
+            out.code_finals[#out.code_finals + 1] = { kind = lf.kind, text = lf.text, strict = true }
+          end
+        end
+      end
+    elseif b.tag == "" then
+      notes[#notes + 1] = "An untagged ``` block did not run, because other blocks were tagged repl: " ..
+        "tag every block you want to run ```repl."
+    else
+      notes[#notes + 1] = ("A %s block did not run: only blocks tagged repl (or python) run.")
+        :format(fence_name(b.tag, b.ch))
+    end
+  end
+  out.text = trim(prose_final(table.concat(prose, "\n"), out.finals, notes))
+  return out
+end
+
+-- extract(response) -> { code, ... }: the blocks that run (for callers
+-- that want only the code).
+function M.extract(response)
+  return M.parse(response).blocks
+end
+
+return M
