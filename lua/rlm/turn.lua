@@ -1,6 +1,7 @@
 -- Root turns: ask the root model, run its code, record the output; the
 -- engine's body. Reading the final answer is lua/rlm/finals.lua's.
 local core = require("rlm.core")
+local errors = require("rlm.errors")
 local finals = require("rlm.finals")
 local prompt = require("rlm.prompt")
 local reply_parser = require("rlm.reply")
