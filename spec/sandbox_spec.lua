@@ -19,6 +19,18 @@ local function observe(code, opts)
   return result.history[1].stdout
 end
 
+-- A run whose bubblewrap is a stand-in shell script with this body.
+local function run_with_bwrap(body)
+  local fake = os.tmpname()
+  local f = assert(io.open(fake, "w"))
+  f:write("#!/bin/sh\n" .. body)
+  f:close()
+  os.execute("chmod 755 " .. fake)
+  local result, err = H.run({ bwrap = fake })
+  os.remove(fake)
+  return result, err
+end
+
 describe("the sandbox", function()
   after_each(H.assert_clean)
 
@@ -44,14 +56,8 @@ describe("the sandbox", function()
     it("says which of its needs is missing when bubblewrap cannot make its namespaces", function()
       -- A stand-in bubblewrap that fails as a container without user
       -- namespaces makes it fail (docs/containers.md).
-      local fake = os.tmpname()
-      local f = assert(io.open(fake, "w"))
-      f:write("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the kernel"
-        .. " does not allow non-privileged user namespaces.' >&2\nexit 1\n")
-      f:close()
-      os.execute("chmod 755 " .. fake)
-      local result, err = H.run({ bwrap = fake })
-      os.remove(fake)
+      local result, err = run_with_bwrap("echo 'bwrap: No permissions to creating new namespace, likely because "
+        .. "the kernel does not allow non-privileged user namespaces.' >&2\nexit 1\n")
       assert.is_nil(result)
       assert.are.equal("sandbox_unavailable", err.kind)
       assert.matches("No permissions to creating new namespace", err.message, 1, true)
@@ -65,13 +71,7 @@ describe("the sandbox", function()
     it("waits for bubblewrap's stderr to end before it reports the exit", function()
       -- stdout ends and the process exits before its words reach stderr:
       -- the error must still carry them.
-      local fake = os.tmpname()
-      local f = assert(io.open(fake, "w"))
-      f:write("#!/bin/sh\nexec >&-\n(sleep 0.1; echo 'bwrap: late words' >&2) &\nexit 1\n")
-      f:close()
-      os.execute("chmod 755 " .. fake)
-      local result, err = H.run({ bwrap = fake })
-      os.remove(fake)
+      local result, err = run_with_bwrap("exec >&-\n(sleep 0.1; echo 'bwrap: late words' >&2) &\nexit 1\n")
       assert.is_nil(result)
       assert.are.equal("sandbox_unavailable", err.kind)
       assert.matches("bwrap: late words", err.message, 1, true)
