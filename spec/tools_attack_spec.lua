@@ -5,6 +5,11 @@
 local H = require("helpers")
 local fence = H.fence
 
+-- Under make check the sanitizer's quarantine keeps freed memory resident:
+-- the bounds there are four times these (a flood that is not bounded grows
+-- by gigabytes either way).
+local SLACK = (os.getenv("RLM_SPEC_PRELOAD") or "") ~= "" and 4 or 1
+
 local function host_rss_kb()
   return tonumber(H.sh("grep VmRSS /proc/" .. H.pid() .. "/status | awk '{print $2}'"))
 end
@@ -117,7 +122,7 @@ print("values", values, "errors", errors)
     assert.matches("values 5 errors 19995", result.history[1].stdout, 1, true)
     assert.are.equal(5, calls)
     assert.is_true(kept < 1024, ("the Lua heap kept %.0f KiB"):format(kept))
-    assert.is_true(grown < 48 * 1024, ("the host grew by %d KiB"):format(grown))
+    assert.is_true(grown < 48 * 1024 * SLACK, ("the host grew by %d KiB"):format(grown))
   end)
 
   -- The answers pile up in the host's write queue (bounded by the core at
@@ -138,6 +143,6 @@ out.flush()
     assert.is_nil(result)
     assert.are.equal("protocol_error", err.kind)
     assert.are.equal(0, calls)
-    assert.is_true(grown < 32 * 1024, ("the host grew by %d KiB"):format(grown))
+    assert.is_true(grown < 32 * 1024 * SLACK, ("the host grew by %d KiB"):format(grown))
   end)
 end)
