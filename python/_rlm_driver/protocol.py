@@ -148,25 +148,21 @@ def begin_call(request, what):
     return request_id
 
 
-def next_reply(request_id, what):
-    """The next llm_result for request_id; any other message is fatal (with
-    CHANNEL held, no other request is in flight)."""
+def next_reply(request_id, what, kind="llm_result"):
+    """The next `kind` message for request_id; any other message is fatal
+    (with CHANNEL held, no other request is in flight). An `interrupted`
+    answer raises the step's interrupt."""
     reply = receive()
     if reply is None:
         os._exit(0)  # the host asked us to leave
-    if reply["type"] != "llm_result" or reply.get("id") != request_id:
-        fatal(f"expected llm_result for {what} {request_id}, got {reply['type']} "
+    if reply["type"] != kind or reply.get("id") != request_id:
+        fatal(f"expected {kind} for {what} {request_id}, got {reply['type']} "
               f"for {reply.get('id')!r}")
     if reply.get("interrupted") is True:
-        raise_interrupt()
+        if threading.current_thread() is threading.main_thread():
+            interrupt_now()
+        raise KeyboardInterrupt(INTERRUPT_MESSAGE)
     return reply
-
-
-def raise_interrupt():
-    """The host answered a call with `interrupted`: the step's time is up."""
-    if threading.current_thread() is threading.main_thread():
-        interrupt_now()
-    raise KeyboardInterrupt(INTERRUPT_MESSAGE)
 
 
 def call(request, what):

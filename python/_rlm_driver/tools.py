@@ -4,7 +4,6 @@ back to the host; its tool_result is the value (JSON), or an error raised
 here as ToolError (docs/protocol.md)."""
 
 import keyword
-import os
 
 from . import api, protocol, state
 from .protocol import fatal
@@ -33,14 +32,7 @@ def call(name, args, kwargs):
                 raise
             raise TypeError(f"{what} must be JSON values (str, int, float, bool, None, list, "
                             f"dict with str keys): {exc}") from None
-        reply = protocol.receive()
-        if reply is None:
-            os._exit(0)  # the host asked us to leave
-        if reply["type"] != "tool_result" or reply.get("id") != request_id:
-            fatal(f"expected tool_result for tool call {request_id}, got {reply['type']} "
-                  f"for {reply.get('id')!r}")
-        if reply.get("interrupted") is True:
-            protocol.raise_interrupt()
+        reply = protocol.next_reply(request_id, "tool call", "tool_result")
     if reply.get("error") is not None:
         raise ToolError(f"{name}: {reply['error']}")
     if "value" not in reply:
