@@ -43,6 +43,7 @@ build = {
     ["rlm.fallback"] = "lua/rlm/fallback.lua",
     ["rlm.finals"] = "lua/rlm/finals.lua",
     ["rlm.health"] = "lua/rlm/health.lua",
+    ["rlm.json"] = "lua/rlm/json.lua",
     ["rlm.limits"] = "lua/rlm/limits.lua",
     ["rlm.llm.openai"] = "lua/rlm/llm/openai.lua",
     ["rlm.llm.openai_config"] = "lua/rlm/llm/openai_config.lua",

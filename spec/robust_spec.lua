@@ -377,16 +377,17 @@ end)
 
 describe("the host's reading of a FINAL_VAR value (a hostile driver)", function()
   local protocol = require("rlm.protocol")
+  local json = require("rlm.json")
   local allowed = { exec_result = true }
   local function line(value_json, numbers)
-    return protocol.encode({ type = "exec_result", id = 1, stdout = "",
+    return json.encode({ type = "exec_result", id = 1, stdout = "",
       final = { kind = "var", name = "v", json = true, value_json = value_json, numbers = numbers } })
   end
 
   it("decodes integers as integers and floats as floats", function()
     local msg = assert(protocol.decode(line('{"a": [1, 2.5, -3e2, "x\\"y"], "b": null, "c": true}'), allowed, 100))
     assert.is_nil((protocol.decode(line("[1]", "odd"), allowed, 100))) -- not a known hint
-    local ints = assert(protocol.decode(protocol.encode({ type = "exec_result", id = 1, stdout = "",
+    local ints = assert(protocol.decode(json.encode({ type = "exec_result", id = 1, stdout = "",
       final = { kind = "var", name = "v", json = true, value = { 1, { a = 2 } }, numbers = "ints" } }), allowed, 100))
     assert.are.same({ 1, { a = 2 } }, ints.final.value)
     local v = msg.final.value
@@ -394,7 +395,7 @@ describe("the host's reading of a FINAL_VAR value (a hostile driver)", function(
     assert.are.equal(2.5, v.a[2])
     assert.are.equal(-300, v.a[3])
     assert.are.equal('x"y', v.a[4])
-    assert.are.equal(protocol.null, v.b)
+    assert.are.equal(json.null, v.b)
     assert.is_true(v.c)
   end)
 
@@ -412,9 +413,9 @@ describe("the host's reading of a FINAL_VAR value (a hostile driver)", function(
   end)
 
   it("encodes what JSON cannot carry as an error, not a change", function()
-    assert.has_error(function() protocol.encode({ 1, nil, 3 }) end)
-    assert.has_error(function() protocol.encode({ x = 0 / 0 }) end)
-    assert.has_error(function() protocol.encode({ f = print }) end)
-    assert.are.equal('{"a":[0.1,-2,1e+300]}', protocol.encode({ a = { 0.1, -2, 1e300 } }))
+    assert.has_error(function() json.encode({ 1, nil, 3 }) end)
+    assert.has_error(function() json.encode({ x = 0 / 0 }) end)
+    assert.has_error(function() json.encode({ f = print }) end)
+    assert.are.equal('{"a":[0.1,-2,1e+300]}', json.encode({ a = { 0.1, -2, 1e300 } }))
   end)
 end)

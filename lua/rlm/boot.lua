@@ -2,6 +2,7 @@
 -- checks that run before any model-written code (self-test, rlimits, uids).
 local core = require("rlm.core")
 local protocol = require("rlm.protocol")
+local json = require("rlm.json")
 local sandbox = require("rlm.sandbox")
 local selftest = require("rlm.selftest")
 
@@ -110,7 +111,7 @@ function M:_boot(canaries)
   ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
     max_message_bytes = o.max_message_bytes, max_message_values = self.max_values,
     guardrails = o.guardrails,
-    int_bits = protocol.INT_BITS,
+    int_bits = json.INT_BITS,
     allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
     sys_path = info.sys_path, rlimits = rlimits, tools = require("rlm.tools").specs(o) })
   if ok then

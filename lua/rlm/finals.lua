@@ -3,7 +3,7 @@
 -- partial answer. Split from lua/rlm/turn.lua, which runs the turns.
 local errors = require("rlm.errors")
 local prompt = require("rlm.prompt")
-local protocol = require("rlm.protocol")
+local json = require("rlm.json")
 local reply_parser = require("rlm.reply")
 local util = require("rlm.util")
 
@@ -19,7 +19,7 @@ function M.final_of(f)
   if f.kind == "var" then
     local answer = f.value
     if type(answer) ~= "string" then
-      local ok, text = pcall(protocol.encode, f.value)
+      local ok, text = pcall(json.encode, f.value)
       answer = ok and text or tostring(f.value)
     end
     return { kind = "var", var = f.name, value = f.value, answer = answer }

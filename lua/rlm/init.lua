@@ -11,10 +11,10 @@
 local dispatch = require("rlm.dispatch")
 local options = require("rlm.options")
 local prompt = require("rlm.prompt")
-local protocol = require("rlm.protocol")
+local json = require("rlm.json")
 local Session = require("rlm.session")
 
-local rlm = { _VERSION = "rlm 0.2.0", null = protocol.null }
+local rlm = { _VERSION = "rlm 0.2.0", null = json.null }
 rlm.Session = Session
 
 function Session.new(opts)
@@ -22,7 +22,7 @@ function Session.new(opts)
   if type(o.context) == "string" then
     return Session.new_session(o, nil, o.context, "text", prompt.describe(o.context))
   end
-  local ok, encoded = pcall(protocol.encode, o.context)
+  local ok, encoded = pcall(json.encode, o.context)
   if not ok then
     error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
   end

@@ -61,7 +61,7 @@ local function boolean(v)
 end
 
 -- The deepest a JSON context may nest: what the protocol decodes
--- (protocol.lua's decode_max_depth), well below where the sandbox's
+-- (json.lua's decode_max_depth), well below where the sandbox's
 -- json.loads runs out of recursion (about 990).
 M.MAX_CONTEXT_DEPTH = 200
 

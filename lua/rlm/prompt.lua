@@ -3,7 +3,7 @@
 -- docs/prompt.md shows every text this file makes; a spec
 -- (spec/prompt_spec.lua) checks that it does not drift.
 local cjson_safe = require("cjson.safe")
-local protocol = require("rlm.protocol")
+local json = require("rlm.json")
 local textlib = require("rlm.text")
 
 local M = {}
@@ -118,7 +118,7 @@ local function item_chars(v)
   if type(v) == "string" then
     return textlib.utf8_len(v), true
   end
-  local ok, text = pcall(protocol.encode, v)
+  local ok, text = pcall(json.encode, v)
   return ok and textlib.utf8_len(text) or 0, false
 end
 
@@ -147,7 +147,7 @@ function M.describe(context)
   local n = #keys
   local is_list = n == #context
   if n == 0 then
-    local ok, text = pcall(protocol.encode, context)
+    local ok, text = pcall(json.encode, context)
     return ("an empty %s"):format(ok and text == "[]" and "list" or "dict")
   end
   local lengths, shown, all_str, total = {}, {}, true, 0

@@ -4,7 +4,7 @@
 -- out through poll() like an llm_query, and sends the tool's value (or its
 -- error) back as a tool_result.
 local core = require("rlm.core")
-local protocol = require("rlm.protocol")
+local json = require("rlm.json")
 
 local util = require("rlm.util")
 
@@ -233,7 +233,7 @@ function S:_tool_send(id, value, problem, name)
   self.open_slots = 0
   local text
   if problem == nil then
-    local ok, encoded = pcall(protocol.encode, { type = "tool_result", id = id, value = value })
+    local ok, encoded = pcall(json.encode, { type = "tool_result", id = id, value = value })
     if not ok then
       problem = ("tool %s returned a value JSON cannot carry: %s"):format(name, reason(encoded))
     elseif #encoded > self.opts.max_message_bytes then
@@ -243,7 +243,7 @@ function S:_tool_send(id, value, problem, name)
       text = encoded
     end
   end
-  text = text or protocol.encode({ type = "tool_result", id = id, error = problem })
+  text = text or json.encode({ type = "tool_result", id = id, error = problem })
   if not self.driver:send(text) then
     return self:_expect({}) -- the reason it cannot take input is queued
   end

@@ -1,6 +1,7 @@
 -- The session's side of the wire: waiting for the driver (or a reply),
 -- turning what it sends into messages or errors, and sending to it.
 local protocol = require("rlm.protocol")
+local json = require("rlm.json")
 local IDLE = require("rlm.engine").IDLE
 
 local M = {}
@@ -129,7 +130,7 @@ function M:_expect(allowed)
 end
 
 function M:_send(msg)
-  local ok = self.driver:send(protocol.encode(msg))
+  local ok = self.driver:send(json.encode(msg))
   if not ok then
     return self:_expect({}) -- the reason it cannot take input is queued
   end
