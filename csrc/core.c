@@ -499,17 +499,19 @@ static const char *event_name(rlm_event_kind k) {
   return "unknown";
 }
 
-/* d:poll(timeout_ms[, max_values]) -> kind, ... | nil
+/* d:poll(timeout_ms[, max_values[, held]]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
  *   "memory", peak_bytes | "files", files | "overflow" | "dense", values |
  *   "failed", message (the start failed: nothing ran)
  * A line that could decode to more than max_values JSON values is not made
- * a Lua string: "dense" says how many it holds (at least). */
+ * a Lua string: "dense" says how many it holds (at least). With `held`, only
+ * what the driver holds already is taken: the pipes are not looked at. */
 static int driver_poll(lua_State *L) {
   driver_ud *u = check_driver(L);
   int timeout = (int)luaL_optinteger(L, 2, -1);
   lua_Integer max_values = luaL_optinteger(L, 3, 0);
-  rlm_event *ev = rlm_driver_poll(u->d, timeout);
+  rlm_event *ev = lua_toboolean(L, 4) ? rlm_driver_take(u->d)
+                                      : rlm_driver_poll(u->d, timeout);
   release_context(L, u);
   if (ev == NULL)
     return 0;
@@ -550,6 +552,15 @@ static int driver_poll(lua_State *L) {
   }
   rlm_event_free(ev);
   return n;
+}
+
+/* d:wait(timeout_ms) waits, as poll does, until an event is there or
+ * timeout_ms pass (-1: no limit), and leaves it for poll: how run() and
+ * step() wait while the driver is all the session watches (rlm.engine). */
+static int driver_wait(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  rlm_driver_wait(u->d, (int)luaL_optinteger(L, 2, -1));
+  return 0;
 }
 
 static int driver_kill(lua_State *L) {
@@ -853,6 +864,7 @@ static const luaL_Reg canaries_methods[] = {
 static const luaL_Reg driver_methods[] = {
     {"send", driver_send},
     {"poll", driver_poll},
+    {"wait", driver_wait},
     {"kill", driver_kill},
     {"interrupt", driver_interrupt},
     {"set_deadline", driver_set_deadline},

@@ -26,47 +26,15 @@ typedef struct write_req {
   char data[];
 } write_req;
 
-/* Writes to a pipe whose reader died raise SIGPIPE, which would kill the
- * host. Block it around our own I/O and swallow what we raised, without
- * touching the host's disposition. */
-typedef struct sigpipe_guard {
-  sigset_t old;
-  int was_pending;
-} sigpipe_guard;
-
-static void sigpipe_block(sigpipe_guard *g) {
-  sigset_t set, pending;
-  sigemptyset(&set);
-  sigaddset(&set, SIGPIPE);
-  sigpending(&pending);
-  g->was_pending = sigismember(&pending, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &set, &g->old);
-}
-
-static void sigpipe_unblock(sigpipe_guard *g) {
-  sigset_t set, pending;
-  sigemptyset(&set);
-  sigaddset(&set, SIGPIPE);
-  if (!g->was_pending && sigpending(&pending) == 0 &&
-      sigismember(&pending, SIGPIPE)) {
-    struct timespec zero = {0, 0};
-    while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
-      ;
-  }
-  pthread_sigmask(SIG_SETMASK, &g->old, NULL);
-}
-
-/* Only a pending write can raise SIGPIPE inside the loop; most turns have
- * none and skip the four system calls of the guard. */
+/* A write to a pipe without a reader would raise SIGPIPE, which kills the
+ * host unless it ignores it. The host holds a read end of the driver's
+ * stdin pipe for the driver's whole life (in_reader), so the pipe always has
+ * a reader: a write to a driver that died or closed its stdin fills the
+ * pipe (and then the bounded write queue) instead, and the process's exit
+ * says what happened. No signal mask is touched, and a write costs one
+ * system call. */
 static void run_loop(rlm_driver *d, uv_run_mode mode) {
-  if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) == 0) {
-    uv_run(&d->loop, mode);
-    return;
-  }
-  sigpipe_guard g;
-  sigpipe_block(&g);
   uv_run(&d->loop, mode);
-  sigpipe_unblock(&g);
 }
 
 void rlm_event_free(rlm_event *ev) {
@@ -257,9 +225,10 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
  * the cap, or no memory) gives libuv an empty buffer: UV_ENOBUFS below. */
 static void alloc_out(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   rlm_driver *d = h->data;
-  size_t len;
+  size_t len = 0;
   (void)hint;
-  char *p = rlm_framer_space(&d->framer, READ_CHUNK, &len);
+  /* A complete line waits (paused): no room, the read below stops. */
+  char *p = d->paused ? NULL : rlm_framer_space(&d->framer, READ_CHUNK, &len);
   *buf = uv_buf_init(p, (unsigned)len);
 }
 
@@ -271,19 +240,19 @@ static void alloc_err(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
 
 static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
-/* Stops reading while a complete line waits: the back-pressure. */
-static void pause_reading(rlm_driver *d) {
-  stop_reading(d);
-  d->paused = 1;
-}
-
+/* The back-pressure: nothing more is read while a complete line waits to be
+ * taken (paused). The stop itself is lazy: reading stays on, and only when
+ * the driver sends more before the line is taken does alloc_out give no
+ * room and the read stop (UV_ENOBUFS while paused), so that the usual turn
+ * (one line, taken, the next one later) costs no epoll_ctl. */
 static void resume_reading(rlm_driver *d) {
-  if (d->reading || d->out_eof || d->terminal_queued ||
-      uv_is_closing((uv_handle_t *)&d->out))
+  if (d->out_eof || d->terminal_queued || uv_is_closing((uv_handle_t *)&d->out))
     return;
   d->paused = 0;
-  uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
-  d->reading = 1;
+  if (!d->reading) {
+    uv_read_start((uv_stream_t *)&d->out, alloc_out, on_read_out);
+    d->reading = 1;
+  }
   if (d->grace_due) {
     d->grace_due = 0;
     uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
@@ -293,6 +262,11 @@ static void resume_reading(rlm_driver *d) {
 static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   rlm_driver *d = s->data;
   (void)buf;
+  if (nread == UV_ENOBUFS && d->paused) {
+    uv_read_stop(s); /* more came while a line waits: stop until it is taken */
+    d->reading = 0;
+    return;
+  }
   if (nread == UV_ENOBUFS) {
     terminate(d, RLM_EV_OVERFLOW);
     return;
@@ -307,7 +281,7 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   rlm_framer_commit(&d->framer, (size_t)nread);
   if (rlm_framer_ready(&d->framer))
-    pause_reading(d);
+    d->paused = 1;
   else if (rlm_framer_overflowed(&d->framer))
     terminate(d, RLM_EV_OVERFLOW);
 }
@@ -366,6 +340,8 @@ static int init_pipe(rlm_driver *d, uv_pipe_t *p) {
 static void free_driver(rlm_driver *d) {
   if (d->pidfd >= 0)
     close(d->pidfd);
+  if (d->in_reader >= 0)
+    close(d->in_reader);
   if (d->uid_lock >= 0)
     close(d->uid_lock);
   for (size_t i = 0; i < sizeof(d->child_fds) / sizeof(int); i++)
@@ -518,6 +494,7 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
   }
   d->uid_lock = -1;
   d->pidfd = -1;
+  d->in_reader = -1;
   d->uid = (uint32_t)getuid();
   for (size_t i = 0; i < sizeof(d->child_fds) / sizeof(int); i++)
     d->child_fds[i] = -1;
@@ -583,6 +560,10 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     }
     d->pipe_ino[i] = (unsigned long)st.st_ino;
   }
+  if ((d->in_reader = fcntl(p_in[0], F_DUPFD_CLOEXEC, FD_BASE)) < 0) {
+    snprintf(err, errlen, "fcntl(F_DUPFD_CLOEXEC): %s", strerror(errno));
+    goto failed_pipes;
+  }
   if ((rc = uv_pipe_open(&d->in, p_in[1])) == 0)
     p_in[1] = -1;
   if (rc == 0 && (rc = uv_pipe_open(&d->out, p_out[0])) == 0)
@@ -638,19 +619,37 @@ int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
   if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) + len >
       MAX_WRITE_QUEUE)
     return -1;
-  write_req *w = malloc(sizeof(*w) + len + 1);
-  if (w == NULL)
+  /* The line and its newline straight to the pipe when nothing waits before
+   * it (a short line always fits); what the pipe does not take now is
+   * copied and queued. */
+  uv_buf_t bufs[2] = {uv_buf_init((char *)data, (unsigned)len),
+                      uv_buf_init("\n", 1)};
+  int sent = uv_try_write((uv_stream_t *)&d->in, bufs, 2);
+  if (sent == UV_EAGAIN || sent == UV_ENOSYS)
+    sent = 0;
+  else if (sent < 0)
     return -1;
-  memcpy(w->data, data, len);
-  w->data[len] = '\n';
-  w->len = len + 1;
+  if ((size_t)sent == len + 1)
+    return 0;
+  size_t done = (size_t)sent, rest = len + 1 - done;
+  write_req *w = malloc(sizeof(*w) + rest);
+  if (w == NULL) {
+    if (done > 0)
+      kill_sandbox(d); /* half a line went: the stream is broken */
+    return -1;
+  }
+  if (done < len) {
+    memcpy(w->data, data + done, len - done);
+    w->data[len - done] = '\n';
+  } else {
+    w->data[0] = '\n';
+  }
+  w->len = rest;
   uv_buf_t buf = uv_buf_init(w->data, (unsigned)w->len);
-  sigpipe_guard g;
-  sigpipe_block(&g);
-  int rc = uv_write(&w->req, (uv_stream_t *)&d->in, &buf, 1, on_write);
-  sigpipe_unblock(&g);
-  if (rc != 0) {
+  if (uv_write(&w->req, (uv_stream_t *)&d->in, &buf, 1, on_write) != 0) {
     free(w);
+    if (done > 0)
+      kill_sandbox(d); /* half a line went: the stream is broken */
     return -1;
   }
   return 0;
@@ -688,19 +687,25 @@ static rlm_event *pop_event(rlm_driver *d) {
   return ev;
 }
 
-rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
-  if (!has_event(d)) {
-    if (timeout_ms == 0) {
-      run_loop(d, UV_RUN_NOWAIT);
-    } else {
-      d->wait_expired = 0;
-      if (timeout_ms > 0)
-        uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
-      while (!has_event(d) && !d->wait_expired && uv_loop_alive(&d->loop))
-        run_loop(d, UV_RUN_ONCE);
-      uv_timer_stop(&d->wait);
-    }
+void rlm_driver_wait(rlm_driver *d, int timeout_ms) {
+  if (has_event(d))
+    return;
+  if (timeout_ms == 0) {
+    run_loop(d, UV_RUN_NOWAIT);
+    return;
   }
+  d->wait_expired = 0;
+  if (timeout_ms > 0)
+    uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
+  while (!has_event(d) && !d->wait_expired && uv_loop_alive(&d->loop))
+    run_loop(d, UV_RUN_ONCE);
+  uv_timer_stop(&d->wait);
+}
+
+rlm_event *rlm_driver_take(rlm_driver *d) { return pop_event(d); }
+
+rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
+  rlm_driver_wait(d, timeout_ms);
   return pop_event(d);
 }
 

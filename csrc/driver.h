@@ -88,6 +88,14 @@ RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
  * Returns it (free with rlm_event_free), or NULL when none came. A line is
  * a view into the driver's framing buffer, good until the next call. */
 RLM_FN rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
+
+/* Runs the driver's loop until it has an event for rlm_driver_poll, or
+ * timeout_ms pass (-1: no limit; 0: one look), without taking the event. */
+RLM_FN void rlm_driver_wait(rlm_driver *d, int timeout_ms);
+
+/* The event the driver holds already (a line read, a terminal event), or
+ * NULL: rlm_driver_poll without looking at the pipes. */
+RLM_FN rlm_event *rlm_driver_take(rlm_driver *d);
 RLM_FN void rlm_event_free(rlm_event *ev);
 
 /* The caller has copied the line last polled: a large framing buffer that

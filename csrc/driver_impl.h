@@ -61,6 +61,9 @@ struct rlm_driver {
   uv_loop_t loop;
   uv_poll_t exit_watch; /* the pidfd turns readable when the process exits */
   int pidfd;
+  int in_reader; /* a read end of the driver's stdin pipe, held so that a
+                  * write there never meets a pipe without a reader: no
+                  * SIGPIPE, without touching the host's signal mask */
   pid_t pid;
   unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
   uv_pipe_t in, out, err;

@@ -77,6 +77,18 @@ describe("the sandbox", function()
       assert.matches("bwrap: late words", err.message, 1, true)
     end)
 
+    it("survives a driver that closes its stdin: the host's writes never raise SIGPIPE", function()
+      -- The pipe has no other reader once the stand-in closed its end: a
+      -- write there raises SIGPIPE, which kills a host that does not ignore
+      -- it (busted does not). The host keeps a reader of its own.
+      local result, err = run_with_bwrap("exec 0<&- 3<&- 4<&- 5<&- 6<&- 7<&- 8<&- 9<&-\n"
+        .. "exec /bin/sh -c 'echo {\\\"type\\\":\\\"hello\\\",\\\"protocol\\\":1,\\\"python\\\":\\\"3\\\"}; "
+        .. "sleep 1' 10<&-\n")
+      assert.is_nil(result)
+      assert.is_truthy(err.kind == "sandbox_unavailable" or err.kind == "driver_exited"
+        or err.kind == "protocol_error", err.kind .. ": " .. err.message)
+    end)
+
     it("gives sandbox_unavailable when the interpreter is missing", function()
       local _, err = H.run({ python = "/nonexistent/python3" })
       assert.are.equal("sandbox_unavailable", err.kind)

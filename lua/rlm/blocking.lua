@@ -27,7 +27,7 @@ local function drive(s, who, stop)
     end
     local ms = s:timeout()
     if ms ~= 0 then
-      s:_waitset():wait(ms)
+      s:_block(ms)
     end
   end
 end

@@ -184,6 +184,19 @@ function M:_waitset()
   return self.waitset
 end
 
+-- Waits, on the calling thread (rlm.blocking), until the session has work
+-- or ms pass (-1: no limit). While its driver is all it watches (no probe,
+-- no nested session), in the driver's own loop, which reads the line as it
+-- wakes: one system call, not the set's and then the loop's.
+function M:_block(ms)
+  local d = self.driver
+  if d and not self.helper and not self.children[1] and not self.closed then
+    d:wait(ms)
+  else
+    self:_waitset():wait(ms)
+  end
+end
+
 -- Puts a process's descriptor into the set behind fd() (the root's, for a
 -- nested session). Closing it takes it out again.
 function M:_watch(d)

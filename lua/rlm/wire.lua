@@ -40,7 +40,14 @@ function M:_wait(accept_replies)
         return "child", child, ev
       end
     end
-    local kind, a, b, c = drv:poll(0, self.max_values)
+    -- Right after a line went to the driver, or while requests wait in the
+    -- outbox, a look at the pipe would cost a system call that finds
+    -- nothing: only what the driver holds already is taken (a line read
+    -- with the last one), and the rest waits for whoever drives the session
+    -- (fd(), or timeout(), which is 0 while the driver holds an event; the
+    -- wait of rlm.blocking reads the line as it wakes).
+    local kind, a, b, c = drv:poll(0, self.max_values, self.sent or self.outbox[1] ~= nil)
+    self.sent = false
     if kind then
       return kind, a, b, c
     end
@@ -134,6 +141,7 @@ function M:_send(msg)
   if not ok then
     return self:_expect({}) -- the reason it cannot take input is queued
   end
+  self.sent = true
   return true
 end
 return M
