@@ -12,8 +12,6 @@ local M = {}
 local IDLE = {}
 M.IDLE = IDLE
 
-local pack, unpack = util.pack, util.unpack
-
 -- A yield from a user callback that runs inside the engine (on_event,
 -- cost_usd): passed on to whoever resumed us when that is a coroutine that
 -- may yield; otherwise the callback gets util.NO_YIELD back, and fails.
@@ -28,6 +26,42 @@ local function take(queue)
   return table.remove(queue, 1)
 end
 
+-- What one resume of the engine gave: it raised, ended, waits (IDLE), or
+-- a user callback inside it yielded (passed on, and the engine resumed
+-- with the answer). Varargs, not a table per resume.
+local function resumed(self, ok, first, ...)
+  if not ok then
+    -- The engine raised. Whatever the driver sent must not raise out of
+    -- run(), step(), poll() or an adapter: the session ends with an err.
+    local trace = debug.traceback(self.engine, tostring(first))
+    self.engine = nil
+    if self.closed then
+      -- Closed from a callback the engine was inside: that is the end.
+      self:_cancelled()
+      self.terminal = { type = "error", err = self.failed }
+      return
+    end
+    self:_fail(errors.new("protocol_error", "rlm: internal error while handling the driver's input: "
+      .. trace))
+    self.terminal = { type = "error", err = self.failed }
+    return
+  end
+  if coroutine.status(self.engine) == "dead" then
+    self.engine = nil
+    local ev = first
+    if ev.type == "error" then
+      self:_fail(ev.err)
+      ev.err = self.failed
+    end
+    self.terminal = ev
+    return
+  end
+  if first == IDLE then
+    return
+  end
+  return resumed(self, coroutine.resume(self.engine, pass_through(first, ...)))
+end
+
 -- Resumes the engine until it has something for the outside or waits.
 function M:_pump()
   self.pumped_at = core.now_ms() -- sandbox.probe: this session is driven
@@ -36,39 +70,7 @@ function M:_pump()
       return self:_main()
     end)
   end
-  local res = pack(coroutine.resume(self.engine))
-  while true do
-    if not res[1] then
-      -- The engine raised. Whatever the driver sent must not raise out of
-      -- run(), step(), poll() or an adapter: the session ends with an err.
-      local trace = debug.traceback(self.engine, tostring(res[2]))
-      self.engine = nil
-      if self.closed then
-        -- Closed from a callback the engine was inside: that is the end.
-        self:_cancelled()
-        self.terminal = { type = "error", err = self.failed }
-        return
-      end
-      self:_fail(errors.new("protocol_error", "rlm: internal error while handling the driver's input: "
-        .. trace))
-      self.terminal = { type = "error", err = self.failed }
-      return
-    end
-    if coroutine.status(self.engine) == "dead" then
-      self.engine = nil
-      local ev = res[2]
-      if ev.type == "error" then
-        self:_fail(ev.err)
-        ev.err = self.failed
-      end
-      self.terminal = ev
-      return
-    end
-    if res[2] == IDLE then
-      return
-    end
-    res = pack(coroutine.resume(self.engine, pass_through(unpack(res, 2, res.n))))
-  end
+  return resumed(self, coroutine.resume(self.engine))
 end
 
 --- The pump: what the session needs from the outside now, or nil when it

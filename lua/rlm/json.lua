@@ -340,6 +340,11 @@ function M.decode_value(text, max_values)
   return v
 end
 
+-- lua-cjson's encoder alone, for a message the host built of strings,
+-- booleans and integers below 1e14 in size (an llm_result): what it writes
+-- for those is what M.encode writes, without the walk that checks.
+M.encode_plain = json.encode
+
 -- The raw decoder (lua-cjson, numbers as it reads them; raises on bad JSON)
 -- and the walk that makes every number of a decoded value an integer.
 M.decode = json.decode

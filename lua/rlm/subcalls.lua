@@ -203,7 +203,7 @@ end
 function M:_send_result(call, text, problem)
   self.open_slots = self.open_slots - 1
   return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
-    index = call.batch_index and call.batch_index - 1 or nil, count = call.count })
+    index = call.batch_index and call.batch_index - 1 or nil, count = call.count }, true)
 end
 
 -- The answer to one of the code's llm_query calls: back to the driver.

@@ -136,8 +136,9 @@ function M:_expect(allowed)
   return self:_driver_message(allowed, self:_wait(false))
 end
 
-function M:_send(msg)
-  local ok = self.driver:send(json.encode(msg))
+-- plain: msg holds only strings, booleans and small integers (json.encode_plain).
+function M:_send(msg, plain)
+  local ok = self.driver:send((plain and json.encode_plain or json.encode)(msg))
   if not ok then
     return self:_expect({}) -- the reason it cannot take input is queued
   end
