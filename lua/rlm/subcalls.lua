@@ -229,11 +229,13 @@ function M:_sub_answer(reply)
       return nil, usage
     end
   end
-  local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = req.prompt,
-    response = text, error = slot_error, latency_ms = core.now_ms() - req.t0, index = req.index,
-    batch_index = req.batch_index, batch_size = req.batch_size, batch_id = req.batch_id, usage = usage })
-  if not ok then
-    return nil, err
+  if self.opts.on_event then -- the event is built only for someone to see it
+    local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = req.prompt,
+      response = text, error = slot_error, latency_ms = core.now_ms() - req.t0, index = req.index,
+      batch_index = req.batch_index, batch_size = req.batch_size, batch_id = req.batch_id, usage = usage })
+    if not ok then
+      return nil, err
+    end
   end
   return self:_send_result(req, text, slot_error)
 end

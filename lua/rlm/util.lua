@@ -47,6 +47,31 @@ local yieldable_pcall = not (_VERSION == "Lua 5.1" and rawget(_G, "jit") == nil)
 --   otherwise: fn stays suspended until what it waits on (a timer, a
 --     socket of the host's loop) resumes it; on_end comes then.
 -- On PUC Lua 5.1, a raise after such an outside resume reaches that resumer.
+local DONE = {} -- what a worker yields when its call is over
+local workers = {} -- idle workers, for the next call (a few at most)
+local MAX_IDLE_WORKERS = 4
+
+local function run_job(fn, args, finish)
+  if yieldable_pcall then
+    return finish(xpcall(function()
+      return fn(unpack(args, 1, args.n)) -- fn may be a callable table
+    end, debug.traceback))
+  end
+  return finish(true, fn(unpack(args, 1, args.n)))
+end
+
+-- A worker runs one call after another: after each it yields DONE and
+-- waits for the next. A coroutine per call costs its allocation (a Lua
+-- state and its stack) on every llm_query.
+local function worker(fn, args, finish)
+  while true do
+    run_job(fn, args, finish)
+    -- An idle worker holds nothing of its last call.
+    fn, args, finish = nil, nil, nil -- luacheck: ignore 311
+    fn, args, finish = coroutine.yield(DONE)
+  end
+end
+
 local function call(fn, args, on_end, pass_yields)
   local ended = false
   local function finish(...)
@@ -55,18 +80,25 @@ local function call(fn, args, on_end, pass_yields)
       on_end(...)
     end
   end
-  local co = coroutine.create(function()
-    if yieldable_pcall then
-      return finish(xpcall(function()
-        return fn(unpack(args, 1, args.n)) -- fn may be a callable table
-      end, debug.traceback))
-    end
-    return finish(true, fn(unpack(args, 1, args.n)))
-  end)
-  local res = pack(coroutine.resume(co))
+  -- Only when pass_yields does this function resume the coroutine to the
+  -- end, and so sees DONE: a callback that waits on the host's loop is
+  -- resumed by that loop, which must see its coroutine end.
+  local co
+  if pass_yields then
+    co = table.remove(workers) or coroutine.create(worker)
+  else
+    co = coroutine.create(run_job)
+  end
+  local res = pack(coroutine.resume(co, fn, args, finish))
   while true do
     if not res[1] then
       return finish(false, debug.traceback(co, tostring(res[2])))
+    end
+    if pass_yields and res[2] == DONE and ended and coroutine.status(co) == "suspended" then
+      if #workers < MAX_IDLE_WORKERS then
+        workers[#workers + 1] = co
+      end
+      return
     end
     if ended or not pass_yields or coroutine.status(co) == "dead" then
       return

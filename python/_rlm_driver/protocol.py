@@ -141,23 +141,29 @@ def interrupt_now():
     raise KeyboardInterrupt(INTERRUPT_MESSAGE)
 
 
+MAIN_THREAD_ID = threading.main_thread().ident
+
+
 class MainThreadBusy:
     """Marks the main thread as inside a call to the host: SIGINT's handler
     does not raise there (a protocol line half read or written would be
     lost); the interrupt is raised when the call is over."""
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        if threading.get_ident() == MAIN_THREAD_ID:
             state.current.main_busy += 1
 
     def __exit__(self, kind, value, traceback):
         session = state.current
-        if threading.current_thread() is threading.main_thread():
+        if threading.get_ident() == MAIN_THREAD_ID:
             session.main_busy -= 1
             if (not session.main_busy and session.interrupt_pending and session.executing
                     and not session.interrupt_raised and kind is None):
                 interrupt_now()
         return False
+
+
+BUSY = MainThreadBusy()  # it holds no state: one for every call
 
 
 class SubCallError(str):
@@ -203,7 +209,7 @@ def next_reply(request_id, what, kind="llm_result"):
 
 def call(request, what):
     """One call back to the host: its answer, or its error raised here."""
-    with MainThreadBusy(), CHANNEL:
+    with BUSY, CHANNEL:
         request_id = begin_call(request, what, plain=True)
         reply = next_reply(request_id, "request")
     if reply.get("error") is not None:
@@ -222,7 +228,7 @@ def call_batch(request, n, what):
                          f"message: split it")
     answers = [None] * n
     missing = n
-    with MainThreadBusy(), CHANNEL:
+    with BUSY, CHANNEL:
         request_id = begin_call(request, what, plain=True)
         while missing:
             reply = next_reply(request_id, "batch")
