@@ -49,7 +49,10 @@ local yieldable_pcall = not (_VERSION == "Lua 5.1" and rawget(_G, "jit") == nil)
 -- On PUC Lua 5.1, a raise after such an outside resume reaches that resumer.
 local DONE = {} -- what a worker yields when its call is over
 local workers = {} -- idle workers, for the next call (a few at most)
-local MAX_IDLE_WORKERS = 4
+-- Not on LuaJIT: there an idle worker kept a finished call's session
+-- reachable (its sandbox outlived close-by-GC in the specs), and a
+-- coroutine costs it little to make.
+local MAX_IDLE_WORKERS = rawget(_G, "jit") and 0 or 4
 
 local function run_job(fn, args, finish)
   if yieldable_pcall then
@@ -84,7 +87,7 @@ local function call(fn, args, on_end, pass_yields)
   -- end, and so sees DONE: a callback that waits on the host's loop is
   -- resumed by that loop, which must see its coroutine end.
   local co
-  if pass_yields then
+  if pass_yields and MAX_IDLE_WORKERS > 0 then
     co = table.remove(workers) or coroutine.create(worker)
   else
     co = coroutine.create(run_job)
