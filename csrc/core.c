@@ -711,6 +711,27 @@ static int driver_exec_ms(lua_State *L) {
   return 1;
 }
 
+/* d:start_stamps() -> { keeper=, context=, uid=, clone=, exec=, cgroup= }:
+ * when the keeper reached each step of the start, on now_ms()'s clock (nil
+ * until it has started). For bench/. */
+static int driver_start_stamps(lua_State *L) {
+  rlm_driver *d = check_driver(L)->d;
+  const uint64_t *t = rlm_driver_stamps(d);
+  if (t == NULL)
+    return 0;
+  static const char *const names[] = {"keeper", "context", "uid", "clone",
+                                      "cgroup"};
+  lua_createtable(L, 0, 6);
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if (t[i] != 0) {
+      lua_pushnumber(L, (lua_Number)(t[i] / 1000) / 1000.0);
+      lua_setfield(L, -2, names[i]);
+    }
+  lua_pushnumber(L, (lua_Number)(rlm_driver_exec_ns(d) / 1000) / 1000.0);
+  lua_setfield(L, -2, "exec");
+  return 1;
+}
+
 static int driver_close(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   rlm_driver *d = u->d;
@@ -869,6 +890,7 @@ static const luaL_Reg driver_methods[] = {
     {"timeout", driver_timeout},
     {"uid", driver_uid},
     {"exec_ms", driver_exec_ms},
+    {"start_stamps", driver_start_stamps},
     {"close", driver_close},
     {NULL, NULL},
 };

@@ -834,6 +834,10 @@ int rlm_driver_backend_timeout(rlm_driver *d) {
 
 unsigned rlm_driver_uid(const rlm_driver *d) { return d->spawned ? d->uid : 0; }
 
+const uint64_t *rlm_driver_stamps(const rlm_driver *d) {
+  return d->spawned ? d->stamps : NULL;
+}
+
 uint64_t rlm_driver_exec_ns(const rlm_driver *d) {
   return d->spawned ? d->exec_ns : 0;
 }

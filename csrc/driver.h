@@ -129,6 +129,10 @@ RLM_FN unsigned rlm_driver_uid(const rlm_driver *d);
 /* When bubblewrap was exec'd, on uv_hrtime()'s clock (CLOCK_MONOTONIC, ns);
  * 0 until it has started. For the start-up phases of bench/. */
 RLM_FN uint64_t rlm_driver_exec_ns(const rlm_driver *d);
+/* The keeper's steps, on the same clock: its start, the context written,
+ * the uid claimed, the clone, the cgroup made (0: not reached); NULL until
+ * it has started. For bench/. */
+RLM_FN const uint64_t *rlm_driver_stamps(const rlm_driver *d);
 
 /* Whether the keeper is done with opts.context: the caller may free it. */
 RLM_FN int rlm_driver_context_done(rlm_driver *d);

@@ -57,7 +57,8 @@ extern char **environ;
 enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };
 
 struct rlm_driver {
-  uint64_t exec_ns; /* uv_hrtime() when the spawn returned: bubblewrap runs */
+  uint64_t exec_ns;   /* uv_hrtime() when the spawn returned: bubblewrap runs */
+  uint64_t stamps[8]; /* uv_hrtime() at the keeper's steps, for bench/ */
   uv_loop_t loop;
   uv_poll_t exit_watch; /* the pidfd turns readable when the process exits */
   int pidfd;

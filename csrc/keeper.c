@@ -172,8 +172,10 @@ static int write_context(rlm_driver *d, char *err, size_t errlen) {
 static int keeper_start(rlm_driver *d) {
   char *err = d->start_err;
   size_t errlen = sizeof(d->start_err);
+  d->stamps[0] = uv_hrtime();
   if (d->context_at >= 0 && write_context(d, err, errlen) != 0)
     return -1;
+  d->stamps[1] = uv_hrtime();
   if (d->claim_uid) {
     /* Never host root inside: an unprivileged uid of the session's own. */
     uint32_t uid;
@@ -183,6 +185,7 @@ static int keeper_start(rlm_driver *d) {
     d->uid = uid;
     d->run_as = uid;
   }
+  d->stamps[2] = uv_hrtime();
   if (atomic_load(&d->closing)) {
     snprintf(err, errlen, "closed before it started");
     return -1;
@@ -200,6 +203,7 @@ static int keeper_start(rlm_driver *d) {
     if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
       rlm_cgroup_remove(&d->cg);
   }
+  d->stamps[4] = uv_hrtime();
   return 0;
 }
 

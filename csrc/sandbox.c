@@ -40,16 +40,76 @@ void rlm_argv_free(rlm_argv *a) {
 
 /* What has been exposed so far, so that a path inside an exposed directory or
  * a symlink seen twice is not emitted again. */
+/* What one build has asked the filesystem, by path: the ro paths share
+ * their directories, and each would otherwise be stat'ed again for every
+ * path below it (hundreds of system calls a spawn). */
+#define STAT_MEMO_SLOTS 1024
+typedef struct stat_memo {
+  char *path;
+  int lstat_rc, stat_rc; /* 0, -1 (failed) or 1 (not asked yet) */
+  mode_t lmode, mode;
+} stat_memo;
+
 typedef struct exposer {
   rlm_argv *argv;
   rlm_argv seen;
   rlm_argv *stage;
   int failed;
+  stat_memo *memo; /* STAT_MEMO_SLOTS, or NULL: ask every time */
 } exposer;
+
+/* The memo's slot for path, made on first use; NULL when it is full. */
+static stat_memo *memo_slot(exposer *e, const char *path) {
+  if (e->memo == NULL)
+    return NULL;
+  uint32_t h = 2166136261u;
+  for (const char *p = path; *p; p++)
+    h = (h ^ (unsigned char)*p) * 16777619u;
+  for (uint32_t k = 0; k < STAT_MEMO_SLOTS; k++) {
+    stat_memo *m = &e->memo[(h + k) % STAT_MEMO_SLOTS];
+    if (m->path == NULL) {
+      if (k > STAT_MEMO_SLOTS / 2 || (m->path = strdup(path)) == NULL)
+        return NULL;
+      m->lstat_rc = m->stat_rc = 1;
+      return m;
+    }
+    if (strcmp(m->path, path) == 0)
+      return m;
+  }
+  return NULL;
+}
+
+/* lstat (follow = 0) or stat, remembered: 0 and the mode, or -1. */
+static int memo_stat(exposer *e, const char *path, int follow, mode_t *mode) {
+  stat_memo *m = memo_slot(e, path);
+  int *rc = m == NULL ? NULL : follow ? &m->stat_rc : &m->lstat_rc;
+  mode_t *mm = m == NULL ? NULL : follow ? &m->mode : &m->lmode;
+  if (rc != NULL && *rc != 1) {
+    *mode = *mm;
+    return *rc;
+  }
+  struct stat st;
+  int r = (follow ? stat(path, &st) : lstat(path, &st)) == 0 ? 0 : -1;
+  *mode = r == 0 ? st.st_mode : 0;
+  if (rc != NULL) {
+    *rc = r;
+    *mm = *mode;
+  }
+  return r;
+}
+
+static void memo_free(exposer *e) {
+  if (e->memo == NULL)
+    return;
+  for (size_t i = 0; i < STAT_MEMO_SLOTS; i++)
+    free(e->memo[i].path);
+  free(e->memo);
+  e->memo = NULL;
+}
 
 /* Whether a process with no privilege and none of the owners' ids can
  * resolve path: every directory above it searchable by others. */
-static int reachable_by_others(const char *path) {
+static int reachable_by_others(exposer *e, const char *path) {
   char dir[PATH_MAX];
   size_t len = strlen(path);
   if (len >= sizeof(dir))
@@ -61,8 +121,8 @@ static int reachable_by_others(const char *path) {
       slash[1] = '\0';
     else
       *slash = '\0';
-    struct stat st;
-    if (stat(dir, &st) != 0 || !(st.st_mode & S_IXOTH))
+    mode_t mode;
+    if (memo_stat(e, dir, 1, &mode) != 0 || !(mode & S_IXOTH))
       return 0;
     if (slash == dir)
       break;
@@ -127,10 +187,10 @@ static void expose(exposer *e, const char *path, int hops) {
     if (already_exposed(e, cur))
       return;
 
-    struct stat st;
-    if (lstat(cur, &st) != 0)
+    mode_t mode;
+    if (memo_stat(e, cur, 0, &mode) != 0)
       return;
-    if (!S_ISLNK(st.st_mode))
+    if (!S_ISLNK(mode))
       continue;
 
     char target[PATH_MAX];
@@ -166,7 +226,7 @@ static void expose(exposer *e, const char *path, int hops) {
   }
   if (curlen == 0)
     return;
-  if (e->stage != NULL && !reachable_by_others(cur)) {
+  if (e->stage != NULL && !reachable_by_others(e, cur)) {
     char staged[64];
     snprintf(staged, sizeof(staged), RLM_STAGE_DIR "/%zu", e->stage->n);
     if (rlm_argv_push(e->stage, cur))
@@ -290,7 +350,8 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
       "/dev",
       NULL,
   };
-  exposer e = {out, {0}, spec->stage, 0};
+  exposer e = {
+      out, {0}, spec->stage, 0, calloc(STAT_MEMO_SLOTS, sizeof(stat_memo))};
 
   if (rlm_argv_push(out, spec->bwrap))
     goto oom;
@@ -350,12 +411,14 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
     if (rlm_argv_push(out, *p))
       goto oom;
   rlm_argv_free(&e.seen);
+  memo_free(&e);
   return 0;
 
 oom:
   snprintf(err, errlen, "out of memory building the sandbox command line");
 fail:
   rlm_argv_free(&e.seen);
+  memo_free(&e);
   rlm_argv_free(out);
   return -1;
 }

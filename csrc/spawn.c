@@ -153,6 +153,7 @@ static int fork_child(rlm_driver *d, const rlm_driver *o, const int *fds,
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
+  d->stamps[3] = uv_hrtime();
   char *stack = malloc(CHILD_STACK);
   pid_t pid = stack == NULL ? -1
                             : clone(child_entry, stack + CHILD_STACK,
