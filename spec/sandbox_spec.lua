@@ -174,6 +174,32 @@ print('none')]], "none" },
       end
     end)
 
+    -- /proc/<pid>/stat's process group and session.
+    local function group_and_session(pid)
+      local stat = H.read_file("/proc/" .. pid .. "/stat") or ""
+      local pgrp, sid = stat:match("%) %S+ %d+ (%d+) (%d+)")
+      return tonumber(pgrp), tonumber(sid)
+    end
+
+    it("puts the launcher in a process group of its own, and the driver in a session of its own", function()
+      local s = H.session({ root_llm = H.script({ fence("print(1)"), fence("FINAL('done')") }) })
+      local entry, err = s:step()
+      assert.is_truthy(entry, err and tostring(err))
+      local tree = s.driver:tree()
+      local host_pgrp, host_sid = group_and_session(H.pid())
+      local launcher_pgrp, launcher_sid = group_and_session(tree[1])
+      local driver_pgrp, driver_sid = group_and_session(tree[#tree])
+      s:close()
+      assert.is_truthy(host_pgrp and launcher_pgrp and driver_pgrp)
+      -- A ^C in the host's terminal reaches the host's group alone.
+      assert.are_not.equal(host_pgrp, launcher_pgrp)
+      assert.are.equal(tree[1], launcher_pgrp)
+      -- What runs inside has no terminal of the host's (bubblewrap's
+      -- --new-session): a session of its own.
+      assert.are_not.equal(host_sid, driver_sid)
+      assert.are_not.equal(launcher_sid, driver_sid)
+    end)
+
     it("reports a failure there as sandbox_unavailable with its cause", function()
       local spawn = core.spawn
       core.spawn = function(spec)
