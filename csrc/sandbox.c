@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -328,6 +329,137 @@ static int bind_modules(exposer *e, const rlm_sandbox_spec *spec, char *err,
   return 0;
 }
 
+/* The binds of the ro paths and the interpreter, by the list they were
+ * made from: the installation's layout is read at the first spawn of the
+ * process that exposes it, as the probe that lists it runs once per Lua
+ * state. What a bind names is still resolved by bubblewrap at each spawn,
+ * and a rebuild would expose the same names' targets: a later change to
+ * the installation shows the same files either way (or fails the bind).
+ * /proc's entries are looked at every time (hide_proc). */
+#define EXPOSE_CACHE_SLOTS 4
+typedef struct expose_entry {
+  char *key; /* staged?, python, ro..., each NUL-terminated */
+  size_t key_len;
+  rlm_argv args, stage;
+} expose_entry;
+static pthread_mutex_t expose_mu = PTHREAD_MUTEX_INITIALIZER;
+static expose_entry expose_cache[EXPOSE_CACHE_SLOTS];
+static unsigned expose_next; /* the slot the next miss replaces */
+
+static char *expose_key(const rlm_sandbox_spec *spec, size_t *len) {
+  size_t n = 2 + strlen(spec->python) + 1;
+  for (size_t i = 0; i < spec->n_ro; i++)
+    n += strlen(spec->ro[i]) + 1;
+  char *key = malloc(n), *p = key;
+  if (key == NULL)
+    return NULL;
+  *p++ = spec->stage != NULL ? 's' : '-';
+  *p++ = '\0';
+  p = stpcpy(p, spec->python) + 1;
+  for (size_t i = 0; i < spec->n_ro; i++)
+    p = stpcpy(p, spec->ro[i]) + 1;
+  *len = n;
+  return key;
+}
+
+static int append_all(rlm_argv *to, const rlm_argv *from) {
+  for (size_t i = 0; i < from->n; i++)
+    if (rlm_argv_push(to, from->v[i]))
+      return -1;
+  return 0;
+}
+
+/* Appends the cached binds for key to e (and its stage): 1, or 0 when
+ * there are none (or -1 out of memory). */
+static int expose_cached(exposer *e, const char *key, size_t len) {
+  int found = 0;
+  pthread_mutex_lock(&expose_mu);
+  for (size_t i = 0; i < EXPOSE_CACHE_SLOTS && !found; i++) {
+    expose_entry *c = &expose_cache[i];
+    if (c->key != NULL && c->key_len == len && memcmp(c->key, key, len) == 0)
+      found = append_all(e->argv, &c->args) != 0 ||
+                      (e->stage != NULL && append_all(e->stage, &c->stage))
+                  ? -1
+                  : 1;
+  }
+  pthread_mutex_unlock(&expose_mu);
+  return found;
+}
+
+/* Keeps what was made for key (taking key). */
+static void expose_keep(char *key, size_t len, const rlm_argv *args,
+                        const rlm_argv *stage) {
+  expose_entry c = {key, len, {0}, {0}};
+  if (append_all(&c.args, args) != 0 ||
+      (stage != NULL && append_all(&c.stage, stage) != 0)) {
+    free(key);
+    rlm_argv_free(&c.args);
+    rlm_argv_free(&c.stage);
+    return;
+  }
+  pthread_mutex_lock(&expose_mu);
+  expose_entry old = expose_cache[expose_next];
+  expose_cache[expose_next] = c;
+  expose_next = (expose_next + 1) % EXPOSE_CACHE_SLOTS;
+  pthread_mutex_unlock(&expose_mu);
+  free(old.key);
+  rlm_argv_free(&old.args);
+  rlm_argv_free(&old.stage);
+}
+
+/* The binds of spec's ro paths and interpreter, appended to e's argv:
+ * from the cache, or made. 0, or -1 with a message. */
+static int expose_installation(exposer *e, const rlm_sandbox_spec *spec,
+                               char *err, size_t errlen) {
+  size_t len = 0;
+  char *key = expose_key(spec, &len);
+  int hit = key != NULL ? expose_cached(e, key, len) : 0;
+  if (hit != 0) {
+    free(key);
+    if (hit < 0)
+      e->failed = 1;
+    return 0;
+  }
+  /* Made into lists of their own, then kept and appended; the memo may be
+   * missing (out of memory): every path is then asked again. */
+  e->memo = calloc(STAT_MEMO_SLOTS, sizeof(stat_memo));
+  /* Made into lists of their own, then kept and appended. */
+  rlm_argv *out = e->argv, *out_stage = e->stage;
+  rlm_argv args = {0}, stage = {0};
+  e->argv = &args;
+  if (out_stage != NULL) {
+    e->stage = &stage;
+    /* The staged paths are numbered from the caller's count (0: the first
+     * spawn's and every other's alike). */
+    if (out_stage->n != 0)
+      e->failed = 1;
+  }
+  for (size_t i = 0; i < spec->n_ro; i++)
+    expose(e, spec->ro[i], 0);
+  expose(e, spec->python, 0);
+  int ok = already_exposed(e, spec->python);
+  e->argv = out;
+  e->stage = out_stage;
+  if (!ok) {
+    snprintf(err, errlen, "the interpreter %s cannot be exposed in the sandbox",
+             spec->python);
+    free(key);
+  } else if (!e->failed) {
+    if (append_all(out, &args) != 0 ||
+        (out_stage != NULL && append_all(out_stage, &stage) != 0))
+      e->failed = 1;
+    else if (key != NULL)
+      expose_keep(key, len, &args, out_stage != NULL ? &stage : NULL);
+    else
+      free(key);
+  } else {
+    free(key);
+  }
+  rlm_argv_free(&args);
+  rlm_argv_free(&stage);
+  return ok ? 0 : -1;
+}
+
 int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
                      size_t errlen) {
   static const char *const head[] = {
@@ -350,8 +482,7 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
       "/dev",
       NULL,
   };
-  exposer e = {
-      out, {0}, spec->stage, 0, calloc(STAT_MEMO_SLOTS, sizeof(stat_memo))};
+  exposer e = {out, {0}, spec->stage, 0, NULL};
 
   if (rlm_argv_push(out, spec->bwrap))
     goto oom;
@@ -359,14 +490,8 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
     if (rlm_argv_push(out, *p))
       goto oom;
 
-  for (size_t i = 0; i < spec->n_ro; i++)
-    expose(&e, spec->ro[i], 0);
-  expose(&e, spec->python, 0);
-  if (!already_exposed(&e, spec->python)) {
-    snprintf(err, errlen, "the interpreter %s cannot be exposed in the sandbox",
-             spec->python);
+  if (expose_installation(&e, spec, err, errlen) != 0)
     goto fail;
-  }
   if (spec->driver_fd >= 0) {
     char fd[16];
     snprintf(fd, sizeof(fd), "%d", spec->driver_fd);
