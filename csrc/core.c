@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,8 @@
 #define DRIVER_MT "rlm.core.Driver"
 #define CANARIES_MT "rlm.core.Canaries"
 #define WAITSET_MT "rlm.core.Waitset"
+#define SEALED_MT "rlm.core.Sealed"
+#define ZIP_CACHE "rlm.core.zip" /* { zip string, Sealed } */
 #define MAX_RO_PATHS 4096
 
 /* The driver sees a fixed environment: nothing of the host's. */
@@ -156,8 +159,6 @@ static int push_argv(lua_State *L, rlm_argv *argv) {
   return 1;
 }
 
-#define HANDED_MAX (3 + RLM_MAX_DRIVER_MODULES)
-
 /* Opens the package's files beside the driver into fds[]; 0, or -1 with a
  * message. */
 static int open_modules(const rlm_sandbox_spec *spec, int *fds, char *err,
@@ -172,7 +173,9 @@ static int open_modules(const rlm_sandbox_spec *spec, int *fds, char *err,
                spec->modules[i]);
       return -1;
     }
-    if ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+    while ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0 && errno == EINTR)
+      ;
+    if (fds[i] < 0) {
       snprintf(err, errlen, "opening %.256s: %s", path, strerror(errno));
       return -1;
     }
@@ -180,18 +183,180 @@ static int open_modules(const rlm_sandbox_spec *spec, int *fds, char *err,
   return 0;
 }
 
-static void close_fd(int *fd) {
-  if (*fd >= 0) {
-    close(*fd);
-    *fd = -1;
+/* A sealed memfd shared by every spawn that hands it over (the driver's
+ * zip, made once per probe): each spawn's keeper opens a description of
+ * its own (bwrap read()s it), and the last holder closes it. */
+typedef struct sealed_blob {
+  atomic_int refs;
+  int fd;
+} sealed_blob;
+
+static void blob_unref(sealed_blob *b) {
+  if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
+    close(b->fd);
+    free(b);
   }
 }
 
+static int blob_gc(lua_State *L) {
+  sealed_blob **b = luaL_checkudata(L, 1, SEALED_MT);
+  blob_unref(*b);
+  *b = NULL;
+  return 0;
+}
+
+/* The sealed memfd of the zip at index zi, with a reference for the
+ * caller: the Lua state's last one when it is the same string (a probe's
+ * zip is one string for its whole life), else a new one that replaces it.
+ * NULL with a message. */
+static sealed_blob *zip_blob(lua_State *L, int zi, char *err, size_t errlen) {
+  lua_getfield(L, LUA_REGISTRYINDEX, ZIP_CACHE);
+  if (lua_istable(L, -1)) {
+    lua_rawgeti(L, -1, 1);
+    int same = lua_rawequal(L, -1, zi);
+    lua_pop(L, 1);
+    if (same) {
+      lua_rawgeti(L, -1, 2);
+      sealed_blob **b = luaL_checkudata(L, -1, SEALED_MT);
+      sealed_blob *blob = *b;
+      lua_pop(L, 2);
+      if (blob != NULL) {
+        atomic_fetch_add(&blob->refs, 1);
+        return blob;
+      }
+      lua_pushnil(L);
+    }
+  }
+  lua_pop(L, 1);
+  size_t len;
+  const char *zip = lua_tolstring(L, zi, &len);
+  sealed_blob **b = lua_newuserdata(L, sizeof(*b));
+  *b = NULL;
+  luaL_getmetatable(L, SEALED_MT);
+  lua_setmetatable(L, -2);
+  int fd = rlm_context_open();
+  if (fd < 0 || rlm_context_append(fd, zip, len) != 0 ||
+      rlm_context_seal(fd) != 0 || (*b = malloc(sizeof(**b))) == NULL) {
+    snprintf(err, errlen, "the driver's zip: %s", strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    lua_pop(L, 1);
+    return NULL;
+  }
+  atomic_init(&(*b)->refs, 2); /* the cache's and the caller's */
+  (*b)->fd = fd;
+  sealed_blob *blob = *b;
+  lua_createtable(L, 2, 0);
+  lua_pushvalue(L, zi);
+  lua_rawseti(L, -2, 1);
+  lua_pushvalue(L, -2);
+  lua_rawseti(L, -2, 2);
+  lua_setfield(L, LUA_REGISTRYINDEX, ZIP_CACHE);
+  lua_pop(L, 1);
+  return blob;
+}
+
+/* What the keeper needs to make the command line and the descriptors: the
+ * spec with its own copies of the strings (in the same allocation), and the
+ * zip. */
+typedef struct spawn_plan {
+  rlm_sandbox_spec spec;
+  sealed_blob *zip; /* NULL: the modules' files */
+  int as_root;
+} spawn_plan;
+
+static void plan_free(void *arg) {
+  spawn_plan *plan = arg;
+  blob_unref(plan->zip);
+  free(plan);
+}
+
+/* A copy of spec (bwrap, python, driver, ro, modules) in one allocation. */
+static spawn_plan *plan_new(const rlm_sandbox_spec *spec) {
+  size_t n = spec->n_ro + spec->n_modules + 3;
+  size_t bytes =
+      sizeof(spawn_plan) + (spec->n_ro + spec->n_modules + 2) * sizeof(char *);
+  const char *src[3] = {spec->bwrap, spec->python, spec->driver};
+  for (size_t i = 0; i < n; i++) {
+    const char *x = i < 3                ? src[i]
+                    : i < 3 + spec->n_ro ? spec->ro[i - 3]
+                                         : spec->modules[i - 3 - spec->n_ro];
+    bytes += strlen(x) + 1;
+  }
+  spawn_plan *plan = malloc(bytes);
+  if (plan == NULL)
+    return NULL;
+  plan->spec = *spec;
+  plan->zip = NULL;
+  plan->as_root = 0;
+  const char **ro = (const char **)(plan + 1);
+  const char **mods = ro + spec->n_ro + 1;
+  char *p = (char *)(mods + spec->n_modules + 1);
+  for (size_t i = 0; i < n; i++) {
+    const char *x = i < 3                ? src[i]
+                    : i < 3 + spec->n_ro ? spec->ro[i - 3]
+                                         : spec->modules[i - 3 - spec->n_ro];
+    size_t len = strlen(x) + 1;
+    const char *copy = memcpy(p, x, len);
+    p += len;
+    if (i == 0)
+      plan->spec.bwrap = copy;
+    else if (i == 1)
+      plan->spec.python = copy;
+    else if (i == 2)
+      plan->spec.driver = copy;
+    else if (i < 3 + spec->n_ro)
+      ro[i - 3] = copy;
+    else
+      mods[i - 3 - spec->n_ro] = copy;
+  }
+  ro[spec->n_ro] = NULL;
+  mods[spec->n_modules] = NULL;
+  plan->spec.ro = ro;
+  plan->spec.modules = spec->n_modules > 0 ? mods : NULL;
+  plan->spec.stage = NULL;
+  return plan;
+}
+
+/* On the keeper: the filter's, the driver's and its package's descriptors
+ * and the command line. */
+static int plan_prepare(void *arg, rlm_prepared *p, char *err, size_t errlen) {
+  spawn_plan *plan = arg;
+  rlm_sandbox_spec *spec = &plan->spec;
+  if (plan->as_root)
+    spec->stage = &p->stage;
+  p->n_fds = 3 + (plan->zip != NULL ? 1 : spec->n_modules);
+  if ((p->fds[CHILD_SECCOMP_FD - 3] = rlm_seccomp_open(err, errlen)) < 0)
+    return -1;
+  int *drv = &p->fds[CHILD_DRIVER_FD - 3];
+  while ((*drv = open(spec->driver, O_RDONLY | O_CLOEXEC)) < 0 &&
+         errno == EINTR)
+    ;
+  if (*drv < 0) {
+    snprintf(err, errlen, "opening %s: %s", spec->driver, strerror(errno));
+    return -1;
+  }
+  if (plan->zip != NULL) {
+    if ((p->fds[CHILD_ZIP_FD - 3] = rlm_sealed_reopen(plan->zip->fd)) < 0) {
+      snprintf(err, errlen, "the driver's zip: %s", strerror(errno));
+      return -1;
+    }
+  } else if (open_modules(spec, p->fds + 3, err, errlen) != 0) {
+    return -1;
+  }
+  spec->seccomp_fd = CHILD_SECCOMP_FD;
+  spec->driver_fd = CHILD_DRIVER_FD;
+  return rlm_sandbox_argv(spec, &p->argv, err, errlen);
+}
+
 /* core.spawn{bwrap=, python=, driver=, driver_modules={...}, ro={...},
- *            context=, max_line=,
+ *            driver_zip=, context=, max_line=,
  *            max_rss=, rss_interval_ms=, cgroup=, workdir_bytes=,
  *            workdir_files=, uid_first=, uid_count=}
- *   -> Driver | nil, message */
+ *   -> Driver | nil, message
+ * The options are checked here (misuse raises); the command line, the
+ * descriptors, the context's memfd, the uid and the process are made on
+ * the driver's keeper thread, whose failure is the "failed" event. */
 static int core_spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   rlm_sandbox_spec spec;
@@ -220,58 +385,31 @@ static int core_spawn(lua_State *L) {
   lua_setmetatable(L, -2);
 
   char err[512];
-  int filter = -1, drv_text = -1;
-  int handed[HANDED_MAX];
-  for (size_t i = 0; i < HANDED_MAX; i++)
-    handed[i] = -1;
-  rlm_argv argv = {0}, stage = {0};
-  int as_root = geteuid() == 0;
-  if (as_root)
-    spec.stage = &stage;
-  if ((filter = rlm_seccomp_fd(err, sizeof(err))) < 0)
-    goto failed;
-  if ((drv_text = open(spec.driver, O_RDONLY | O_CLOEXEC)) < 0) {
-    snprintf(err, sizeof(err), "opening %s: %s", spec.driver, strerror(errno));
-    goto failed;
-  }
+  spawn_plan *plan = plan_new(&spec);
+  if (plan == NULL)
+    return fail(L, "out of memory");
+  plan->as_root = geteuid() == 0;
   if (spec.zip_fd >= 0) {
-    size_t zip_len;
     lua_getfield(L, 1, "driver_zip");
-    const char *zip = lua_tolstring(L, -1, &zip_len);
-    int zfd = rlm_context_open();
-    if (zfd < 0 || rlm_context_append(zfd, zip, zip_len) != 0 ||
-        rlm_context_seal(zfd) != 0) {
-      snprintf(err, sizeof(err), "the driver's zip: %s", strerror(errno));
-      if (zfd >= 0)
-        close(zfd);
-      goto failed;
-    }
+    plan->zip = zip_blob(L, lua_gettop(L), err, sizeof(err));
     lua_pop(L, 1);
-    handed[3] = zfd;
-  } else if (open_modules(&spec, handed + 3, err, sizeof(err)) != 0) {
-    goto failed;
+    if (plan->zip == NULL) {
+      plan_free(plan);
+      return fail(L, err);
+    }
   }
-  spec.seccomp_fd = CHILD_SECCOMP_FD;
-  spec.driver_fd = CHILD_DRIVER_FD;
-  if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
-    goto failed;
-  handed[0] = filter;
-  handed[1] = -1; /* the keeper makes the context's */
-  handed[2] = drv_text;
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
-  o.argv = argv.v;
+  o.prepare = plan_prepare;
+  o.prepare_arg = plan; /* the driver's from here, even on failure */
+  o.prepare_free = plan_free;
   o.env = sandbox_env;
-  o.inherit_fds = handed;
-  o.n_inherit = 3 + (spec.zip_fd >= 0 ? 1 : spec.n_modules);
   o.context = context;
   o.context_len = context_len;
   o.context_at = CHILD_CONTEXT_FD - 3;
-  o.claim_uid = as_root;
+  o.claim_uid = plan->as_root;
   o.uid_first = uid_first;
   o.uid_count = uid_count;
-  o.stage = stage.v;
-  o.n_stage = stage.n;
   o.max_line = max_line;
   o.max_rss = max_rss;
   o.max_files = max_files;
@@ -279,26 +417,11 @@ static int core_spawn(lua_State *L) {
   o.cgroup = use_cgroup;
   u->d = rlm_driver_start(&o, err, sizeof(err));
   if (u->d == NULL)
-    goto failed;
+    return fail(L, err);
   /* The keeper reads the context off this thread: the string stays. */
   lua_getfield(L, 1, "context");
   u->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  close_fd(&filter); /* the driver has its copies */
-  close_fd(&drv_text);
-  for (size_t i = 3; i < HANDED_MAX; i++)
-    close_fd(&handed[i]);
-  rlm_argv_free(&argv);
-  rlm_argv_free(&stage);
   return 1;
-
-failed:
-  close_fd(&filter);
-  close_fd(&drv_text);
-  for (size_t i = 3; i < HANDED_MAX; i++)
-    close_fd(&handed[i]);
-  rlm_argv_free(&argv);
-  rlm_argv_free(&stage);
-  return fail(L, err);
 }
 
 /* core.sandbox_argv(spec) -> {argv...}: the command line spawn would use,
@@ -722,6 +845,27 @@ static int driver_exec_ms(lua_State *L) {
   return 1;
 }
 
+/* d:start_stamps() -> { keeper=, context=, uid=, clone=, exec=, cgroup= }:
+ * when the keeper reached each step of the start, on now_ms()'s clock (nil
+ * until it has started). For bench/. */
+static int driver_start_stamps(lua_State *L) {
+  rlm_driver *d = check_driver(L)->d;
+  const uint64_t *t = rlm_driver_stamps(d);
+  if (t == NULL)
+    return 0;
+  static const char *const names[] = {"keeper", "context", "uid",
+                                      "clone",  "cgroup",  "prepared"};
+  lua_createtable(L, 0, 7);
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if (t[i] != 0) {
+      lua_pushnumber(L, (lua_Number)(t[i] / 1000) / 1000.0);
+      lua_setfield(L, -2, names[i]);
+    }
+  lua_pushnumber(L, (lua_Number)(rlm_driver_exec_ns(d) / 1000) / 1000.0);
+  lua_setfield(L, -2, "exec");
+  return 1;
+}
+
 static int driver_close(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   rlm_driver *d = u->d;
@@ -881,6 +1025,7 @@ static const luaL_Reg driver_methods[] = {
     {"timeout", driver_timeout},
     {"uid", driver_uid},
     {"exec_ms", driver_exec_ms},
+    {"start_stamps", driver_start_stamps},
     {"close", driver_close},
     {NULL, NULL},
 };
@@ -915,6 +1060,10 @@ __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
   luaL_newlib(L, canaries_methods);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, canaries_remove);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, SEALED_MT);
+  lua_pushcfunction(L, blob_gc);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   luaL_newmetatable(L, WAITSET_MT);

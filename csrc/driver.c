@@ -338,6 +338,8 @@ static int init_pipe(rlm_driver *d, uv_pipe_t *p) {
 }
 
 static void free_driver(rlm_driver *d) {
+  if (d->prepare_arg != NULL)
+    d->prepare_free(d->prepare_arg);
   if (d->pidfd >= 0)
     close(d->pidfd);
   if (d->in_reader >= 0)
@@ -463,8 +465,21 @@ static int pin_library(void) {
              : -1;
 }
 
+static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
+                                size_t errlen, int *took);
+
 rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
                              size_t errlen) {
+  int took = 0;
+  rlm_driver *d = driver_start(o, err, errlen, &took);
+  /* Once made, the driver owns prepare_arg (free_driver frees it). */
+  if (d == NULL && !took && o->prepare_arg != NULL)
+    o->prepare_free(o->prepare_arg);
+  return d;
+}
+
+static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
+                                size_t errlen, int *took) {
   /* libuv aborts the process when its loop cannot get its descriptors:
    * make sure they are there first. */
   int free_fds = rlm_fd_headroom(RLM_DRIVER_FDS);
@@ -480,6 +495,7 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
   }
   if (o->n_inherit > MAX_INHERIT) {
     snprintf(err, errlen, "too many descriptors for the child");
+    errno = EINVAL;
     return NULL;
   }
   (void)pthread_once(&teardowns_once, register_exit_wait);
@@ -492,6 +508,10 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
+  d->prepare = o->prepare;
+  d->prepare_arg = o->prepare_arg;
+  d->prepare_free = o->prepare_free;
+  *took = 1;
   d->uid_lock = -1;
   d->pidfd = -1;
   d->in_reader = -1;
@@ -502,7 +522,8 @@ rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
   d->env = copy_strings(o->env, (size_t)-1);
   d->stage = copy_strings(o->stage, o->n_stage);
   d->n_stage = o->n_stage;
-  if (d->argv == NULL || (o->env != NULL && d->env == NULL) ||
+  if ((o->prepare == NULL && d->argv == NULL) ||
+      (o->env != NULL && d->env == NULL) ||
       (o->n_stage > 0 && d->stage == NULL)) {
     snprintf(err, errlen, "out of memory");
     free_driver(d);
@@ -838,6 +859,10 @@ int rlm_driver_backend_timeout(rlm_driver *d) {
 }
 
 unsigned rlm_driver_uid(const rlm_driver *d) { return d->spawned ? d->uid : 0; }
+
+const uint64_t *rlm_driver_stamps(const rlm_driver *d) {
+  return d->spawned ? d->stamps : NULL;
+}
 
 uint64_t rlm_driver_exec_ns(const rlm_driver *d) {
   return d->spawned ? d->exec_ns : 0;

@@ -4,6 +4,7 @@
 #ifndef RLM_DRIVER_H
 #define RLM_DRIVER_H
 
+#include "sandbox.h"
 #include "unit.h"
 
 #include <stddef.h>
@@ -34,8 +35,28 @@ typedef struct rlm_event {
 
 typedef struct rlm_driver rlm_driver;
 
+/* A start whose command line and descriptors are made on the keeper, off
+ * the caller's thread: prepare fills `out` (argv, stage and fds), or
+ * returns -1 with a message in err, which becomes the RLM_EV_FAILED
+ * event. The keeper closes the fds and frees the lists after it. */
+#define RLM_PREPARED_FDS 16
+typedef struct rlm_prepared {
+  rlm_argv argv;             /* in place of rlm_driver_opts.argv */
+  rlm_argv stage;            /* in place of rlm_driver_opts.stage */
+  int fds[RLM_PREPARED_FDS]; /* in place of inherit_fds; -1: none (the
+                                entry at context_at is not read) */
+  size_t n_fds;              /* in place of n_inherit */
+} rlm_prepared;
+typedef int (*rlm_prepare_fn)(void *arg, rlm_prepared *out, char *err,
+                              size_t errlen);
+
 typedef struct rlm_driver_opts {
-  char *const *argv;      /* argv[0] is an absolute path */
+  char *const *argv;      /* argv[0] is an absolute path; NULL with prepare */
+  rlm_prepare_fn prepare; /* NULL, or what makes argv, stage and the
+                             inherited fds on the keeper (see above) */
+  void *prepare_arg;      /* owned by the driver from the start, even one
+                             that fails: prepare_free(prepare_arg) */
+  void (*prepare_free)(void *arg);
   char *const *env;       /* NULL: the host's */
   const int *inherit_fds; /* become 3, 4, ... in the child */
   size_t n_inherit;
@@ -137,6 +158,10 @@ RLM_FN unsigned rlm_driver_uid(const rlm_driver *d);
 /* When bubblewrap was exec'd, on uv_hrtime()'s clock (CLOCK_MONOTONIC, ns);
  * 0 until it has started. For the start-up phases of bench/. */
 RLM_FN uint64_t rlm_driver_exec_ns(const rlm_driver *d);
+/* The keeper's steps, on the same clock: its start, the context written,
+ * the uid claimed, the clone, the cgroup made (0: not reached); NULL until
+ * it has started. For bench/. */
+RLM_FN const uint64_t *rlm_driver_stamps(const rlm_driver *d);
 
 /* Whether the keeper is done with opts.context: the caller may free it. */
 RLM_FN int rlm_driver_context_done(rlm_driver *d);

@@ -57,7 +57,8 @@ extern char **environ;
 enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };
 
 struct rlm_driver {
-  uint64_t exec_ns; /* uv_hrtime() when the spawn returned: bubblewrap runs */
+  uint64_t exec_ns;   /* uv_hrtime() when the spawn returned: bubblewrap runs */
+  uint64_t stamps[8]; /* uv_hrtime() at the keeper's steps, for bench/ */
   uv_loop_t loop;
   uv_poll_t exit_watch; /* the pidfd turns readable when the process exits */
   int pidfd;
@@ -104,6 +105,9 @@ struct rlm_driver {
   char start_err[512];
 
   /* What the keeper starts, its own copies. */
+  rlm_prepare_fn prepare; /* makes argv, stage and child_fds 3... first */
+  void *prepare_arg;      /* owned; NULL once prepare has run */
+  void (*prepare_free)(void *arg);
   char **argv, **env, **stage;
   size_t n_stage;
   int child_fds[3 + MAX_INHERIT]; /* the child's 0, 1, 2, 3...; owned */
@@ -132,6 +136,7 @@ enum { START_PENDING, START_OK, START_FAILED };
 static void kill_launcher(rlm_driver *d);
 static void kill_sandbox(rlm_driver *d);
 static void free_driver(rlm_driver *d);
+static char **copy_strings(char *const *v, size_t n);
 /* The keeper's (keeper.c), for the loop side: */
 static int start_keeper(rlm_driver *d);
 static void *keeper_main(void *arg);

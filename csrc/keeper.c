@@ -167,13 +167,60 @@ static int write_context(rlm_driver *d, char *err, size_t errlen) {
   return 0;
 }
 
-/* The start, on the keeper: the context, the uid, the process, its
- * cgroup. Returns 0, or -1 with start_err set. */
+/* The command line, what to stage and the descriptors to hand over, made
+ * by the caller's prepare (off the host's thread), kept as the driver's
+ * own. Returns 0, or -1 with a message. */
+static int keeper_prepare(rlm_driver *d, char *err, size_t errlen) {
+  rlm_prepared p;
+  memset(&p, 0, sizeof(p));
+  for (size_t i = 0; i < RLM_PREPARED_FDS; i++)
+    p.fds[i] = -1;
+  int rc = d->prepare(d->prepare_arg, &p, err, errlen);
+  d->prepare_free(d->prepare_arg);
+  d->prepare_arg = NULL;
+  if (rc == 0 && (p.n_fds > MAX_INHERIT || p.argv.n == 0)) {
+    snprintf(err, errlen, "too many descriptors for the child");
+    rc = -1;
+  }
+  if (rc == 0) {
+    d->argv = copy_strings(p.argv.v, (size_t)-1);
+    d->stage = copy_strings(p.stage.v, p.stage.n);
+    d->n_stage = p.stage.n;
+    if (d->argv == NULL || (p.stage.n > 0 && d->stage == NULL)) {
+      snprintf(err, errlen, "out of memory");
+      rc = -1;
+    }
+  }
+  for (size_t i = 0; rc == 0 && i < p.n_fds; i++) {
+    if ((int)i == d->context_at)
+      continue; /* write_context makes it */
+    if ((d->child_fds[3 + i] = fcntl(p.fds[i], F_DUPFD_CLOEXEC, FD_BASE)) < 0) {
+      snprintf(err, errlen, "fcntl(F_DUPFD_CLOEXEC): %s", strerror(errno));
+      rc = -1;
+    }
+  }
+  if (rc == 0)
+    d->nfds = 3 + (int)p.n_fds;
+  for (size_t i = 0; i < RLM_PREPARED_FDS; i++)
+    if (p.fds[i] >= 0)
+      close(p.fds[i]);
+  rlm_argv_free(&p.argv);
+  rlm_argv_free(&p.stage);
+  return rc;
+}
+
+/* The start, on the keeper: the command line (prepare), the context, the
+ * uid, the process, its cgroup. Returns 0, or -1 with start_err set. */
 static int keeper_start(rlm_driver *d) {
   char *err = d->start_err;
   size_t errlen = sizeof(d->start_err);
+  d->stamps[0] = uv_hrtime();
+  if (d->prepare != NULL && keeper_prepare(d, err, errlen) != 0)
+    return -1;
+  d->stamps[5] = uv_hrtime();
   if (d->context_at >= 0 && write_context(d, err, errlen) != 0)
     return -1;
+  d->stamps[1] = uv_hrtime();
   if (d->claim_uid) {
     /* Never host root inside: an unprivileged uid of the session's own. */
     uint32_t uid;
@@ -183,6 +230,7 @@ static int keeper_start(rlm_driver *d) {
     d->uid = uid;
     d->run_as = uid;
   }
+  d->stamps[2] = uv_hrtime();
   if (atomic_load(&d->closing)) {
     snprintf(err, errlen, "closed before it started");
     return -1;
@@ -200,6 +248,7 @@ static int keeper_start(rlm_driver *d) {
     if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
       rlm_cgroup_remove(&d->cg);
   }
+  d->stamps[4] = uv_hrtime();
   return 0;
 }
 

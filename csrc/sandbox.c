@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,16 +41,76 @@ void rlm_argv_free(rlm_argv *a) {
 
 /* What has been exposed so far, so that a path inside an exposed directory or
  * a symlink seen twice is not emitted again. */
+/* What one build has asked the filesystem, by path: the ro paths share
+ * their directories, and each would otherwise be stat'ed again for every
+ * path below it (hundreds of system calls a spawn). */
+#define STAT_MEMO_SLOTS 1024
+typedef struct stat_memo {
+  char *path;
+  int lstat_rc, stat_rc; /* 0, -1 (failed) or 1 (not asked yet) */
+  mode_t lmode, mode;
+} stat_memo;
+
 typedef struct exposer {
   rlm_argv *argv;
   rlm_argv seen;
   rlm_argv *stage;
   int failed;
+  stat_memo *memo; /* STAT_MEMO_SLOTS, or NULL: ask every time */
 } exposer;
+
+/* The memo's slot for path, made on first use; NULL when it is full. */
+static stat_memo *memo_slot(exposer *e, const char *path) {
+  if (e->memo == NULL)
+    return NULL;
+  uint32_t h = 2166136261u;
+  for (const char *p = path; *p; p++)
+    h = (h ^ (unsigned char)*p) * 16777619u;
+  for (uint32_t k = 0; k < STAT_MEMO_SLOTS; k++) {
+    stat_memo *m = &e->memo[(h + k) % STAT_MEMO_SLOTS];
+    if (m->path == NULL) {
+      if (k > STAT_MEMO_SLOTS / 2 || (m->path = strdup(path)) == NULL)
+        return NULL;
+      m->lstat_rc = m->stat_rc = 1;
+      return m;
+    }
+    if (strcmp(m->path, path) == 0)
+      return m;
+  }
+  return NULL;
+}
+
+/* lstat (follow = 0) or stat, remembered: 0 and the mode, or -1. */
+static int memo_stat(exposer *e, const char *path, int follow, mode_t *mode) {
+  stat_memo *m = memo_slot(e, path);
+  int *rc = m == NULL ? NULL : follow ? &m->stat_rc : &m->lstat_rc;
+  mode_t *mm = m == NULL ? NULL : follow ? &m->mode : &m->lmode;
+  if (rc != NULL && *rc != 1) {
+    *mode = *mm;
+    return *rc;
+  }
+  struct stat st;
+  int r = (follow ? stat(path, &st) : lstat(path, &st)) == 0 ? 0 : -1;
+  *mode = r == 0 ? st.st_mode : 0;
+  if (rc != NULL) {
+    *rc = r;
+    *mm = *mode;
+  }
+  return r;
+}
+
+static void memo_free(exposer *e) {
+  if (e->memo == NULL)
+    return;
+  for (size_t i = 0; i < STAT_MEMO_SLOTS; i++)
+    free(e->memo[i].path);
+  free(e->memo);
+  e->memo = NULL;
+}
 
 /* Whether a process with no privilege and none of the owners' ids can
  * resolve path: every directory above it searchable by others. */
-static int reachable_by_others(const char *path) {
+static int reachable_by_others(exposer *e, const char *path) {
   char dir[PATH_MAX];
   size_t len = strlen(path);
   if (len >= sizeof(dir))
@@ -61,8 +122,8 @@ static int reachable_by_others(const char *path) {
       slash[1] = '\0';
     else
       *slash = '\0';
-    struct stat st;
-    if (stat(dir, &st) != 0 || !(st.st_mode & S_IXOTH))
+    mode_t mode;
+    if (memo_stat(e, dir, 1, &mode) != 0 || !(mode & S_IXOTH))
       return 0;
     if (slash == dir)
       break;
@@ -127,10 +188,10 @@ static void expose(exposer *e, const char *path, int hops) {
     if (already_exposed(e, cur))
       return;
 
-    struct stat st;
-    if (lstat(cur, &st) != 0)
+    mode_t mode;
+    if (memo_stat(e, cur, 0, &mode) != 0)
       return;
-    if (!S_ISLNK(st.st_mode))
+    if (!S_ISLNK(mode))
       continue;
 
     char target[PATH_MAX];
@@ -166,7 +227,7 @@ static void expose(exposer *e, const char *path, int hops) {
   }
   if (curlen == 0)
     return;
-  if (e->stage != NULL && !reachable_by_others(cur)) {
+  if (e->stage != NULL && !reachable_by_others(e, cur)) {
     char staged[64];
     snprintf(staged, sizeof(staged), RLM_STAGE_DIR "/%zu", e->stage->n);
     if (rlm_argv_push(e->stage, cur))
@@ -268,6 +329,137 @@ static int bind_modules(exposer *e, const rlm_sandbox_spec *spec, char *err,
   return 0;
 }
 
+/* The binds of the ro paths and the interpreter, by the list they were
+ * made from: the installation's layout is read at the first spawn of the
+ * process that exposes it, as the probe that lists it runs once per Lua
+ * state. What a bind names is still resolved by bubblewrap at each spawn,
+ * and a rebuild would expose the same names' targets: a later change to
+ * the installation shows the same files either way (or fails the bind).
+ * /proc's entries are looked at every time (hide_proc). */
+#define EXPOSE_CACHE_SLOTS 4
+typedef struct expose_entry {
+  char *key; /* staged?, python, ro..., each NUL-terminated */
+  size_t key_len;
+  rlm_argv args, stage;
+} expose_entry;
+static pthread_mutex_t expose_mu = PTHREAD_MUTEX_INITIALIZER;
+static expose_entry expose_cache[EXPOSE_CACHE_SLOTS];
+static unsigned expose_next; /* the slot the next miss replaces */
+
+static char *expose_key(const rlm_sandbox_spec *spec, size_t *len) {
+  size_t n = 2 + strlen(spec->python) + 1;
+  for (size_t i = 0; i < spec->n_ro; i++)
+    n += strlen(spec->ro[i]) + 1;
+  char *key = malloc(n), *p = key;
+  if (key == NULL)
+    return NULL;
+  *p++ = spec->stage != NULL ? 's' : '-';
+  *p++ = '\0';
+  p = stpcpy(p, spec->python) + 1;
+  for (size_t i = 0; i < spec->n_ro; i++)
+    p = stpcpy(p, spec->ro[i]) + 1;
+  *len = n;
+  return key;
+}
+
+static int append_all(rlm_argv *to, const rlm_argv *from) {
+  for (size_t i = 0; i < from->n; i++)
+    if (rlm_argv_push(to, from->v[i]))
+      return -1;
+  return 0;
+}
+
+/* Appends the cached binds for key to e (and its stage): 1, or 0 when
+ * there are none (or -1 out of memory). */
+static int expose_cached(exposer *e, const char *key, size_t len) {
+  int found = 0;
+  pthread_mutex_lock(&expose_mu);
+  for (size_t i = 0; i < EXPOSE_CACHE_SLOTS && !found; i++) {
+    expose_entry *c = &expose_cache[i];
+    if (c->key != NULL && c->key_len == len && memcmp(c->key, key, len) == 0)
+      found = append_all(e->argv, &c->args) != 0 ||
+                      (e->stage != NULL && append_all(e->stage, &c->stage))
+                  ? -1
+                  : 1;
+  }
+  pthread_mutex_unlock(&expose_mu);
+  return found;
+}
+
+/* Keeps what was made for key (taking key). */
+static void expose_keep(char *key, size_t len, const rlm_argv *args,
+                        const rlm_argv *stage) {
+  expose_entry c = {key, len, {0}, {0}};
+  if (append_all(&c.args, args) != 0 ||
+      (stage != NULL && append_all(&c.stage, stage) != 0)) {
+    free(key);
+    rlm_argv_free(&c.args);
+    rlm_argv_free(&c.stage);
+    return;
+  }
+  pthread_mutex_lock(&expose_mu);
+  expose_entry old = expose_cache[expose_next];
+  expose_cache[expose_next] = c;
+  expose_next = (expose_next + 1) % EXPOSE_CACHE_SLOTS;
+  pthread_mutex_unlock(&expose_mu);
+  free(old.key);
+  rlm_argv_free(&old.args);
+  rlm_argv_free(&old.stage);
+}
+
+/* The binds of spec's ro paths and interpreter, appended to e's argv:
+ * from the cache, or made. 0, or -1 with a message. */
+static int expose_installation(exposer *e, const rlm_sandbox_spec *spec,
+                               char *err, size_t errlen) {
+  size_t len = 0;
+  char *key = expose_key(spec, &len);
+  int hit = key != NULL ? expose_cached(e, key, len) : 0;
+  if (hit != 0) {
+    free(key);
+    if (hit < 0)
+      e->failed = 1;
+    return 0;
+  }
+  /* Made into lists of their own, then kept and appended; the memo may be
+   * missing (out of memory): every path is then asked again. */
+  e->memo = calloc(STAT_MEMO_SLOTS, sizeof(stat_memo));
+  /* Made into lists of their own, then kept and appended. */
+  rlm_argv *out = e->argv, *out_stage = e->stage;
+  rlm_argv args = {0}, stage = {0};
+  e->argv = &args;
+  if (out_stage != NULL) {
+    e->stage = &stage;
+    /* The staged paths are numbered from the caller's count (0: the first
+     * spawn's and every other's alike). */
+    if (out_stage->n != 0)
+      e->failed = 1;
+  }
+  for (size_t i = 0; i < spec->n_ro; i++)
+    expose(e, spec->ro[i], 0);
+  expose(e, spec->python, 0);
+  int ok = already_exposed(e, spec->python);
+  e->argv = out;
+  e->stage = out_stage;
+  if (!ok) {
+    snprintf(err, errlen, "the interpreter %s cannot be exposed in the sandbox",
+             spec->python);
+    free(key);
+  } else if (!e->failed) {
+    if (append_all(out, &args) != 0 ||
+        (out_stage != NULL && append_all(out_stage, &stage) != 0))
+      e->failed = 1;
+    else if (key != NULL)
+      expose_keep(key, len, &args, out_stage != NULL ? &stage : NULL);
+    else
+      free(key);
+  } else {
+    free(key);
+  }
+  rlm_argv_free(&args);
+  rlm_argv_free(&stage);
+  return ok ? 0 : -1;
+}
+
 int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
                      size_t errlen) {
   static const char *const head[] = {
@@ -290,7 +482,7 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
       "/dev",
       NULL,
   };
-  exposer e = {out, {0}, spec->stage, 0};
+  exposer e = {out, {0}, spec->stage, 0, NULL};
 
   if (rlm_argv_push(out, spec->bwrap))
     goto oom;
@@ -298,14 +490,8 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
     if (rlm_argv_push(out, *p))
       goto oom;
 
-  for (size_t i = 0; i < spec->n_ro; i++)
-    expose(&e, spec->ro[i], 0);
-  expose(&e, spec->python, 0);
-  if (!already_exposed(&e, spec->python)) {
-    snprintf(err, errlen, "the interpreter %s cannot be exposed in the sandbox",
-             spec->python);
+  if (expose_installation(&e, spec, err, errlen) != 0)
     goto fail;
-  }
   if (spec->driver_fd >= 0) {
     char fd[16];
     snprintf(fd, sizeof(fd), "%d", spec->driver_fd);
@@ -350,12 +536,14 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
     if (rlm_argv_push(out, *p))
       goto oom;
   rlm_argv_free(&e.seen);
+  memo_free(&e);
   return 0;
 
 oom:
   snprintf(err, errlen, "out of memory building the sandbox command line");
 fail:
   rlm_argv_free(&e.seen);
+  memo_free(&e);
   rlm_argv_free(out);
   return -1;
 }

@@ -20,12 +20,14 @@
  * in a struct the filter cannot read; libc falls back to openat). */
 #define _GNU_SOURCE
 #include "seccomp.h"
+#include "workdir.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -225,4 +227,21 @@ int rlm_seccomp_fd(char *err, size_t errlen) {
     return -1;
   }
   return fd;
+}
+
+static pthread_mutex_t shared_mu = PTHREAD_MUTEX_INITIALIZER;
+static int shared_fd = -1;
+
+int rlm_seccomp_open(char *err, size_t errlen) {
+  pthread_mutex_lock(&shared_mu);
+  if (shared_fd < 0)
+    shared_fd = rlm_seccomp_fd(err, errlen);
+  int fd = shared_fd;
+  pthread_mutex_unlock(&shared_mu);
+  if (fd < 0)
+    return -1;
+  int own = rlm_sealed_reopen(fd);
+  if (own < 0)
+    snprintf(err, errlen, "reopening the seccomp filter: %s", strerror(errno));
+  return own;
 }

@@ -11,6 +11,11 @@
  * with a message in err. */
 RLM_FN int rlm_seccomp_fd(char *err, size_t errlen);
 
+/* A descriptor of its own (positioned at 0, read-only, close-on-exec) on
+ * the process's one sealed memfd of the filter, made at the first call and
+ * kept open; or -1 with a message in err. Thread-safe. */
+RLM_FN int rlm_seccomp_open(char *err, size_t errlen);
+
 /* The filter itself, for tests: its length in instructions. */
 RLM_FN size_t rlm_seccomp_program(const void **prog);
 

@@ -35,7 +35,7 @@ static void close_pair(int fds[2]) {
 
 /* What the child of a fork does, in order, with only system calls: mount
  * what its uid could not reach (see sandbox.h), drop to the uid, reset its
- * signals, leave the host's session, set its descriptors, exec. A failure
+ * signals, leave the host's process group, set its descriptors, exec. A failure
  * writes errno to `report` (close-on-exec: EOF means the exec happened). */
 typedef struct child_plan {
   const rlm_driver *o;
@@ -98,7 +98,8 @@ child_run(const child_plan *p) {
       (void)sigaction(sig, &dfl, NULL); /* fails only for libc's own */
   sigset_t none;
   sigemptyset(&none);
-  if (sigprocmask(SIG_SETMASK, &none, NULL) != 0 || setsid() < 0)
+  /* A process group of its own (as in posix_spawn_child, below). */
+  if (sigprocmask(SIG_SETMASK, &none, NULL) != 0 || setpgid(0, 0) != 0)
     child_fail(p);
   for (int i = 0; i < p->nfds; i++)
     if (dup2(p->fds[i], i) < 0)
@@ -153,6 +154,7 @@ static int fork_child(rlm_driver *d, const rlm_driver *o, const int *fds,
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
+  d->stamps[3] = uv_hrtime();
   char *stack = malloc(CHILD_STACK);
   pid_t pid = stack == NULL ? -1
                             : clone(child_entry, stack + CHILD_STACK,
@@ -209,12 +211,17 @@ static int posix_spawn_child(rlm_driver *d, const rlm_driver *o, const int *fds,
     e = posix_spawnattr_setsigmask(&attr, &none);
   if (e == 0)
     e = posix_spawnattr_setsigdefault(&attr, &all);
-  /* A session of its own: no controlling terminal, and a ^C in the user's
-   * terminal reaches the host, which decides. */
+  /* A process group of its own: a ^C in the user's terminal reaches the
+   * host's group alone, and the host decides. Not a session: setsid()
+   * costs a scheduler autogroup (most of a millisecond a spawn where they
+   * are on), and what runs inside gets a session of its own, with no
+   * controlling terminal, from bubblewrap's --new-session. */
+  if (e == 0)
+    e = posix_spawnattr_setpgroup(&attr, 0);
   if (e == 0)
     e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
                                             POSIX_SPAWN_SETSIGDEF |
-                                            POSIX_SPAWN_SETSID);
+                                            POSIX_SPAWN_SETPGROUP);
   if (e == 0)
     e = posix_spawn(&d->pid, o->argv[0], &fa, &attr, (char *const *)o->argv,
                     o->env ? (char *const *)o->env : environ);

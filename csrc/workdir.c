@@ -43,6 +43,15 @@ int rlm_context_seal(int fd) {
   return 0;
 }
 
+int rlm_sealed_reopen(int fd) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  int r;
+  while ((r = open(path, O_RDONLY | O_CLOEXEC)) < 0 && errno == EINTR)
+    ;
+  return r;
+}
+
 /* /proc/<init>/root/session, where init is the launcher's child. */
 static int workdir_path(pid_t launcher, char *path, size_t len) {
   pid_t pids[2];

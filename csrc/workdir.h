@@ -18,6 +18,11 @@
 RLM_FN int rlm_context_open(void);
 RLM_FN int rlm_context_append(int fd, const char *data, size_t len);
 RLM_FN int rlm_context_seal(int fd);
+/* A description of its own (offset 0, read-only, close-on-exec) of the
+ * sealed memfd fd, by /proc/self/fd: a reader that read()s it (bwrap's
+ * --seccomp, --ro-bind-data) then does not move another's offset. Returns
+ * the descriptor, or -1 with errno set. */
+RLM_FN int rlm_sealed_reopen(int fd);
 
 /* What the sandbox holds in /session: bytes of its tmpfs in use and files
  * (inodes, the directory itself not counted), seen through the root of the

@@ -164,6 +164,86 @@ print('none')]], "none" },
     assert.is_nil(s:find("--bind /usr ", 1, true))
   end)
 
+  describe("starts on rlm.core's thread", function()
+    -- The seccomp filter and the driver's zip are one sealed memfd each,
+    -- shared by every spawn; bubblewrap read()s them, so each spawn must
+    -- get a description of its own, or the second would read nothing.
+    it("hands every sandbox the whole filter and package, one after another and side by side", function()
+      local code = "import socket\ntry:\n    socket.socket()\n    print('socket')\nexcept OSError:\n    print('denied')"
+      for _ = 1, 3 do
+        assert.are.equal("denied\n", observe(code))
+      end
+      local sessions = {}
+      for i = 1, 3 do
+        sessions[i] = H.session({ guardrails = false,
+          root_llm = H.script({ fence(code .. "\nFINAL('done')") }) })
+      end
+      for i = 1, 3 do
+        local result, err = sessions[i]:run()
+        sessions[i]:close()
+        assert.is_nil(err, err and tostring(err))
+        assert.are.equal("denied\n", result.history[1].stdout)
+      end
+    end)
+
+    -- /proc/<pid>/stat's process group and session.
+    local function group_and_session(pid)
+      local stat = H.read_file("/proc/" .. pid .. "/stat") or ""
+      local pgrp, sid = stat:match("%) %S+ %d+ (%d+) (%d+)")
+      return tonumber(pgrp), tonumber(sid)
+    end
+
+    it("puts the launcher in a process group of its own, and the driver in a session of its own", function()
+      local s = H.session({ root_llm = H.script({ fence("print(1)"), fence("FINAL('done')") }) })
+      local entry, err = s:step()
+      assert.is_truthy(entry, err and tostring(err))
+      local tree = s.driver:tree()
+      local host_pgrp, host_sid = group_and_session(H.pid())
+      local launcher_pgrp, launcher_sid = group_and_session(tree[1])
+      local driver_pgrp, driver_sid = group_and_session(tree[#tree])
+      s:close()
+      assert.is_truthy(host_pgrp and launcher_pgrp and driver_pgrp)
+      -- A ^C in the host's terminal reaches the host's group alone.
+      assert.are_not.equal(host_pgrp, launcher_pgrp)
+      assert.are.equal(tree[1], launcher_pgrp)
+      -- What runs inside has no terminal of the host's (bubblewrap's
+      -- --new-session): a session of its own.
+      assert.are_not.equal(host_sid, driver_sid)
+      assert.are_not.equal(launcher_sid, driver_sid)
+    end)
+
+    it("reports a failure there as sandbox_unavailable with its cause", function()
+      local spawn = core.spawn
+      core.spawn = function(spec)
+        spec.driver = "/nonexistent/repl_driver.py"
+        return spawn(spec)
+      end
+      local ok, result, err = pcall(H.run, {})
+      core.spawn = spawn
+      assert(ok, result)
+      assert.is_nil(result)
+      assert.are.equal("sandbox_unavailable", err.kind)
+      assert.matches("starting the sandbox: opening /nonexistent/repl_driver.py: No such file", err.message, 1, true)
+    end)
+
+    it("still raises at the call for options that are not what they must be", function()
+      local base = { bwrap = "/usr/bin/bwrap", python = "/usr/bin/python3", driver = "/d.py", ro = {}, context = "" }
+      local function with(k, v)
+        local t = {}
+        for key, val in pairs(base) do
+          t[key] = val
+        end
+        t[k] = v
+        return t
+      end
+      assert.has_error(function() core.spawn(with("ro", { {} })) end)
+      assert.has_error(function() core.spawn(with("driver_zip", 42)) end)
+      assert.has_error(function() core.spawn(with("driver_modules", { "../x.py" })) end)
+      assert.has_error(function() core.spawn(with("context", false)) end)
+      assert.has_error(function() core.spawn(with("max_rss", -1)) end)
+    end)
+  end)
+
   it("runs from a working directory above what it binds (/ and /usr)", function()
     for _, dir in ipairs({ "/", "/usr" }) do
       local out = H.sh(("cd %s && PWD=%s %s -e 'local H = require(\"helpers\") "

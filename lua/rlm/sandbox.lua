@@ -122,8 +122,12 @@ local function stale(entry)
   return at ~= nil and core.now_ms() - at > STALE_OWNER_MS
 end
 
+local function probe_key(python, modules, driver_dir)
+  return python .. "\0" .. driver_dir .. "\0" .. table.concat(modules, "\0")
+end
+
 local function probe(python, modules, wait, owner, driver_dir)
-  local key = python .. "\0" .. driver_dir .. "\0" .. table.concat(modules, "\0")
+  local key = probe_key(python, modules, driver_dir)
   while probe_cache[key] and probe_cache[key].owner do
     -- Another session of this Lua state is asking: wait for its answer.
     if stale(probe_cache[key]) then
@@ -193,14 +197,19 @@ function M.prepare(opts, context_data, wait, owner)
     return nil, ferr
   end
   local dir = driver_py:match("^(.*)/[^/]*$")
-  for _, name in ipairs(M.driver_modules) do
-    local ok, why = util.file_exists(dir .. "/" .. name)
-    if not ok then
-      return unavailable(("the driver's %s is missing beside %s%s")
-        :format(name, driver_py, why and ": " .. why or ""))
+  local modules = util.append({}, M.default_modules, opts.allowed_modules)
+  -- The package's files are read by the probe, which packs them (once per
+  -- Lua state): a start that reuses its zip does not look at them again.
+  if not probe_cache[probe_key(python, modules, dir)] then
+    for _, name in ipairs(M.driver_modules) do
+      local ok, why = util.file_exists(dir .. "/" .. name)
+      if not ok then
+        return unavailable(("the driver's %s is missing beside %s%s")
+          :format(name, driver_py, why and ": " .. why or ""))
+      end
     end
   end
-  local info, perr = probe(python, util.append({}, M.default_modules, opts.allowed_modules), wait, owner, dir)
+  local info, perr = probe(python, modules, wait, owner, dir)
   if not info then
     return nil, perr
   end
