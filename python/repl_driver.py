@@ -39,8 +39,21 @@ CONTEXT_DATA = take_context()
 # SC_OPEN_MAX is the soft RLIMIT_NOFILE.
 os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 
-import importlib  # noqa: E402 (after the descriptors are closed)
-import sys  # noqa: E402
+import sys  # noqa: E402 (after the descriptors are closed)
+
+PROTOCOL_VERSION = 1
+
+
+def say_hello():
+    """The hello (docs/protocol.md), before the package is imported: the
+    host's checks after it (the memory cgroup) overlap the imports. Written
+    by hand, the json codec being in the package: the repr of a float is
+    its JSON text."""
+    line = '{"type": "hello", "protocol": %d, "python": "%d.%d.%d", "t": [%r, %r]}\n' % (
+        (PROTOCOL_VERSION,) + tuple(sys.version_info[:3]) + (STARTED, time.monotonic()))
+    sys.stdout.buffer.write(line.encode("ascii"))
+    sys.stdout.buffer.flush()
+
 
 PACKAGE = "_rlm_driver"
 MODULES = ("protocol", "state", "api", "screen", "guard", "shield", "step", "selftest")
@@ -56,7 +69,7 @@ def package_spec(here):
         importer = zipimport.zipimporter(archive)
         if hasattr(importer, "find_spec"):  # 3.10+
             return importer.find_spec(PACKAGE)
-        import importlib.util
+        import importlib.util  # (3.8 and 3.9)
         return importlib.util.spec_from_loader(PACKAGE, importer, is_package=True)
     import importlib.util
     location = os.path.join(here, PACKAGE)
@@ -75,15 +88,26 @@ def load_package():
         package.__file__ = spec.origin
     sys.modules[PACKAGE] = package
     spec.loader.exec_module(package)
+    # __import__, not importlib.import_module: importlib imports warnings.
     for name in MODULES:
-        importlib.import_module(f"{PACKAGE}.{name}")
-    return importlib.import_module(f"{PACKAGE}.main")
+        __import__(f"{PACKAGE}.{name}")
+    __import__(f"{PACKAGE}.main")
+    return sys.modules[f"{PACKAGE}.main"]
 
 
 if __name__ == "__main__":
-    driver = load_package()
+    say_hello()
     try:
-        driver.main(CONTEXT_DATA, (STARTED, time.monotonic()))
+        driver = load_package()
+    except Exception as exc:  # a driver bug, after the hello: say so on the protocol
+        import traceback
+        traceback.print_exc()
+        sys.stdout.buffer.write(b'{"type": "fatal", "message": "driver error: the package did '
+                                b'not load"}\n')
+        sys.stdout.buffer.flush()
+        os._exit(2)
+    try:
+        driver.main(CONTEXT_DATA)
     except Exception as exc:  # a driver bug: say so on the protocol, details on stderr
         import traceback
         traceback.print_exc()

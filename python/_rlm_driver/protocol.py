@@ -7,14 +7,13 @@ thread of the REPL's code: they are serialised by one lock, so the host sees
 one call at a time, and each reply is matched to its request by id.
 """
 
+import _thread
 import io
 import itertools
-import json
 import os
 import sys
-import threading
 
-from . import state
+from . import codec, state
 
 PROTOCOL_IN = sys.stdin.buffer
 PROTOCOL_OUT = sys.stdout.buffer
@@ -24,12 +23,19 @@ sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol
 # Held by one call from its request to its last reply, and by the message
 # loop while it answers a step, so no two readers or writers ever share the
 # pipes (see call and main.run_step).
-CHANNEL = threading.RLock()
+CHANNEL = _thread.RLock()  # threading.RLock, without importing threading
 request_ids = itertools.count(1)
+# The driver's main thread (this module is imported on it): threading's
+# main_thread(), without importing threading.
+MAIN_THREAD = _thread.get_ident()
+
+
+def on_main_thread():
+    return _thread.get_ident() == MAIN_THREAD
 
 
 def encode(message):
-    text = json.dumps(message, ensure_ascii=False, allow_nan=False)
+    text = codec.dumps(message)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -55,7 +61,7 @@ def receive():
     if not line:
         return None
     try:
-        message = json.loads(line)
+        message = codec.loads(line)
     except ValueError as exc:
         fatal(f"host sent a line that is not JSON: {exc}")
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
@@ -113,12 +119,12 @@ class MainThreadBusy:
     lost); the interrupt is raised when the call is over."""
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        if on_main_thread():
             state.current.main_busy += 1
 
     def __exit__(self, kind, value, traceback):
         session = state.current
-        if threading.current_thread() is threading.main_thread():
+        if on_main_thread():
             session.main_busy -= 1
             if (not session.main_busy and session.interrupt_pending and session.executing
                     and not session.interrupt_raised and kind is None):
@@ -159,7 +165,7 @@ def next_reply(request_id, what, kind="llm_result"):
         fatal(f"expected {kind} for {what} {request_id}, got {reply['type']} "
               f"for {reply.get('id')!r}")
     if reply.get("interrupted") is True:
-        if threading.current_thread() is threading.main_thread():
+        if on_main_thread():
             interrupt_now()
         raise KeyboardInterrupt(INTERRUPT_MESSAGE)
     return reply

@@ -1,8 +1,10 @@
 """The self-test: fixed driver code, outside the guardrails, that tries what
 the sandbox must forbid (docs/security.md lists the checks)."""
 
-import _socket  # the C module: `socket` costs the start a few ms, and its
-import ast      # create_connection a cold getaddrinfo (NSS) for a numeric address
+# _socket, the C module: `socket` costs the start a few ms, and its
+# create_connection a cold getaddrinfo (NSS) for a numeric address.
+import _socket
+import encodings
 import os
 import sys
 
@@ -170,8 +172,10 @@ def check_pid_namespace():
 
 
 def check_read_only_install():
-    # ast is a plain source module, so its directory is the stdlib's.
-    directories = [os.path.dirname(sys.executable), os.path.dirname(ast.__file__)]
+    # encodings is a package of plain source modules in the stdlib's
+    # directory (and loaded at every start: it costs no import).
+    stdlib = os.path.dirname(os.path.dirname(encodings.__file__))
+    directories = [os.path.dirname(sys.executable), stdlib]
     writable = [d for d in directories if can_create_file_in(d)]
     if writable:
         return False, f"writable: {', '.join(writable)}"

@@ -2,7 +2,6 @@
 namespace. Every module reads them through `current`."""
 
 import sys
-import types
 
 DEFAULT_STDOUT_LIMIT = 2000
 DEFAULT_MESSAGE_LIMIT = 16 << 20
@@ -29,7 +28,7 @@ class State:
         # The REPL's namespace is a module of its own, registered as
         # __main__: typing and dataclasses look up the globals of a class's
         # module in sys.modules, and must find these, not the driver's.
-        self.module = types.ModuleType("__main__")
+        self.module = type(sys)("__main__")  # types.ModuleType
         self.namespace = vars(self.module)
 
 
