@@ -99,7 +99,7 @@ if __name__ == "__main__":
     say_hello()
     try:
         driver = load_package()
-    except Exception as exc:  # a driver bug, after the hello: say so on the protocol
+    except Exception:  # a driver bug, after the hello: say so on the protocol
         import traceback
         traceback.print_exc()
         sys.stdout.buffer.write(b'{"type": "fatal", "message": "driver error: the package did '
