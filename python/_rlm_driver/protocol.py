@@ -9,8 +9,7 @@ one call at a time, and each reply is matched to its request by id.
 
 import _thread
 import io
-import itertools
-import os
+import posix  # os's _exit: os itself is not imported at the driver's start
 import sys
 
 from . import codec, state
@@ -24,7 +23,7 @@ sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol
 # loop while it answers a step, so no two readers or writers ever share the
 # pipes (see call and main.run_step).
 CHANNEL = _thread.RLock()  # threading.RLock, without importing threading
-request_ids = itertools.count(1)
+last_request_id = 0  # numbered under CHANNEL (itertools.count, without itertools)
 # The driver's main thread (this module is imported on it): threading's
 # main_thread(), without importing threading.
 MAIN_THREAD = _thread.get_ident()
@@ -52,7 +51,7 @@ def send(message, data=None):
             PROTOCOL_OUT.write(data + b"\n")
             PROTOCOL_OUT.flush()
         except OSError:  # the host has gone away
-            os._exit(0)
+            posix._exit(0)
 
 
 def receive():
@@ -74,7 +73,7 @@ def fatal(reason):
     # catch SystemExit.
     print(f"repl_driver: fatal: {reason}", file=sys.__stderr__, flush=True)
     send({"type": "fatal", "message": reason})
-    os._exit(2)
+    posix._exit(2)
 
 
 def field(message, name, kind, default=None):
@@ -144,7 +143,9 @@ def begin_call(request, what):
     if not state.current.in_step:
         raise RuntimeError(f"{what}: calls to the host are only possible while a step runs "
                            "(a thread that outlives its step cannot make them)")
-    request_id = request["id"] = next(request_ids)
+    global last_request_id
+    last_request_id += 1
+    request_id = request["id"] = last_request_id
     data = encode(request)
     limit = state.current.message_limit
     if len(data) > limit:
@@ -160,7 +161,7 @@ def next_reply(request_id, what, kind="llm_result"):
     answer raises the step's interrupt."""
     reply = receive()
     if reply is None:
-        os._exit(0)  # the host asked us to leave
+        posix._exit(0)  # the host asked us to leave
     if reply["type"] != kind or reply.get("id") != request_id:
         fatal(f"expected {kind} for {what} {request_id}, got {reply['type']} "
               f"for {reply.get('id')!r}")

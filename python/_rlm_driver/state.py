@@ -32,6 +32,16 @@ class State:
         self.namespace = vars(self.module)
 
 
+def dirname(path):
+    """os.path.dirname (posixpath's), without importing os: the driver's
+    start does not need os (and the _collections_abc, stat and posixpath
+    it imports)."""
+    head = path[:path.rfind("/") + 1]
+    if head and head != "/" * len(head):
+        head = head.rstrip("/")
+    return head
+
+
 current = State()
 # The entry script (python/repl_driver.py) ran as __main__; it is the
 # driver's too, and from here only this reference reaches it.

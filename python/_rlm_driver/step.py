@@ -6,21 +6,20 @@ import _signal
 import _thread
 import builtins
 import io
-import os
 import sys
 from _collections import deque
 
 from . import api, guard, protocol, shield, state, tree
 from .screen import GuardrailError, RouteFormatting, screen
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = state.dirname(__file__)  # absolute: the zip's, or the entry script's directory's
 
 
 def is_driver_file(filename):
     """Whether a traceback frame is the driver's own (the entry script or
     one of this package's modules): the model sees only its own frames."""
     entry = getattr(state.ENTRY_MODULE, "__file__", None)
-    return filename == entry or os.path.dirname(filename) == PACKAGE_DIR
+    return filename == entry or state.dirname(filename) == PACKAGE_DIR
 
 
 class CappedWriter(io.TextIOBase):
