@@ -72,8 +72,8 @@ def package_spec(here):
         importer = zipimport.zipimporter(archive)
         if hasattr(importer, "find_spec"):  # 3.10+
             return importer.find_spec(PACKAGE)
-        import importlib.util  # (3.8 and 3.9)
-        return importlib.util.spec_from_loader(PACKAGE, importer, is_package=True)
+        import _frozen_importlib  # 3.8 and 3.9: importlib.util's, without importlib
+        return _frozen_importlib.spec_from_loader(PACKAGE, importer, is_package=True)
     import importlib.util
     location = here + "/" + PACKAGE
     return importlib.util.spec_from_file_location(
