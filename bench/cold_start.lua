@@ -8,7 +8,10 @@
 -- where the floor has one: the session's own stamps (rlm.boot's
 -- start_times: the host's clock, bubblewrap's exec from the keeper, and the
 -- driver's monotonic stamps in its replies), the floor's from
--- floor_pingpong's `phases` mode.
+-- floor_pingpong's `phases` mode. The driver says hello before it imports
+-- its package, so its imports are the span from the hello to its reading of
+-- configure (the host moves it into its cgroup meanwhile), and the host's
+-- descriptor check comes after `ready`.
 local common = require("bench.common")
 
 local M = {}
