@@ -168,6 +168,36 @@ print(box[0], threading.current_thread() is threading.main_thread())]]),
     assert.matches("^ok %d+\nrc=0$", out)
   end)
 
+  it("refuses a driver that holds a descriptor once ready (the host checks then, not at the hello)", function()
+    -- The driver says hello before its imports, so the host lists the
+    -- sandbox's descriptors once the driver is ready. A copy of the
+    -- checkout whose driver keeps a file open from its context load on.
+    local root, dir = H.sh("pwd"), H.sh("mktemp -d " .. quote(H.tmpdir .. "/hostile.XXXXXX"))
+    H.sh(("cp -r %s %s %s/"):format(quote(root .. "/lua"), quote(root .. "/python"), quote(dir)))
+    local main = dir .. "/python/_rlm_driver/main.py"
+    local text, n = H.read_file(main):gsub("\n    length = len%(context%)",
+      '\n    state.kept = open("/rlm/repl_driver.py", "rb")\n    length = len(context)')
+    assert.are.equal(1, n)
+    local f = assert(io.open(main, "w"))
+    f:write(text)
+    f:close()
+    f = assert(io.open(dir .. "/run.lua", "w"))
+    f:write(([[
+local rlm = require("rlm")
+local s = rlm.Session.new({ context = "x", tmpdir = %q, llm_query = function() return "" end,
+  root_llm = function() return "```repl\nFINAL('x')\n```" end })
+local result, err = s:run()
+s:close()
+print(result and "ran" or err.kind .. ": " .. err.message)
+]]):format(H.tmpdir))
+    f:close()
+    local out = H.sh(("cd %s && LUA_PATH=%s LUA_CPATH=%s %s run.lua 2>&1"):format(quote(dir),
+      quote(dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua;;"), quote(package.cpath),
+      H.lua_name()))
+    H.sh("rm -rf " .. quote(dir))
+    assert.matches("^sandbox_violation: descriptors reach the sandbox: pid %d+ fd %d+: /rlm/repl_driver.py", out)
+  end)
+
   it("shows a traceback's lines from earlier steps (linecache filled when first needed)", function()
     local result, err = H.run({
       root_llm = H.script({
