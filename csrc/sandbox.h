@@ -45,7 +45,7 @@ typedef struct rlm_sandbox_spec {
 /* The package in one archive (python/probe.py names its frames so). */
 #define RLM_SANDBOX_DRIVER_ZIP "/rlm/driver.zip"
 /* Files of the driver's package besides repl_driver.py, at most. */
-#define RLM_MAX_DRIVER_MODULES 12
+#define RLM_MAX_DRIVER_MODULES 16
 #define RLM_SANDBOX_WORKDIR "/session"
 /* The host directory where a root host's spawn, in a mount namespace of its
  * own, mounts what the sandbox's unprivileged uid could not reach. */

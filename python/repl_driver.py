@@ -14,7 +14,10 @@ import time
 STARTED = time.monotonic()  # the start-up phases (hello's "t"): CLOCK_MONOTONIC, the host's clock
 
 import mmap  # noqa: E402
-import os  # noqa: E402
+# posix under os's name: the functions used here are posix's own, and os
+# itself (with the _collections_abc, stat and posixpath it imports) costs
+# the start about 2 ms. Nothing the driver imports at its start imports os.
+import posix as os  # noqa: E402
 
 # The context: a sealed memfd the host hands over at this descriptor. It is
 # mapped read-only here (load_context decodes it later) and the descriptor
@@ -39,8 +42,21 @@ CONTEXT_DATA = take_context()
 # SC_OPEN_MAX is the soft RLIMIT_NOFILE.
 os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 
-import importlib  # noqa: E402 (after the descriptors are closed)
-import sys  # noqa: E402
+import sys  # noqa: E402 (after the descriptors are closed)
+
+PROTOCOL_VERSION = 1
+
+
+def say_hello():
+    """The hello (docs/protocol.md), before the package is imported: the
+    host's checks after it (the memory cgroup) overlap the imports. Written
+    by hand, the json codec being in the package: the repr of a float is
+    its JSON text."""
+    line = '{"type": "hello", "protocol": %d, "python": "%d.%d.%d", "t": [%r, %r]}\n' % (
+        (PROTOCOL_VERSION,) + tuple(sys.version_info[:3]) + (STARTED, time.monotonic()))
+    sys.stdout.buffer.write(line.encode("ascii"))
+    sys.stdout.buffer.flush()
+
 
 PACKAGE = "_rlm_driver"
 MODULES = ("protocol", "state", "api", "screen", "guard", "shield", "step", "selftest")
@@ -50,24 +66,38 @@ def package_spec(here):
     """Where the package is: in the sandbox, the zip the host copied in
     (driver.zip: each module's source and its bytecode, which zipimport
     checks against the source); elsewhere, the directory beside this file."""
-    archive = os.path.join(here, "driver.zip")
-    if os.path.exists(archive):
+    archive = here + "/driver.zip"
+    if exists(archive):
         import zipimport
         importer = zipimport.zipimporter(archive)
         if hasattr(importer, "find_spec"):  # 3.10+
             return importer.find_spec(PACKAGE)
-        import importlib.util
-        return importlib.util.spec_from_loader(PACKAGE, importer, is_package=True)
+        import _frozen_importlib  # 3.8 and 3.9: importlib.util's, without importlib
+        return _frozen_importlib.spec_from_loader(PACKAGE, importer, is_package=True)
     import importlib.util
-    location = os.path.join(here, PACKAGE)
+    location = here + "/" + PACKAGE
     return importlib.util.spec_from_file_location(
-        PACKAGE, os.path.join(location, "__init__.py"), submodule_search_locations=[location])
+        PACKAGE, location + "/__init__.py", submodule_search_locations=[location])
+
+
+def exists(path):
+    try:
+        os.stat(path)
+    except OSError:
+        return False
+    return True
+
+
+def entry_directory():
+    """os.path.dirname(os.path.abspath(__file__))."""
+    path = __file__ if __file__.startswith("/") else os.getcwd() + "/" + __file__
+    return path.rsplit("/", 1)[0] or "/"
 
 
 def load_package():
     """The package, by its location: that is never on sys.path, so nothing
     else can import it from there."""
-    spec = package_spec(os.path.dirname(os.path.abspath(__file__)))
+    spec = package_spec(entry_directory())
     package = type(sys)(PACKAGE)  # what importlib.util.module_from_spec makes
     package.__spec__, package.__loader__ = spec, spec.loader
     package.__package__, package.__path__ = PACKAGE, spec.submodule_search_locations
@@ -75,15 +105,26 @@ def load_package():
         package.__file__ = spec.origin
     sys.modules[PACKAGE] = package
     spec.loader.exec_module(package)
+    # __import__, not importlib.import_module: importlib imports warnings.
     for name in MODULES:
-        importlib.import_module(f"{PACKAGE}.{name}")
-    return importlib.import_module(f"{PACKAGE}.main")
+        __import__(f"{PACKAGE}.{name}")
+    __import__(f"{PACKAGE}.main")
+    return sys.modules[f"{PACKAGE}.main"]
 
 
 if __name__ == "__main__":
-    driver = load_package()
+    say_hello()
     try:
-        driver.main(CONTEXT_DATA, (STARTED, time.monotonic()))
+        driver = load_package()
+    except Exception:  # a driver bug, after the hello: say so on the protocol
+        import traceback
+        traceback.print_exc()
+        sys.stdout.buffer.write(b'{"type": "fatal", "message": "driver error: the package did '
+                                b'not load"}\n')
+        sys.stdout.buffer.flush()
+        os._exit(2)
+    try:
+        driver.main(CONTEXT_DATA)
     except Exception as exc:  # a driver bug: say so on the protocol, details on stderr
         import traceback
         traceback.print_exc()

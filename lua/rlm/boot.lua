@@ -60,8 +60,8 @@ function M:_start()
 end
 
 -- Spawns the sandbox and proves it before any model code can run: the
--- driver's hello, no foreign descriptor inside, the rlimits it set, its
--- self-test against the canaries; then the context.
+-- driver's hello, the rlimits it set, its self-test against the canaries,
+-- the context, and no foreign descriptor inside.
 function M:_boot(canaries)
   local o = self.opts
   local context_bytes = #self.context_data
@@ -99,12 +99,10 @@ function M:_boot(canaries)
   self.started = true
   self.booting = "boot"
   self:_set_deadline(self:_boot_timeout_ms())
+  -- The driver says hello before it imports its package: this and the
+  -- messages below overlap its imports.
   if not drv:adopt() then
     return self:_error("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
-  end
-  local foreign = drv:foreign_fds()
-  if #foreign > 0 then
-    return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
   end
   local rlimits = selftest.rlimits(o, context_bytes)
   local ok
@@ -158,7 +156,15 @@ function M:_boot(canaries)
   if msg.error then
     return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
   end
+  -- Checked now, not at the hello: the driver, done with its imports and its
+  -- self-test, waits for the first step and holds only its pipes (while it
+  -- imports, it has its package and the stdlib's files open for a moment).
   times.context, times.ready = driver_stamps(msg.t), core.now_ms()
+  local foreign = drv:foreign_fds()
+  if #foreign > 0 then
+    return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
+  end
+  times.checked = core.now_ms()
   self.booting = nil
   self:_set_deadline(0)
   return true

@@ -2,10 +2,7 @@
 (llm_query, llm_query_batched, rlm_query, rlm_query_batched) and
 SubCallError. Each sub-call is one call back to the host (protocol.call)."""
 
-import difflib
-import json
-
-from . import protocol, state
+from . import codec, protocol, state
 from .protocol import SubCallError
 
 
@@ -76,7 +73,7 @@ def FINAL_VAR(name):
         # Its JSON text now, so the value is frozen and surely serialisable.
         # It travels once: the host decodes it (keeping ints ints) and makes
         # its text answer from it.
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text = codec.dumps(value)
     except Exception:
         finish({"kind": "var", "name": name, "value": safe_repr(value), "json": False})
     problem, numbers = exactness_problem(value, state.current.int_bits)
@@ -86,7 +83,7 @@ def FINAL_VAR(name):
     if numbers == "mixed" and state.current.int_bits >= 64:
         final["value_json"] = text  # ints and floats: the host decodes this text itself
     else:
-        final["value"] = json.loads(text)  # parsed back: frozen now
+        final["value"] = codec.loads(text)  # parsed back: frozen now
         if numbers:
             final["numbers"] = numbers
     finish(final, value)
@@ -114,7 +111,7 @@ def exactness_problem(value, int_bits):
     that JSON makes one ({1: 'a', '1': 'b'}). The numbers, a hint for the
     host's decoder: None (no number), "ints" (ints within 2^53 only),
     "floats" (floats only), or "mixed". The value has been through
-    json.dumps: no cycles."""
+    codec.dumps (json.dumps): no cycles."""
     limit = 2 ** 63 if int_bits >= 64 else 2 ** 53
     ints = floats = big = False
     stack = [value]
@@ -163,6 +160,7 @@ def name_of_value(namespace, value):
     defined = user_names(namespace)
     listed = ", ".join(defined[:20]) + (", ..." if len(defined) > 20 else "") or "none yet"
     if isinstance(value, str) and value.isidentifier():
+        import difflib  # here: only this error pays for it
         close = difflib.get_close_matches(value, defined, n=1)
         hint = f" Did you mean FINAL_VAR({close[0]!r})?" if close else ""
         raise NameError(f"FINAL_VAR: no variable named {value!r}.{hint} Your variables: {listed}. "
@@ -224,7 +222,7 @@ def sub_session(prompt, context, what):
         query["context"], query["format"] = context, "text"
     elif context is not None:
         try:
-            query["context"] = json.dumps(context, allow_nan=False, ensure_ascii=False)
+            query["context"] = codec.dumps(context)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{what}: context must be a str or JSON-able (dict, list, ...): "
                             f"{exc}") from None

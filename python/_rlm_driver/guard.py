@@ -3,7 +3,6 @@ modules the REPL may import, and the builtins REPL code sees."""
 
 import builtins
 import sys
-import types
 
 from . import shield, state
 from .screen import ALLOWED_DUNDERS, IO_NAMES, SAFE_BUILTIN_NAMES, SAFE_MODULES
@@ -76,7 +75,7 @@ class ModuleView:
             raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
         value = getattr(module, name)
         if is_visible(module, name, value):
-            if isinstance(value, types.ModuleType):
+            if isinstance(value, shield.ModuleType):
                 return view_of(value)
             return shield.GUARDED_MEMBERS.get((module.__name__, name), value)
         raise AttributeError(f"module {module.__name__!r} attribute {name!r} "
@@ -112,7 +111,7 @@ def is_visible(module, name, value):
         return False
     if module.__name__ == "io" and name not in IO_NAMES:
         return False
-    if isinstance(value, types.ModuleType):
+    if isinstance(value, shield.ModuleType):
         return sys.modules.get(f"{module.__name__}.{name}") is value
     return True
 

@@ -1,15 +1,12 @@
-"""The driver's message loop: hello, configure, self_test, load_context,
-then one exec after another (docs/protocol.md)."""
+"""The driver's message loop: configure, self_test, load_context, then one
+exec after another (docs/protocol.md). The entry script has said hello."""
 
-import json
 import mmap
 import sys
 import time
 
-from . import api, protocol, selftest, state, step, tools
+from . import api, codec, protocol, selftest, state, step, tools
 from .protocol import fatal, field, send, string_list
-
-PROTOCOL_VERSION = 1
 
 
 def configure(message):
@@ -54,7 +51,7 @@ def decode_context(kind):
             # Lua strings are bytes: invalid UTF-8 survives as surrogates.
             context = str(data, "utf-8", "surrogateescape")
         elif kind == "json":
-            context = json.loads(data[:])
+            context = codec.loads(data[:])  # json.loads
         else:
             raise ValueError(f"unknown context format {kind!r}")
     finally:
@@ -100,19 +97,13 @@ def timed(reply, received):
     return reply
 
 
-def main(context_data, started=None):
-    """started: (the interpreter ran the entry script, the package was
-    imported), on time.monotonic()."""
+def main(context_data):
+    """The message loop, after the entry script's hello."""
     session = state.current
     session.context_data = context_data
     session.namespace.update(api.names())
     state.driver_modules[:] = [module for name, module in list(sys.modules.items())
                                if name == __package__ or name.startswith(__package__ + ".")]
-    hello = {"type": "hello", "protocol": PROTOCOL_VERSION,
-             "python": "%d.%d.%d" % sys.version_info[:3]}
-    if started is not None:
-        hello["t"] = list(started)
-    send(hello)
     while True:
         message = protocol.receive()
         if message is None:

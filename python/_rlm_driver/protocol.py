@@ -7,14 +7,12 @@ thread of the REPL's code: they are serialised by one lock, so the host sees
 one call at a time, and each reply is matched to its request by id.
 """
 
+import _thread
 import io
-import itertools
-import json
-import os
+import posix  # os's _exit: os itself is not imported at the driver's start
 import sys
-import threading
 
-from . import state
+from . import codec, state
 
 PROTOCOL_IN = sys.stdin.buffer
 PROTOCOL_OUT = sys.stdout.buffer
@@ -24,46 +22,19 @@ sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol
 # Held by one call from its request to its last reply, and by the message
 # loop while it answers a step, so no two readers or writers ever share the
 # pipes (see call and main.run_step).
-CHANNEL = threading.RLock()
-request_ids = itertools.count(1)
+CHANNEL = _thread.RLock()  # threading.RLock, without importing threading
+last_request_id = 0  # numbered under CHANNEL (itertools.count, without itertools)
+# The driver's main thread (this module is imported on it): threading's
+# main_thread(), without importing threading.
+MAIN_THREAD = _thread.get_ident()
 
 
-# The call path's JSON (a request out, its answers in, many per second):
-# json.dumps builds an encoder on every call and json.loads re-checks the
-# encoding and runs two regular expressions around the scanner; these do the
-# same work once. A request is a dict the driver built (str, int, lists of
-# str), never circular, so its encoder keeps no markers.
-try:
-    _encode_request = json.encoder.c_make_encoder(
-        None, json.JSONEncoder().default, json.encoder.encode_basestring, None, ":", ",",
-        False, False, False)
-except (AttributeError, TypeError):  # no _json accelerator, or another signature
-    _encode_request = None
-_scan = json.decoder.JSONDecoder().scan_once
-_JSON_SPACE = " \t\n\r"
+def on_main_thread():
+    return _thread.get_ident() == MAIN_THREAD
 
 
-def loads(line):
-    """json.loads(line), faster for a line that is one JSON object: the
-    scanner json.loads uses, then the same check that only white space
-    follows. Anything else (and any error) goes through json.loads itself,
-    so what is accepted and what is raised are json.loads's."""
-    if line[:1] == b"{":
-        try:
-            text = line.decode("utf-8", "surrogatepass")
-            value, end = _scan(text, 0)
-        except (ValueError, StopIteration):
-            return json.loads(line)
-        if not text[end:].strip(_JSON_SPACE):
-            return value
-    return json.loads(line)
-
-
-def encode(message, request=False):
-    if request and _encode_request is not None:
-        text = "".join(_encode_request(message, 0))
-    else:
-        text = json.dumps(message, ensure_ascii=False, allow_nan=False)
+def encode(message, plain=False):
+    text = codec.dumps_plain(message) if plain else codec.dumps(message)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -80,7 +51,7 @@ def send(message, data=None):
             PROTOCOL_OUT.write(data + b"\n")
             PROTOCOL_OUT.flush()
         except OSError:  # the host has gone away
-            os._exit(0)
+            posix._exit(0)
 
 
 def receive():
@@ -89,7 +60,7 @@ def receive():
     if not line:
         return None
     try:
-        message = loads(line)
+        message = codec.loads(line)
     except ValueError as exc:
         fatal(f"host sent a line that is not JSON: {exc}")
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
@@ -102,7 +73,7 @@ def fatal(reason):
     # catch SystemExit.
     print(f"repl_driver: fatal: {reason}", file=sys.__stderr__, flush=True)
     send({"type": "fatal", "message": reason})
-    os._exit(2)
+    posix._exit(2)
 
 
 def field(message, name, kind, default=None):
@@ -141,21 +112,18 @@ def interrupt_now():
     raise KeyboardInterrupt(INTERRUPT_MESSAGE)
 
 
-MAIN_THREAD_ID = threading.main_thread().ident
-
-
 class MainThreadBusy:
     """Marks the main thread as inside a call to the host: SIGINT's handler
     does not raise there (a protocol line half read or written would be
     lost); the interrupt is raised when the call is over."""
 
     def __enter__(self):
-        if threading.get_ident() == MAIN_THREAD_ID:
+        if on_main_thread():
             state.current.main_busy += 1
 
     def __exit__(self, kind, value, traceback):
         session = state.current
-        if threading.get_ident() == MAIN_THREAD_ID:
+        if on_main_thread():
             session.main_busy -= 1
             if (not session.main_busy and session.interrupt_pending and session.executing
                     and not session.interrupt_raised and kind is None):
@@ -176,12 +144,14 @@ def begin_call(request, what, plain=False):
     """Numbers the request and sends it, unless the host would refuse its
     size; the caller holds CHANNEL. Outside a step the host takes no call.
     plain: the request holds only str, int, and lists and dicts of them (a
-    sub-call's, built here), for the faster encoder."""
+    sub-call's, built here), for the encoder made once."""
     if not state.current.in_step:
         raise RuntimeError(f"{what}: calls to the host are only possible while a step runs "
                            "(a thread that outlives its step cannot make them)")
-    request_id = request["id"] = next(request_ids)
-    data = encode(request, request=plain)
+    global last_request_id
+    last_request_id += 1
+    request_id = request["id"] = last_request_id
+    data = encode(request, plain)
     limit = state.current.message_limit
     if len(data) > limit:
         raise ValueError(f"{what} is {len(data)} bytes as a message, more than the host accepts "
@@ -196,12 +166,12 @@ def next_reply(request_id, what, kind="llm_result"):
     answer raises the step's interrupt."""
     reply = receive()
     if reply is None:
-        os._exit(0)  # the host asked us to leave
+        posix._exit(0)  # the host asked us to leave
     if reply["type"] != kind or reply.get("id") != request_id:
         fatal(f"expected {kind} for {what} {request_id}, got {reply['type']} "
               f"for {reply.get('id')!r}")
     if reply.get("interrupted") is True:
-        if threading.current_thread() is threading.main_thread():
+        if on_main_thread():
             interrupt_now()
         raise KeyboardInterrupt(INTERRUPT_MESSAGE)
     return reply

@@ -3,8 +3,8 @@ before it runs, and the rewrite that routes run-time format templates
 through a check (see shield.guarded_attribute)."""
 
 import _string
-import ast
-import string
+
+from . import tree as ast  # what the driver needs of ast, on _ast alone
 
 
 class GuardrailError(Exception):
@@ -113,7 +113,8 @@ class RouteFormatting(ast.NodeTransformer):
 def walks_out(template):
     """Whether a format template's fields walk into dunder or frame attributes."""
     try:
-        fields = [(name, spec) for _, name, spec, _ in string.Formatter().parse(template)]
+        # string.Formatter().parse(template), without importing string (and re)
+        fields = [(name, spec) for _, name, spec, _ in _string.formatter_parser(template)]
     except ValueError:
         return False  # malformed: it fails at run time anyway
     for name, spec in fields:

@@ -1,10 +1,14 @@
 """The self-test: fixed driver code, outside the guardrails, that tries what
 the sandbox must forbid (docs/security.md lists the checks)."""
 
-import _socket  # the C module: `socket` costs the start a few ms, and its
-import ast      # create_connection a cold getaddrinfo (NSS) for a numeric address
-import os
+# _socket, the C module: `socket` costs the start a few ms, and its
+# create_connection a cold getaddrinfo (NSS) for a numeric address.
+import _socket
+import encodings
+import posix  # os's functions; os itself is not imported at the driver's start
 import sys
+
+from .state import dirname
 
 HOST_PATHS = ("/etc/passwd", "/etc/shadow", "/etc/hostname", "/home", "/var",
               "/run", "/root/.ssh", "/tmp/.X11-unix")
@@ -76,7 +80,7 @@ def check_host_files(absent):
 
 def path_present(path):
     try:
-        os.lstat(path)
+        posix.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError:  # e.g. permission denied: something is there
@@ -105,7 +109,7 @@ def check_canaries(canaries):
     if isinstance(host_pid, int) and host_pid > 4 and signals(host_pid):
         reached.append(f"host process {host_pid}")
     secret = canaries.get("secret")
-    if isinstance(secret, str) and secret and secret in repr(dict(os.environ)):
+    if isinstance(secret, str) and secret and secret in repr(environment()):
         reached.append("secret in environment")
     if reached:
         return False, "reached: " + ", ".join(reached)
@@ -129,7 +133,7 @@ def unix_connects(address):
 
 def descriptor_open(fd):
     try:
-        os.fstat(fd)
+        posix.fstat(fd)
         return True
     except OSError:
         return False
@@ -137,7 +141,7 @@ def descriptor_open(fd):
 
 def signals(pid):
     try:
-        os.kill(pid, 0)  # signal 0: only asks whether it could be signalled
+        posix.kill(pid, 0)  # signal 0: only asks whether it could be signalled
         return True
     except OSError:
         return False
@@ -151,7 +155,7 @@ def check_seccomp():
 def check_own_init():
     with open("/proc/1/cmdline", "rb") as file:
         argv0 = file.read().split(b"\0", 1)[0]
-    return os.path.basename(argv0) == b"bwrap", f"pid 1 is {argv0.decode(errors='replace')}"
+    return argv0.rsplit(b"/", 1)[-1] == b"bwrap", f"pid 1 is {argv0.decode(errors='replace')}"
 
 
 def proc_status():
@@ -164,14 +168,16 @@ def proc_status():
 
 
 def check_pid_namespace():
-    pid = os.getpid()
-    processes = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    pid = posix.getpid()
+    processes = [entry for entry in posix.listdir("/proc") if entry.isdigit()]
     return pid <= 4 and len(processes) <= 4, f"pid {pid}, {len(processes)} processes visible"
 
 
 def check_read_only_install():
-    # ast is a plain source module, so its directory is the stdlib's.
-    directories = [os.path.dirname(sys.executable), os.path.dirname(ast.__file__)]
+    # encodings is a package of plain source modules in the stdlib's
+    # directory (and loaded at every start: it costs no import).
+    stdlib = dirname(dirname(encodings.__file__))
+    directories = [dirname(sys.executable), stdlib]
     writable = [d for d in directories if can_create_file_in(d)]
     if writable:
         return False, f"writable: {', '.join(writable)}"
@@ -179,13 +185,13 @@ def check_read_only_install():
 
 
 def can_create_file_in(directory):
-    path = os.path.join(directory, f".rlm_probe_{os.getpid()}")
+    path = f"{directory.rstrip('/')}/.rlm_probe_{posix.getpid()}"
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        descriptor = posix.open(path, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL, 0o600)
     except OSError:
         return False
-    os.close(descriptor)
-    os.unlink(path)
+    posix.close(descriptor)
+    posix.unlink(path)
     return True
 
 
@@ -197,7 +203,7 @@ def check_workdir_writable():
         with open(WORKDIR_PROBE, "rb") as file:
             same = file.read() == payload
     finally:
-        os.unlink(WORKDIR_PROBE)
+        posix.unlink(WORKDIR_PROBE)
     return same, "created, wrote, read back and removed " + WORKDIR_PROBE
 
 
@@ -209,17 +215,25 @@ def check_capabilities():
 
 
 def check_descriptors():
-    descriptors = sorted(int(entry) for entry in os.listdir("/proc/self/fd"))
+    descriptors = sorted(int(entry) for entry in posix.listdir("/proc/self/fd"))
     extra = [fd for fd in descriptors if fd > 2]
     # One extra is expected: the descriptor the listing itself used.
     return len(extra) <= 1, f"open: {descriptors}"
 
 
+def environment():
+    """os.environ as a dict: posix.environ's bytes, decoded as os decodes them."""
+    encoding = sys.getfilesystemencoding()
+    return {key.decode(encoding, "surrogateescape"): value.decode(encoding, "surrogateescape")
+            for key, value in posix.environ.items()}
+
+
 def check_environment():
-    extra = sorted(set(os.environ) - SANDBOX_ENVIRONMENT)
+    environ = environment()
+    extra = sorted(set(environ) - SANDBOX_ENVIRONMENT)
     if extra:
         return False, f"unexpected: {', '.join(extra)}"
-    return True, f"keys: {', '.join(sorted(os.environ))}"
+    return True, f"keys: {', '.join(sorted(environ))}"
 
 
 SYSCTL_PROBE = "/proc/sys/kernel/printk_ratelimit"
@@ -228,45 +242,45 @@ SYSCTL_PROBE = "/proc/sys/kernel/printk_ratelimit"
 def check_host_sysctl():
     """A host-global sysctl must not open for writing (nothing is written)."""
     try:
-        descriptor = os.open(SYSCTL_PROBE, os.O_WRONLY)
+        descriptor = posix.open(SYSCTL_PROBE, posix.O_WRONLY)
     except OSError as exc:
         return True, f"{SYSCTL_PROBE}: {exc.strerror}"
-    os.close(descriptor)
+    posix.close(descriptor)
     return False, f"{SYSCTL_PROBE} opens for writing"
 
 
 def check_device_nodes():
     """The host's device nodes are bound in: their mode must not change
     (set to what it is, so nothing changes even when it can)."""
-    mode = os.stat("/dev/null").st_mode & 0o7777
+    mode = posix.stat("/dev/null").st_mode & 0o7777
     try:
-        os.chmod("/dev/null", mode)
+        posix.chmod("/dev/null", mode)
     except OSError as exc:
         return True, f"chmod /dev/null: {exc.strerror}"
     return False, "chmod /dev/null succeeded"
 
 
 def check_workdir_mount():
-    flags = os.statvfs("/session").f_flag
-    ok = bool(flags & os.ST_NOSUID) and bool(flags & os.ST_NODEV)
-    return ok, f"/session nosuid={bool(flags & os.ST_NOSUID)} nodev={bool(flags & os.ST_NODEV)}"
+    flags = posix.statvfs("/session").f_flag
+    ok = bool(flags & posix.ST_NOSUID) and bool(flags & posix.ST_NODEV)
+    return ok, f"/session nosuid={bool(flags & posix.ST_NOSUID)} nodev={bool(flags & posix.ST_NODEV)}"
 
 
 def check_setuid_files():
     path = "/session/.rlm_setuid_probe"
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o4755)
+        descriptor = posix.open(path, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL, 0o4755)
     except OSError as exc:
         return True, f"create mode 04755: {exc.strerror}"
     try:
-        os.close(descriptor)
-        os.chmod(path, 0o2755)
+        posix.close(descriptor)
+        posix.chmod(path, 0o2755)
         return False, "a setgid file was made in /session"
     except OSError as exc:
-        setuid = os.stat(path).st_mode & 0o6000
+        setuid = posix.stat(path).st_mode & 0o6000
         return not setuid, f"chmod 02755: {exc.strerror}; mode bits {oct(setuid)}"
     finally:
-        os.unlink(path)
+        posix.unlink(path)
 
 
 HIDDEN_PROC = ("slabinfo", "kallsyms", "timer_list", "keys", "sched_debug", "kpageflags",

@@ -13,13 +13,11 @@ import (the driver's own modules included); attrgetter and methodcaller are
 handed out as checked versions.
 """
 
-import ast
 import builtins
 import sys
-import types
-import weakref
 
 from . import guard, state
+from . import tree as ast  # what the driver needs of ast, on _ast alone
 from .screen import (GuardrailError, ROUTED_METHODS, RouteFormatting, is_refused_attribute,
                      screen, walks_out)
 
@@ -91,7 +89,7 @@ GUARDED_MEMBERS = {("operator", "attrgetter"): attrgetter,
 
 def runtime_code(source, filename, mode, flags=0, dont_inherit=False, optimize=-1):
     """compile() for a string an allowed module evaluates: screened first."""
-    if isinstance(source, types.CodeType):
+    if isinstance(source, CodeType):
         return source
     tree = source if isinstance(source, ast.AST) else \
         REAL_COMPILE(source, filename, mode, flags | ast.PyCF_ONLY_AST, True, optimize)
@@ -100,7 +98,7 @@ def runtime_code(source, filename, mode, flags=0, dont_inherit=False, optimize=-
     if flags & ast.PyCF_ONLY_AST:
         return tree
     code = REAL_COMPILE(tree, filename, mode, flags, True, optimize)
-    screened_code.add(code)
+    screened().add(code)
     return code
 
 
@@ -118,7 +116,7 @@ def runtime_namespace(namespace, is_globals):
             for name in dir(module):
                 value = getattr(module, name, None)
                 if guard.is_visible(module, name, value):
-                    visible[name] = guard.view_of(value) if isinstance(value, types.ModuleType) else value
+                    visible[name] = guard.view_of(value) if isinstance(value, ModuleType) else value
         if is_globals:
             visible["__builtins__"] = guard.builtins_table()
         return visible
@@ -151,8 +149,8 @@ def runtime_run(run, source, globals, locals, caller):
             locals = caller.f_locals
     if not state.current.guardrails:
         return run(source, globals, locals)
-    if isinstance(source, types.CodeType):
-        if source not in screened_code:
+    if isinstance(source, CodeType):
+        if source not in screened():
             raise GuardrailError("code not compiled under the REPL guardrails is refused")
         code = source
     else:
@@ -197,14 +195,24 @@ SHADOWED_GETATTR = frozenset({"string"})
 # Evaluates typing's annotations from Python 3.14 on.
 SHADOWED_HELPERS = frozenset({"annotationlib"})
 shielded_modules = set()
-screened_code = weakref.WeakSet()
+ModuleType = type(sys)  # types.ModuleType and CodeType, without importing types
+CodeType = type(shadow_eval.__code__)
+screened_code = []  # a weakref.WeakSet, made at first use (weakref is not needed before)
+
+
+def screened():
+    """The code compiled under the guardrails (the set exec and eval take)."""
+    if not screened_code:
+        import weakref
+        screened_code.append(weakref.WeakSet())
+    return screened_code[0]
 
 
 def shield_modules():
     """Install the shadows in every loaded module the REPL can reach. A
     module that defines the name itself (re.compile) keeps its own."""
     for name, module in list(sys.modules.items()):
-        if name in shielded_modules or not isinstance(module, types.ModuleType):
+        if name in shielded_modules or not isinstance(module, ModuleType):
             continue
         top = name.split(".")[0]
         if top not in guard.allowed_modules() and top not in SHADOWED_HELPERS:

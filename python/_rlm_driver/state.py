@@ -2,7 +2,6 @@
 namespace. Every module reads them through `current`."""
 
 import sys
-import types
 
 DEFAULT_STDOUT_LIMIT = 2000
 DEFAULT_MESSAGE_LIMIT = 16 << 20
@@ -29,8 +28,18 @@ class State:
         # The REPL's namespace is a module of its own, registered as
         # __main__: typing and dataclasses look up the globals of a class's
         # module in sys.modules, and must find these, not the driver's.
-        self.module = types.ModuleType("__main__")
+        self.module = type(sys)("__main__")  # types.ModuleType
         self.namespace = vars(self.module)
+
+
+def dirname(path):
+    """os.path.dirname (posixpath's), without importing os: the driver's
+    start does not need os (and the _collections_abc, stat and posixpath
+    it imports)."""
+    head = path[:path.rfind("/") + 1]
+    if head and head != "/" * len(head):
+        head = head.rstrip("/")
+    return head
 
 
 current = State()

@@ -2,27 +2,24 @@
 truncated, its error described and cut, a failed step's names rolled back,
 and the answer dict read at its end."""
 
-import ast
+import _signal
+import _thread
 import builtins
-import collections
 import io
-import linecache
-import os
-import signal
 import sys
-import threading
+from _collections import deque
 
-from . import api, guard, protocol, shield, state
+from . import api, guard, protocol, shield, state, tree
 from .screen import GuardrailError, RouteFormatting, screen
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = state.dirname(__file__)  # absolute: the zip's, or the entry script's directory's
 
 
 def is_driver_file(filename):
     """Whether a traceback frame is the driver's own (the entry script or
     one of this package's modules): the model sees only its own frames."""
     entry = getattr(state.ENTRY_MODULE, "__file__", None)
-    return filename == entry or os.path.dirname(filename) == PACKAGE_DIR
+    return filename == entry or state.dirname(filename) == PACKAGE_DIR
 
 
 class CappedWriter(io.TextIOBase):
@@ -38,10 +35,10 @@ class CappedWriter(io.TextIOBase):
         self.tail_limit = limit // 3
         self.head = []
         self.head_len = 0
-        self.tail = collections.deque()
+        self.tail = deque()
         self.tail_len = 0
         self.dropped = 0
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()  # threading.Lock
 
     def writable(self):
         return True
@@ -88,9 +85,33 @@ class CappedWriter(io.TextIOBase):
         return head + tail
 
 
+# Each step's source, for the lines of tracebacks and warnings: linecache
+# holds them once it is imported (it imports tokenize, re and more, so the
+# driver imports it only to describe an error).
+SOURCES = {}
+seeded = [None]  # the linecache.cache that holds all of SOURCES
+
+
+def remember_source(filename, code):
+    entry = SOURCES[filename] = (len(code), None, code.splitlines(True), filename)
+    linecache = sys.modules.get("linecache")
+    if linecache is not None:  # imported by now (a warning, an error): kept up to date
+        if seeded[0] is linecache.cache:
+            linecache.cache[filename] = entry
+        else:
+            seed(linecache)
+
+
+def seed(linecache):
+    linecache.cache.update(SOURCES)
+    seeded[0] = linecache.cache
+
+
 def describe_error(exc):
     """The exception as Python prints it, without this driver's frames."""
-    import traceback  # here: the first error pays for it, not every start
+    import linecache  # here: the first error pays for these, not every start
+    import traceback
+    seed(linecache)
     report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
     pending, seen = [report], set()
     while pending:
@@ -143,7 +164,7 @@ def on_interrupt(signum, frame):
     protocol.interrupt_now()
 
 
-signal.signal(signal.SIGINT, on_interrupt)
+_signal.signal(_signal.SIGINT, on_interrupt)  # signal.signal, without its enums
 
 
 # The REPL's own names: put back after every block that rebinds or deletes
@@ -179,7 +200,7 @@ def run(code):
     if session.originals is None:  # the first step: the context is loaded by now
         session.originals = {name: namespace.get(name) for name in PROTECTED}
     filename = f"<repl-{session.steps}>"
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    remember_source(filename, code)
     output = CappedWriter(session.stdout_limit)
     before = dict(namespace)  # shallow: names only, for the rollback
     session.final = None
@@ -243,12 +264,12 @@ def failed_in_final(code, filename, exc):
     if line is None:
         return False
     try:
-        tree = ast.parse(code)
+        parsed = compile(code, "<unknown>", "exec", tree.PyCF_ONLY_AST)  # ast.parse
     except (SyntaxError, ValueError):
         return False
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-                and isinstance(node.value.func, ast.Name) and node.value.func.id in FINAL_NAMES
+    for node in tree.walk(parsed):
+        if (isinstance(node, tree.Expr) and isinstance(node.value, tree.Call)
+                and isinstance(node.value.func, tree.Name) and node.value.func.id in FINAL_NAMES
                 and node.lineno <= line <= (node.end_lineno or node.lineno)):
             return True
     return False
@@ -257,7 +278,7 @@ def failed_in_final(code, filename, exc):
 def compile_step(code, filename, guardrails):
     if not guardrails:
         return compile(code, filename, "exec", dont_inherit=True)
-    tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-    screen(tree)
-    tree = ast.fix_missing_locations(RouteFormatting().visit(tree))
-    return compile(tree, filename, "exec", dont_inherit=True)
+    parsed = compile(code, filename, "exec", tree.PyCF_ONLY_AST, dont_inherit=True)
+    screen(parsed)
+    parsed = tree.fix_missing_locations(RouteFormatting().visit(parsed))
+    return compile(parsed, filename, "exec", dont_inherit=True)

@@ -3,8 +3,6 @@ Python functions in the REPL's namespace. Each call is one tool_call message
 back to the host; its tool_result is the value (JSON), or an error raised
 here as ToolError (docs/protocol.md)."""
 
-import keyword
-
 from . import api, protocol, state
 from .protocol import fatal
 
@@ -54,6 +52,7 @@ def install(message):
     specs = protocol.field(message, "tools", list, [])
     if not specs:
         return
+    import keyword  # here: a session without tools does not pay for it
     namespace = state.current.namespace
     for spec in specs:
         name = spec.get("name") if isinstance(spec, dict) else None

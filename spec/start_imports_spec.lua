@@ -1,0 +1,214 @@
+-- The driver's own start stays cheap (issue 17): what it imports before the
+-- first step's answer is bounded here, on top of what the interpreter
+-- imports for itself (-I -S). json (which imports re, enum, functools and
+-- collections), ast, threading, difflib, linecache and the like cost the
+-- cold start tens of ms on a loaded host; the driver imports them only where
+-- used, and model code that imports them still gets them.
+local H = require("helpers")
+local fence = H.fence
+
+-- What the driver may add to the interpreter's own start: its package, and
+-- these. A module added to the start must be added here, on purpose.
+local EXPECTED = {}
+for m in ([[ mmap resource _json _ast _collections _string _socket ]]):gmatch("%S+") do
+  EXPECTED[m] = true
+end
+
+-- The ones that came back would be named among the extra modules anyway;
+-- these are checked apart so that the failure is plain.
+local HEAVY = { "json", "re", "enum", "ast", "threading", "difflib", "linecache", "tokenize",
+  "traceback", "string", "collections", "functools", "types", "weakref", "signal", "importlib",
+  "warnings", "contextlib", "typing", "keyword", "operator", "os", "_collections_abc", "itertools" }
+
+local function words(s)
+  local t = {}
+  for w in s:gmatch("%S+") do
+    t[w] = true
+  end
+  return t
+end
+
+local function quote(s)
+  return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+-- The modules of the interpreter's own start.
+local function interpreter_start(python)
+  return words(H.sh(quote(python) .. [[ -I -S -c 'import sys; print(" ".join(sys.modules))']]))
+end
+
+-- Sorted: the loaded modules neither the interpreter's start nor EXPECTED
+-- explain, and the HEAVY ones among them.
+local function unexpected(loaded, start)
+  local extra, heavy = {}, {}
+  for m in pairs(loaded) do
+    if not start[m] and not EXPECTED[m] and m ~= "_rlm_driver" and not m:match("^_rlm_driver%.") then
+      extra[#extra + 1] = m
+    end
+  end
+  for _, m in ipairs(HEAVY) do
+    if loaded[m] and not start[m] then
+      heavy[#heavy + 1] = m
+    end
+  end
+  table.sort(extra)
+  return extra, heavy
+end
+
+-- One session's first step, guardrails off so that the code can read
+-- sys.modules: the interpreter and what was loaded by then.
+local first_step
+local function sandboxed_start()
+  if not first_step then
+    local result, err = H.run({
+      guardrails = false, stdout_truncate_chars = 50000,
+      root_llm = H.script({
+        fence("import sys\nprint(sys.executable)\nprint(' '.join(sorted(sys.modules)))"),
+        fence("FINAL('done')"),
+      }),
+    })
+    assert.is_nil(err, err and tostring(err))
+    local python, modules = result.history[1].stdout:match("^(%S+)\n(.-)\n$")
+    assert.is_string(python, result.history[1].stdout)
+    first_step = { python = python, modules = words(modules) }
+  end
+  return first_step
+end
+
+describe("the driver's start", function()
+  after_each(H.assert_clean)
+
+  it("imports nothing heavy before its first step's answer, in the sandbox", function()
+    local s = sandboxed_start()
+    assert.is_true(s.modules["_rlm_driver.main"] == true, "the list holds the driver's modules")
+    local extra, heavy = unexpected(s.modules, interpreter_start(s.python))
+    assert.are.same({}, heavy)
+    assert.are.same({}, extra)
+  end)
+
+  it("imports nothing heavy on the guardrails' path either (-X importtime, outside the sandbox)", function()
+    local python = sandboxed_start().python
+    -- The driver as the sandbox has it: repl_driver.py beside the zip the
+    -- probe packs.
+    local dir = H.sh("mktemp -d " .. quote(H.tmpdir .. "/imports.XXXXXX"))
+    local root = H.sh("pwd")
+    H.sh(("cp %s %s/"):format(quote(root .. "/python/repl_driver.py"), quote(dir)))
+    H.sh(("%s -I -S %s --driver %s | %s -I -S -c %s %s"):format(quote(python),
+      quote(root .. "/python/probe.py"), quote(root .. "/python"), quote(python),
+      quote("import base64, json, sys; open(sys.argv[1], 'wb').write("
+        .. "base64.b64decode(json.load(sys.stdin)['driver_zip']))"),
+      quote(dir .. "/driver.zip")))
+    local f = assert(io.open(dir .. "/in", "w"))
+    f:write('{"type":"configure","guardrails":true,"int_bits":64}\n',
+      '{"type":"load_context","format":"text"}\n',
+      '{"type":"exec","id":1,"code":"x = \'{}\'.format(1)\\nprint(x)"}\n')
+    f:close()
+    H.sh(("%s -I -S -B -X importtime %s/repl_driver.py < %s/in > %s/out 2> %s/err"):format(
+      quote(python), quote(dir), quote(dir), quote(dir), quote(dir)))
+    local out, err = H.read_file(dir .. "/out"), H.read_file(dir .. "/err")
+    H.sh("rm -rf " .. quote(dir))
+    assert.matches('^{"type": "hello"', out)
+    assert.matches('{"type": "exec_result", "id": 1, "stdout": "1\\n", "error": null', out, 1, true)
+    local loaded = {}
+    for name in err:gmatch("import time:%s+%d+ |%s+%d+ |%s*([%w_.]+)") do
+      loaded[name] = true
+    end
+    assert.is_true(loaded["_rlm_driver.step"] == true, err)
+    local extra, heavy = unexpected(loaded, interpreter_start(python))
+    assert.are.same({}, heavy)
+    assert.are.same({}, extra)
+  end)
+
+  -- What the driver no longer imports at its start is still there for the
+  -- model's code, and still refused when not allowed.
+  it("leaves json, re, string, collections and difflib to the code that imports them", function()
+    local result, err = H.run({
+      root_llm = H.script({
+        fence([[
+import json, re, string, difflib, collections
+print(json.dumps({'a': [1, 2.5]}), re.findall(r'\d', 'a1b2'), string.Template('$x').substitute(x=1),
+      difflib.get_close_matches('appel', ['apple']), collections.Counter('aab')['a'])]]),
+        fence("FINAL('done')"),
+      }),
+    })
+    assert.is_nil(err, err and tostring(err))
+    assert.is_nil(result.history[1].error)
+    assert.are.equal("{\"a\": [1, 2.5]} ['1', '2'] 1 ['apple'] 2\n", result.history[1].stdout)
+  end)
+
+  it("still refuses ast, threading, linecache and traceback unless allowed", function()
+    for _, m in ipairs({ "ast", "threading", "linecache", "traceback" }) do
+      local result, err = H.run({
+        root_llm = H.script({ fence("import " .. m), fence("FINAL('done')") }),
+      })
+      assert.is_nil(err, err and tostring(err))
+      assert.matches("ImportError: import of '" .. m .. "' is refused", result.history[1].error, 1, true)
+    end
+    local result, err = H.run({
+      allowed_modules = { "ast", "threading" },
+      root_llm = H.script({
+        fence([[
+import ast, threading
+box = []
+t = threading.Thread(target=lambda: box.append(ast.dump(ast.Constant(value=1))))
+t.start(); t.join()
+print(box[0], threading.current_thread() is threading.main_thread())]]),
+        fence("FINAL('done')"),
+      }),
+    })
+    assert.is_nil(err, err and tostring(err))
+    assert.is_nil(result.history[1].error)
+    assert.are.equal("Constant(value=1) True\n", result.history[1].stdout)
+  end)
+
+  it("writes and reads JSON as the json package does (the codec on _json)", function()
+    local python = sandboxed_start().python
+    local out = H.sh(("%s -I %s python 2>&1; echo rc=$?"):format(quote(python),
+      quote(H.sh("pwd") .. "/spec/helpers/codec_check.py")))
+    assert.matches("^ok %d+\nrc=0$", out)
+  end)
+
+  it("refuses a driver that holds a descriptor once ready (the host checks then, not at the hello)", function()
+    -- The driver says hello before its imports, so the host lists the
+    -- sandbox's descriptors once the driver is ready. A copy of the
+    -- checkout whose driver keeps a file open from its context load on.
+    local root, dir = H.sh("pwd"), H.sh("mktemp -d " .. quote(H.tmpdir .. "/hostile.XXXXXX"))
+    H.sh(("cp -r %s %s %s/"):format(quote(root .. "/lua"), quote(root .. "/python"), quote(dir)))
+    local main = dir .. "/python/_rlm_driver/main.py"
+    local text, n = H.read_file(main):gsub("\n    length = len%(context%)",
+      '\n    state.kept = open("/rlm/repl_driver.py", "rb")\n    length = len(context)')
+    assert.are.equal(1, n)
+    local f = assert(io.open(main, "w"))
+    f:write(text)
+    f:close()
+    f = assert(io.open(dir .. "/run.lua", "w"))
+    f:write(([[
+local rlm = require("rlm")
+local s = rlm.Session.new({ context = "x", tmpdir = %q, llm_query = function() return "" end,
+  root_llm = function() return "```repl\nFINAL('x')\n```" end })
+local result, err = s:run()
+s:close()
+print(result and "ran" or err.kind .. ": " .. err.message)
+]]):format(H.tmpdir))
+    f:close()
+    local out = H.sh(("cd %s && LUA_PATH=%s LUA_CPATH=%s %s run.lua 2>&1"):format(quote(dir),
+      quote(dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua;;"), quote(package.cpath),
+      H.lua_name()))
+    H.sh("rm -rf " .. quote(dir))
+    assert.matches("^sandbox_violation: descriptors reach the sandbox: pid %d+ fd %d+: /rlm/repl_driver.py", out)
+  end)
+
+  it("shows a traceback's lines from earlier steps (linecache filled when first needed)", function()
+    local result, err = H.run({
+      root_llm = H.script({
+        fence("def f():\n    return 1 / 0"),
+        fence("f()"),
+        fence("FINAL('done')"),
+      }),
+    })
+    assert.is_nil(err, err and tostring(err))
+    local e = result.history[2].error
+    assert.matches("return 1 / 0", e, 1, true)
+    assert.matches("ZeroDivisionError", e, 1, true)
+  end)
+end)
