@@ -37,6 +37,8 @@ typedef struct driver_ud {
   rlm_driver *d;
   int ctx_ref; /* the context string, in the registry while the driver's
                   keeper may read it; LUA_NOREF */
+  int late_fd; /* late_context: the writable end of the child's empty
+                  context memfd, until write_context seals it; -1 */
 } driver_ud;
 
 /* Lets go of the context string once the keeper is done with it. */
@@ -187,8 +189,26 @@ static void close_fd(int *fd) {
   }
 }
 
+/* late_context: an empty memfd for the context, written and sealed after
+ * the spawn (d:write_context). The child gets its own read-only open of it
+ * (a reopen through /proc, not a dup: a dup would share the write mode);
+ * the host keeps the writable one. */
+static int open_late_context(driver_ud *u, int *ro, char *err, size_t errlen) {
+  char path[64];
+  if ((u->late_fd = rlm_context_open()) >= 0) {
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", u->late_fd);
+    do
+      *ro = open(path, O_RDONLY | O_CLOEXEC);
+    while (*ro < 0 && errno == EINTR);
+    if (*ro >= 0)
+      return 0;
+  }
+  snprintf(err, errlen, "the late context's memfd: %s", strerror(errno));
+  return -1;
+}
+
 /* core.spawn{bwrap=, python=, driver=, driver_modules={...}, ro={...},
- *            context=, max_line=,
+ *            context= | late_context=true, max_line=,
  *            max_rss=, rss_interval_ms=, cgroup=, workdir_bytes=,
  *            workdir_files=, uid_first=, uid_count=}
  *   -> Driver | nil, message */
@@ -196,12 +216,14 @@ static int core_spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   rlm_sandbox_spec spec;
   read_spec(L, &spec);
-  size_t context_len;
+  size_t context_len = 0;
+  lua_getfield(L, 1, "late_context");
+  int late = lua_toboolean(L, -1);
   lua_getfield(L, 1, "context");
   const char *context = lua_tolstring(L, -1, &context_len);
-  if (context == NULL)
+  if (context == NULL && !late)
     luaL_error(L, "rlm.core.spawn: option 'context' must be a string");
-  lua_pop(L, 1); /* the table keeps it alive */
+  lua_pop(L, 2); /* the table keeps it alive */
   size_t max_line = (size_t)opt_integer(L, 1, "max_line", 16 << 20);
   uint64_t max_rss = (uint64_t)opt_integer(L, 1, "max_rss", 0);
   unsigned interval = (unsigned)opt_integer(L, 1, "rss_interval_ms", 50);
@@ -216,11 +238,12 @@ static int core_spawn(lua_State *L) {
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
   u->ctx_ref = LUA_NOREF;
+  u->late_fd = -1;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
 
   char err[512];
-  int filter = -1, drv_text = -1;
+  int filter = -1, drv_text = -1, late_ro = -1;
   int handed[HANDED_MAX];
   for (size_t i = 0; i < HANDED_MAX; i++)
     handed[i] = -1;
@@ -255,8 +278,10 @@ static int core_spawn(lua_State *L) {
   spec.driver_fd = CHILD_DRIVER_FD;
   if (rlm_sandbox_argv(&spec, &argv, err, sizeof(err)) != 0)
     goto failed;
+  if (late && open_late_context(u, &late_ro, err, sizeof(err)) != 0)
+    goto failed;
   handed[0] = filter;
-  handed[1] = -1; /* the keeper makes the context's */
+  handed[1] = late_ro; /* -1: the keeper makes the context's */
   handed[2] = drv_text;
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
@@ -264,7 +289,7 @@ static int core_spawn(lua_State *L) {
   o.env = sandbox_env;
   o.inherit_fds = handed;
   o.n_inherit = 3 + (spec.zip_fd >= 0 ? 1 : spec.n_modules);
-  o.context = context;
+  o.context = late ? NULL : context;
   o.context_len = context_len;
   o.context_at = CHILD_CONTEXT_FD - 3;
   o.claim_uid = as_root;
@@ -280,11 +305,14 @@ static int core_spawn(lua_State *L) {
   u->d = rlm_driver_start(&o, err, sizeof(err));
   if (u->d == NULL)
     goto failed;
-  /* The keeper reads the context off this thread: the string stays. */
-  lua_getfield(L, 1, "context");
-  u->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (!late) {
+    /* The keeper reads the context off this thread: the string stays. */
+    lua_getfield(L, 1, "context");
+    u->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   close_fd(&filter); /* the driver has its copies */
   close_fd(&drv_text);
+  close_fd(&late_ro);
   for (size_t i = 3; i < HANDED_MAX; i++)
     close_fd(&handed[i]);
   rlm_argv_free(&argv);
@@ -294,6 +322,8 @@ static int core_spawn(lua_State *L) {
 failed:
   close_fd(&filter);
   close_fd(&drv_text);
+  close_fd(&late_ro);
+  close_fd(&u->late_fd);
   for (size_t i = 3; i < HANDED_MAX; i++)
     close_fd(&handed[i]);
   rlm_argv_free(&argv);
@@ -373,6 +403,7 @@ static int core_helper(lua_State *L) {
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
   u->ctx_ref = LUA_NOREF;
+  u->late_fd = -1;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
   rlm_driver_opts o;
@@ -711,10 +742,35 @@ static int driver_exec_ms(lua_State *L) {
   return 1;
 }
 
+/* d:write_context(bytes) -> true | nil, message: a late_context spawn's
+ * context, written into its memfd and sealed (no write, grow, shrink or
+ * further seal); the host's writable descriptor is closed either way, so it
+ * is written once. A seal that fails (EBUSY: a writable mapping) fails. */
+static int driver_write_context(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *data = luaL_checklstring(L, 2, &len);
+  if (u->late_fd < 0)
+    return fail(L, "this driver takes no late context (or took it)");
+  int e = 0;
+  if (rlm_context_append(u->late_fd, data, len) != 0 ||
+      rlm_context_seal(u->late_fd) != 0)
+    e = errno;
+  close_fd(&u->late_fd);
+  if (e != 0) {
+    char err[128];
+    snprintf(err, sizeof(err), "writing the context: %s", strerror(e));
+    return fail(L, err);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int driver_close(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   rlm_driver *d = u->d;
   u->d = NULL;
+  close_fd(&u->late_fd);
   rlm_driver_close(d); /* never waits for the sandbox; the context is free */
   release_context(L, u);
   lua_pushboolean(L, 1);
@@ -869,6 +925,7 @@ static const luaL_Reg driver_methods[] = {
     {"timeout", driver_timeout},
     {"uid", driver_uid},
     {"exec_ms", driver_exec_ms},
+    {"write_context", driver_write_context},
     {"close", driver_close},
     {NULL, NULL},
 };
