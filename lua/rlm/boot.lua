@@ -47,10 +47,63 @@ local function driver_stamps(t)
   return { t[1] * 1000, t[2] * 1000 }
 end
 
+-- The messages of a start, the same for a cold start and a pooled one
+-- (docs/protocol.md): `configure` and `self_test` are the pool-level part,
+-- sent right at the spawn; `load_context` carries the session-level part
+-- (the output cap, the tools, the rlimits that depend on the session),
+-- sent at once by a cold start and when a session takes a pooled sandbox.
+
+function M.configure_message(o, info)
+  return { type = "configure",
+    max_message_bytes = o.max_message_bytes, max_message_values = protocol.max_values(o.max_message_bytes),
+    guardrails = o.guardrails,
+    int_bits = protocol.INT_BITS,
+    allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
+    sys_path = info.sys_path, rlimits = selftest.pool_rlimits() }
+end
+
+function M.self_test_message(info, canaries)
+  return { type = "self_test", absent = info.absent, canaries = canaries:info() }
+end
+
+-- core.spawn, then the pool-level messages at once: they wait in the pipe
+-- while bubblewrap and the interpreter start, so the driver configures and
+-- tests itself with nobody reading. Returns drv | nil, message.
+function M.spawn_sandbox(o, spec, info, canaries)
+  local drv, err = core.spawn(spec)
+  if not drv then
+    return nil, err
+  end
+  if not (drv:send(protocol.encode(M.configure_message(o, info)))
+      and drv:send(protocol.encode(M.self_test_message(info, canaries)))) then
+    drv:close()
+    return nil, "the driver took no input"
+  end
+  return drv
+end
+
+function M:_load_context_message(context_bytes)
+  local o = self.opts
+  return { type = "load_context", format = self.context_format, stdout_limit = o.stdout_truncate_chars,
+    rlimits = selftest.session_rlimits(o, context_bytes),
+    tools = require("rlm.tools").specs(o) }
+end
+
 function M:_start()
   -- When each part of the start happened, in ms on core.now_ms()'s clock
   -- (bench/cold_start.lua shows them as phases).
   self.start_times = { begin = core.now_ms() }
+  local pool = self.opts.pool
+  if pool then
+    local entry = pool:_take()
+    if entry then
+      self.start = "warm"
+      local ok, err = self:_take_sandbox(entry)
+      pool:_after_take(entry)
+      return ok, err
+    end
+  end
+  self.start = "cold"
   -- Planted before the spawn, so that the leaked descriptor is there to leak.
   local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
   local ok, err = self:_boot(canaries)
@@ -58,9 +111,19 @@ function M:_start()
   return ok, err
 end
 
--- Spawns the sandbox and proves it before any model code can run: the
--- driver's hello, no foreign descriptor inside, the rlimits it set, its
--- self-test against the canaries; then the context.
+-- A pooled sandbox (rlm.pool): started and self-testing since its spawn;
+-- what it said meanwhile waits in entry.events. The same checks as a cold
+-- start, then the context, written into its memfd and sealed now.
+function M:_take_sandbox(entry)
+  local times = self.start_times
+  times.spawn = entry.spawned_at
+  self.driver = entry.drv
+  self.pre_events = entry.events
+  self:_watch(entry.drv)
+  return self:_checks(entry.canaries, #self.context_data, true)
+end
+
+-- Spawns the sandbox (a cold start), then proves it as _checks says.
 function M:_boot(canaries)
   local o = self.opts
   local context_bytes = #self.context_data
@@ -70,19 +133,29 @@ function M:_boot(canaries)
   if not spec then
     return self:_fail(info)
   end
-  local times = self.start_times or {}
-  times.spawn = core.now_ms()
-  local drv, serr = core.spawn(spec)
+  self.start_times.spawn = core.now_ms()
+  local drv, serr = M.spawn_sandbox(o, spec, info, canaries)
   if not drv then
     return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(serr))
   end
   self.driver = drv
   self:_watch(drv)
   self.context_data = nil
+  local ok, err = self:_send(self:_load_context_message(context_bytes))
+  if not ok then
+    return nil, err
+  end
+  return self:_checks(canaries, context_bytes, false)
+end
+
+-- Proves the sandbox before any model code can run: the driver's hello,
+-- its cgroup, its self-test against the canaries; then (late: the context
+-- is written and sealed, and load_context sent) the context is loaded, and
+-- the rlimits, uids and descriptors are read back from /proc.
+function M:_checks(canaries, context_bytes, late)
+  local o, drv, times = self.opts, self.driver, self.start_times
   self.booting = "hello"
   self:_set_deadline(o.start_timeout_ms)
-  local canary_info = canaries:info()
-
   local hello, err = self:_expect({ hello = true, fatal = true })
   -- It only had to be there to leak into the spawn, which runs on the
   -- driver's own thread and is over once the driver speaks.
@@ -101,33 +174,42 @@ function M:_boot(canaries)
   if not drv:adopt() then
     return self:_error("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
   end
-  local foreign = drv:foreign_fds()
-  if #foreign > 0 then
-    return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
-  end
-  local rlimits = selftest.rlimits(o, context_bytes)
-  local ok
-  ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
-    max_message_bytes = o.max_message_bytes, max_message_values = self.max_values,
-    guardrails = o.guardrails,
-    int_bits = protocol.INT_BITS,
-    allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
-    sys_path = info.sys_path, rlimits = rlimits, tools = require("rlm.tools").specs(o) })
-  if ok then
-    ok, err = self:_send({ type = "self_test", absent = info.absent, canaries = canary_info })
-  end
-  if ok then
-    ok, err = self:_send({ type = "load_context", format = self.context_format })
-  end
-  if not ok then
-    return nil, err
-  end
   local msg
   msg, err = self:_expect({ configured = true, fatal = true })
   if not msg then
     return nil, err
   end
   times.configure = driver_stamps(msg.t)
+  msg, err = self:_expect({ self_test_result = true, fatal = true })
+  if not msg then
+    return nil, err
+  end
+  times.self_test = driver_stamps(msg.t)
+  local bad = checks_failed(msg.checks)
+  if #bad > 0 then
+    return self:_error("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
+      { checks = msg.checks })
+  end
+  local rlimits = selftest.rlimits(o, context_bytes)
+  if late then
+    local ok, werr = drv:write_context(self.context_data)
+    self.context_data = nil
+    if not ok then
+      return self:_error("sandbox_violation", "the context could not be sealed: " .. tostring(werr))
+    end
+    ok, err = self:_send(self:_load_context_message(context_bytes))
+    if not ok then
+      return nil, err
+    end
+  end
+  msg, err = self:_expect({ ready = true, fatal = true })
+  if not msg then
+    return nil, err
+  end
+  if msg.error then
+    return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
+  end
+  times.context = driver_stamps(msg.t)
   local tree = drv:tree()
   local problem = "the sandbox has no processes"
   if #tree > 0 then
@@ -140,24 +222,12 @@ function M:_boot(canaries)
   if problem then
     return self:_error("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
   end
-  msg, err = self:_expect({ self_test_result = true, fatal = true })
-  if not msg then
-    return nil, err
+  -- After ready: a pooled driver holds its context's memfd until then.
+  local foreign = drv:foreign_fds()
+  if #foreign > 0 then
+    return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
   end
-  times.self_test = driver_stamps(msg.t)
-  local bad = checks_failed(msg.checks)
-  if #bad > 0 then
-    return self:_error("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
-      { checks = msg.checks })
-  end
-  msg, err = self:_expect({ ready = true, fatal = true })
-  if not msg then
-    return nil, err
-  end
-  if msg.error then
-    return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
-  end
-  times.context, times.ready = driver_stamps(msg.t), core.now_ms()
+  times.ready = core.now_ms()
   self.booting = nil
   self:_set_deadline(0)
   return true

@@ -16,6 +16,7 @@ local Session = require("rlm.session")
 
 local rlm = { _VERSION = "rlm 0.2.0", null = protocol.null }
 rlm.Session = Session
+rlm.Pool = require("rlm.pool")
 
 function Session.new(opts)
   local o = options.check(opts)

@@ -2,6 +2,7 @@
 -- turning what it sends into messages or errors, and sending to it.
 local protocol = require("rlm.protocol")
 local IDLE = require("rlm.engine").IDLE
+local unpack = require("rlm.util").unpack
 
 local M = {}
 
@@ -20,6 +21,17 @@ end
 -- ...). It never waits in C: with nothing to do it
 -- yields IDLE until poll() is called again.
 function M:_wait(accept_replies)
+  -- What a pooled sandbox said before its session took it (rlm.pool).
+  local pre = self.pre_events
+  if pre then
+    local ev = table.remove(pre, 1)
+    if not pre[1] then
+      self.pre_events = nil
+    end
+    if ev then
+      return unpack(ev, 1, ev.n)
+    end
+  end
   while true do
     if accept_replies and #self.inbox > 0 then
       return "reply", table.remove(self.inbox, 1)
