@@ -89,6 +89,21 @@ function M:_load_context_message(context_bytes)
     tools = require("rlm.tools").specs(o) }
 end
 
+-- Whether a process of the sandbox other than bubblewrap still runs.
+local function interpreter_runs(drv)
+  for _, pid in ipairs(drv:tree()) do
+    local f = io.open("/proc/" .. pid .. "/comm", "r")
+    local comm = f and f:read("*l")
+    if f then
+      f:close()
+    end
+    if comm and comm ~= "bwrap" then
+      return true
+    end
+  end
+  return false
+end
+
 function M:_start()
   -- When each part of the start happened, in ms on core.now_ms()'s clock
   -- (bench/cold_start.lua shows them as phases).
@@ -98,8 +113,12 @@ function M:_start()
     local entry = pool:_take()
     if entry then
       self.start = "warm"
+      -- The replacement is spawned once this session's first step is out
+      -- (rlm.engine's poll) or it closes: a spawn costs the host's thread
+      -- about as much as the whole warm start (bench/pool.lua).
+      self.refill = pool
       local ok, err = self:_take_sandbox(entry)
-      pool:_after_take(entry)
+      entry.canaries:remove()
       return ok, err
     end
   end
@@ -120,7 +139,21 @@ function M:_take_sandbox(entry)
   self.driver = entry.drv
   self.pre_events = entry.events
   self:_watch(entry.drv)
-  return self:_checks(entry.canaries, #self.context_data, true)
+  -- The context first, so that its load overlaps the checks below: written
+  -- and sealed before load_context goes, and no model code runs before
+  -- every check has passed.
+  local context_bytes = #self.context_data
+  local ok, werr = entry.drv:write_context(self.context_data)
+  self.context_data = nil
+  if not ok then
+    return self:_error("sandbox_violation", "the context could not be sealed: " .. tostring(werr))
+  end
+  local err
+  ok, err = self:_send(self:_load_context_message(context_bytes))
+  if not ok then
+    return nil, err
+  end
+  return self:_checks(entry.canaries, context_bytes)
 end
 
 -- Spawns the sandbox (a cold start), then proves it as _checks says.
@@ -145,14 +178,14 @@ function M:_boot(canaries)
   if not ok then
     return nil, err
   end
-  return self:_checks(canaries, context_bytes, false)
+  return self:_checks(canaries, context_bytes)
 end
 
--- Proves the sandbox before any model code can run: the driver's hello,
--- its cgroup, its self-test against the canaries; then (late: the context
--- is written and sealed, and load_context sent) the context is loaded, and
--- the rlimits, uids and descriptors are read back from /proc.
-function M:_checks(canaries, context_bytes, late)
+-- Proves the sandbox before any model code can run (load_context is sent by
+-- now): the driver's hello, its cgroup, its self-test against the canaries;
+-- then the context is loaded, and the rlimits, uids and descriptors are
+-- read back from /proc.
+function M:_checks(canaries, context_bytes)
   local o, drv, times = self.opts, self.driver, self.start_times
   self.booting = "hello"
   self:_set_deadline(o.start_timeout_ms)
@@ -172,6 +205,15 @@ function M:_checks(canaries, context_bytes, late)
   self.booting = "boot"
   self:_set_deadline(self:_boot_timeout_ms())
   if not drv:adopt() then
+    if not interpreter_runs(drv) then
+      -- It died (a pooled sandbox killed while idle): its exit says so,
+      -- after what it said before.
+      local kind, a, b, c
+      repeat
+        kind, a, b, c = self:_wait(false)
+      until kind ~= "line"
+      return self:_driver_message({}, kind, a, b, c)
+    end
     return self:_error("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
   end
   local msg
@@ -191,17 +233,6 @@ function M:_checks(canaries, context_bytes, late)
       { checks = msg.checks })
   end
   local rlimits = selftest.rlimits(o, context_bytes)
-  if late then
-    local ok, werr = drv:write_context(self.context_data)
-    self.context_data = nil
-    if not ok then
-      return self:_error("sandbox_violation", "the context could not be sealed: " .. tostring(werr))
-    end
-    ok, err = self:_send(self:_load_context_message(context_bytes))
-    if not ok then
-      return nil, err
-    end
-  end
   msg, err = self:_expect({ ready = true, fatal = true })
   if not msg then
     return nil, err

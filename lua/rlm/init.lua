@@ -64,6 +64,9 @@ end
 -- Kills the sandbox (its /session goes with it). Safe to call more than once.
 function Session:close()
   self.closed = true
+  if self.refill then
+    self:_refill_pool()
+  end
   self:_end_children()
   self:_drop_requests()
   self:_teardown()

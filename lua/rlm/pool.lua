@@ -135,13 +135,6 @@ function Pool:_take()
   return nil
 end
 
--- After the taking session's checks: its canaries go, and a replacement
--- starts (core.spawn returns at once).
-function Pool:_after_take(entry)
-  entry.canaries:remove()
-  self:_fill()
-end
-
 --- pool:stats() -> { size, ready, starting, taken, cold, dead, failed, spawned }:
 -- ready sandboxes have passed their self-test's run (the host checks its
 -- result at take); starting ones have not said so yet.
