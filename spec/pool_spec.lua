@@ -176,11 +176,25 @@ except OSError as e:
 fds = sorted(int(f) for f in os.listdir('/proc/self/fd'))
 out = '%s | %s | %s' % (context, fds, tried)
 ]]
-    local s = pooled(pool, code, { context = "the context" })
+    -- A process outside holding the memfd writable (this host, through the
+    -- driver's /proc/<pid>/fd/4 before the take) cannot change it after
+    -- the seal, while the model reads it.
+    local tree = pool.idle[1].drv:tree()
+    local outside = assert(io.open("/proc/" .. tree[#tree] .. "/fd/4", "r+b"))
+    local wrote
+    local s = pooled(pool, code, { context = "the context",
+      root_llm = H.script({ function()
+        outside:seek("set", 0)
+        outside:write("XXX")
+        wrote = outside:flush() ~= nil
+        return fence(code)
+      end, fence("FINAL(out)") }) })
     local result, err = s:run()
     s:close()
+    outside:close()
     assert.is_nil(err)
     assert.is_nil(s.history[1].error)
+    assert.is_false(wrote)
     local ctx, fds, tried = result.answer:match("^(.-) | (.-) | (.*)$")
     assert.are.equal("the context", ctx)
     -- 0, 1, 2 and the listing's own.
