@@ -52,6 +52,7 @@ build = {
     ["rlm.log"] = "lua/rlm/log.lua",
     ["rlm.logline"] = "lua/rlm/logline.lua",
     ["rlm.nested"] = "lua/rlm/nested.lua",
+    ["rlm.pool"] = "lua/rlm/pool.lua",
     ["rlm.nvim"] = "lua/rlm/nvim.lua",
     ["rlm.options"] = "lua/rlm/options.lua",
     ["rlm.prompt"] = "lua/rlm/prompt.lua",
