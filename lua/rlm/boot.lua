@@ -4,6 +4,7 @@ local core = require("rlm.core")
 local protocol = require("rlm.protocol")
 local sandbox = require("rlm.sandbox")
 local selftest = require("rlm.selftest")
+local IDLE = require("rlm.engine").IDLE
 
 local M = {}
 
@@ -145,6 +146,14 @@ function M:_take_sandbox(entry)
   local context_bytes = #self.context_data
   local ok, werr = entry.drv:write_context(self.context_data)
   self.context_data = nil
+  while ok == false do
+    -- A large context is written on a thread of rlm.core's: the host's
+    -- loop goes on meanwhile (timeout() asks to be polled again soon).
+    self.context_writing = true
+    coroutine.yield(IDLE)
+    ok, werr = entry.drv:context_written()
+  end
+  self.context_writing = nil
   if not ok then
     return self:_error("sandbox_violation", "the context could not be sealed: " .. tostring(werr))
   end

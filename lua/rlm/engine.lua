@@ -227,11 +227,18 @@ end
 -- interpreter: there is no descriptor to wait on then.
 local PROBE_WAIT_MS = 5
 
+-- How often to look while a pooled sandbox's large context is written off
+-- the host's thread (rlm.boot): there is no descriptor to wait on then.
+local CONTEXT_WAIT_MS = 1
+
 -- Milliseconds until the session must be polled even if fd() stays quiet:
 -- -1 for no timer, 0 to poll now.
 function M:timeout()
   if #self.outbox > 0 or #self.inbox > 0 or self.terminal or not self.engine then
     return 0
+  end
+  if self.context_writing then
+    return CONTEXT_WAIT_MS
   end
   local d = self.driver or self.helper
   local ms = self:_soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
