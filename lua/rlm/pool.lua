@@ -112,6 +112,11 @@ function Pool:_drain(entry)
     end
     entry.canaries:close_leaked() -- the spawn is over
     entry.events[#entry.events + 1] = ev
+    if #entry.events == MAX_EVENTS then
+      -- The self-test has run: its canaries are not needed on disk (a host
+      -- killed now leaves none behind).
+      entry.canaries:remove()
+    end
   end
 end
 
