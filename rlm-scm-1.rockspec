@@ -55,6 +55,7 @@ build = {
     ["rlm.nested"] = "lua/rlm/nested.lua",
     ["rlm.nvim"] = "lua/rlm/nvim.lua",
     ["rlm.options"] = "lua/rlm/options.lua",
+    ["rlm.pool"] = "lua/rlm/pool.lua",
     ["rlm.prompt"] = "lua/rlm/prompt.lua",
     ["rlm.protocol"] = "lua/rlm/protocol.lua",
     ["rlm.reply"] = "lua/rlm/reply.lua",

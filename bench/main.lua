@@ -149,6 +149,13 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    function) 1,000 times, each call timed inside the REPL with
    `time.perf_counter_ns`; ten such execs take turns with ten execs of 1,000
    `llm_query("q")` calls in the same session, which are the floor.
+10. **Warm pool** (`rlm.Pool`, size 8): `Session.new{pool = p}` plus the
+   first step (`x = 1`) when the pool holds self-tested sandboxes (it is let
+   refill before each sample); target ≤ 2 ms median, shown with its p90
+   beside the cold start of figure 1 measured in the same run and figure
+   1's floor. Then nested sessions drawing from the pool, timed in the REPL:
+   one `rlm_query`, and `rlm_query_batched` of 8 from one exec against it
+   (target ≤ 2×).
 ]]
 
 -- One row of RESULTS.md's table.

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -40,11 +41,68 @@ typedef struct driver_ud {
   rlm_driver *d;
   int ctx_ref; /* the context string, in the registry while the driver's
                   keeper may read it; LUA_NOREF */
+  int late_fd; /* late_context: the writable end of the child's empty
+                  context memfd, until write_context seals it; -1 */
+  struct late_writer *writer; /* a large late context being written off
+                                 the Lua thread; NULL */
 } driver_ud;
+
+/* A large late context is written and sealed on a thread of its own, in
+ * slices, so that the host's loop goes on; the string stays in the registry
+ * (ctx_ref) until the thread is joined. */
+#define LATE_INLINE_MAX (1u << 20)
+#define LATE_SLICE (1u << 20)
+typedef struct late_writer {
+  pthread_t thread;
+  int fd;
+  const char *data;
+  size_t len;
+  atomic_int done;   /* the thread is over */
+  atomic_int cancel; /* close(): stop after the slice being written */
+  int err;           /* errno of what failed; 0 */
+} late_writer;
+
+static void *late_writer_main(void *arg) {
+  late_writer *w = arg;
+  size_t off = 0;
+  while (w->err == 0 && off < w->len) {
+    if (atomic_load(&w->cancel)) {
+      w->err = ECANCELED;
+      break;
+    }
+    size_t n = w->len - off > LATE_SLICE ? LATE_SLICE : w->len - off;
+    if (rlm_context_append(w->fd, w->data + off, n) != 0)
+      w->err = errno;
+    off += n;
+  }
+  if (w->err == 0 && rlm_context_seal(w->fd) != 0)
+    w->err = errno;
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+/* Joins the writer (after at most one slice when cancelled), lets go of the
+ * string and the descriptor; returns the writer's errno. */
+static int late_writer_join(lua_State *L, driver_ud *u) {
+  late_writer *w = u->writer;
+  (void)pthread_join(w->thread, NULL);
+  int e = w->err;
+  free(w);
+  u->writer = NULL;
+  if (u->late_fd >= 0) {
+    close(u->late_fd);
+    u->late_fd = -1;
+  }
+  if (u->ctx_ref != LUA_NOREF) {
+    luaL_unref(L, LUA_REGISTRYINDEX, u->ctx_ref);
+    u->ctx_ref = LUA_NOREF;
+  }
+  return e;
+}
 
 /* Lets go of the context string once the keeper is done with it. */
 static void release_context(lua_State *L, driver_ud *u) {
-  if (u->ctx_ref != LUA_NOREF &&
+  if (u->ctx_ref != LUA_NOREF && u->writer == NULL &&
       (u->d == NULL || rlm_driver_context_done(u->d))) {
     luaL_unref(L, LUA_REGISTRYINDEX, u->ctx_ref);
     u->ctx_ref = LUA_NOREF;
@@ -263,11 +321,15 @@ typedef struct spawn_plan {
   rlm_sandbox_spec spec;
   sealed_blob *zip; /* NULL: the modules' files */
   int as_root;
+  int late_ro; /* late_context: the child's read-only open of the empty
+                  context memfd, handed over at CHILD_CONTEXT_FD; -1 */
 } spawn_plan;
 
 static void plan_free(void *arg) {
   spawn_plan *plan = arg;
   blob_unref(plan->zip);
+  if (plan->late_ro >= 0)
+    close(plan->late_ro);
   free(plan);
 }
 
@@ -289,6 +351,7 @@ static spawn_plan *plan_new(const rlm_sandbox_spec *spec) {
   plan->spec = *spec;
   plan->zip = NULL;
   plan->as_root = 0;
+  plan->late_ro = -1;
   const char **ro = (const char **)(plan + 1);
   const char **mods = ro + spec->n_ro + 1;
   char *p = (char *)(mods + spec->n_modules + 1);
@@ -344,13 +407,42 @@ static int plan_prepare(void *arg, rlm_prepared *p, char *err, size_t errlen) {
   } else if (open_modules(spec, p->fds + 3, err, errlen) != 0) {
     return -1;
   }
+  if (plan->late_ro >= 0) { /* the keeper's from here */
+    p->fds[CHILD_CONTEXT_FD - 3] = plan->late_ro;
+    plan->late_ro = -1;
+  }
   spec->seccomp_fd = CHILD_SECCOMP_FD;
   spec->driver_fd = CHILD_DRIVER_FD;
   return rlm_sandbox_argv(spec, &p->argv, err, errlen);
 }
 
+static void close_fd(int *fd) {
+  if (*fd >= 0) {
+    close(*fd);
+    *fd = -1;
+  }
+}
+
+/* late_context: an empty memfd for the context, written and sealed after
+ * the spawn (d:write_context). The child gets its own read-only open of it
+ * (a reopen through /proc, not a dup: a dup would share the write mode);
+ * the host keeps the writable one. */
+static int open_late_context(driver_ud *u, int *ro, char *err, size_t errlen) {
+  char path[64];
+  if ((u->late_fd = rlm_context_open()) >= 0) {
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", u->late_fd);
+    do
+      *ro = open(path, O_RDONLY | O_CLOEXEC);
+    while (*ro < 0 && errno == EINTR);
+    if (*ro >= 0)
+      return 0;
+  }
+  snprintf(err, errlen, "the late context's memfd: %s", strerror(errno));
+  return -1;
+}
+
 /* core.spawn{bwrap=, python=, driver=, driver_modules={...}, ro={...},
- *            driver_zip=, context=, max_line=,
+ *            driver_zip=, context= | late_context=true, max_line=,
  *            max_rss=, rss_interval_ms=, cgroup=, workdir_bytes=,
  *            workdir_files=, uid_first=, uid_count=}
  *   -> Driver | nil, message
@@ -361,12 +453,14 @@ static int core_spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   rlm_sandbox_spec spec;
   read_spec(L, &spec);
-  size_t context_len;
+  size_t context_len = 0;
+  lua_getfield(L, 1, "late_context");
+  int late = lua_toboolean(L, -1);
   lua_getfield(L, 1, "context");
   const char *context = lua_tolstring(L, -1, &context_len);
-  if (context == NULL)
+  if (context == NULL && !late)
     luaL_error(L, "rlm.core.spawn: option 'context' must be a string");
-  lua_pop(L, 1); /* the table keeps it alive */
+  lua_pop(L, 2); /* the table keeps it alive */
   size_t max_line = (size_t)opt_integer(L, 1, "max_line", 16 << 20);
   uint64_t max_rss = (uint64_t)opt_integer(L, 1, "max_rss", 0);
   unsigned interval = (unsigned)opt_integer(L, 1, "rss_interval_ms", 50);
@@ -381,6 +475,8 @@ static int core_spawn(lua_State *L) {
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
   u->ctx_ref = LUA_NOREF;
+  u->late_fd = -1;
+  u->writer = NULL;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
 
@@ -398,13 +494,17 @@ static int core_spawn(lua_State *L) {
       return fail(L, err);
     }
   }
+  if (late && open_late_context(u, &plan->late_ro, err, sizeof(err)) != 0) {
+    plan_free(plan);
+    return fail(L, err);
+  }
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.prepare = plan_prepare;
   o.prepare_arg = plan; /* the driver's from here, even on failure */
   o.prepare_free = plan_free;
   o.env = sandbox_env;
-  o.context = context;
+  o.context = late ? NULL : context;
   o.context_len = context_len;
   o.context_at = CHILD_CONTEXT_FD - 3;
   o.claim_uid = plan->as_root;
@@ -416,11 +516,15 @@ static int core_spawn(lua_State *L) {
   o.rss_interval_ms = interval;
   o.cgroup = use_cgroup;
   u->d = rlm_driver_start(&o, err, sizeof(err));
-  if (u->d == NULL)
+  if (u->d == NULL) {
+    close_fd(&u->late_fd);
     return fail(L, err);
-  /* The keeper reads the context off this thread: the string stays. */
-  lua_getfield(L, 1, "context");
-  u->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  if (!late) {
+    /* The keeper reads the context off this thread: the string stays. */
+    lua_getfield(L, 1, "context");
+    u->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   return 1;
 }
 
@@ -496,6 +600,8 @@ static int core_helper(lua_State *L) {
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
   u->ctx_ref = LUA_NOREF;
+  u->late_fd = -1;
+  u->writer = NULL;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
   rlm_driver_opts o;
@@ -866,10 +972,81 @@ static int driver_start_stamps(lua_State *L) {
   return 1;
 }
 
+/* d:write_context(bytes) -> true | false (being written) | nil, message: a
+ * late_context spawn's context, written into its memfd and sealed (no
+ * write, grow, shrink or further seal); the host's writable descriptor is
+ * closed after, so it is written once. Up to LATE_INLINE_MAX bytes on this
+ * thread; more on a thread of its own: false, and d:context_written() says
+ * when it is over. A seal that fails (EBUSY: a writable mapping) fails. */
+static int driver_write_context(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *data = luaL_checklstring(L, 2, &len);
+  if (u->late_fd < 0 || u->writer != NULL)
+    return fail(L, "this driver takes no late context (or took it)");
+  int e = 0;
+  if (len > LATE_INLINE_MAX) {
+    late_writer *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+      return fail(L, "writing the context: out of memory");
+    w->fd = u->late_fd;
+    w->data = data;
+    w->len = len;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    e = pthread_create(&w->thread, NULL, late_writer_main, w);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e == 0) {
+      lua_pushvalue(L, 2);
+      u->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+      u->writer = w;
+      lua_pushboolean(L, 0);
+      return 1;
+    }
+    free(w);
+  } else if (rlm_context_append(u->late_fd, data, len) != 0 ||
+             rlm_context_seal(u->late_fd) != 0) {
+    e = errno;
+  }
+  close_fd(&u->late_fd);
+  if (e != 0) {
+    char err[128];
+    snprintf(err, sizeof(err), "writing the context: %s", strerror(e));
+    return fail(L, err);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* d:context_written() -> true | false (still being written) | nil, message */
+static int driver_context_written(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  if (u->writer == NULL)
+    return fail(L, "no context is being written");
+  if (!atomic_load(&u->writer->done)) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  int e = late_writer_join(L, u);
+  if (e != 0) {
+    char err[128];
+    snprintf(err, sizeof(err), "writing the context: %s", strerror(e));
+    return fail(L, err);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int driver_close(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   rlm_driver *d = u->d;
   u->d = NULL;
+  if (u->writer != NULL) {
+    atomic_store(&u->writer->cancel, 1);
+    (void)late_writer_join(L, u);
+  }
+  close_fd(&u->late_fd);
   rlm_driver_close(d); /* never waits for the sandbox; the context is free */
   release_context(L, u);
   lua_pushboolean(L, 1);
@@ -1026,6 +1203,8 @@ static const luaL_Reg driver_methods[] = {
     {"uid", driver_uid},
     {"exec_ms", driver_exec_ms},
     {"start_stamps", driver_start_stamps},
+    {"write_context", driver_write_context},
+    {"context_written", driver_context_written},
     {"close", driver_close},
     {NULL, NULL},
 };

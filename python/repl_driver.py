@@ -21,15 +21,24 @@ import posix as os  # noqa: E402
 
 # The context: a sealed memfd the host hands over at this descriptor. It is
 # mapped read-only here (load_context decodes it later) and the descriptor
-# goes with the others.
+# goes with the others. A pooled sandbox's memfd is still empty and
+# unsealed (the host writes and seals it when a session takes the sandbox):
+# then only the descriptor number is kept, and the descriptor stays open,
+# read-only, until load_context checks the seals, maps it and closes it.
 CONTEXT_FD = 4
+F_GET_SEALS = 1034  # fcntl.F_GET_SEALS (Linux)
+SEALED = 1 | 2 | 4 | 8  # F_SEAL_SEAL | SHRINK | GROW | WRITE
 
 
 def take_context():
+    import fcntl
     try:
         size = os.fstat(CONTEXT_FD).st_size
+        seals = fcntl.fcntl(CONTEXT_FD, F_GET_SEALS)
     except OSError:
         return None
+    if seals & SEALED != SEALED:
+        return CONTEXT_FD  # late: load_context maps it
     try:
         return mmap.mmap(CONTEXT_FD, 0, access=mmap.ACCESS_READ) if size else b""
     except (OSError, ValueError):
@@ -39,8 +48,13 @@ def take_context():
 CONTEXT_DATA = take_context()
 
 # First of all: no descriptor leaked by the host may reach untrusted code.
-# SC_OPEN_MAX is the soft RLIMIT_NOFILE.
-os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+# SC_OPEN_MAX is the soft RLIMIT_NOFILE. A late context's descriptor stays
+# until load_context (before any model code).
+if isinstance(CONTEXT_DATA, int):
+    os.closerange(3, CONTEXT_FD)
+    os.closerange(CONTEXT_FD + 1, os.sysconf("SC_OPEN_MAX"))
+else:
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 
 import sys  # noqa: E402 (after the descriptors are closed)
 

@@ -5,6 +5,7 @@ local protocol = require("rlm.protocol")
 local json = require("rlm.json")
 local sandbox = require("rlm.sandbox")
 local selftest = require("rlm.selftest")
+local IDLE = require("rlm.engine").IDLE
 
 local M = {}
 
@@ -48,10 +49,82 @@ local function driver_stamps(t)
   return { t[1] * 1000, t[2] * 1000 }
 end
 
+-- The messages of a start, the same for a cold start and a pooled one
+-- (docs/protocol.md): `configure` and `self_test` are the pool-level part,
+-- sent right at the spawn; `load_context` carries the session-level part
+-- (the output cap, the tools, the rlimits that depend on the session),
+-- sent at once by a cold start and when a session takes a pooled sandbox.
+
+function M.configure_message(o, info)
+  return { type = "configure",
+    max_message_bytes = o.max_message_bytes, max_message_values = protocol.max_values(o.max_message_bytes),
+    guardrails = o.guardrails,
+    int_bits = json.INT_BITS,
+    allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
+    sys_path = info.sys_path, rlimits = selftest.pool_rlimits() }
+end
+
+function M.self_test_message(info, canaries)
+  return { type = "self_test", absent = info.absent, canaries = canaries:info() }
+end
+
+-- core.spawn, then the pool-level messages at once: they wait in the pipe
+-- while bubblewrap and the interpreter start, so the driver configures and
+-- tests itself with nobody reading. Returns drv | nil, message.
+function M.spawn_sandbox(o, spec, info, canaries)
+  local drv, err = core.spawn(spec)
+  if not drv then
+    return nil, err
+  end
+  if not (drv:send(json.encode(M.configure_message(o, info)))
+      and drv:send(json.encode(M.self_test_message(info, canaries)))) then
+    drv:close()
+    return nil, "the driver took no input"
+  end
+  return drv
+end
+
+function M:_load_context_message(context_bytes)
+  local o = self.opts
+  return { type = "load_context", format = self.context_format, stdout_limit = o.stdout_truncate_chars,
+    rlimits = selftest.session_rlimits(o, context_bytes),
+    tools = require("rlm.tools").specs(o) }
+end
+
+-- Whether a process of the sandbox other than bubblewrap still runs.
+local function interpreter_runs(drv)
+  for _, pid in ipairs(drv:tree()) do
+    local f = io.open("/proc/" .. pid .. "/comm", "r")
+    local comm = f and f:read("*l")
+    if f then
+      f:close()
+    end
+    if comm and comm ~= "bwrap" then
+      return true
+    end
+  end
+  return false
+end
+
 function M:_start()
   -- When each part of the start happened, in ms on core.now_ms()'s clock
   -- (bench/cold_start.lua shows them as phases).
   self.start_times = { begin = core.now_ms() }
+  local pool = self.opts.pool
+  if pool then
+    local entry = pool:_take()
+    if entry then
+      self.start = "warm"
+      -- The replacement is spawned once this session's first step is out
+      -- (rlm.engine's poll) or it closes: a spawn costs the host's thread
+      -- about as much as the whole warm start (bench/pool.lua).
+      self.refill = pool
+      local ok, err = self:_take_sandbox(entry)
+      entry.canaries:remove()
+      return ok, err
+    end
+  end
+  self.start = "cold"
   -- Planted before the spawn, so that the leaked descriptor is there to leak.
   local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
   local ok, err = self:_boot(canaries)
@@ -59,9 +132,41 @@ function M:_start()
   return ok, err
 end
 
--- Spawns the sandbox and proves it before any model code can run: the
--- driver's hello, the rlimits it set, its self-test against the canaries,
--- the context, and no foreign descriptor inside.
+-- A pooled sandbox (rlm.pool): started and self-testing since its spawn;
+-- what it said meanwhile waits in entry.events. The same checks as a cold
+-- start, then the context, written into its memfd and sealed now.
+function M:_take_sandbox(entry)
+  local times = self.start_times
+  times.spawn = entry.spawned_at
+  self.driver = entry.drv
+  self.pre_events = entry.events
+  self:_watch(entry.drv)
+  -- The context first, so that its load overlaps the checks below: written
+  -- and sealed before load_context goes, and no model code runs before
+  -- every check has passed.
+  local context_bytes = #self.context_data
+  local ok, werr = entry.drv:write_context(self.context_data)
+  self.context_data = nil
+  while ok == false do
+    -- A large context is written on a thread of rlm.core's: the host's
+    -- loop goes on meanwhile (timeout() asks to be polled again soon).
+    self.context_writing = true
+    coroutine.yield(IDLE)
+    ok, werr = entry.drv:context_written()
+  end
+  self.context_writing = nil
+  if not ok then
+    return self:_error("sandbox_violation", "the context could not be sealed: " .. tostring(werr))
+  end
+  local err
+  ok, err = self:_send(self:_load_context_message(context_bytes))
+  if not ok then
+    return nil, err
+  end
+  return self:_checks(entry.canaries, context_bytes)
+end
+
+-- Spawns the sandbox (a cold start), then proves it as _checks says.
 function M:_boot(canaries)
   local o = self.opts
   local context_bytes = #self.context_data
@@ -71,19 +176,29 @@ function M:_boot(canaries)
   if not spec then
     return self:_fail(info)
   end
-  local times = self.start_times or {}
-  times.spawn = core.now_ms()
-  local drv, serr = core.spawn(spec)
+  self.start_times.spawn = core.now_ms()
+  local drv, serr = M.spawn_sandbox(o, spec, info, canaries)
   if not drv then
     return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(serr))
   end
   self.driver = drv
   self:_watch(drv)
   self.context_data = nil
+  local ok, err = self:_send(self:_load_context_message(context_bytes))
+  if not ok then
+    return nil, err
+  end
+  return self:_checks(canaries, context_bytes)
+end
+
+-- Proves the sandbox before any model code can run (load_context is sent by
+-- now): the driver's hello, its cgroup, its self-test against the canaries;
+-- then the context is loaded, and the rlimits, uids and descriptors are
+-- read back from /proc.
+function M:_checks(canaries, context_bytes)
+  local o, drv, times = self.opts, self.driver, self.start_times
   self.booting = "hello"
   self:_set_deadline(o.start_timeout_ms)
-  local canary_info = canaries:info()
-
   local hello, err = self:_expect({ hello = true, fatal = true })
   -- It only had to be there to leak into the spawn, which runs on the
   -- driver's own thread and is over once the driver speaks.
@@ -102,24 +217,16 @@ function M:_boot(canaries)
   -- The driver says hello before it imports its package: this and the
   -- messages below overlap its imports.
   if not drv:adopt() then
+    if not interpreter_runs(drv) then
+      -- It died (a pooled sandbox killed while idle): its exit says so,
+      -- after what it said before.
+      local kind, a, b, c
+      repeat
+        kind, a, b, c = self:_wait(false)
+      until kind ~= "line"
+      return self:_driver_message({}, kind, a, b, c)
+    end
     return self:_error("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
-  end
-  local rlimits = selftest.rlimits(o, context_bytes)
-  local ok
-  ok, err = self:_send({ type = "configure", stdout_limit = o.stdout_truncate_chars,
-    max_message_bytes = o.max_message_bytes, max_message_values = self.max_values,
-    guardrails = o.guardrails,
-    int_bits = json.INT_BITS,
-    allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
-    sys_path = info.sys_path, rlimits = rlimits, tools = require("rlm.tools").specs(o) })
-  if ok then
-    ok, err = self:_send({ type = "self_test", absent = info.absent, canaries = canary_info })
-  end
-  if ok then
-    ok, err = self:_send({ type = "load_context", format = self.context_format })
-  end
-  if not ok then
-    return nil, err
   end
   local msg
   msg, err = self:_expect({ configured = true, fatal = true })
@@ -127,6 +234,25 @@ function M:_boot(canaries)
     return nil, err
   end
   times.configure = driver_stamps(msg.t)
+  msg, err = self:_expect({ self_test_result = true, fatal = true })
+  if not msg then
+    return nil, err
+  end
+  times.self_test = driver_stamps(msg.t)
+  local bad = checks_failed(msg.checks)
+  if #bad > 0 then
+    return self:_error("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
+      { checks = msg.checks })
+  end
+  local rlimits = selftest.rlimits(o, context_bytes)
+  msg, err = self:_expect({ ready = true, fatal = true })
+  if not msg then
+    return nil, err
+  end
+  if msg.error then
+    return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
+  end
+  times.context = driver_stamps(msg.t)
   local tree = drv:tree()
   local problem = "the sandbox has no processes"
   if #tree > 0 then
@@ -139,32 +265,13 @@ function M:_boot(canaries)
   if problem then
     return self:_error("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
   end
-  msg, err = self:_expect({ self_test_result = true, fatal = true })
-  if not msg then
-    return nil, err
-  end
-  times.self_test = driver_stamps(msg.t)
-  local bad = checks_failed(msg.checks)
-  if #bad > 0 then
-    return self:_error("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
-      { checks = msg.checks })
-  end
-  msg, err = self:_expect({ ready = true, fatal = true })
-  if not msg then
-    return nil, err
-  end
-  if msg.error then
-    return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
-  end
-  -- Checked now, not at the hello: the driver, done with its imports and its
-  -- self-test, waits for the first step and holds only its pipes (while it
-  -- imports, it has its package and the stdlib's files open for a moment).
-  times.context, times.ready = driver_stamps(msg.t), core.now_ms()
+  -- After ready: a pooled driver holds its context's memfd until then.
   local foreign = drv:foreign_fds()
   if #foreign > 0 then
     return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
   end
-  times.checked = core.now_ms()
+  times.ready = core.now_ms()
+  times.checked = times.ready
   self.booting = nil
   self:_set_deadline(0)
   return true

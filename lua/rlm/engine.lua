@@ -77,6 +77,9 @@ end
 -- must wait (for fd() to be readable or timeout() ms). Never blocks, except
 -- for the spawn of the sandbox at the first call.
 function M:poll()
+  if self.refill and self.stepped and not self.parent and not self.children[1] then
+    self:_refill_pool()
+  end
   if not self.terminal and (self.failed or self.closed) then
     if not self.failed then
       self:_cancelled()
@@ -88,11 +91,28 @@ function M:poll()
     return self.terminal
   end
   local ev = self:_next_out()
-  if ev then
-    return ev
+  if not ev then
+    self:_pump()
+    ev = self:_next_out() or self.terminal
   end
-  self:_pump()
-  return self:_next_out() or self.terminal
+  if ev and (ev.type == "step" or ev.type == "done" or ev.type == "error") then
+    self.stepped = true
+  end
+  return ev
+end
+
+-- A session that took a pooled sandbox starts its replacement (rlm.pool)
+-- once its first step is out and no nested session runs, or at its close;
+-- a nested session leaves that to the root of its tree, so that the
+-- replacements of a batch do not start while the batch runs.
+function M:_refill_pool()
+  local pool = self.refill
+  self.refill = nil
+  if self.parent then
+    self:_root().refill = pool
+  else
+    pool:_fill()
+  end
 end
 
 -- Whether request id is still wanted: not answered, and (passed on from a
@@ -222,11 +242,18 @@ end
 -- interpreter: there is no descriptor to wait on then.
 local PROBE_WAIT_MS = 5
 
+-- How often to look while a pooled sandbox's large context is written off
+-- the host's thread (rlm.boot): there is no descriptor to wait on then.
+local CONTEXT_WAIT_MS = 1
+
 -- Milliseconds until the session must be polled even if fd() stays quiet:
 -- -1 for no timer, 0 to poll now.
 function M:timeout()
   if #self.outbox > 0 or #self.inbox > 0 or self.terminal or not self.engine then
     return 0
+  end
+  if self.context_writing then
+    return CONTEXT_WAIT_MS
   end
   local d = self.driver or self.helper
   local ms = self:_soft_timeout(d and d:timeout() or PROBE_WAIT_MS)

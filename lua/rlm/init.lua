@@ -16,6 +16,7 @@ local Session = require("rlm.session")
 
 local rlm = { _VERSION = "rlm 0.2.0", null = json.null }
 rlm.Session = Session
+rlm.Pool = require("rlm.pool")
 
 function Session.new(opts)
   local o = options.check(opts)
@@ -63,6 +64,9 @@ end
 -- Kills the sandbox (its /session goes with it). Safe to call more than once.
 function Session:close()
   self.closed = true
+  if self.refill then
+    self:_refill_pool()
+  end
   self:_end_children()
   self:_drop_requests()
   self:_teardown()

@@ -221,13 +221,95 @@ local schema = {
   validate = { callable },
   answer_schema = { require("rlm.answer").check_schema },
   fallback = { boolean, true },
+  pool = { function(v)
+    return getmetatable(v) == require("rlm.pool"), "an rlm.Pool"
+  end },
 }
+
+-- The options that shape a sandbox or the pool-level configure: a pool
+-- (rlm.Pool.new) takes them, and a session from the pool gets them from it.
+M.POOL_OPTIONS = {
+  "python", "bwrap", "allowed_modules", "bind_pth_paths", "guardrails", "max_rss_bytes",
+  "rss_poll_interval_ms", "memory_cgroup", "workdir_max_bytes", "workdir_max_files",
+  "sandbox_uid_first", "sandbox_uid_count", "max_message_bytes", "tmpdir", "start_timeout_ms",
+}
+local pool_option = {}
+for _, name in ipairs(M.POOL_OPTIONS) do
+  pool_option[name] = true
+end
 
 M.names = {}
 for name in pairs(schema) do
   M.names[#M.names + 1] = name
 end
 table.sort(M.names)
+
+-- One option's value, checked or defaulted; raises naming it (level: the
+-- caller of the public function).
+local function check_one(where, name, v, level)
+  local rule = schema[name]
+  if v == nil then
+    if rule.required then
+      error(("%s: option '%s' is required"):format(where, name), level)
+    end
+    return rule[2]
+  end
+  local ok, want, why = rule[1](v)
+  if why then
+    error(("%s: option '%s' %s"):format(where, name, why), level)
+  elseif not ok then
+    error(("%s: option '%s' must be %s, got %s"):format(
+      where, name, want, type(v) == "string" and ("%q"):format(v)
+      or type(v) == "number" and tostring(v) or type(v)), level)
+  end
+  return v
+end
+
+local function same(a, b)
+  if type(a) == "table" and type(b) == "table" then
+    if #a ~= #b then
+      return false
+    end
+    for i = 1, #a do
+      if a[i] ~= b[i] then
+        return false
+      end
+    end
+    return true
+  end
+  return a == b
+end
+
+-- check_pool(opts, max_size) -> the pool's options (every one of
+-- POOL_OPTIONS, checked or defaulted), size. Raises "rlm.Pool.new: option
+-- 'x' ..." on misuse.
+function M.check_pool(opts, max_size)
+  local where = "rlm.Pool.new"
+  if type(opts) ~= "table" then
+    error(where .. ": expected a table of options, got " .. type(opts), 3)
+  end
+  for k in pairs(opts) do
+    if k ~= "size" and not pool_option[k] then
+      error(("%s: unknown option '%s' (known: size, %s)"):format(where, tostring(k),
+        table.concat(M.POOL_OPTIONS, ", ")), 3)
+    end
+  end
+  local size = opts.size
+  if not (type(size) == "number" and size == math.floor(size) and size >= 1 and size <= max_size) then
+    error(("%s: option 'size' must be an integer from 1 to %d, got %s"):format(where, max_size,
+      tostring(size)), 3)
+  end
+  local out = {}
+  for _, name in ipairs(M.POOL_OPTIONS) do
+    out[name] = check_one(where, name, opts[name], 4)
+  end
+  if out.sandbox_uid_first + out.sandbox_uid_count > 2 ^ 32 - 1 then
+    error(where .. ": options 'sandbox_uid_first' + 'sandbox_uid_count' must stay below 2^32 - 1", 3)
+  end
+  out.tmpdir = out.tmpdir or os.getenv("TMPDIR") or "/tmp"
+  out.allowed_modules = out.allowed_modules or {}
+  return out, size
+end
 
 -- check(opts) -> a new table with every option set or defaulted. Raises
 -- "rlm.Session.new: option 'x' must be ..." on misuse.
@@ -242,24 +324,19 @@ function M.check(opts)
     end
   end
   local out = {}
-  for name, rule in pairs(schema) do
+  local pool = opts.pool ~= nil and check_one("rlm.Session.new", "pool", opts.pool, 4)
+  for name in pairs(schema) do
     local v = opts[name]
-    if v == nil then
-      if rule.required then
-        error(("rlm.Session.new: option '%s' is required"):format(name), 3)
+    if pool and pool_option[name] then
+      -- The pool's sandboxes are started with its options: a session may
+      -- repeat one, not change it.
+      if v ~= nil and not same(v, pool.opts[name]) then
+        error(("rlm.Session.new: option '%s' differs from the pool's (a pooled sandbox was started "
+          .. "with the pool's; leave it out or make it the same)"):format(name), 3)
       end
-      v = rule[2]
-    else
-      local ok, want, why = rule[1](v)
-      if why then
-        error(("rlm.Session.new: option '%s' %s"):format(name, why), 3)
-      elseif not ok then
-        error(("rlm.Session.new: option '%s' must be %s, got %s"):format(
-          name, want, type(v) == "string" and ("%q"):format(v)
-          or type(v) == "number" and tostring(v) or type(v)), 3)
-      end
+      v = pool.opts[name]
     end
-    out[name] = v
+    out[name] = check_one("rlm.Session.new", name, v, 4)
   end
   if out.sandbox_uid_first + out.sandbox_uid_count > 2 ^ 32 - 1 then
     error("rlm.Session.new: options 'sandbox_uid_first' + 'sandbox_uid_count' must stay below 2^32 - 1", 3)

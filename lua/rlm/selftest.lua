@@ -15,19 +15,35 @@ local ROWS = {
 -- The limits for a session, -1 meaning unlimited. The address space is a
 -- backstop behind the watchdog, so it leaves room for a mapped context and
 -- its decoded copy; NPROC bounds threads (seccomp already forbids forks).
-function M.rlimits(opts, context_bytes)
+-- RLIMIT_AS and RLIMIT_CPU depend on the session (its context, its steps):
+-- session_rlimits; the rest are the same for every session (pool_rlimits),
+-- which a pooled sandbox sets before a session takes it.
+function M.pool_rlimits()
+  return {
+    RLIMIT_NPROC = 64,
+    RLIMIT_FSIZE = 2 ^ 30,
+    RLIMIT_NOFILE = 256,
+    RLIMIT_CORE = 0,
+  }
+end
+
+function M.session_rlimits(opts, context_bytes)
   local as = -1
   if opts.max_rss_bytes > 0 then
     as = math.min(4 * opts.max_rss_bytes + 2 * context_bytes + 2 ^ 31, 2 ^ 46)
   end
   return {
     RLIMIT_AS = as,
-    RLIMIT_NPROC = 64,
-    RLIMIT_FSIZE = 2 ^ 30,
-    RLIMIT_NOFILE = 256,
-    RLIMIT_CORE = 0,
     RLIMIT_CPU = math.ceil((opts.max_iterations + 1) * opts.step_timeout_ms / 1000) + 60,
   }
+end
+
+function M.rlimits(opts, context_bytes)
+  local all = M.pool_rlimits()
+  for name, v in pairs(M.session_rlimits(opts, context_bytes)) do
+    all[name] = v
+  end
+  return all
 end
 
 -- check_uids(pids, want) -> nil | "what is wrong": every sandbox process,

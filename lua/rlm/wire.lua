@@ -3,6 +3,7 @@
 local protocol = require("rlm.protocol")
 local json = require("rlm.json")
 local IDLE = require("rlm.engine").IDLE
+local unpack = require("rlm.util").unpack
 
 local M = {}
 
@@ -21,6 +22,17 @@ end
 -- ...). It never waits in C: with nothing to do it
 -- yields IDLE until poll() is called again.
 function M:_wait(accept_replies)
+  -- What a pooled sandbox said before its session took it (rlm.pool).
+  local pre = self.pre_events
+  if pre then
+    local ev = table.remove(pre, 1)
+    if not pre[1] then
+      self.pre_events = nil
+    end
+    if ev then
+      return unpack(ev, 1, ev.n)
+    end
+  end
   while true do
     if accept_replies and #self.inbox > 0 then
       return "reply", table.remove(self.inbox, 1)

@@ -10,9 +10,8 @@ from .protocol import fatal, field, send, string_list
 
 
 def configure(message):
+    """The pool-level part: what a sandbox needs whatever session takes it."""
     session = state.current
-    session.stdout_limit = max(0, field(message, "stdout_limit", int,
-                                        state.DEFAULT_STDOUT_LIMIT))
     session.message_limit = field(message, "max_message_bytes", int, state.DEFAULT_MESSAGE_LIMIT)
     session.value_limit = field(message, "max_message_values", int, state.DEFAULT_VALUE_LIMIT)
     session.guardrails = field(message, "guardrails", bool, True)
@@ -21,6 +20,16 @@ def configure(message):
     sys_path = string_list(message, "sys_path")
     if sys_path is not None:
         sys.path[:] = sys_path
+    apply_rlimits(field(message, "rlimits", dict, {}))
+
+
+def configure_session(message):
+    """The session-level part, in load_context: the output cap, the tools,
+    and the rlimits that depend on the session (RLIMIT_AS on the context's
+    size, RLIMIT_CPU on its steps); a limit only ever goes down."""
+    session = state.current
+    session.stdout_limit = max(0, field(message, "stdout_limit", int,
+                                        state.DEFAULT_STDOUT_LIMIT))
     apply_rlimits(field(message, "rlimits", dict, {}))
     tools.install(message)
 
@@ -41,11 +50,33 @@ def apply_rlimits(limits):
         resource.setrlimit(which, (value, value))
 
 
+# The seals a late context must carry before it is read: nobody can write,
+# grow, shrink or unseal it (F_SEAL_WRITE | GROW | SHRINK | SEAL).
+F_GET_SEALS = 1034
+SEALED = 1 | 2 | 4 | 8
+
+
+def map_late(fd):
+    """A pooled sandbox's context: the memfd the host has written and sealed
+    by now. Mapped read-only, then its descriptor goes."""
+    import fcntl
+    import os
+    try:
+        if fcntl.fcntl(fd, F_GET_SEALS) & SEALED != SEALED:
+            raise ValueError("the context's memfd is not sealed")
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+    finally:
+        os.close(fd)
+
+
 def decode_context(kind):
     session = state.current
     data, session.context_data = session.context_data, None  # taken once
     if data is None:
         raise ValueError("the host handed over no context")
+    if isinstance(data, int):
+        data = map_late(data)
     try:
         if kind == "text":
             # Lua strings are bytes: invalid UTF-8 survives as surrogates.
@@ -62,6 +93,7 @@ def decode_context(kind):
 
 
 def load_context(message):
+    configure_session(message)
     kind = field(message, "format", str, "text")
     try:
         context = decode_context(kind)

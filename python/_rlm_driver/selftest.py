@@ -8,6 +8,7 @@ import encodings
 import posix  # os's functions; os itself is not imported at the driver's start
 import sys
 
+from . import state
 from .state import dirname
 
 HOST_PATHS = ("/etc/passwd", "/etc/shadow", "/etc/hostname", "/home", "/var",
@@ -216,7 +217,8 @@ def check_capabilities():
 
 def check_descriptors():
     descriptors = sorted(int(entry) for entry in posix.listdir("/proc/self/fd"))
-    extra = [fd for fd in descriptors if fd > 2]
+    held = state.current.context_data  # a late context's descriptor, until load_context
+    extra = [fd for fd in descriptors if fd > 2 and not (isinstance(held, int) and fd == held)]
     # One extra is expected: the descriptor the listing itself used.
     return len(extra) <= 1, f"open: {descriptors}"
 

@@ -1,0 +1,184 @@
+-- A warm pool (docs/api.md, "Pool"): sandboxes started ahead of the
+-- sessions that take them. Each was spawned with an empty context memfd and
+-- told the pool-level `configure` and `self_test` at once, so it says hello,
+-- configures and tests itself while nobody reads it; the session that takes
+-- it reads what it said, runs every check of a cold start, then writes and
+-- seals its context and sends load_context (rlm.boot). One sandbox, one
+-- session: a sandbox taken is the session's, and never comes back.
+local boot = require("rlm.boot")
+local core = require("rlm.core")
+local options = require("rlm.options")
+local protocol = require("rlm.protocol")
+local sandbox = require("rlm.sandbox")
+
+local Pool = {}
+Pool.__index = Pool
+
+-- At most this many sandboxes in one pool (each is a few processes, a uid
+-- and tens of MB while idle).
+Pool.MAX_SIZE = 64
+
+-- A session's events a pooled sandbox may hold before it is taken: hello,
+-- configured, self_test_result; anything more (or its exit) means it is
+-- not fit to hand out.
+local MAX_EVENTS = 3
+
+-- Waits for the interpreter probe without an engine: Pool.new is called
+-- by the host, outside any session.
+local function blocking_wait(helper)
+  if not helper then
+    local ws = core.waitset()
+    ws:wait(5)
+    ws:close()
+    return true
+  end
+  while true do
+    local kind, a, b, c = helper:poll(100)
+    if kind then
+      return kind, a, b, c
+    end
+  end
+end
+
+--- rlm.Pool.new{ size = N, <sandbox options> } -> Pool. Raises on misuse,
+-- naming the option; returns nil, err when the sandbox cannot be prepared
+-- (no bubblewrap, no interpreter).
+function Pool.new(opts)
+  local o, size = options.check_pool(opts, Pool.MAX_SIZE)
+  local self = setmetatable({ opts = o, size = size, idle = {},
+    counts = { spawned = 0, taken = 0, cold = 0, dead = 0, failed = 0 } }, Pool)
+  local spec, info = sandbox.prepare(o, nil, blocking_wait, self)
+  if not spec then
+    return nil, info
+  end
+  spec.context, spec.late_context = nil, true
+  self.spec, self.info = spec, info
+  self.max_values = protocol.max_values(o.max_message_bytes)
+  -- Lua 5.1 and LuaJIT run no __gc for a table: a proxy's does it there.
+  local proxy = rawget(_G, "newproxy")
+  if proxy then
+    self.gc = proxy(true)
+    getmetatable(self.gc).__gc = function()
+      self:close()
+    end
+  end
+  self:_fill()
+  return self
+end
+
+-- Starts one sandbox: its canaries first, so that their leaked descriptor
+-- is there to leak into the spawn; returns at once (the keeper forks).
+function Pool:_spawn()
+  local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
+  local at = core.now_ms()
+  local drv = boot.spawn_sandbox(self.opts, self.spec, self.info, canaries)
+  if not drv then
+    canaries:remove()
+    self.counts.failed = self.counts.failed + 1
+    return false
+  end
+  self.counts.spawned = self.counts.spawned + 1
+  self.idle[#self.idle + 1] = { drv = drv, canaries = canaries, events = {}, spawned_at = at }
+  return true
+end
+
+-- Up to size sandboxes; a spawn that fails is not retried until the next
+-- take.
+function Pool:_fill()
+  while not self.closed and #self.idle < self.size do
+    if not self:_spawn() then
+      return
+    end
+  end
+end
+
+local function discard(entry)
+  entry.drv:close()
+  entry.canaries:remove()
+end
+
+-- Reads what an idle sandbox has said so far, without waiting. Returns
+-- false when it is not fit to hand out (it exited, failed or said more than
+-- a start says).
+function Pool:_drain(entry)
+  while true do
+    local ev = { entry.drv:poll(0, self.max_values) }
+    if not ev[1] then
+      return entry.drv:alive()
+    end
+    ev.n = #ev
+    if ev[1] ~= "line" or #entry.events >= MAX_EVENTS then
+      return false
+    end
+    entry.canaries:close_leaked() -- the spawn is over
+    entry.events[#entry.events + 1] = ev
+    if #entry.events == MAX_EVENTS then
+      -- The self-test has run: its canaries are not needed on disk (a host
+      -- killed now leaves none behind).
+      entry.canaries:remove()
+    end
+  end
+end
+
+-- The next idle sandbox that is still alive, or nil (the session starts
+-- cold). Dead ones are closed and counted.
+function Pool:_take()
+  while not self.closed do
+    local entry = table.remove(self.idle, 1)
+    if not entry then
+      break
+    end
+    if self:_drain(entry) then
+      self.counts.taken = self.counts.taken + 1
+      return entry
+    end
+    self.counts.dead = self.counts.dead + 1
+    discard(entry)
+  end
+  self.counts.cold = self.counts.cold + 1
+  self:_fill()
+  return nil
+end
+
+--- pool:stats() -> { size, ready, starting, taken, cold, dead, failed, spawned }:
+-- ready sandboxes have passed their self-test's run (the host checks its
+-- result at take); starting ones have not said so yet.
+function Pool:stats()
+  local ready, starting = 0, 0
+  local keep = {}
+  for _, entry in ipairs(self.idle) do
+    if self:_drain(entry) then
+      keep[#keep + 1] = entry
+      local last = entry.events[#entry.events]
+      if #entry.events == MAX_EVENTS and last and last[2]:find('"self_test_result"', 1, true) then
+        ready = ready + 1
+      else
+        starting = starting + 1
+      end
+    else
+      self.counts.dead = self.counts.dead + 1
+      discard(entry)
+    end
+  end
+  self.idle = keep
+  local c = self.counts
+  return { size = self.size, ready = ready, starting = starting, taken = c.taken, cold = c.cold,
+    dead = c.dead, failed = c.failed, spawned = c.spawned, closed = self.closed or false }
+end
+
+--- pool:close(): kills every sandbox the pool still holds and removes
+-- their canaries. A sandbox a session took is that session's (its close()
+-- kills it). Safe to call more than once; later takes start cold.
+function Pool:close()
+  self.closed = true
+  local idle = self.idle
+  self.idle = {}
+  for _, entry in ipairs(idle) do
+    discard(entry)
+  end
+end
+
+Pool.__gc = Pool.close
+Pool.__close = Pool.close
+
+return Pool
