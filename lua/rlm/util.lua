@@ -38,7 +38,8 @@ end })
 local yieldable_pcall = not (_VERSION == "Lua 5.1" and rawget(_G, "jit") == nil)
 
 -- The one way a user callback is called (every host, every callback): fn
--- runs with args in a coroutine of its own, what it raises is caught with
+-- runs with args in a coroutine of its own (under run() and step(), one
+-- that ran an earlier call and ended it: see worker), what it raises is caught with
 -- a traceback, and on_end(ok, results... | false, message) is called once,
 -- when it returns. A yield of fn:
 --   pass_yields: passed on to whoever resumed us (run() inside a scheduler's
