@@ -13,44 +13,34 @@ import time
 
 STARTED = time.monotonic()  # the start-up phases (hello's "t"): CLOCK_MONOTONIC, the host's clock
 
-import mmap  # noqa: E402
 # posix under os's name: the functions used here are posix's own, and os
 # itself (with the _collections_abc, stat and posixpath it imports) costs
 # the start about 2 ms. Nothing the driver imports at its start imports os.
 import posix as os  # noqa: E402
 
-# The context: a sealed memfd the host hands over at this descriptor. It is
-# mapped read-only here (load_context decodes it later) and the descriptor
-# goes with the others. A pooled sandbox's memfd is still empty and
-# unsealed (the host writes and seals it when a session takes the sandbox):
-# then only the descriptor number is kept, and the descriptor stays open,
-# read-only, until load_context checks the seals, maps it and closes it.
+# The context: a memfd the host hands over at this descriptor, the one
+# descriptor kept when the others are closed. A cold start's is written and
+# sealed before the spawn; a pooled sandbox's is empty until a session takes
+# the sandbox and the host writes and seals it. Either way load_context
+# checks the seals, maps it and closes it, before any model code runs.
+# (Mapping it here would leave mmap's own dup of it among the descriptors
+# closed below, for the mapping's close to close again later.)
 CONTEXT_FD = 4
-F_GET_SEALS = 1034  # fcntl.F_GET_SEALS (Linux)
-SEALED = 1 | 2 | 4 | 8  # F_SEAL_SEAL | SHRINK | GROW | WRITE
 
 
-def take_context():
-    import fcntl
+def held_context():
     try:
-        size = os.fstat(CONTEXT_FD).st_size
-        seals = fcntl.fcntl(CONTEXT_FD, F_GET_SEALS)
+        os.fstat(CONTEXT_FD)
     except OSError:
         return None
-    if seals & SEALED != SEALED:
-        return CONTEXT_FD  # late: load_context maps it
-    try:
-        return mmap.mmap(CONTEXT_FD, 0, access=mmap.ACCESS_READ) if size else b""
-    except (OSError, ValueError):
-        return None
+    return CONTEXT_FD
 
 
-CONTEXT_DATA = take_context()
+CONTEXT_DATA = held_context()
 
 # First of all: no descriptor leaked by the host may reach untrusted code.
-# SC_OPEN_MAX is the soft RLIMIT_NOFILE. A late context's descriptor stays
-# until load_context (before any model code).
-if isinstance(CONTEXT_DATA, int):
+# SC_OPEN_MAX is the soft RLIMIT_NOFILE.
+if CONTEXT_DATA is not None:
     os.closerange(3, CONTEXT_FD)
     os.closerange(CONTEXT_FD + 1, os.sysconf("SC_OPEN_MAX"))
 else:

@@ -50,17 +50,18 @@ def apply_rlimits(limits):
         resource.setrlimit(which, (value, value))
 
 
-# The seals a late context must carry before it is read: nobody can write,
-# grow, shrink or unseal it (F_SEAL_WRITE | GROW | SHRINK | SEAL).
+# The seals the context's memfd must carry before it is read: nobody can
+# write, grow, shrink or unseal it (F_SEAL_WRITE | GROW | SHRINK | SEAL).
 F_GET_SEALS = 1034
 SEALED = 1 | 2 | 4 | 8
 
 
-def map_late(fd):
-    """A pooled sandbox's context: the memfd the host has written and sealed
-    by now. Mapped read-only, then its descriptor goes."""
+def map_context(fd):
+    """The context's memfd, written and sealed by the host by now (before the
+    spawn, or when a session took this pooled sandbox). Mapped read-only,
+    then its descriptor goes; the mapping's own dup goes with the mapping."""
     import fcntl
-    import os
+    import posix as os  # os itself is not imported at the driver's start
     try:
         if fcntl.fcntl(fd, F_GET_SEALS) & SEALED != SEALED:
             raise ValueError("the context's memfd is not sealed")
@@ -76,7 +77,7 @@ def decode_context(kind):
     if data is None:
         raise ValueError("the host handed over no context")
     if isinstance(data, int):
-        data = map_late(data)
+        data = map_context(data)
     try:
         if kind == "text":
             # Lua strings are bytes: invalid UTF-8 survives as surrogates.

@@ -217,7 +217,7 @@ def check_capabilities():
 
 def check_descriptors():
     descriptors = sorted(int(entry) for entry in posix.listdir("/proc/self/fd"))
-    held = state.current.context_data  # a late context's descriptor, until load_context
+    held = state.current.context_data  # the context's descriptor, until load_context
     extra = [fd for fd in descriptors if fd > 2 and not (isinstance(held, int) and fd == held)]
     # One extra is expected: the descriptor the listing itself used.
     return len(extra) <= 1, f"open: {descriptors}"

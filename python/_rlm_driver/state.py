@@ -24,7 +24,7 @@ class State:
         self.interrupt_pending = False  # SIGINT came while it could not raise
         self.interrupt_raised = False  # this step's interrupt was raised
         self.originals = None  # the REPL's own names' values (step.restore_names)
-        self.context_data = None  # the context's mapping, until load_context
+        self.context_data = None  # the context's descriptor (4), until load_context
         # The REPL's namespace is a module of its own, registered as
         # __main__: typing and dataclasses look up the globals of a class's
         # module in sys.modules, and must find these, not the driver's.
