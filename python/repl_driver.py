@@ -108,7 +108,10 @@ def load_package():
     if spec.has_location:
         package.__file__ = spec.origin
     sys.modules[PACKAGE] = package
-    spec.loader.exec_module(package)
+    if hasattr(spec.loader, "exec_module"):
+        spec.loader.exec_module(package)
+    else:  # 3.8 and 3.9: zipimporter loads the old way, into the module above
+        package = spec.loader.load_module(PACKAGE)
     # __import__, not importlib.import_module: importlib imports warnings.
     for name in MODULES:
         __import__(f"{PACKAGE}.{name}")

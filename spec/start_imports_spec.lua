@@ -212,4 +212,25 @@ print(result and "ran" or err.kind .. ": " .. err.message)
     assert.matches("return 1 / 0", e, 1, true)
     assert.matches("ZeroDivisionError", e, 1, true)
   end)
+  -- docs/api.md says Python 3.8 and later: on 3.8 and 3.9, zipimport's
+  -- loader has no exec_module, and the package loads the old way.
+  it("starts on every Python from 3.8 on that this machine has", function()
+    local found = {}
+    local list = H.sh("ls -d /root/.pyenv/versions/3.*/bin/python3 /usr/bin/python3.[0-9]* 2>/dev/null")
+    for path in list:gmatch("%S+") do
+      local minor = tonumber(path:match("3%.(%d+)"))
+      if minor and minor >= 8 and not path:match("%-config$") then
+        found[#found + 1] = path
+      end
+    end
+    for _, python in ipairs(found) do
+      local result, err = H.run({
+        python = python,
+        context = "hello",
+        root_llm = H.script({ fence("FINAL(context + str(len(context)))") }),
+      })
+      assert.is_nil(err, python .. ": " .. tostring(err))
+      assert.are.equal("hello5", result.answer, python)
+    end
+  end)
 end)
