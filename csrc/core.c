@@ -972,6 +972,17 @@ static int driver_start_stamps(lua_State *L) {
   return 1;
 }
 
+/* true, or nil and what errno e says went wrong with the context's write. */
+static int context_written(lua_State *L, int e) {
+  if (e != 0) {
+    char err[128];
+    snprintf(err, sizeof(err), "writing the context: %s", strerror(e));
+    return fail(L, err);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* d:write_context(bytes) -> true | false (being written) | nil, message: a
  * late_context spawn's context, written into its memfd and sealed (no
  * write, grow, shrink or further seal); the host's writable descriptor is
@@ -1010,13 +1021,7 @@ static int driver_write_context(lua_State *L) {
     e = errno;
   }
   close_fd(&u->late_fd);
-  if (e != 0) {
-    char err[128];
-    snprintf(err, sizeof(err), "writing the context: %s", strerror(e));
-    return fail(L, err);
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return context_written(L, e);
 }
 
 /* d:context_written() -> true | false (still being written) | nil, message */
@@ -1029,13 +1034,7 @@ static int driver_context_written(lua_State *L) {
     return 1;
   }
   int e = late_writer_join(L, u);
-  if (e != 0) {
-    char err[128];
-    snprintf(err, sizeof(err), "writing the context: %s", strerror(e));
-    return fail(L, err);
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return context_written(L, e);
 }
 
 static int driver_close(lua_State *L) {

@@ -252,7 +252,7 @@ function M:_checks(canaries, context_bytes)
   if msg.error then
     return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
   end
-  times.context = driver_stamps(msg.t)
+  times.context, times.ready = driver_stamps(msg.t), core.now_ms()
   local tree = drv:tree()
   local problem = "the sandbox has no processes"
   if #tree > 0 then
@@ -270,8 +270,7 @@ function M:_checks(canaries, context_bytes)
   if #foreign > 0 then
     return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
   end
-  times.ready = core.now_ms()
-  times.checked = times.ready
+  times.checked = core.now_ms()
   self.booting = nil
   self:_set_deadline(0)
   return true
