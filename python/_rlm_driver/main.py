@@ -1,6 +1,7 @@
 """The driver's message loop: configure, self_test, load_context, then one
 exec after another (docs/protocol.md). The entry script has said hello."""
 
+import fcntl  # the context's seals (load_context): here, off a pooled take's path
 import mmap
 import sys
 import time
@@ -60,7 +61,6 @@ def map_context(fd):
     """The context's memfd, written and sealed by the host by now (before the
     spawn, or when a session took this pooled sandbox). Mapped read-only,
     then its descriptor goes; the mapping's own dup goes with the mapping."""
-    import fcntl
     import posix as os  # os itself is not imported at the driver's start
     try:
         if fcntl.fcntl(fd, F_GET_SEALS) & SEALED != SEALED:
@@ -150,6 +150,7 @@ def main(context_data):
             checks = selftest.self_test(string_list(message, "absent", []),
                                         field(message, "canaries", dict, {}))
             send(timed({"type": "self_test_result", "checks": checks}, received))
+            step.warm(state.current.guardrails)
         elif kind == "load_context":
             send(timed(load_context(message), received))
         elif kind == "exec":

@@ -275,6 +275,17 @@ def failed_in_final(code, filename, exc):
     return False
 
 
+def warm(guardrails):
+    """What the first step makes at its start, made once the self-test is
+    over (a pooled sandbox then waits for its session; a cold start loses
+    nothing, the first step would make them anyway): the guarded builtins,
+    the shields, the compiler's path. Nothing of the REPL's state changes."""
+    if guardrails:
+        guard.builtins_table()
+        shield.shield_modules()
+    compile_step("_ = None", "<warm>", guardrails)
+
+
 def compile_step(code, filename, guardrails):
     if not guardrails:
         return compile(code, filename, "exec", dont_inherit=True)
