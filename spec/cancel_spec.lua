@@ -11,6 +11,33 @@ local SLEEPY = fence("import time\ntime.sleep(30)")
 describe("close() during run()", function()
   after_each(H.assert_clean)
 
+  -- The canaries are planted before the spawn and removed when the start is
+  -- over; a close() during the start must remove them too, at once: the
+  -- engine that would is never resumed, and a collection may be far off
+  -- (Neovim's <C-c> case waited seconds for one).
+  it("removes the start's canaries at once when it is closed while its sandbox starts", function()
+    local home = os.getenv("HOME")
+    local function canaries()
+      local seen = {}
+      for _, n in ipairs(H.workdirs()) do
+        seen[#seen + 1] = n:match("^%.rlm%-canary") and n or nil
+      end
+      local out = H.sh("ls -A " .. home .. " 2>/dev/null | grep -c '^.rlm-canary' || true")
+      return #seen, tonumber(out) or 0
+    end
+    local _, home_before = canaries()
+    local s = H.session({ root_llm = function() return fence("FINAL('x')") end })
+    assert.is_nil(s:poll()) -- the spawn: the engine now waits for the hello
+    local in_tmp, in_home = canaries()
+    assert.are.equal(1, in_tmp)
+    assert.are.equal(home_before + 1, in_home)
+    s:close()
+    in_tmp, in_home = canaries()
+    assert.are.equal(0, in_tmp)
+    assert.are.equal(home_before, in_home)
+    assert.are.equal("cancelled", s:poll().err.kind)
+  end)
+
   it("from inside root_llm ends the run with cancelled", function()
     local s
     s = H.session({

@@ -11,8 +11,15 @@ local M = {}
 
 -- The only places that start and stop a sandbox (core.spawn, drv:close):
 -- the start is below in _boot; _teardown ends the driver, the probe helper
--- of a session that is still asking, and nothing else.
+-- of a session that is still asking, the canaries of a start it cut short,
+-- and nothing else.
 function M:_teardown()
+  if self.canaries then
+    -- Closed while it started: the engine that would remove them is never
+    -- resumed, and a garbage collection may be far off.
+    self.canaries:remove()
+    self.canaries = nil
+  end
   if self.helper then
     sandbox.forget_probe(self)
     self.helper:close()
@@ -119,16 +126,22 @@ function M:_start()
       -- (rlm.engine's poll) or it closes: a spawn costs the host's thread
       -- about as much as the whole warm start (bench/pool.lua).
       self.refill = pool
-      local ok, err = self:_take_sandbox(entry)
-      entry.canaries:remove()
-      return ok, err
+      self.canaries = entry.canaries
+      return self:_started(self:_take_sandbox(entry))
     end
   end
   self.start = "cold"
   -- Planted before the spawn, so that the leaked descriptor is there to leak.
-  local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
-  local ok, err = self:_boot(canaries)
-  canaries:remove()
+  self.canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
+  return self:_started(self:_boot(self.canaries))
+end
+
+-- The start is over, well or not: its canaries go.
+function M:_started(ok, err)
+  if self.canaries then
+    self.canaries:remove()
+    self.canaries = nil
+  end
   return ok, err
 end
 
