@@ -876,32 +876,39 @@ static int is_bwrap(int pid) {
 }
 #endif
 
-/* d:interrupt() -> true | false: SIGINT to the driver's interpreter (the
- * first process of the sandbox's tree, launcher first, that is not
- * bubblewrap), which turns it into an exception in the REPL's code. Only
- * that one process: bubblewrap's own would die of it. false when no such
- * process runs or the signal could not be sent. */
-static int driver_interrupt(lua_State *L) {
-  driver_ud *u = check_driver(L);
+/* The driver's interpreter: the first process of the sandbox's tree,
+ * launcher first, that is not bubblewrap; 0 when none runs (or one of the
+ * tree is gone meanwhile). */
+static int interpreter_pid(rlm_driver *d) {
   int pids[8];
-  size_t n = rlm_driver_tree(u->d, pids, 8);
+  size_t n = rlm_driver_tree(d, pids, 8);
 #ifdef __linux__
   for (size_t i = 0; i < n; i++) {
     int b = is_bwrap(pids[i]);
     if (b < 0)
-      break; /* gone meanwhile: nothing to interrupt */
-    if (b == 0) {
-      lua_pushboolean(L, kill(pids[i], SIGINT) == 0);
-      return 1;
-    }
+      return 0;
+    if (b == 0)
+      return pids[i];
   }
+  return 0;
 #else
-  if (n > 0) { /* sandbox-exec runs the interpreter itself */
-    lua_pushboolean(L, kill(pids[0], SIGINT) == 0);
-    return 1;
-  }
+  return n > 0 ? pids[0] : 0; /* sandbox-exec runs the interpreter itself */
 #endif
-  lua_pushboolean(L, 0);
+}
+
+/* d:interrupt() -> true | false: SIGINT to the driver's interpreter, which
+ * turns it into an exception in the REPL's code. Only that one process:
+ * bubblewrap's own would die of it. false when no such process runs or the
+ * signal could not be sent. */
+static int driver_interrupt(lua_State *L) {
+  int pid = interpreter_pid(check_driver(L)->d);
+  lua_pushboolean(L, pid > 0 && kill(pid, SIGINT) == 0);
+  return 1;
+}
+
+/* d:interpreter_runs() -> boolean: whether the driver's interpreter runs. */
+static int driver_interpreter_runs(lua_State *L) {
+  lua_pushboolean(L, interpreter_pid(check_driver(L)->d) > 0);
   return 1;
 }
 
@@ -1187,6 +1194,7 @@ static const luaL_Reg driver_methods[] = {
     {"wait", driver_wait},
     {"kill", driver_kill},
     {"interrupt", driver_interrupt},
+    {"interpreter_runs", driver_interpreter_runs},
     {"set_deadline", driver_set_deadline},
     {"deadline_passed", driver_deadline_passed},
     {"pid", driver_pid},

@@ -98,21 +98,6 @@ function M:_load_context_message(context_bytes)
     tools = require("rlm.tools").specs(o) }
 end
 
--- Whether a process of the sandbox other than bubblewrap still runs.
-local function interpreter_runs(drv)
-  for _, pid in ipairs(drv:tree()) do
-    local f = io.open("/proc/" .. pid .. "/comm", "r")
-    local comm = f and f:read("*l")
-    if f then
-      f:close()
-    end
-    if comm and comm ~= "bwrap" then
-      return true
-    end
-  end
-  return false
-end
-
 function M:_start()
   -- When each part of the start happened, in ms on core.now_ms()'s clock
   -- (bench/cold_start.lua shows them as phases).
@@ -230,7 +215,7 @@ function M:_checks(canaries, context_bytes)
   -- The driver says hello before it imports its package: this and the
   -- messages below overlap its imports.
   if not drv:adopt() then
-    if not interpreter_runs(drv) then
+    if not drv:interpreter_runs() then
       -- It died (a pooled sandbox killed while idle): its exit says so,
       -- after what it said before.
       local kind, a, b, c
