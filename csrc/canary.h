@@ -16,11 +16,13 @@ typedef struct rlm_canaries {
   char abstract_name[64]; /* without the leading NUL */
   int tcp_port;
   int leaked_fd; /* not close-on-exec, on purpose */
+  int lock_fd;   /* holds a lock on home_file while this process lives */
   int fds[3];    /* tcp, unix, abstract listeners */
 } rlm_canaries;
 
 /* Plants what can be planted (a failing piece is left out: -1 or ""), under
- * dir for the unix socket. */
+ * dir for the unix socket. The first plant of a process in a directory also
+ * removes the canaries a killed host left there (rlm_canaries_sweep). */
 RLM_FN void rlm_canaries_plant(rlm_canaries *c, const char *home,
                                const char *dir);
 /* The leaked descriptor is needed only across the spawn: closing it then
@@ -28,5 +30,10 @@ RLM_FN void rlm_canaries_plant(rlm_canaries *c, const char *home,
  * from inheriting it. */
 RLM_FN void rlm_canaries_close_leaked(rlm_canaries *c);
 RLM_FN void rlm_canaries_remove(rlm_canaries *c);
+/* Removes from dir the canaries whose host is gone, and returns how many:
+ * a home file nobody holds a lock on, a socket nobody listens on, both ours
+ * and older than a few seconds (the time between a plant's create and its
+ * lock or listen). */
+RLM_FN int rlm_canaries_sweep(const char *dir);
 
 #endif

@@ -93,3 +93,70 @@ describe("the self-test", function()
     end)
   end
 end)
+
+-- The canaries are removed when the start is over; a host killed before
+-- that leaves them, and the next host's first plant removes them: a home
+-- file its planter no longer holds a lock on, a socket nobody listens on.
+describe("the canaries of a killed host", function()
+  local dir = H.tmpdir .. "/sweep"
+
+  -- A host that plants its canaries (HOME and tmpdir under dir), prints
+  -- where, and waits to be killed (or exits at once, removing its own).
+  local function host(wait)
+    local script = dir .. "/host.lua"
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+local core = require("rlm.core")
+local c = core.plant_canaries(%q, %q)
+local info = c:info()
+io.stdout:write(info.home_file, " ", info.unix_path, "\n")
+io.stdout:flush()
+while %s do local ws = core.waitset(); ws:wait(1000); ws:close() end
+c:remove()
+]]):format(dir .. "/home", dir, wait and "true" or "false"))
+    f:close()
+    local out = dir .. "/host" .. tostring(wait) .. ".out"
+    local pid = tonumber(H.sh(("%s %s > %s 2>&1 & echo $!"):format(H.lua_name(), script, out)))
+    for _ = 1, 500 do
+      local text = H.read_file(out)
+      local home_file, unix_path = text:match("^(%S+) (%S+)\n")
+      if home_file then
+        return pid, home_file, unix_path
+      end
+      os.execute("sleep 0.02")
+    end
+    error("the host printed nothing: " .. H.read_file(out))
+  end
+
+  local function exists(path)
+    return H.sh("ls -A " .. path .. " 2>/dev/null") ~= ""
+  end
+
+  it("are removed by the next host's first plant, and a live host's are kept", function()
+    os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir .. "/home")
+    local dead, dead_file, dead_sock = host(true)
+    local live, live_file, live_sock = host(true)
+    os.execute("kill -9 " .. dead)
+    os.execute("sleep 0.1")
+    -- Not ours to remove: a name that is not a canary's.
+    local other = dir .. "/home/.rlm-canary-notes"
+    assert(io.open(other, "w")):close()
+    -- A sweep leaves alone what is younger than a few seconds.
+    for _, p in ipairs({ dead_file, dead_sock, live_file, live_sock, other }) do
+      os.execute("touch -h -d '1 minute ago' " .. p)
+    end
+    assert.is_true(exists(dead_file) and exists(dead_sock))
+    local next_pid, next_file, next_sock = host(false)
+    for _ = 1, 500 do
+      if not os.execute("kill -0 " .. next_pid .. " 2>/dev/null") then
+        break
+      end
+      os.execute("sleep 0.02")
+    end
+    local left = { exists(dead_file), exists(dead_sock), exists(live_file), exists(live_sock), exists(other),
+      exists(next_file), exists(next_sock) }
+    os.execute("kill -9 " .. live)
+    os.execute("rm -rf " .. dir)
+    assert.are.same({ false, false, true, true, true, false, false }, left)
+  end)
+end)
