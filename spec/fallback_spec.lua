@@ -43,6 +43,30 @@ describe("the fallback answer", function()
     assert.is_true(evs[#evs].ok) -- run_end
   end)
 
+  it("ends step() with the fallback answer's entry, not the last turn's", function()
+    local s = H.session({ max_iterations = 2, root_llm = stubborn("Probably the db service.") })
+    local entries = {}
+    for _ = 1, 3 do
+      local entry, err = s:step()
+      assert.is_nil(err)
+      entries[#entries + 1] = entry
+      if entry.final then
+        break
+      end
+    end
+    local _, again = s:step()
+    s:close()
+    assert.are.equal("max_iterations", again.kind)
+    local last = entries[#entries]
+    assert.are.equal("fallback", last.final.kind)
+    assert.are.equal("Probably the db service.", last.final.answer)
+    assert.is_true(last.final.partial)
+    assert.are.equal("max_iterations", last.final.reason.kind)
+    assert.are.equal("Probably the db service.", last.response)
+    assert.is_nil(entries[1].final)
+    assert.are.equal(3, #entries)
+  end)
+
   it("returns max_iterations as before with fallback = false", function()
     local root = stubborn("never asked")
     local result, err = H.run({ max_iterations = 2, fallback = false, root_llm = root })

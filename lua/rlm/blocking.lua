@@ -38,7 +38,10 @@ function M:step()
   if self.failed then
     return nil, self.failed
   end
-  if self:_turns_spent() and not self.closed then
+  -- The turns are spent: the step that follows the last one runs the end
+  -- run() would (the last-chance call, the fallback answer); later ones, or
+  -- a step past a final answer, get max_iterations.
+  if self:_turns_spent() and not self.closed and (self.turns_over or self.final) then
     return nil, errors.new("max_iterations", ("max_iterations (%d) root turns are spent")
       :format(self.opts.max_iterations), { history = self.history })
   end
@@ -52,6 +55,13 @@ function M:step()
   if ev.type == "step" then
     return ev.entry
   elseif ev.type == "done" then
+    local result = ev.result
+    if result.kind == "fallback" then
+      -- No root turn gave this answer: the entry is the fallback call's.
+      return { response = result.answer, code = "", stdout = "", blocks = {},
+        final = { kind = "fallback", answer = result.answer, value = result.value, partial = true,
+          reason = result.reason } }
+    end
     return self.history[#self.history]
   end
   return nil, ev.err

@@ -51,7 +51,7 @@ function Session:follow_up(question)
     self.messages[1],
     { role = "user", content = prompt.follow_up(self.asked, question, SUMMARY_ANSWER_CHARS) },
   }
-  self.final, self.terminal = nil, nil
+  self.final, self.terminal, self.turns_over = nil, nil, nil
   self.turn_base = self.iterations
 end
 

@@ -323,6 +323,7 @@ function M:_run_turns()
       return { type = "done", result = self:_result(self.final) }
     end
     if self:_turns_spent() then
+      self.turns_over = true
       local result, err = self:_out_of_turns()
       if not result then
         err.resumable = nil -- the run ends here
