@@ -146,6 +146,19 @@ describe("a final answer too large for the host", function()
     end)
   end
 
+  -- FINAL's own check foresees only part of the output; the step's line is
+  -- checked again before it goes out.
+  it("is an error the model sees when the step's output and error push it past the limit", function()
+    local code = "print('\\x01' * 1999)\ntry:\n    FINAL('z' * 53000)\nfinally:\n"
+      .. "    raise ValueError('\\x01' * 1990)"
+    local root = H.script({ fence("keep = 41"), fence(code), fence("FINAL(keep + 1)") })
+    local result, err = H.run({ max_message_bytes = 64 * 1024, root_llm = root })
+    assert.is_nil(err)
+    assert.are.equal("42", result.answer)
+    assert.matches("the host accepts 65536: answer with something smaller, or print less",
+      root.calls[3][#root.calls[3]].content, 1, true)
+  end)
+
   it("fits in the same limit in every form", function()
     for _, code in ipairs({ "FINAL('z' * (40 << 10))", "v = 'z' * (40 << 10)\nFINAL_VAR('v')",
       "answer['content'] = 'z' * (40 << 10)\nanswer['ready'] = True" }) do

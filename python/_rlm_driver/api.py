@@ -36,6 +36,8 @@ def final_problem(final, value=NO_VALUE):
     FINAL, FINAL_VAR and the answer dict: what the host refuses ends the
     session, so a refusal here is an error the model sees instead."""
     session = state.current
+    # Room beside the step's output, as 4 bytes a character: the common
+    # case; main.run_step checks the whole line again before it goes out.
     size = len(protocol.encode(final))
     room = session.message_limit - 4 * session.stdout_limit - 4096
     if size > room:

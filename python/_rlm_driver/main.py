@@ -119,8 +119,21 @@ def run_step(message):
     finally:
         with protocol.CHANNEL:
             session.in_step = False
-    send({"type": "exec_result", "id": message.get("id"),
-          "stdout": stdout, "error": error, "final": final})
+    reply = {"type": "exec_result", "id": message.get("id"),
+             "stdout": stdout, "error": error, "final": final}
+    data = protocol.encode(reply)
+    if final is not None and len(data) > session.message_limit:
+        # FINAL's own check counts the output it can foresee; what the step
+        # printed or raised after it may still push the line past the host's
+        # limit, which would end the session. Without the answer it fits
+        # (the host's option check), and the model is told.
+        refused = (f"ValueError: the final answer with this step's output and error is "
+                   f"{len(data)} bytes as JSON; the host accepts {session.message_limit}: "
+                   f"answer with something smaller, or print less")
+        reply["final"] = session.final = None
+        reply["error"] = refused if error is None else f"{error}\n{refused}"
+        data = None
+    send(reply, data)
 
 
 def timed(reply, received):
