@@ -9,8 +9,8 @@ Trusted: it runs on the host, with no user input but module names.
 
 With `--driver DIR` first, it also packs the driver's package
 (DIR/_rlm_driver/*.py) into one zip archive for the sandbox, each module as
-its source and this interpreter's bytecode for it (a hash-based pyc that
-zipimport checks against the source beside it): one file to bind, and no
+its source and this interpreter's bytecode for it (a checked hash-based
+pyc, which repl_driver.py's loader checks against the source beside it): one file to bind, and no
 compiling in every sandbox (driver_zip, base64)."""
 import importlib
 import json
@@ -83,7 +83,7 @@ def soname_links(files):
 
 def driver_zip(directory):
     """The zip of the package: for each module its .py and a checked-hash
-    .pyc, stored (zipimport then needs no zlib)."""
+    .pyc, stored, with no comment: what repl_driver.py's loader reads."""
     import base64
     import importlib.util
     import io
@@ -96,7 +96,7 @@ def driver_zip(directory):
         for name in names:
             with open(os.path.join(package, name), "rb") as f:
                 source = f.read()
-            # The same name zipimport gives the module's frames.
+            # The same name the entry's loader gives the module (__file__).
             code = compile(source, "/rlm/driver.zip/_rlm_driver/" + name, "exec",
                            dont_inherit=True)
             pyc = importlib._bootstrap_external._code_to_hash_pyc(

@@ -1,30 +1,17 @@
-"""The rlm driver: runs model-written Python for the Lua host, in the sandbox.
-
-It speaks the line-delimited JSON protocol of docs/protocol.md on stdin and
-stdout. The OS sandbox around this process is the security boundary; the
-guardrails here only keep a confused model on the rails.
-
-This file is the entry point, run with -I -S; the driver itself is the
-package _rlm_driver beside it, loaded by path under that private name and
-never put on sys.path.
-"""
+"""The rlm driver's entry, run with -I -S -B (docs/protocol.md). The driver
+is the package _rlm_driver, loaded from driver.zip beside this file (or the
+directory _rlm_driver/ beside it) under that private name, never from
+sys.path. The interpreter compiles this file at every start: keep it short."""
 
 import time
 
-STARTED = time.monotonic()  # the start-up phases (hello's "t"): CLOCK_MONOTONIC, the host's clock
+STARTED = time.monotonic()  # hello's "t": CLOCK_MONOTONIC, the host's clock
 
-# posix under os's name: the functions used here are posix's own, and os
-# itself (with the _collections_abc, stat and posixpath it imports) costs
-# the start about 2 ms. Nothing the driver imports at its start imports os.
+# posix, not os: os (with _collections_abc, stat, posixpath) costs ~2 ms.
 import posix as os  # noqa: E402
 
-# The context: a memfd the host hands over at this descriptor, the one
-# descriptor kept when the others are closed. A cold start's is written and
-# sealed before the spawn; a pooled sandbox's is empty until a session takes
-# the sandbox and the host writes and seals it. Either way load_context
-# checks the seals, maps it and closes it, before any model code runs.
-# (Mapping it here would leave mmap's own dup of it among the descriptors
-# closed below, for the mapping's close to close again later.)
+# The context: the host's memfd at this descriptor, the one kept when the
+# others are closed; main.load_context checks its seals, maps and closes it.
 CONTEXT_FD = 4
 
 
@@ -49,73 +36,104 @@ else:
 import sys  # noqa: E402 (after the descriptors are closed)
 
 PROTOCOL_VERSION = 1
+PACKAGE = "_rlm_driver"
+MODULES = ("protocol", "state", "api", "screen", "guard", "shield", "step", "selftest", "main")
 
 
 def say_hello():
-    """The hello (docs/protocol.md), before the package is imported: the
-    host's checks after it (the memory cgroup) overlap the imports. Written
-    by hand, the json codec being in the package: the repr of a float is
-    its JSON text."""
+    """Before the package loads, so that the host's checks (its cgroup)
+    overlap the loading; by hand: the repr of a float is its JSON text."""
     line = '{"type": "hello", "protocol": %d, "python": "%d.%d.%d", "t": [%r, %r]}\n' % (
         (PROTOCOL_VERSION,) + tuple(sys.version_info[:3]) + (STARTED, time.monotonic()))
     sys.stdout.buffer.write(line.encode("ascii"))
     sys.stdout.buffer.flush()
 
 
-PACKAGE = "_rlm_driver"
-MODULES = ("protocol", "state", "api", "screen", "guard", "shield", "step", "selftest")
+def number(data, at, size=2):
+    return int.from_bytes(data[at:at + size], "little")
 
 
-def package_spec(here):
-    """Where the package is: in the sandbox, the zip the host copied in
-    (driver.zip: each module's source and its bytecode, which zipimport
-    checks against the source); elsewhere, the directory beside this file."""
-    archive = here + "/driver.zip"
-    if exists(archive):
-        import zipimport
-        importer = zipimport.zipimporter(archive)
-        if hasattr(importer, "find_spec"):  # 3.10+
-            return importer.find_spec(PACKAGE)
-        import _frozen_importlib  # 3.8 and 3.9: importlib.util's, without importlib
-        return _frozen_importlib.spec_from_loader(PACKAGE, importer, is_package=True)
-    import importlib.util
-    location = here + "/" + PACKAGE
-    return importlib.util.spec_from_file_location(
-        PACKAGE, location + "/__init__.py", submodule_search_locations=[location])
+class ZipPackage:
+    """Finder and loader of the package's modules in driver.zip, as probe.py
+    packs it (stored, no comment). A module's bytecode is a checked
+    hash-based .pyc, checked as zipimport does (magic, flags, the hash of
+    the source beside it; a mismatch compiles the source). Each member is
+    one pread into memory the last one freed: fresh pages cost a start
+    more than anything."""
 
+    def __init__(self, path):
+        self.path, self.fd, self.members = path, os.open(path, os.O_RDONLY | os.O_CLOEXEC), {}
+        end = os.pread(self.fd, 22, max(os.fstat(self.fd).st_size - 22, 0))
+        cd = os.pread(self.fd, number(end, 12, 4), number(end, 16, 4)) if end[:4] == b"PK\5\6" else b""
+        while cd[:4] == b"PK\1\2":  # name: (local header, its length, size)
+            n, skip = number(cd, 28), number(cd, 28) + number(cd, 30) + number(cd, 32)
+            self.members[cd[46:46 + n].decode()] = (number(cd, 42, 4), 30 + n + number(cd, 30),
+                                                    number(cd, 20, 4), number(cd, 10))
+            cd = cd[46 + skip:]
+        if not self.members or cd:
+            raise ImportError(f"{path} is not a zip as probe.py packs it")
 
-def exists(path):
-    try:
-        os.stat(path)
-    except OSError:
-        return False
-    return True
+    def read(self, name):
+        at, skip, size, method = self.members[name]
+        data = os.pread(self.fd, skip + size, at)
+        if method != 0 or data[:4] != b"PK\3\4" or 30 + number(data, 26) + number(data, 28) != skip \
+                or len(data) != skip + size:
+            raise ImportError(f"{self.path}: {name} is not stored as probe.py stores it")
+        return data[skip:]
 
+    def find_spec(self, name, path=None, target=None):
+        entry = PACKAGE + "/" + (name[len(PACKAGE) + 1:] if name != PACKAGE else "__init__") + ".py"
+        if (name == PACKAGE or name.startswith(PACKAGE + ".")) and entry in self.members:
+            import _frozen_importlib
+            spec = _frozen_importlib.ModuleSpec(name, self, origin=f"{self.path}/{entry}",
+                                                is_package=name == PACKAGE)
+            spec.has_location = True
+            return spec
+        return None
 
-def entry_directory():
-    """os.path.dirname(os.path.abspath(__file__))."""
-    path = __file__ if __file__.startswith("/") else os.getcwd() + "/" + __file__
-    return path.rsplit("/", 1)[0] or "/"
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        import _frozen_importlib_external as external, _imp, marshal
+        entry = module.__file__[len(self.path) + 1:]
+        source, pyc = self.read(entry), self.read(entry + "c")
+        if pyc[:4] == external.MAGIC_NUMBER and number(pyc, 4, 4) == 3 and \
+                pyc[8:16] == _imp.source_hash(external._RAW_MAGIC_NUMBER, source):
+            code = marshal.loads(memoryview(pyc)[16:])
+        else:
+            code = compile(source, module.__file__, "exec", dont_inherit=True)
+        exec(code, vars(module))
 
 
 def load_package():
-    """The package, by its location: that is never on sys.path, so nothing
-    else can import it from there."""
-    spec = package_spec(entry_directory())
+    """The package, by its location (never on sys.path)."""
+    here = __file__ if __file__.startswith("/") else os.getcwd() + "/" + __file__
+    here = here.rsplit("/", 1)[0] or "/"
+    try:
+        finder = ZipPackage(here + "/driver.zip")
+    except FileNotFoundError:
+        finder = None
+    if finder is not None:
+        spec = finder.find_spec(PACKAGE)
+        sys.meta_path.append(finder)  # for the package's modules alone
+    else:
+        import importlib.util
+        location = here + "/" + PACKAGE
+        spec = importlib.util.spec_from_file_location(
+            PACKAGE, location + "/__init__.py", submodule_search_locations=[location])
     package = type(sys)(PACKAGE)  # what importlib.util.module_from_spec makes
-    package.__spec__, package.__loader__ = spec, spec.loader
+    package.__spec__, package.__loader__, package.__file__ = spec, spec.loader, spec.origin
     package.__package__, package.__path__ = PACKAGE, spec.submodule_search_locations
-    if spec.has_location:
-        package.__file__ = spec.origin
     sys.modules[PACKAGE] = package
-    if hasattr(spec.loader, "exec_module"):
+    try:
         spec.loader.exec_module(package)
-    else:  # 3.8 and 3.9: zipimporter loads the old way, into the module above
-        package = spec.loader.load_module(PACKAGE)
-    # __import__, not importlib.import_module: importlib imports warnings.
-    for name in MODULES:
-        __import__(f"{PACKAGE}.{name}")
-    __import__(f"{PACKAGE}.main")
+        # __import__, not importlib.import_module: importlib imports warnings.
+        for name in MODULES:
+            __import__(f"{PACKAGE}.{name}")
+    finally:
+        if finder is not None:
+            os.close(finder.fd)  # no descriptor left open when the host looks
     return sys.modules[f"{PACKAGE}.main"]
 
 

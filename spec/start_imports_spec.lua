@@ -126,6 +126,43 @@ describe("the driver's start", function()
     assert.are.same({}, extra)
   end)
 
+  -- The entry's own loader reads the zip (one pread a member, no
+  -- zipimport); it checks each module's bytecode against the source beside
+  -- it, as zipimport does, and runs the source when they differ.
+  it("runs a module's source, not its bytecode, when the zip's .pyc does not match it", function()
+    local python = sandboxed_start().python
+    local dir = H.sh("mktemp -d " .. quote(H.tmpdir .. "/stale.XXXXXX"))
+    local root = H.sh("pwd")
+    H.sh(("cp %s %s/"):format(quote(root .. "/python/repl_driver.py"), quote(dir)))
+    -- The probe's zip, with one more line in state.py's source and its
+    -- .pyc left as packed; a stored zip keeps its members' bytes as they are.
+    local restamp = [[
+import base64, json, sys, zipfile
+packed = base64.b64decode(json.load(sys.stdin)['driver_zip'])
+open(sys.argv[1] + '/packed.zip', 'wb').write(packed)
+old = zipfile.ZipFile(sys.argv[1] + '/packed.zip')
+with zipfile.ZipFile(sys.argv[1] + '/driver.zip', 'w', zipfile.ZIP_STORED) as new:
+    for info in old.infolist():
+        data = old.read(info)
+        if info.filename == sys.argv[2]:
+            data += b'\nsys.stderr.write("the source ran\\n")\n'
+        new.writestr(info, data)
+]]
+    local function start(member)
+      H.sh(("%s -I -S %s --driver %s | %s -I -S -c %s %s %s"):format(py(python),
+        quote(root .. "/python/probe.py"), quote(root .. "/python"), py(python), quote(restamp),
+        quote(dir), quote(member)))
+      return H.sh(("%s -I -S -B %s/repl_driver.py < /dev/null 2>&1"):format(py(python), quote(dir)))
+    end
+    local stale, fresh = start("_rlm_driver/state.py"), start("none")
+    H.sh("rm -rf " .. quote(dir))
+    assert.matches('^{"type": "hello"', stale)
+    assert.matches("the source ran", stale, 1, true)
+    assert.not_matches("the source ran", fresh, 1, true)
+    assert.not_matches("fatal", stale .. fresh, 1, true)
+    assert.matches('^{"type": "hello"[^\n]*}$', fresh) -- then end of input, quietly
+  end)
+
   -- What the driver no longer imports at its start is still there for the
   -- model's code, and still refused when not allowed.
   it("leaves json, re, string, collections and difflib to the code that imports them", function()
@@ -218,8 +255,8 @@ print(result and "ran" or err.kind .. ": " .. err.message)
     assert.matches("return 1 / 0", e, 1, true)
     assert.matches("ZeroDivisionError", e, 1, true)
   end)
-  -- docs/api.md says Python 3.8 and later: on 3.8 and 3.9, zipimport's
-  -- loader has no exec_module, and the package loads the old way.
+  -- docs/api.md says Python 3.8 and later: the entry's loader and the
+  -- package's bytecode on each of them.
   it("starts on every Python from 3.8 on that this machine has", function()
     local found = {}
     local list = H.sh("ls -d /root/.pyenv/versions/3.*/bin/python3 /usr/bin/python3.[0-9]* 2>/dev/null")
