@@ -10,7 +10,7 @@ import sys
 from _collections import deque
 
 from . import api, guard, protocol, shield, state, tree
-from .screen import GuardrailError, RouteFormatting, screen
+from .screen import GuardrailError, RouteFormatting, plain, screen
 
 PACKAGE_DIR = state.dirname(__file__)  # absolute: the zip's, or the entry script's directory's
 
@@ -275,19 +275,22 @@ def failed_in_final(code, filename, exc):
     return False
 
 
-def warm(guardrails):
+def warm(guardrails, idle):
     """What the first step makes at its start, made once the self-test is
-    over (a pooled sandbox then waits for its session; a cold start loses
-    nothing, the first step would make them anyway): the guarded builtins,
-    the shields, the compiler's path. Nothing of the REPL's state changes."""
+    over: the guarded builtins, the shields, the compiler's path. Nothing
+    of the REPL's state changes. idle: no message waits (a pooled sandbox,
+    waiting for its session): the screen's path too, _ast and all, which a
+    cold start leaves to the first step that is not plain (screen.plain)."""
     if guardrails:
         guard.builtins_table()
         shield.shield_modules()
-    compile_step("_ = None", "<warm>", guardrails)
+    compile_step("x = None", "<warm>", guardrails)
+    if idle:
+        compile_step("_ = None", "<warm>", guardrails)
 
 
 def compile_step(code, filename, guardrails):
-    if not guardrails:
+    if not guardrails or plain(code):
         return compile(code, filename, "exec", dont_inherit=True)
     parsed = compile(code, filename, "exec", tree.PyCF_ONLY_AST, dont_inherit=True)
     screen(parsed)
