@@ -89,8 +89,10 @@ def driver_zip(directory):
     import io
     import zipfile
     package = os.path.join(directory, "_rlm_driver")
-    names = sorted(n for n in os.listdir(package)
-                   if n.endswith(".py") and n[:-3].isidentifier())
+    # loader.py first, its .pyc before its source: the entry script reads
+    # these two members by their place, the loader the rest by name.
+    names = sorted((n for n in os.listdir(package) if n.endswith(".py") and n[:-3].isidentifier()),
+                   key=lambda n: (n != "loader.py", n))
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
         for name in names:
@@ -102,7 +104,7 @@ def driver_zip(directory):
             pyc = importlib._bootstrap_external._code_to_hash_pyc(
                 code, importlib.util.source_hash(source), checked=True)
             # A fixed date: the archive is the same for the same sources.
-            for entry, data in ((name, source), (name + "c", pyc)):
+            for entry, data in ((name + "c", pyc), (name, source)):
                 info = zipfile.ZipInfo("_rlm_driver/" + entry, (1980, 1, 1, 0, 0, 0))
                 archive.writestr(info, data)
     return base64.b64encode(out.getvalue()).decode("ascii")

@@ -149,7 +149,7 @@ describe("the driver's start", function()
     assert.is_true(loaded._ast)
   end)
 
-  -- The entry's own loader reads the zip (one pread a member, no
+  -- The package's loader reads the zip (one pread a member, no
   -- zipimport); it checks each module's bytecode against the source beside
   -- it, as zipimport does, and runs the source when they differ.
   it("runs a module's source, not its bytecode, when the zip's .pyc does not match it", function()
@@ -177,10 +177,14 @@ with zipfile.ZipFile(sys.argv[1] + '/driver.zip', 'w', zipfile.ZIP_STORED) as ne
         quote(dir), quote(member)))
       return H.sh(("%s -I -S -B %s/repl_driver.py < /dev/null 2>&1"):format(py(python), quote(dir)))
     end
-    local stale, fresh = start("_rlm_driver/state.py"), start("none")
+    -- The loader's own bytecode, which the entry script reads, is checked too.
+    local stale, stale_loader, fresh = start("_rlm_driver/state.py"), start("_rlm_driver/loader.py"),
+      start("none")
     H.sh("rm -rf " .. quote(dir))
     assert.matches('^{"type": "hello"', stale)
     assert.matches("the source ran", stale, 1, true)
+    assert.matches("the source ran", stale_loader, 1, true)
+    assert.not_matches("fatal", stale_loader, 1, true)
     assert.not_matches("the source ran", fresh, 1, true)
     assert.not_matches("fatal", stale .. fresh, 1, true)
     assert.matches('^{"type": "hello"[^\n]*}$', fresh) -- then end of input, quietly
