@@ -139,14 +139,34 @@ describe("the driver's start", function()
     assert.are.same({}, extra)
   end)
 
-  it("leaves _ast to a later step when a cold start's first step is plain code", function()
-    local out, loaded = first_step_imports("x = 1\nprint(x + 1)")
-    assert.matches('{"type": "exec_result", "id": 1, "stdout": "2\\n", "error": null', out, 1, true)
-    assert.is_nil(loaded._ast)
-    -- A refused name takes the screen's path, and is refused.
-    out, loaded = first_step_imports("x = 1\nprint(eval('x'))")
-    assert.matches("the name 'eval' is refused by the REPL guardrails", out, 1, true)
-    assert.is_true(loaded._ast)
+  -- Plain code (screen.plain) is compiled as it stands, without its tree:
+  -- nothing in it for the screen to refuse or rewrite. _ast (the module)
+  -- comes with the first code that is not plain, or the driver's warm-up
+  -- once it is idle after the self-test.
+  it("compiles plain code without its tree, and screens the rest", function()
+    local python = sandboxed_start().python
+    local check = [[
+import sys
+sys.path.insert(0, sys.argv[1])
+out = sys.stdout
+from _rlm_driver import screen, step
+cases = {"x = 1\nprint(x + 1)": True, "def f(a):\n    return [a, 2.5]": True,
+         "x = eval('1')": False, "x.__class__": False, "'{}'.format(1)": False,
+         "x = 1  # open": False, "print(vars())": False, "y = f.gi_frame": False,
+         "\uff45val('1')": False, "x = 'caf\u00e9'": False}
+wrong = [code for code, plain in cases.items() if screen.plain(code) != plain]
+code = step.compile_step("x = 1\nprint(x + 1)", "<repl-1>", True)
+plain_ast = "_ast" in sys.modules
+try:
+    step.compile_step("x = eval('1')", "<repl-2>", True)
+    refused = False
+except screen.GuardrailError:
+    refused = True
+print(wrong, code.co_filename, plain_ast, refused, "_ast" in sys.modules, file=out)
+]]
+    local out = H.sh(("%s -I -S -B -c %s %s 2>&1"):format(py(python), quote(check),
+      quote(H.sh("pwd") .. "/python")))
+    assert.are.equal("[] <repl-1> False True True", out)
   end)
 
   -- The package's loader reads the zip (one pread a member, no

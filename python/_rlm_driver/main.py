@@ -131,8 +131,8 @@ def timed(reply, received):
 
 
 def waiting():
-    """Whether a message from the host is there to be read (a cold start's
-    load_context is), without waiting for one."""
+    """Whether a message from the host is there to be read, without waiting
+    for one."""
     import posix
     posix.set_blocking(0, False)  # for the one read peek makes if nothing is buffered
     try:
@@ -150,7 +150,14 @@ def main(context_data):
     session.namespace.update(api.names())
     state.driver_modules[:] = [module for name, module in list(sys.modules.items())
                                if name == __package__ or name.startswith(__package__ + ".")]
+    to_warm = False
     while True:
+        if to_warm and not waiting():
+            # Idle, the self-test over: a pooled sandbox waiting for its
+            # session, or a cold start's host checking the sandbox after
+            # ready. The first step's own setup is made meanwhile.
+            step.warm(session.guardrails)
+            to_warm = False
         message = protocol.receive()
         if message is None:
             return
@@ -163,7 +170,7 @@ def main(context_data):
             checks = selftest.self_test(string_list(message, "absent", []),
                                         field(message, "canaries", dict, {}))
             send(timed({"type": "self_test_result", "checks": checks}, received))
-            step.warm(state.current.guardrails, idle=not waiting())
+            to_warm = True
         elif kind == "load_context":
             send(timed(load_context(message), received))
         elif kind == "exec":

@@ -275,18 +275,17 @@ def failed_in_final(code, filename, exc):
     return False
 
 
-def warm(guardrails, idle):
-    """What the first step makes at its start, made once the self-test is
-    over: the guarded builtins, the shields, the compiler's path. Nothing
-    of the REPL's state changes. idle: no message waits (a pooled sandbox,
-    waiting for its session): the screen's path too, _ast and all, which a
-    cold start leaves to the first step that is not plain (screen.plain)."""
+def warm(guardrails):
+    """What the first step makes at its start, made while the driver waits
+    once the self-test is over (main): the guarded builtins, the shields,
+    the compiler's paths (the first compile() makes the ast module's
+    classes, ~1.5 ms; the screen's path, for code that is not plain).
+    Nothing of the REPL's state changes."""
     if guardrails:
         guard.builtins_table()
         shield.shield_modules()
     compile_step("x = None", "<warm>", guardrails)
-    if idle:
-        compile_step("_ = None", "<warm>", guardrails)
+    compile_step("_ = None", "<warm>", guardrails)
 
 
 def compile_step(code, filename, guardrails):
