@@ -150,14 +150,14 @@ def main(context_data):
     session.namespace.update(api.names())
     state.driver_modules[:] = [module for name, module in list(sys.modules.items())
                                if name == __package__ or name.startswith(__package__ + ".")]
-    to_warm = False
+    warming = []
     while True:
-        if to_warm and not waiting():
+        while warming and not waiting():
             # Idle, the self-test over: a pooled sandbox waiting for its
             # session, or a cold start's host checking the sandbox after
-            # ready. The first step's own setup is made meanwhile.
-            step.warm(session.guardrails)
-            to_warm = False
+            # ready. The first step's own setup is made meanwhile, a part
+            # at a time, until a message comes.
+            warming.pop(0)()
         message = protocol.receive()
         if message is None:
             return
@@ -170,7 +170,7 @@ def main(context_data):
             checks = selftest.self_test(string_list(message, "absent", []),
                                         field(message, "canaries", dict, {}))
             send(timed({"type": "self_test_result", "checks": checks}, received))
-            to_warm = True
+            warming = step.warm_up(state.current.guardrails)
         elif kind == "load_context":
             send(timed(load_context(message), received))
         elif kind == "exec":

@@ -275,17 +275,15 @@ def failed_in_final(code, filename, exc):
     return False
 
 
-def warm(guardrails):
-    """What the first step makes at its start, made while the driver waits
-    once the self-test is over (main): the guarded builtins, the shields,
-    the compiler's paths (the first compile() makes the ast module's
-    classes, ~1.5 ms; the screen's path, for code that is not plain).
-    Nothing of the REPL's state changes."""
-    if guardrails:
-        guard.builtins_table()
-        shield.shield_modules()
-    compile_step("x = None", "<warm>", guardrails)
-    compile_step("_ = None", "<warm>", guardrails)
+def warm_up(guardrails):
+    """What the first step makes at its start, in parts that main makes
+    while the driver waits once the self-test is over: the guarded
+    builtins, the shields, the compiler's paths (the first compile() makes
+    the ast module's classes, ~1.5 ms; then the screen's path, for code
+    that is not plain). Nothing of the REPL's state changes."""
+    parts = [guard.builtins_table, shield.shield_modules] if guardrails else []
+    return parts + [lambda: compile_step("x = None", "<warm>", guardrails),
+                    lambda: compile_step("_ = None", "<warm>", guardrails)]
 
 
 def compile_step(code, filename, guardrails):
