@@ -77,10 +77,10 @@ def plain(code):
     """Whether REPL code is ASCII (its identifiers are then as written) with
     no "_" and none of SCREENED_WORDS anywhere in it: then screen() refuses
     nothing in it and RouteFormatting rewrites nothing, and it is compiled
-    as it stands, without its tree (nor _ast, ~2 ms at a start: see
-    tree.py). Conservative: a word inside a string or a comment is enough
-    to take the full path. A new kind of refusal in screen() must be
-    added here too."""
+    as it stands, without its tree (no node objects, walk or rewrite).
+    Conservative: a word inside a string or a comment is enough to take
+    the full path. A new kind of refusal in screen() must be added here
+    too."""
     return code.isascii() and "_" not in code and not any(word in code for word in SCREENED_WORDS)
 
 

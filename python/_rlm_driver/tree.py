@@ -8,9 +8,10 @@ refused construct ast.walk meets). Model code that imports ast gets the real
 module, as before.
 
 _ast itself is imported at the first use of one of its names here (the node
-classes, AST, PyCF_ONLY_AST): it makes its hundred-odd classes when
-imported, about 2 ms of a start, and a first step of plain code needs none
-of them (screen.plain).
+classes, AST, PyCF_ONLY_AST), which plain code (screen.plain) never makes.
+(The classes themselves are made by the interpreter's first compile(),
+whatever it compiles: about 1.5 ms, which the driver's warm-up pays while
+it waits for the first step.)
 """
 
 from _collections import deque
