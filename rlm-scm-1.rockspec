@@ -85,6 +85,7 @@ build = {
       ["rlm._rlm_driver.api"] = "python/_rlm_driver/api.py",
       ["rlm._rlm_driver.codec"] = "python/_rlm_driver/codec.py",
       ["rlm._rlm_driver.guard"] = "python/_rlm_driver/guard.py",
+      ["rlm._rlm_driver.loader"] = "python/_rlm_driver/loader.py",
       ["rlm._rlm_driver.main"] = "python/_rlm_driver/main.py",
       ["rlm._rlm_driver.protocol"] = "python/_rlm_driver/protocol.py",
       ["rlm._rlm_driver.screen"] = "python/_rlm_driver/screen.py",

@@ -151,6 +151,17 @@ static void emit(exposer *e, const char *a, const char *b, const char *c) {
     e->failed = 1;
 }
 
+/* A file copied in from the child's descriptor fd at dest: a file of the
+ * sandbox's root tmpfs, read-only once the root is remounted so (the
+ * argv's last mounts), with no mount of its own. --ro-bind-data would add
+ * one, a remount, and a read of mountinfo to find it, for each file. */
+static void copy_in(exposer *e, int fd, const char *dest) {
+  char num[16];
+  snprintf(num, sizeof(num), "%d", fd);
+  emit(e, "--perms", "0444", NULL);
+  emit(e, "--file", num, dest);
+}
+
 static void remember(exposer *e, const char *path) {
   if (rlm_argv_push(&e->seen, path))
     e->failed = 1;
@@ -309,15 +320,14 @@ static int bind_modules(exposer *e, const rlm_sandbox_spec *spec, char *err,
   int dirlen = slash ? (int)(slash - spec->driver) : 0;
   for (size_t i = 0; i < spec->n_modules; i++) {
     const char *rel = spec->modules[i];
-    char dest[256], src[PATH_MAX], fd[16];
+    char dest[256], src[PATH_MAX];
     if (!rlm_sandbox_module_ok(rel)) {
       snprintf(err, errlen, "driver module %.64s: not a path to bind", rel);
       return -1;
     }
     snprintf(dest, sizeof(dest), "%s/%s", RLM_SANDBOX_DRIVER_DIR, rel);
     if (spec->driver_fd >= 0) {
-      snprintf(fd, sizeof(fd), "%d", spec->driver_fd + 1 + (int)i);
-      emit(e, "--ro-bind-data", fd, dest);
+      copy_in(e, spec->driver_fd + 1 + (int)i, dest);
     } else if (snprintf(src, sizeof(src), "%.*s/%s", dirlen, spec->driver,
                         rel) >= (int)sizeof(src)) {
       snprintf(err, errlen, "driver module %.64s: path too long", rel);
@@ -492,19 +502,13 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
 
   if (expose_installation(&e, spec, err, errlen) != 0)
     goto fail;
-  if (spec->driver_fd >= 0) {
-    char fd[16];
-    snprintf(fd, sizeof(fd), "%d", spec->driver_fd);
-    emit(&e, "--ro-bind-data", fd, RLM_SANDBOX_DRIVER);
-  } else {
+  if (spec->driver_fd >= 0)
+    copy_in(&e, spec->driver_fd, RLM_SANDBOX_DRIVER);
+  else
     emit(&e, "--ro-bind", spec->driver, RLM_SANDBOX_DRIVER);
-  }
-  if (spec->zip_fd >= 0) {
-    /* The whole package: one file, one mount. */
-    char fd[16];
-    snprintf(fd, sizeof(fd), "%d", spec->zip_fd);
-    emit(&e, "--ro-bind-data", fd, RLM_SANDBOX_DRIVER_ZIP);
-  } else if (bind_modules(&e, spec, err, errlen) != 0) {
+  if (spec->zip_fd >= 0)
+    copy_in(&e, spec->zip_fd, RLM_SANDBOX_DRIVER_ZIP); /* the whole package */
+  else if (bind_modules(&e, spec, err, errlen) != 0) {
     goto fail;
   }
   /* The workdir is the sandbox's own tmpfs: nothing it writes reaches the

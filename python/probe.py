@@ -9,8 +9,8 @@ Trusted: it runs on the host, with no user input but module names.
 
 With `--driver DIR` first, it also packs the driver's package
 (DIR/_rlm_driver/*.py) into one zip archive for the sandbox, each module as
-its source and this interpreter's bytecode for it (a hash-based pyc that
-zipimport checks against the source beside it): one file to bind, and no
+its source and this interpreter's bytecode for it (a checked hash-based
+pyc, which repl_driver.py's loader checks against the source beside it): one file to bind, and no
 compiling in every sandbox (driver_zip, base64)."""
 import importlib
 import json
@@ -83,26 +83,28 @@ def soname_links(files):
 
 def driver_zip(directory):
     """The zip of the package: for each module its .py and a checked-hash
-    .pyc, stored (zipimport then needs no zlib)."""
+    .pyc, stored, with no comment: what repl_driver.py's loader reads."""
     import base64
     import importlib.util
     import io
     import zipfile
     package = os.path.join(directory, "_rlm_driver")
-    names = sorted(n for n in os.listdir(package)
-                   if n.endswith(".py") and n[:-3].isidentifier())
+    # loader.py first, its .pyc before its source: the entry script reads
+    # these two members by their place, the loader the rest by name.
+    names = sorted((n for n in os.listdir(package) if n.endswith(".py") and n[:-3].isidentifier()),
+                   key=lambda n: (n != "loader.py", n))
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
         for name in names:
             with open(os.path.join(package, name), "rb") as f:
                 source = f.read()
-            # The same name zipimport gives the module's frames.
+            # The same name the entry's loader gives the module (__file__).
             code = compile(source, "/rlm/driver.zip/_rlm_driver/" + name, "exec",
                            dont_inherit=True)
             pyc = importlib._bootstrap_external._code_to_hash_pyc(
                 code, importlib.util.source_hash(source), checked=True)
             # A fixed date: the archive is the same for the same sources.
-            for entry, data in ((name, source), (name + "c", pyc)):
+            for entry, data in ((name + "c", pyc), (name, source)):
                 info = zipfile.ZipInfo("_rlm_driver/" + entry, (1980, 1, 1, 0, 0, 0))
                 archive.writestr(info, data)
     return base64.b64encode(out.getvalue()).decode("ascii")

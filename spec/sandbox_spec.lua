@@ -118,6 +118,21 @@ for path in ['/usr/evil', '/evil', '/rlm/evil']:
     except OSError:
         pass
 print('none')]], "none" },
+      -- The driver's files are copied into the root's tmpfs (--file), no
+      -- mount of their own: read-only with the root.
+      { "changing the driver's files", [[
+import os
+for path in ['/rlm/repl_driver.py', '/rlm/driver.zip']:
+    for what, change in [('write', lambda: open(path, 'r+b').write(b'x')),
+                         ('chmod', lambda: os.chmod(path, 0o666)),
+                         ('unlink', lambda: os.unlink(path)),
+                         ('rename', lambda: os.rename(path, path + '.old'))]:
+        try:
+            change()
+            print(what, path)
+        except OSError:
+            pass
+print('none')]], "none" },
       { "the workdir", "open('/session/note', 'w').write('hi')\nprint(open('/session/note').read())", "hi" },
       { "capabilities", "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')])", "['0000000000000000']" },
     }

@@ -10,8 +10,10 @@ local fence = H.fence
 -- What the driver may add to the interpreter's own start: its package, and
 -- these. A module added to the start must be added here, on purpose (fcntl:
 -- the context memfd's seals, read at the first line; a builtin, 0.2 ms).
+-- _ast is not among them: a cold start's first step of plain code
+-- (screen.plain) is compiled without a tree; one that is not adds it.
 local EXPECTED = {}
-for m in ([[ mmap fcntl resource _json _ast _collections _string _socket ]]):gmatch("%S+") do
+for m in ([[ mmap fcntl resource _json _collections _string _socket ]]):gmatch("%S+") do
   EXPECTED[m] = true
 end
 
@@ -93,7 +95,11 @@ describe("the driver's start", function()
     assert.are.same({}, extra)
   end)
 
-  it("imports nothing heavy on the guardrails' path either (-X importtime, outside the sandbox)", function()
+  -- The driver outside the sandbox, as the sandbox has it (repl_driver.py
+  -- beside the zip the probe packs), under -X importtime, with the messages
+  -- of a cold start and a first step of `code`: what it printed, and the
+  -- modules it imported.
+  local function first_step_imports(code)
     local python = sandboxed_start().python
     -- The driver as the sandbox has it: repl_driver.py beside the zip the
     -- probe packs.
@@ -106,24 +112,102 @@ describe("the driver's start", function()
         .. "base64.b64decode(json.load(sys.stdin)['driver_zip']))"),
       quote(dir .. "/driver.zip")))
     local f = assert(io.open(dir .. "/in", "w"))
-    f:write('{"type":"configure","guardrails":true,"int_bits":64}\n',
+    f:write('{"type":"configure","guardrails":true,"int_bits":64}\n', '{"type":"self_test"}\n',
       '{"type":"load_context","format":"text"}\n',
-      '{"type":"exec","id":1,"code":"x = \'{}\'.format(1)\\nprint(x)"}\n')
+      '{"type":"exec","id":1,"code":' .. require("cjson").encode(code) .. '}\n')
     f:close()
     H.sh(("%s -I -S -B -X importtime %s/repl_driver.py < %s/in > %s/out 2> %s/err"):format(
       py(python), quote(dir), quote(dir), quote(dir), quote(dir)))
     local out, err = H.read_file(dir .. "/out"), H.read_file(dir .. "/err")
     H.sh("rm -rf " .. quote(dir))
-    assert.matches('^{"type": "hello"', out)
-    assert.matches('{"type": "exec_result", "id": 1, "stdout": "1\\n", "error": null', out, 1, true)
     local loaded = {}
     for name in err:gmatch("import time:%s+%d+ |%s+%d+ |%s*([%w_.]+)") do
       loaded[name] = true
     end
     assert.is_true(loaded["_rlm_driver.step"] == true, err)
+    return out, loaded, python
+  end
+
+  it("imports nothing heavy on the guardrails' path either (-X importtime, outside the sandbox)", function()
+    local out, loaded, python = first_step_imports("x = '{}'.format(1)\nprint(x)")
+    assert.matches('^{"type": "hello"', out)
+    assert.matches('{"type": "exec_result", "id": 1, "stdout": "1\\n", "error": null', out, 1, true)
+    assert.is_true(loaded._ast, "the screen's path imports _ast")
+    loaded._ast = nil
     local extra, heavy = unexpected(loaded, interpreter_start(python))
     assert.are.same({}, heavy)
     assert.are.same({}, extra)
+  end)
+
+  -- Plain code (screen.plain) is compiled as it stands, without its tree:
+  -- nothing in it for the screen to refuse or rewrite. _ast (the module)
+  -- comes with the first code that is not plain, or the driver's warm-up
+  -- once it is idle after the self-test.
+  it("compiles plain code without its tree, and screens the rest", function()
+    local python = sandboxed_start().python
+    local check = [[
+import sys
+sys.path.insert(0, sys.argv[1])
+out = sys.stdout
+from _rlm_driver import screen, step
+cases = {"x = 1\nprint(x + 1)": True, "def f(a):\n    return [a, 2.5]": True,
+         "x = eval('1')": False, "x.__class__": False, "'{}'.format(1)": False,
+         "x = 1  # open": False, "print(vars())": False, "y = f.gi_frame": False,
+         "\uff45val('1')": False, "x = 'caf\u00e9'": False}
+wrong = [code for code, plain in cases.items() if screen.plain(code) != plain]
+code = step.compile_step("x = 1\nprint(x + 1)", "<repl-1>", True)
+plain_ast = "_ast" in sys.modules
+try:
+    step.compile_step("x = eval('1')", "<repl-2>", True)
+    refused = False
+except screen.GuardrailError:
+    refused = True
+print(wrong, code.co_filename, plain_ast, refused, "_ast" in sys.modules, file=out)
+]]
+    local out = H.sh(("%s -I -S -B -c %s %s 2>&1"):format(py(python), quote(check),
+      quote(H.sh("pwd") .. "/python")))
+    assert.are.equal("[] <repl-1> False True True", out)
+  end)
+
+  -- The package's loader reads the zip (one pread a member, no
+  -- zipimport); it checks each module's bytecode against the source beside
+  -- it, as zipimport does, and runs the source when they differ.
+  it("runs a module's source, not its bytecode, when the zip's .pyc does not match it", function()
+    local python = sandboxed_start().python
+    local dir = H.sh("mktemp -d " .. quote(H.tmpdir .. "/stale.XXXXXX"))
+    local root = H.sh("pwd")
+    H.sh(("cp %s %s/"):format(quote(root .. "/python/repl_driver.py"), quote(dir)))
+    -- The probe's zip, with one more line in state.py's source and its
+    -- .pyc left as packed; a stored zip keeps its members' bytes as they are.
+    local restamp = [[
+import base64, json, sys, zipfile
+packed = base64.b64decode(json.load(sys.stdin)['driver_zip'])
+open(sys.argv[1] + '/packed.zip', 'wb').write(packed)
+old = zipfile.ZipFile(sys.argv[1] + '/packed.zip')
+with zipfile.ZipFile(sys.argv[1] + '/driver.zip', 'w', zipfile.ZIP_STORED) as new:
+    for info in old.infolist():
+        data = old.read(info)
+        if info.filename == sys.argv[2]:
+            data += b'\nsys.stderr.write("the source ran\\n")\n'
+        new.writestr(info, data)
+]]
+    local function start(member)
+      H.sh(("%s -I -S %s --driver %s | %s -I -S -c %s %s %s"):format(py(python),
+        quote(root .. "/python/probe.py"), quote(root .. "/python"), py(python), quote(restamp),
+        quote(dir), quote(member)))
+      return H.sh(("%s -I -S -B %s/repl_driver.py < /dev/null 2>&1"):format(py(python), quote(dir)))
+    end
+    -- The loader's own bytecode, which the entry script reads, is checked too.
+    local stale, stale_loader, fresh = start("_rlm_driver/state.py"), start("_rlm_driver/loader.py"),
+      start("none")
+    H.sh("rm -rf " .. quote(dir))
+    assert.matches('^{"type": "hello"', stale)
+    assert.matches("the source ran", stale, 1, true)
+    assert.matches("the source ran", stale_loader, 1, true)
+    assert.not_matches("fatal", stale_loader, 1, true)
+    assert.not_matches("the source ran", fresh, 1, true)
+    assert.not_matches("fatal", stale .. fresh, 1, true)
+    assert.matches('^{"type": "hello"[^\n]*}$', fresh) -- then end of input, quietly
   end)
 
   -- What the driver no longer imports at its start is still there for the
@@ -218,8 +302,8 @@ print(result and "ran" or err.kind .. ": " .. err.message)
     assert.matches("return 1 / 0", e, 1, true)
     assert.matches("ZeroDivisionError", e, 1, true)
   end)
-  -- docs/api.md says Python 3.8 and later: on 3.8 and 3.9, zipimport's
-  -- loader has no exec_module, and the package loads the old way.
+  -- docs/api.md says Python 3.8 and later: the entry's loader and the
+  -- package's bytecode on each of them.
   it("starts on every Python from 3.8 on that this machine has", function()
     local found = {}
     local list = H.sh("ls -d /root/.pyenv/versions/3.*/bin/python3 /usr/bin/python3.[0-9]* 2>/dev/null")

@@ -6,6 +6,7 @@ directory, and is never on sys.path: the REPL's code cannot import it
 allows), and the guard tells its modules' namespaces apart from those of
 the modules the REPL may import.
 
+    loader    loads the others from driver.zip (run by the entry script)
     protocol  framing, send and receive, calls back to the host
     state     the settings and the REPL's namespace (one per driver)
     api       FINAL, FINAL_VAR, llm_query and the other REPL functions

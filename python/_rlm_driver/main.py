@@ -143,6 +143,19 @@ def timed(reply, received):
     return reply
 
 
+def waiting():
+    """Whether a message from the host is there to be read, without waiting
+    for one."""
+    import posix
+    posix.set_blocking(0, False)  # for the one read peek makes if nothing is buffered
+    try:
+        return bool(protocol.PROTOCOL_IN.peek(1))
+    except OSError:
+        return False
+    finally:
+        posix.set_blocking(0, True)
+
+
 def main(context_data):
     """The message loop, after the entry script's hello."""
     session = state.current
@@ -150,7 +163,14 @@ def main(context_data):
     session.namespace.update(api.names())
     state.driver_modules[:] = [module for name, module in list(sys.modules.items())
                                if name == __package__ or name.startswith(__package__ + ".")]
+    warming = []
     while True:
+        while warming and not waiting():
+            # Idle, the self-test over: a pooled sandbox waiting for its
+            # session, or a cold start's host checking the sandbox after
+            # ready. The first step's own setup is made meanwhile, a part
+            # at a time, until a message comes.
+            warming.pop(0)()
         message = protocol.receive()
         if message is None:
             return
@@ -163,7 +183,7 @@ def main(context_data):
             checks = selftest.self_test(string_list(message, "absent", []),
                                         field(message, "canaries", dict, {}))
             send(timed({"type": "self_test_result", "checks": checks}, received))
-            step.warm(state.current.guardrails)
+            warming = step.warm_up(state.current.guardrails)
         elif kind == "load_context":
             send(timed(load_context(message), received))
         elif kind == "exec":

@@ -67,10 +67,27 @@ def is_refused_attribute(name, allowed=ALLOWED_DUNDERS):
     return (is_dunder(name) and name not in allowed) or name in FRAME_ATTRIBUTES
 
 
+# What screen() and RouteFormatting look for, as text: every refused
+# attribute is a dunder or has "_" in it, and the rest are these names.
+SCREENED_WORDS = tuple(sorted(name for name in REFUSED_NAMES | FORMAT_METHODS | ROUTED_METHODS
+                              | FRAME_ATTRIBUTES if "_" not in name))
+
+
+def plain(code):
+    """Whether REPL code is ASCII (its identifiers are then as written) with
+    no "_" and none of SCREENED_WORDS anywhere in it: then screen() refuses
+    nothing in it and RouteFormatting rewrites nothing, and it is compiled
+    as it stands, without its tree (no node objects, walk or rewrite).
+    Conservative: a word inside a string or a comment is enough to take
+    the full path. A new kind of refusal in screen() must be added here
+    too."""
+    return code.isascii() and "_" not in code and not any(word in code for word in SCREENED_WORDS)
+
+
 def screen(tree, runtime=False):
     """Raise GuardrailError at the first construct the guardrails refuse.
     runtime: the tree is a string an allowed module compiles while the code
-    runs (see RUNTIME_DUNDERS)."""
+    runs (see RUNTIME_DUNDERS). (plain() must know what this looks for.)"""
     allowed = ALLOWED_DUNDERS | RUNTIME_DUNDERS if runtime else ALLOWED_DUNDERS
     names = RUNTIME_REFUSED_NAMES if runtime else REFUSED_NAMES
     for node in ast.walk(tree):

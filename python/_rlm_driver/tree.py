@@ -6,11 +6,31 @@ rewrites. walk, NodeTransformer, copy_location and fix_missing_locations
 here do what ast's do, in the same order (the guardrails name the first
 refused construct ast.walk meets). Model code that imports ast gets the real
 module, as before.
+
+_ast itself is imported at the first use of one of its names here (the node
+classes, AST, PyCF_ONLY_AST), which plain code (screen.plain) never makes.
+(The classes themselves are made by the interpreter's first compile(),
+whatever it compiles: about 1.5 ms, which the driver's warm-up pays while
+it waits for the first step.)
 """
 
-from _ast import *  # noqa: F401,F403 (the node classes, AST, PyCF_ONLY_AST)
-from _ast import AST
 from _collections import deque
+
+
+def __getattr__(name):
+    """The names of _ast, at the first that is asked for (PEP 562)."""
+    import _ast
+    names = {key: value for key, value in vars(_ast).items() if not key.startswith("_")}
+    globals().update(names)  # from _ast import *
+    if name not in names:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return names[name]
+
+
+def node_class():
+    """_ast.AST, for the helpers below (a module's own globals do not go
+    through __getattr__)."""
+    return globals().get("AST") or __getattr__("AST")
 
 
 def iter_fields(node):
@@ -21,7 +41,8 @@ def iter_fields(node):
             pass
 
 
-def iter_child_nodes(node):
+def iter_child_nodes(node, AST=None):
+    AST = AST or node_class()
     for _, field in iter_fields(node):
         if isinstance(field, AST):
             yield field
@@ -33,10 +54,10 @@ def iter_child_nodes(node):
 
 def walk(node):
     """Every node under node, breadth first, as ast.walk."""
-    todo = deque([node])
+    todo, AST = deque([node]), node_class()
     while todo:
         node = todo.popleft()
-        todo.extend(iter_child_nodes(node))
+        todo.extend(iter_child_nodes(node, AST))
         yield node
 
 
@@ -87,6 +108,7 @@ class NodeTransformer:
         return getattr(self, "visit_" + node.__class__.__name__, self.generic_visit)(node)
 
     def generic_visit(self, node):
+        AST = node_class()
         for field, old_value in iter_fields(node):
             if isinstance(old_value, list):
                 new_values = []
