@@ -106,6 +106,27 @@ local function answer(s, ev, start)
   end)
 end
 
+-- Starts the callback for each request waiting in s's outbox, in order, as
+-- next() does once poll() hands them out; an event that is not a request
+-- stays first in the outbox, for poll(). The engine calls this itself under
+-- run() and step() (rlm.engine's _idle).
+function M.answer_out(s, start)
+  while s.outbox[1] do
+    local ev = s:_next_out()
+    if not ev then
+      return
+    end
+    if ev.type == "root_llm" or ev.type == "llm_query" then
+      answer(s, ev, start)
+    elseif ev.type == "tool_call" then
+      tools.start(s, ev, start)
+    else
+      table.insert(s.outbox, 1, ev)
+      return
+    end
+  end
+end
+
 -- Polls s and starts a callback for every request, until the session waits
 -- (nil: wait for fd() or timeout()) or an event ends the loop: done, error,
 -- or one of type `stop`.

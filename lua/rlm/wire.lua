@@ -63,7 +63,7 @@ function M:_wait(accept_replies)
     if kind then
       return kind, a, b, c
     end
-    coroutine.yield(IDLE)
+    self:_idle()
   end
 end
 
