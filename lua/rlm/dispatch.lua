@@ -60,13 +60,18 @@ end
 -- argument was done(text[, usage]); info is then callable and does what
 -- done does, so fn(arg, done) callbacks work as before. A Lua closure, so
 -- that a yield inside fn passes through it on every Lua.
+-- The done behind each callable info (weak keys: it goes with its info).
+local dones = setmetatable({}, { __mode = "k" })
+local callable_info = { __call = function(info, ...)
+  return dones[info](...)
+end }
+
 local function with_info(fn, ev)
   return function(arg, done)
     local info = { depth = ev.depth or 0, model = ev.model }
     if done then
-      setmetatable(info, { __call = function(_, ...)
-        return done(...)
-      end })
+      dones[info] = done
+      setmetatable(info, callable_info)
     end
     return fn(arg, info)
   end

@@ -1,6 +1,7 @@
 -- The code's llm_query calls: budgets, the in-flight cap over the tree of
 -- sessions, requests handed out through poll() and the answers back.
 local core = require("rlm.core")
+local json = require("rlm.json")
 local textlib = require("rlm.text")
 
 local M = {}
@@ -198,10 +199,17 @@ function M:_sub_query(msg)
   return true
 end
 
+local RESULT_LINE = '{"type":"llm_result","id":%d,"text":%s}'
+
 -- What the code receives for a call: text, or the error for its slot (a
 -- batch) or to raise (a lone call).
 function M:_send_result(call, text, problem)
   self.open_slots = self.open_slots - 1
+  if text and not problem and not call.batch_index then
+    -- A lone call's answer, the usual case: its line written here (the
+    -- same JSON the table would make, without building the table).
+    return self:_send_line(RESULT_LINE:format(call.driver_id, json.encode_plain(text)))
+  end
   return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
     index = call.batch_index and call.batch_index - 1 or nil, count = call.count }, true)
 end
