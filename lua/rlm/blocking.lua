@@ -15,8 +15,12 @@ local function call_now(fn, arg, settle)
 end
 
 -- The engine's own turn of this loop (rlm.engine's _idle): the requests it
--- handed out, answered at once.
-local function answer_inline(s)
+-- handed out, answered at once; or (rlm.subcalls' _call_now) one llm_query
+-- request, answered at once, its reply returned.
+local function answer_inline(s, req)
+  if req then
+    return dispatch.answer_now(s, req, call_now)
+  end
   return dispatch.answer_out(s, call_now)
 end
 

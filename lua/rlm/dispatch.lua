@@ -111,6 +111,24 @@ local function answer(s, ev, start)
   end)
 end
 
+-- Runs the llm_query callback for request req now, with start (which must
+-- settle before it returns: rlm.blocking's), and returns the reply record
+-- that s:reply() would have put in the inbox.
+function M.answer_now(s, req, start)
+  local r = { request = req }
+  start(with_info(s.opts.llm_query, req), req.prompt, function(ok, text, usage)
+    if not ok then
+      text, usage = nil, tostring(text)
+    end
+    if text == nil and type(usage) == "string" then
+      r.failed, r.message = true, usage
+    else
+      r.text, r.usage = text, usage
+    end
+  end)
+  return r
+end
+
 -- Starts the callback for each request waiting in s's outbox, in order, as
 -- next() does once poll() hands them out; an event that is not a request
 -- stays first in the outbox, for poll(). The engine calls this itself under
