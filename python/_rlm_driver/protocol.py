@@ -277,7 +277,8 @@ def quick_call(prompt):
             try:
                 text = line.decode("utf-8", "surrogatepass")
                 reply, end = _scan(text, 0)
-                if end != len(text) and text[end:].strip(codec.WHITESPACE):
+                rest = len(text) - end  # 1: the newline, as usual
+                if rest and (rest > 1 or text[-1] != "\n") and text[end:].strip(codec.WHITESPACE):
                     reply = None  # extra data: receive() says why
             except (ValueError, StopIteration):
                 reply = None
