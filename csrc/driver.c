@@ -708,8 +708,57 @@ static rlm_event *pop_event(rlm_driver *d) {
   return ev;
 }
 
+/* How many waits read_ahead sits out after a try that found nothing. */
+#define READ_AHEAD_BACKOFF 8
+
+/* Before the loop waits, one read of the driver's stdout straight into the
+ * framing buffer: on one CPU the driver has usually answered by the time
+ * the host waits (the write that woke it let it run), and the line is then
+ * had with the one read the floor makes, without the loop's epoll_wait.
+ * Only while reading is on and no timer of the loop is due (the deadline
+ * still fires in the loop); a try that finds nothing (EAGAIN: the usual
+ * case when the driver runs on another CPU), the end or an error leaves it
+ * all to the loop, and the next READ_AHEAD_BACKOFF waits do not try.
+ * Returns 1 when a complete line is held. */
+static int read_ahead(rlm_driver *d) {
+  if (d->read_ahead_skip > 0) {
+    d->read_ahead_skip--;
+    return 0;
+  }
+  if (!d->reading || d->paused || d->out_eof || d->terminal_queued)
+    return 0;
+  uv_update_time(&d->loop);
+  if (uv_backend_timeout(&d->loop) == 0)
+    return 0;
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)&d->out, &fd) != 0)
+    return 0;
+  size_t len;
+  char *p = rlm_framer_space(&d->framer, READ_CHUNK, &len);
+  if (p == NULL)
+    return 0; /* no room: the loop's read reports the overflow */
+  ssize_t n;
+  do
+    n = read(fd, p, len);
+  while (n < 0 && errno == EINTR);
+  if (n <= 0) {
+    d->read_ahead_skip = READ_AHEAD_BACKOFF;
+    return 0;
+  }
+  rlm_framer_commit(&d->framer, (size_t)n);
+  if (rlm_framer_ready(&d->framer)) {
+    d->paused = 1;
+    return 1;
+  }
+  if (rlm_framer_overflowed(&d->framer))
+    terminate(d, RLM_EV_OVERFLOW);
+  return 0;
+}
+
 void rlm_driver_wait(rlm_driver *d, int timeout_ms) {
   if (has_event(d))
+    return;
+  if (timeout_ms != 0 && read_ahead(d))
     return;
   if (timeout_ms == 0) {
     run_loop(d, UV_RUN_NOWAIT);

@@ -78,8 +78,9 @@ struct rlm_driver {
   int term_signal;
 
   rlm_framer framer;
-  rlm_event line;         /* the line last handed out: a view into framer */
-  rlm_event *head, *tail; /* terminal events: a handful at most */
+  unsigned read_ahead_skip; /* waits left before read_ahead tries again */
+  rlm_event line;           /* the line last handed out: a view into framer */
+  rlm_event *head, *tail;   /* terminal events: a handful at most */
 
   char err_tail[STDERR_TAIL + 1];
   size_t err_len;

@@ -14,14 +14,26 @@ local function call_now(fn, arg, settle)
   util.invoke(fn, arg, settle, true)
 end
 
+-- The engine's own turn of this loop (rlm.engine's _idle): the requests it
+-- handed out, answered at once; or (rlm.subcalls' _call_now) one llm_query
+-- request, answered at once, its reply returned.
+local function answer_inline(s, req)
+  if req then
+    return dispatch.answer_now(s, req, call_now)
+  end
+  return dispatch.answer_out(s, call_now)
+end
+
 -- Drives s until an event of type `stop` or the end of the run.
 local function drive(s, who, stop)
   dispatch.claim(s, who)
+  s.inline = answer_inline
   -- No pcall here: callbacks may yield through run() on PUC Lua 5.1 too.
   -- Nothing in the loop raises (poll() and util.invoke catch).
   while true do
     local ev = dispatch.next(s, call_now, stop)
     if ev then
+      s.inline = nil
       dispatch.release(s)
       return ev
     end

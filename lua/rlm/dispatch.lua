@@ -60,13 +60,18 @@ end
 -- argument was done(text[, usage]); info is then callable and does what
 -- done does, so fn(arg, done) callbacks work as before. A Lua closure, so
 -- that a yield inside fn passes through it on every Lua.
+-- The done behind each callable info (weak keys: it goes with its info).
+local dones = setmetatable({}, { __mode = "k" })
+local callable_info = { __call = function(info, ...)
+  return dones[info](...)
+end }
+
 local function with_info(fn, ev)
   return function(arg, done)
     local info = { depth = ev.depth or 0, model = ev.model }
     if done then
-      setmetatable(info, { __call = function(_, ...)
-        return done(...)
-      end })
+      dones[info] = done
+      setmetatable(info, callable_info)
     end
     return fn(arg, info)
   end
@@ -104,6 +109,45 @@ local function answer(s, ev, start)
       s:reply(ev.id, nil, tostring(text))
     end
   end)
+end
+
+-- Runs the llm_query callback for request req now, with start (which must
+-- settle before it returns: rlm.blocking's), and returns the reply record
+-- that s:reply() would have put in the inbox.
+function M.answer_now(s, req, start)
+  local r = { request = req }
+  start(with_info(s.opts.llm_query, req), req.prompt, function(ok, text, usage)
+    if not ok then
+      text, usage = nil, tostring(text)
+    end
+    if text == nil and type(usage) == "string" then
+      r.failed, r.message = true, usage
+    else
+      r.text, r.usage = text, usage
+    end
+  end)
+  return r
+end
+
+-- Starts the callback for each request waiting in s's outbox, in order, as
+-- next() does once poll() hands them out; an event that is not a request
+-- stays first in the outbox, for poll(). The engine calls this itself under
+-- run() and step() (rlm.engine's _idle).
+function M.answer_out(s, start)
+  while s.outbox[1] do
+    local ev = s:_next_out()
+    if not ev then
+      return
+    end
+    if ev.type == "root_llm" or ev.type == "llm_query" then
+      answer(s, ev, start)
+    elseif ev.type == "tool_call" then
+      tools.start(s, ev, start)
+    else
+      table.insert(s.outbox, 1, ev)
+      return
+    end
+  end
 end
 
 -- Polls s and starts a callback for every request, until the session waits

@@ -62,6 +62,30 @@ local function resumed(self, ok, first, ...)
   return resumed(self, coroutine.resume(self.engine, pass_through(first, ...)))
 end
 
+-- The engine has nothing to do until the driver or a reply wakes it: it
+-- yields IDLE to whoever drives it. Under run() and step() (rlm.blocking
+-- sets self.inline) it does that driver's work itself, without the yield
+-- and the resume per llm_query: it answers the requests it just handed out
+-- (rlm.dispatch.answer_out, as the loop would once poll() gave them) and
+-- waits on fd() as the loop would. Whatever else the loop would see (the
+-- session closed or failed from a callback, a wait of 0 ms: a child or a
+-- deadline to look at) goes back to it through the yield.
+function M:_idle()
+  local inline = self.inline
+  if inline and not self.closed and not self.failed then
+    if self.outbox[1] then
+      return inline(self)
+    end
+    local ms = self:timeout()
+    if ms ~= 0 then
+      self:_block(ms)
+      self.pumped_at = core.now_ms()
+      return
+    end
+  end
+  coroutine.yield(IDLE)
+end
+
 -- Resumes the engine until it has something for the outside or waits.
 function M:_pump()
   self.pumped_at = core.now_ms() -- sandbox.probe: this session is driven

@@ -1,6 +1,7 @@
 -- The code's llm_query calls: budgets, the in-flight cap over the tree of
 -- sessions, requests handed out through poll() and the answers back.
 local core = require("rlm.core")
+local json = require("rlm.json")
 local textlib = require("rlm.text")
 
 local M = {}
@@ -189,6 +190,9 @@ function M:_sub_query(msg)
       if nested then
         call.context, call.format = c.context, c.format
         self:_queue_child(call)
+      elseif not batch and self.inline then
+        call.type = "llm_query"
+        return self:_call_now(call)
       else
         call.type = "llm_query"
         self:_request(call)
@@ -198,10 +202,42 @@ function M:_sub_query(msg)
   return true
 end
 
+local RESULT_LINE = '{"type":"llm_result","id":%d,"text":%s}'
+
+-- Under run() and step() (self.inline: rlm.blocking), a lone llm_query is
+-- answered in this resume of the engine: the callback runs at once, as the
+-- loop would run it once poll() handed the request out, and its answer goes
+-- back through _sub_answer, without the trip through the outbox, pending
+-- and the inbox. It goes the usual way when the in-flight cap holds it
+-- back, or when the driver's descriptor or a timer wants a look first (a
+-- line read with this one: a hostile driver's second call before its
+-- answer is the usual protocol_error).
+function M:_call_now(call)
+  local tree, drv = self.tree, self.driver
+  if tree.in_flight >= self.opts.max_concurrent_sub_calls or drv:timeout() == 0 then
+    self:_request(call)
+    return true
+  end
+  self.next_request_id = self.next_request_id + 1
+  call.id, call.t0 = self.next_request_id, core.now_ms()
+  tree.in_flight = tree.in_flight + 1
+  local reply = self.inline(self, call)
+  self:_release()
+  if self.closed then
+    return self:_cancelled()
+  end
+  return self:_sub_answer(reply)
+end
+
 -- What the code receives for a call: text, or the error for its slot (a
 -- batch) or to raise (a lone call).
 function M:_send_result(call, text, problem)
   self.open_slots = self.open_slots - 1
+  if text and not problem and not call.batch_index then
+    -- A lone call's answer, the usual case: its line written here (the
+    -- same JSON the table would make, without building the table).
+    return self:_send_line(RESULT_LINE:format(call.driver_id, json.encode_plain(text)))
+  end
   return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
     index = call.batch_index and call.batch_index - 1 or nil, count = call.count }, true)
 end

@@ -55,35 +55,79 @@ local workers = {} -- idle workers, for the next call (a few at most)
 -- coroutine costs it little to make.
 local MAX_IDLE_WORKERS = rawget(_G, "jit") and 0 or 4
 
-local function run_job(fn, args, finish)
-  if yieldable_pcall then
-    return finish(xpcall(function()
-      return fn(unpack(args, 1, args.n)) -- fn may be a callable table
-    end, debug.traceback))
+-- fn(...) in the calling coroutine; finish(ok, results... | false,
+-- message). The arguments travel as varargs, not in a table.
+local run_job
+if yieldable_pcall then
+  local traceback = debug.traceback
+  run_job = function(fn, finish, ...)
+    return finish(xpcall(fn, traceback, ...)) -- fn may be a callable table
   end
-  return finish(true, fn(unpack(args, 1, args.n)))
+else
+  run_job = function(fn, finish, ...)
+    return finish(true, fn(...))
+  end
 end
 
 -- A worker runs one call after another: after each it yields DONE and
 -- waits for the next. A coroutine per call costs its allocation (a Lua
--- state and its stack) on every llm_query.
-local function worker(fn, args, finish)
+-- state and its stack) on every llm_query. An idle worker holds nothing of
+-- its last call: the call's values live in run_job's frame only.
+local function worker(...)
+  run_job(...)
   while true do
-    run_job(fn, args, finish)
-    -- An idle worker holds nothing of its last call.
-    fn, args, finish = nil, nil, nil -- luacheck: ignore 311
-    fn, args, finish = coroutine.yield(DONE)
+    run_job(coroutine.yield(DONE))
   end
 end
 
-local function call(fn, args, on_end, pass_yields)
-  local ended = false
-  local function finish(...)
-    if not ended then
-      ended = true
-      on_end(...)
+-- One call's state, and the function that ends it: c(ok, results...)
+-- calls c.on_end(c.ctx, ok, results...) the first time only. A callable
+-- table, not a closure per call.
+local Call = {
+  __call = function(c, ...)
+    if not c.ended then
+      c.ended = true
+      return c.on_end(c.ctx, ...)
     end
+  end,
+}
+
+local NO_RESUMER = "the callback yielded, and nothing can resume it here (run() outside a coroutine, "
+  .. "or on_event/cost_usd under an adapter): "
+
+-- What call() does with one resume's results (varargs: no table per
+-- resume): the call ended, raised, or yielded (passed on when pass_yields).
+local resumed
+local function yielded_back(co, c, first, ...)
+  if first == M.NO_YIELD then
+    return c(false, NO_RESUMER .. debug.traceback(co))
   end
+  return resumed(co, c, coroutine.resume(co, first, ...))
+end
+
+resumed = function(co, c, ok, ...)
+  if not ok then
+    return c(false, debug.traceback(co, tostring((...))))
+  end
+  if c.pass_yields and ... == DONE and c.ended and coroutine.status(co) == "suspended" then
+    if #workers < MAX_IDLE_WORKERS then
+      workers[#workers + 1] = co
+    end
+    return
+  end
+  if c.ended or not c.pass_yields or coroutine.status(co) == "dead" then
+    return
+  end
+  if not M.can_yield() then
+    return c(false, NO_RESUMER .. debug.traceback(co))
+  end
+  return yielded_back(co, c, coroutine.yield(...))
+end
+
+-- call(fn, on_end, ctx, pass_yields, ...): fn(...) as described above;
+-- on_end(ctx, ok, results... | false, message) once.
+local function call(fn, on_end, ctx, pass_yields, ...)
+  local c = setmetatable({ ended = false, on_end = on_end, ctx = ctx, pass_yields = pass_yields }, Call)
   -- Only when pass_yields does this function resume the coroutine to the
   -- end, and so sees DONE: a callback that waits on the host's loop is
   -- resumed by that loop, which must see its coroutine end.
@@ -93,42 +137,30 @@ local function call(fn, args, on_end, pass_yields)
   else
     co = coroutine.create(run_job)
   end
-  local res = pack(coroutine.resume(co, fn, args, finish))
-  while true do
-    if not res[1] then
-      return finish(false, debug.traceback(co, tostring(res[2])))
-    end
-    if pass_yields and res[2] == DONE and ended and coroutine.status(co) == "suspended" then
-      if #workers < MAX_IDLE_WORKERS then
-        workers[#workers + 1] = co
-      end
-      return
-    end
-    if ended or not pass_yields or coroutine.status(co) == "dead" then
-      return
-    end
-    local back
-    if M.can_yield() then
-      back = pack(coroutine.yield(unpack(res, 2, res.n)))
-    else
-      back = pack(M.NO_YIELD)
-    end
-    if back[1] == M.NO_YIELD then
-      return finish(false, "the callback yielded, and nothing can resume it here (run() outside a coroutine, "
-        .. "or on_event/cost_usd under an adapter): " .. debug.traceback(co))
-    end
-    res = pack(coroutine.resume(co, unpack(back, 1, back.n)))
-  end
+  return resumed(co, c, coroutine.resume(co, fn, c, ...))
 end
 
 -- A callback whose results are wanted here and now (on_event, cost_usd):
 -- returns true, results... or false, message. Yields pass through.
 function M.call_protected(f, ...)
   local out
-  call(f, pack(...), function(...)
+  call(f, function(_, ...)
     out = pack(...)
-  end, true)
+  end, nil, true, ...)
   return unpack(out, 1, out.n)
+end
+
+-- What a model callback's return means (see invoke): once(ok, text, usage).
+local function returned(once, ok, ...)
+  if not ok then
+    return once(false, tostring((...)))
+  end
+  local n, text, second = select("#", ...), ...
+  if text ~= nil then
+    once(true, text, second)
+  elseif n >= 2 and type(second) == "string" then
+    once(false, second)
+  end -- nothing returned: done() will come
 end
 
 -- A model callback (root_llm, llm_query, llm_query_batch): fn(arg, done)
@@ -154,17 +186,7 @@ function M.invoke(fn, arg, finish, pass_yields)
       once(true, text, usage)
     end
   end
-  call(fn, pack(arg, done), function(ok, ...)
-    if not ok then
-      return once(false, tostring((...)))
-    end
-    local n, text, second = select("#", ...), ...
-    if text ~= nil then
-      once(true, text, second)
-    elseif n >= 2 and type(second) == "string" then
-      once(false, second)
-    end -- nothing returned: done() will come
-  end, pass_yields)
+  call(fn, returned, once, pass_yields, arg, done)
   if pass_yields then
     once(true, nil) -- it returned nothing and called no done(): "returned nil"
   end

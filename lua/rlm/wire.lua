@@ -63,7 +63,7 @@ function M:_wait(accept_replies)
     if kind then
       return kind, a, b, c
     end
-    coroutine.yield(IDLE)
+    self:_idle()
   end
 end
 
@@ -150,7 +150,12 @@ end
 
 -- plain: msg holds only strings, booleans and small integers (json.encode_plain).
 function M:_send(msg, plain)
-  local ok = self.driver:send((plain and json.encode_plain or json.encode)(msg))
+  return self:_send_line((plain and json.encode_plain or json.encode)(msg))
+end
+
+-- One line of JSON to the driver.
+function M:_send_line(line)
+  local ok = self.driver:send(line)
   if not ok then
     return self:_expect({}) -- the reason it cannot take input is queued
   end

@@ -200,6 +200,8 @@ def with_model(request, model, what):
 
 
 def llm_query(prompt, model=None):
+    if model is None and type(prompt) is str:
+        return protocol.quick_call(prompt)  # the common call, on its fast path
     if not isinstance(prompt, str):
         raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
     request = with_model({"type": "llm_query", "prompt": prompt}, model, "llm_query()")

@@ -119,6 +119,7 @@ else:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
     dumps_plain = dumps
+    scan_once = None
 
     def loads(data):
         import json
