@@ -930,12 +930,17 @@ static void push_foreign_fd(void *ud, int pid, int fd, const char *target) {
   lua_rawseti(L, -2, (int)lua_rawlen(L, -2) + 1);
 }
 
-/* d:foreign_fds() -> { "pid P fd N: target", ... }: descriptors in the
- * sandbox that are not the session's pipes. */
+/* d:foreign_fds([pid]) -> { "pid P fd N: target", ... }: descriptors in
+ * the sandbox that are not the session's pipes; with pid (one d:tree()
+ * gave), that process's only. */
 static int driver_foreign_fds(lua_State *L) {
   driver_ud *u = check_driver(L);
+  lua_Integer pid = luaL_optinteger(L, 2, 0);
   lua_newtable(L);
-  rlm_driver_foreign_fds(u->d, push_foreign_fd, L);
+  if (lua_isnoneornil(L, 2))
+    rlm_driver_foreign_fds(u->d, push_foreign_fd, L);
+  else if (pid > 0 && pid <= INT_MAX)
+    rlm_driver_foreign_fds_of(u->d, (int)pid, push_foreign_fd, L);
   return 1;
 }
 

@@ -327,6 +327,39 @@ out = '%s | %s | %s' % (context, fds, tried)
     assert.is_false(ran)
   end)
 
+  it("refuses a pooled sandbox whose launcher holds a descriptor of the host's, found by the pool", function()
+    local bin = H.tmpdir .. "-poolbin"
+    os.execute("mkdir -p " .. bin)
+    local wrapper = bin .. "/bwrap"
+    local f = assert(io.open(wrapper, "w"))
+    -- A launcher that holds a descriptor while bubblewrap runs below it
+    -- (bubblewrap itself closes what it inherits).
+    f:write("#!/bin/sh\nexec 7</etc/hostname\n", core.find_program("bwrap"), " \"$@\"\n")
+    f:close()
+    os.execute("chmod +x " .. wrapper)
+    pool = new_pool(1, { bwrap = wrapper })
+    settle(pool)
+    local entry = pool.idle[1]
+    local launcher = entry.drv:tree()[1]
+    -- Found by the pool, in bubblewrap's own process, before any take.
+    local vetted = entry.vetted
+    os.execute("rm -rf " .. bin)
+    assert.is_table(vetted.error)
+    assert.are.equal("sandbox_violation", vetted.error[1])
+    assert.matches("^descriptors reach the sandbox: ", vetted.error[2])
+    assert.matches("pid " .. launcher .. " fd 7: /etc/hostname", vetted.error[2], 1, true)
+    local ran = false
+    local s = rlm.Session.new(H.opts({ pool = pool, root_llm = function()
+      ran = true
+      return fence("FINAL('x')")
+    end }))
+    local result, err = s:run()
+    s:close()
+    assert.is_nil(result)
+    assert.are.equal("sandbox_violation", err.kind)
+    assert.is_false(ran)
+  end)
+
   it("refuses a pooled sandbox whose processes changed since the pool checked them", function()
     pool = new_pool(1)
     settle(pool)

@@ -80,7 +80,8 @@ end
 -- by rlm.pool as soon as a pooled sandbox has said its three lines (hello,
 -- configured, self_test_result), so that its take does not pay for them:
 -- the hello's protocol, the move of every sandbox process into its memory
--- cgroup, the self-test's result, and the uids of every process. `lines`
+-- cgroup, the self-test's result, the uids of every process, and the
+-- descriptors of bubblewrap's. `lines`
 -- are those three lines. Returns
 --   { tree = pids, times = ... }        all passed; the take checks that
 --                                        the tree is still the same
@@ -129,6 +130,18 @@ function M.vet(drv, lines, max_values)
   problem = selftest.check_uids(tree, drv:uid())
   if problem then
     return failed("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
+  end
+  -- Bubblewrap's processes hold what they will hold (it opens nothing once
+  -- the driver runs); the interpreter is checked again after ready, once
+  -- it has let go of its context's memfd.
+  local foreign = {}
+  for i = 1, #tree - 1 do
+    for _, f in ipairs(drv:foreign_fds(tree[i])) do
+      foreign[#foreign + 1] = f
+    end
+  end
+  if #foreign > 0 then
+    return failed("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
   end
   return { tree = tree, times = { exec = drv:exec_ms(), interpreter = driver_stamps(hello.t),
     configure = driver_stamps(configured.t), self_test = driver_stamps(result.t) } }
@@ -390,7 +403,8 @@ function M:_ready(msg, rlimits, vetted_tree)
     end
   end
   -- After ready: a pooled driver holds its context's memfd until then.
-  local foreign = drv:foreign_fds()
+  -- (Of a vetted sandbox, bubblewrap's processes were checked by the pool.)
+  local foreign = drv:foreign_fds(vetted_tree and tree[#tree] or nil)
   if #foreign > 0 then
     return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
   end
