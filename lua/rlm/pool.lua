@@ -1,8 +1,8 @@
 -- A warm pool (docs/api.md, "Pool"): sandboxes started ahead of the
 -- sessions that take them. Each was spawned with an empty context memfd and
 -- told the pool-level `configure` and `self_test` at once, so it says hello,
--- configures and tests itself while nobody reads it. Once it has said so,
--- the pool runs the checks that do not depend on the session (rlm.boot's
+-- configures and tests itself while nobody reads it. Once stats() sees it
+-- has said so, the pool runs the checks that do not depend on the session (rlm.boot's
 -- vet: hello, cgroup, self-test result, uids); the session that takes it
 -- writes and seals its context, sends load_context, and runs the checks
 -- that must follow it (rlm.boot). One sandbox, one session: a sandbox
@@ -87,9 +87,6 @@ end
 -- Up to size sandboxes; a spawn that fails is not retried until the next
 -- take.
 function Pool:_fill()
-  -- A refill comes after a session's first step: the idle sandboxes whose
-  -- start is over are vetted now, off the next take's path.
-  self:_sweep()
   while not self.closed and #self.idle < self.size do
     if not self:_spawn() then
       return
@@ -102,10 +99,10 @@ local function discard(entry)
   entry.canaries:remove()
 end
 
--- Reads what an idle sandbox has said so far, without waiting. Returns
--- false when it is not fit to hand out (it exited, failed or said more than
--- a start says).
-function Pool:_drain(entry)
+-- Reads what an idle sandbox has said so far, without waiting, and vets it
+-- (`vet`) once its start is over. Returns false when it is not fit to hand
+-- out (it exited, failed or said more than a start says).
+function Pool:_drain(entry, vet)
   while true do
     local ev = { entry.drv:poll(0, self.max_values) }
     if not ev[1] then
@@ -121,7 +118,7 @@ function Pool:_drain(entry)
       -- The self-test has run: its canaries are not needed on disk (a host
       -- killed now leaves none behind).
       entry.canaries:remove()
-      if not self:_vet(entry) then
+      if vet and not self:_vet(entry) then
         return false
       end
     end
@@ -152,7 +149,9 @@ function Pool:_take()
     if not entry then
       break
     end
-    if self:_drain(entry) then
+    -- Not vetted here: one whose start ended only now gets the checks of a
+    -- cold start on what it said (rlm.boot), which cost the same.
+    if self:_drain(entry, false) then
       self.counts.taken = self.counts.taken + 1
       return entry
     end
@@ -169,7 +168,7 @@ end
 function Pool:_sweep()
   local keep = {}
   for _, entry in ipairs(self.idle) do
-    if self:_drain(entry) then
+    if self:_drain(entry, true) then
       keep[#keep + 1] = entry
     else
       self.counts.dead = self.counts.dead + 1
