@@ -676,6 +676,18 @@ static int core_now_ms(lua_State *L) {
   return 1;
 }
 
+/* core.thread_cpu_ms() -> the CPU time the calling thread has used, in ms
+ * (CLOCK_THREAD_CPUTIME_ID): bench/ weighs the host thread's share of a
+ * start with it. nil where the clock is missing. */
+static int core_thread_cpu_ms(lua_State *L) {
+  struct timespec t;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0)
+    return 0;
+  lua_pushnumber(L,
+                 (lua_Number)t.tv_sec * 1000.0 + (lua_Number)t.tv_nsec / 1e6);
+  return 1;
+}
+
 /* core.utf8_prefix(s, n) -> bytes, chars: the byte length of the first n
  * UTF-8 characters of s (a lead byte starts a character; stray continuation
  * bytes count with the character before them), and how many s holds in all
@@ -918,12 +930,17 @@ static void push_foreign_fd(void *ud, int pid, int fd, const char *target) {
   lua_rawseti(L, -2, (int)lua_rawlen(L, -2) + 1);
 }
 
-/* d:foreign_fds() -> { "pid P fd N: target", ... }: descriptors in the
- * sandbox that are not the session's pipes. */
+/* d:foreign_fds([pid]) -> { "pid P fd N: target", ... }: descriptors in
+ * the sandbox that are not the session's pipes; with pid (one d:tree()
+ * gave), that process's only. */
 static int driver_foreign_fds(lua_State *L) {
   driver_ud *u = check_driver(L);
+  lua_Integer pid = luaL_optinteger(L, 2, 0);
   lua_newtable(L);
-  rlm_driver_foreign_fds(u->d, push_foreign_fd, L);
+  if (lua_isnoneornil(L, 2))
+    rlm_driver_foreign_fds(u->d, push_foreign_fd, L);
+  else if (pid > 0 && pid <= INT_MAX)
+    rlm_driver_foreign_fds_of(u->d, (int)pid, push_foreign_fd, L);
   return 1;
 }
 
@@ -1225,6 +1242,7 @@ static const luaL_Reg core_functions[] = {
     {"find_program", core_find_program},
     {"fd_headroom", core_fd_headroom},
     {"now_ms", core_now_ms},
+    {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
     {"utf8_prefix", core_utf8_prefix},
     {"plant_canaries", core_plant_canaries},

@@ -834,35 +834,49 @@ static int fd_is_ours(const rlm_driver *d, const char *target) {
   return 0;
 }
 
+/* The foreign descriptors of one process; how many. */
+static int pid_foreign_fds(const rlm_driver *d, int pid, rlm_fd_visitor visit,
+                           void *ud) {
+  char dir[64];
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", pid);
+  DIR *fds = opendir(dir);
+  if (fds == NULL)
+    return 0; /* it exited meanwhile */
+  int found = 0;
+  struct dirent *ent;
+  while ((ent = readdir(fds)) != NULL) {
+    if (ent->d_name[0] < '0' || ent->d_name[0] > '9')
+      continue;
+    char link[352], target[256];
+    snprintf(link, sizeof(link), "%s/%s", dir, ent->d_name);
+    ssize_t len = readlink(link, target, sizeof(target) - 1);
+    if (len < 0)
+      continue; /* the opendir's own descriptor, closed by now */
+    target[len] = '\0';
+    if (!fd_is_ours(d, target)) {
+      found++;
+      visit(ud, pid, atoi(ent->d_name), target);
+    }
+  }
+  closedir(fds);
+  return found;
+}
+
 int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit,
                            void *ud) {
   int pids[256];
   size_t n = rlm_driver_tree(d, pids, 256);
   int found = 0;
-  for (size_t i = 0; i < n; i++) {
-    char dir[64];
-    snprintf(dir, sizeof(dir), "/proc/%d/fd", pids[i]);
-    DIR *fds = opendir(dir);
-    if (fds == NULL)
-      continue; /* it exited meanwhile */
-    struct dirent *ent;
-    while ((ent = readdir(fds)) != NULL) {
-      if (ent->d_name[0] < '0' || ent->d_name[0] > '9')
-        continue;
-      char link[352], target[256];
-      snprintf(link, sizeof(link), "%s/%s", dir, ent->d_name);
-      ssize_t len = readlink(link, target, sizeof(target) - 1);
-      if (len < 0)
-        continue; /* the opendir's own descriptor, closed by now */
-      target[len] = '\0';
-      if (!fd_is_ours(d, target)) {
-        found++;
-        visit(ud, pids[i], atoi(ent->d_name), target);
-      }
-    }
-    closedir(fds);
-  }
+  for (size_t i = 0; i < n; i++)
+    found += pid_foreign_fds(d, pids[i], visit, ud);
   return found;
+}
+
+int rlm_driver_foreign_fds_of(const rlm_driver *d, int pid,
+                              rlm_fd_visitor visit, void *ud) {
+  if (!d->spawned || d->exited || pid <= 0)
+    return 0;
+  return pid_foreign_fds(d, pid, visit, ud);
 }
 
 int rlm_driver_adopt(rlm_driver *d) {

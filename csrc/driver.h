@@ -141,6 +141,11 @@ RLM_FN size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
 typedef void (*rlm_fd_visitor)(void *ud, int pid, int fd, const char *target);
 RLM_FN int rlm_driver_foreign_fds(const rlm_driver *d, rlm_fd_visitor visit,
                                   void *ud);
+/* The same for one process of the sandbox's tree (a pid rlm_driver_tree
+ * gave): the host checks the interpreter again after it loaded its
+ * context, bubblewrap's processes once. */
+RLM_FN int rlm_driver_foreign_fds_of(const rlm_driver *d, int pid,
+                                     rlm_fd_visitor visit, void *ud);
 RLM_FN uint64_t rlm_driver_peak_rss(rlm_driver *d);
 RLM_FN int rlm_driver_backend_fd(rlm_driver *d);
 RLM_FN int rlm_driver_backend_timeout(rlm_driver *d);

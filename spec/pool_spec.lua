@@ -295,6 +295,128 @@ out = '%s | %s | %s' % (context, fds, tried)
     assert.are.equal("driver_exited", err.kind)
   end)
 
+  -- The checks that hold whatever session takes a sandbox run when the
+  -- pool first sees its start over (rlm.boot's vet); each must still refuse
+  -- the sandbox before any model code runs in it.
+  it("refuses a pooled sandbox whose self-test failed, before any model code", function()
+    local bin = H.tmpdir .. "-poolbin"
+    os.execute("mkdir -p " .. bin)
+    -- bubblewrap without its seccomp filter.
+    local wrapper = bin .. "/bwrap"
+    local f = assert(io.open(wrapper, "w"))
+    f:write("#!/bin/sh\nskip=0\nfor a do\n  shift\n  if [ $skip -gt 0 ]; then skip=$((skip - 1)); continue; fi\n",
+      "  case \"$a\" in --seccomp) skip=1; continue ;; esac\n  set -- \"$@\" \"$a\"\ndone\n",
+      "exec ", core.find_program("bwrap"), " \"$@\"\n")
+    f:close()
+    os.execute("chmod +x " .. wrapper)
+    pool = new_pool(1, { bwrap = wrapper })
+    settle(pool)
+    assert.is_table(pool.idle[1].vetted.error) -- found by the pool, before any take
+    local ran = false
+    local s = rlm.Session.new(H.opts({ pool = pool, root_llm = function()
+      ran = true
+      return fence("FINAL('x')")
+    end }))
+    local result, err = s:run()
+    s:close()
+    os.execute("rm -rf " .. bin)
+    assert.is_nil(result)
+    assert.are.equal("warm", s.start)
+    assert.are.equal("sandbox_violation", err.kind)
+    assert.matches("self-test failed: seccomp", err.message, 1, true)
+    assert.is_false(ran)
+  end)
+
+  it("refuses a pooled sandbox whose launcher holds a descriptor of the host's, found by the pool", function()
+    local bin = H.tmpdir .. "-poolbin"
+    os.execute("mkdir -p " .. bin)
+    local wrapper = bin .. "/bwrap"
+    local f = assert(io.open(wrapper, "w"))
+    -- A launcher that holds a descriptor while bubblewrap runs below it
+    -- (bubblewrap itself closes what it inherits).
+    f:write("#!/bin/sh\nexec 7</etc/hostname\n", core.find_program("bwrap"), " \"$@\"\n")
+    f:close()
+    os.execute("chmod +x " .. wrapper)
+    pool = new_pool(1, { bwrap = wrapper })
+    settle(pool)
+    local entry = pool.idle[1]
+    local launcher = entry.drv:tree()[1]
+    -- Found by the pool, in bubblewrap's own process, before any take.
+    local vetted = entry.vetted
+    os.execute("rm -rf " .. bin)
+    assert.is_table(vetted.error)
+    assert.are.equal("sandbox_violation", vetted.error[1])
+    assert.matches("^descriptors reach the sandbox: ", vetted.error[2])
+    assert.matches("pid " .. launcher .. " fd 7: /etc/hostname", vetted.error[2], 1, true)
+    local ran = false
+    local s = rlm.Session.new(H.opts({ pool = pool, root_llm = function()
+      ran = true
+      return fence("FINAL('x')")
+    end }))
+    local result, err = s:run()
+    s:close()
+    assert.is_nil(result)
+    assert.are.equal("sandbox_violation", err.kind)
+    assert.is_false(ran)
+  end)
+
+  it("refuses a pooled sandbox whose processes changed since the pool checked them", function()
+    pool = new_pool(1)
+    settle(pool)
+    local vetted = pool.idle[1].vetted
+    assert.is_table(vetted.tree)
+    -- As if a process of the sandbox had gone and another come since the
+    -- pool read its uids and moved it into its cgroup.
+    vetted.tree[#vetted.tree] = vetted.tree[#vetted.tree] + 100000
+    local ran = false
+    local s = rlm.Session.new(H.opts({ pool = pool, root_llm = function()
+      ran = true
+      return fence("FINAL('x')")
+    end }))
+    local result, err = s:run()
+    s:close()
+    assert.is_nil(result)
+    assert.are.equal("sandbox_violation", err.kind)
+    assert.matches("changed since the pool checked them", err.message, 1, true)
+    assert.is_false(ran)
+  end)
+
+  it("vets a pooled sandbox's uids and cgroup before it is handed out", function()
+    pool = new_pool(1)
+    settle(pool)
+    local entry = pool.idle[1]
+    local lines = {}
+    for i, ev in ipairs(entry.events) do
+      lines[i] = ev[2]
+    end
+    local boot = require("rlm.boot")
+    -- The real driver, seen through a stand-in that lies about one thing.
+    local function seen(overrides)
+      return setmetatable({}, { __index = function(_, k)
+        if overrides[k] ~= nil then
+          return function()
+            return overrides[k]
+          end
+        end
+        return function(_, ...)
+          return entry.drv[k](entry.drv, ...)
+        end
+      end })
+    end
+    local v = boot.vet(seen({}), lines, pool.max_values)
+    assert.is_table(v.tree)
+    v = boot.vet(seen({ uid = entry.drv:uid() + 1 }), lines, pool.max_values)
+    assert.are.equal("sandbox_violation", v.error[1])
+    assert.matches("wrong uid", v.error[2], 1, true)
+    v = boot.vet(seen({ adopt = false }), lines, pool.max_values)
+    assert.are.equal("sandbox_violation", v.error[1])
+    assert.matches("memory cgroup", v.error[2], 1, true)
+    -- A hello of another protocol.
+    local other = { (lines[1]:gsub('"protocol":%s*%d+', '"protocol": 999')), lines[2], lines[3] }
+    v = boot.vet(seen({}), other, pool.max_values)
+    assert.are.equal("protocol_error", v.error[1])
+  end)
+
   it("close() kills the idle sandboxes and removes their canaries; a second close is fine", function()
     pool = new_pool(2)
     -- Before their self-test has run (after it, the pool removes them at

@@ -56,6 +56,97 @@ local function driver_stamps(t)
   return { t[1] * 1000, t[2] * 1000 }
 end
 
+-- A hello the host can talk to: nil, or why not (protocol_error).
+local function hello_problem(hello)
+  if hello.protocol ~= protocol.VERSION then
+    return ("the driver speaks protocol %s, the host %d"):format(tostring(hello.protocol), protocol.VERSION)
+  end
+end
+
+-- What a line of a pooled sandbox's start says: its message, or nil and
+-- why it is a protocol_error (as wire's _driver_message words it).
+local function line_message(line, allowed, max_values)
+  local msg, why = protocol.decode(line, allowed, max_values)
+  if not msg then
+    return nil, "the driver sent " .. why
+  end
+  if msg.type == "fatal" then
+    return nil, "the driver gave up: " .. tostring(msg.message)
+  end
+  return msg
+end
+
+-- The checks of a start that hold whatever session takes the sandbox, run
+-- by rlm.pool as soon as a pooled sandbox has said its three lines (hello,
+-- configured, self_test_result), so that its take does not pay for them:
+-- the hello's protocol, the move of every sandbox process into its memory
+-- cgroup, the self-test's result, the uids of every process, and the
+-- descriptors of bubblewrap's. `lines`
+-- are those three lines. Returns
+--   { tree = pids, times = ... }        all passed; the take checks that
+--                                        the tree is still the same
+--   { error = { kind, message, extra } } a check failed: the session that
+--                                        takes it fails with this error
+--   false                                it died meanwhile (not fit)
+function M.vet(drv, lines, max_values)
+  local function failed(kind, message, extra)
+    return { error = { kind, message, extra } }
+  end
+  local hello, err = line_message(lines[1], { hello = true, fatal = true }, max_values)
+  if not hello then
+    return failed("protocol_error", err)
+  end
+  local problem = hello_problem(hello)
+  if problem then
+    return failed("protocol_error", problem)
+  end
+  if not drv:adopt() then
+    if not drv:interpreter_runs() then
+      return false
+    end
+    return failed("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
+  end
+  local configured
+  configured, err = line_message(lines[2], { configured = true, fatal = true }, max_values)
+  if not configured then
+    return failed("protocol_error", err)
+  end
+  local result
+  result, err = line_message(lines[3], { self_test_result = true, fatal = true }, max_values)
+  if not result then
+    return failed("protocol_error", err)
+  end
+  local bad = checks_failed(result.checks)
+  if #bad > 0 then
+    return failed("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
+      { checks = result.checks })
+  end
+  -- A uid cannot change without a capability no sandbox process holds, so
+  -- a tree that is the same at the take runs as checked here.
+  local tree = drv:tree()
+  if #tree == 0 then
+    return false
+  end
+  problem = selftest.check_uids(tree, drv:uid())
+  if problem then
+    return failed("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
+  end
+  -- Bubblewrap's processes hold what they will hold (it opens nothing once
+  -- the driver runs); the interpreter is checked again after ready, once
+  -- it has let go of its context's memfd.
+  local foreign = {}
+  for i = 1, #tree - 1 do
+    for _, f in ipairs(drv:foreign_fds(tree[i])) do
+      foreign[#foreign + 1] = f
+    end
+  end
+  if #foreign > 0 then
+    return failed("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
+  end
+  return { tree = tree, times = { exec = drv:exec_ms(), interpreter = driver_stamps(hello.t),
+    configure = driver_stamps(configured.t), self_test = driver_stamps(result.t) } }
+end
+
 -- The messages of a start, the same for a cold start and a pooled one
 -- (docs/protocol.md): `configure` and `self_test` are the pool-level part,
 -- sent right at the spawn; `load_context` carries the session-level part
@@ -130,15 +221,25 @@ function M:_started(ok, err)
   return ok, err
 end
 
--- A pooled sandbox (rlm.pool): started and self-testing since its spawn;
--- what it said meanwhile waits in entry.events. The same checks as a cold
--- start, then the context, written into its memfd and sealed now.
+-- A pooled sandbox (rlm.pool): started and self-testing since its spawn.
+-- When the pool has run M.vet on it (entry.vetted), only what depends on
+-- the session is left: the context, written into its memfd and sealed now,
+-- load_context, and the checks that must follow it (_checks_taken). A
+-- sandbox that has not said all of its start yet gets every check of a
+-- cold start on what it said meanwhile (entry.events) and says next.
 function M:_take_sandbox(entry)
   local times = self.start_times
   times.spawn = entry.spawned_at
   self.driver = entry.drv
-  self.pre_events = entry.events
   self:_watch(entry.drv)
+  local vetted = entry.vetted
+  if vetted and vetted.error then
+    -- Its checks failed: no context goes into it.
+    return self:_error(vetted.error[1], vetted.error[2], vetted.error[3])
+  end
+  if not vetted then
+    self.pre_events = entry.events
+  end
   -- The context first, so that its load overlaps the checks below: written
   -- and sealed before load_context goes, and no model code runs before
   -- every check has passed.
@@ -161,7 +262,29 @@ function M:_take_sandbox(entry)
   if not ok then
     return nil, err
   end
+  if vetted then
+    return self:_checks_taken(vetted, context_bytes)
+  end
   return self:_checks(entry.canaries, context_bytes)
+end
+
+-- The rest of the checks of a vetted pooled sandbox, once load_context is
+-- sent: its processes are the ones the pool checked (so their cgroup and
+-- uids are as checked), and after ready, as for a cold start, the rlimits
+-- (load_context lowered RLIMIT_AS and RLIMIT_CPU) and the descriptors.
+function M:_checks_taken(vetted, context_bytes)
+  local o, times = self.opts, self.start_times
+  for k, v in pairs(vetted.times) do
+    times[k] = v
+  end
+  self.started = true
+  self.booting = "boot"
+  self:_set_deadline(self:_boot_timeout_ms())
+  local msg, err = self:_expect({ ready = true, fatal = true })
+  if not msg then
+    return nil, err
+  end
+  return self:_ready(msg, selftest.rlimits(o, context_bytes), vetted.tree)
 end
 
 -- Spawns the sandbox (a cold start), then proves it as _checks says.
@@ -205,9 +328,9 @@ function M:_checks(canaries, context_bytes)
     return nil, err
   end
   times.hello, times.exec, times.interpreter = core.now_ms(), drv:exec_ms(), driver_stamps(hello.t)
-  if hello.protocol ~= protocol.VERSION then
-    return self:_error("protocol_error", ("the driver speaks protocol %s, the host %d")
-      :format(tostring(hello.protocol), protocol.VERSION))
+  local problem = hello_problem(hello)
+  if problem then
+    return self:_error("protocol_error", problem)
   end
   self.started = true
   self.booting = "boot"
@@ -247,11 +370,25 @@ function M:_checks(canaries, context_bytes)
   if not msg then
     return nil, err
   end
+  return self:_ready(msg, rlimits)
+end
+
+-- The checks after ready: the driver loaded its context, its rlimits are
+-- the session's, and (read from /proc) every process runs as the
+-- sandbox's uid, or, for a pooled sandbox the pool vetted, is one of the
+-- processes it checked (`tree`); then no descriptor but the session's
+-- pipes reaches the sandbox.
+function M:_ready(msg, rlimits, vetted_tree)
+  local drv, times = self.driver, self.start_times
   if msg.error then
     return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
   end
   times.context, times.ready = driver_stamps(msg.t), core.now_ms()
   local tree = drv:tree()
+  if vetted_tree and table.concat(tree, " ") ~= table.concat(vetted_tree, " ") then
+    return self:_error("sandbox_violation", ("the sandbox's processes changed since the pool checked them "
+      .. "(pids %s, now %s)"):format(table.concat(vetted_tree, " "), table.concat(tree, " ")))
+  end
   local problem = "the sandbox has no processes"
   if #tree > 0 then
     problem = selftest.check_rlimits(tree[#tree], rlimits)
@@ -259,12 +396,15 @@ function M:_checks(canaries, context_bytes)
   if problem then
     return self:_error("sandbox_violation", "the driver's rlimits are not set: " .. problem)
   end
-  problem = selftest.check_uids(tree, drv:uid())
-  if problem then
-    return self:_error("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
+  if not vetted_tree then
+    problem = selftest.check_uids(tree, drv:uid())
+    if problem then
+      return self:_error("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
+    end
   end
   -- After ready: a pooled driver holds its context's memfd until then.
-  local foreign = drv:foreign_fds()
+  -- (Of a vetted sandbox, bubblewrap's processes were checked by the pool.)
+  local foreign = drv:foreign_fds(vetted_tree and tree[#tree] or nil)
   if #foreign > 0 then
     return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
   end

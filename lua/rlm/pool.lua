@@ -1,10 +1,12 @@
 -- A warm pool (docs/api.md, "Pool"): sandboxes started ahead of the
 -- sessions that take them. Each was spawned with an empty context memfd and
 -- told the pool-level `configure` and `self_test` at once, so it says hello,
--- configures and tests itself while nobody reads it; the session that takes
--- it reads what it said, runs every check of a cold start, then writes and
--- seals its context and sends load_context (rlm.boot). One sandbox, one
--- session: a sandbox taken is the session's, and never comes back.
+-- configures and tests itself while nobody reads it. Once stats() sees it
+-- has said so, the pool runs the checks that do not depend on the session (rlm.boot's
+-- vet: hello, cgroup, self-test result, uids); the session that takes it
+-- writes and seals its context, sends load_context, and runs the checks
+-- that must follow it (rlm.boot). One sandbox, one session: a sandbox
+-- taken is the session's, and never comes back.
 local boot = require("rlm.boot")
 local core = require("rlm.core")
 local options = require("rlm.options")
@@ -97,10 +99,10 @@ local function discard(entry)
   entry.canaries:remove()
 end
 
--- Reads what an idle sandbox has said so far, without waiting. Returns
--- false when it is not fit to hand out (it exited, failed or said more than
--- a start says).
-function Pool:_drain(entry)
+-- Reads what an idle sandbox has said so far, without waiting, and vets it
+-- (`vet`) once its start is over. Returns false when it is not fit to hand
+-- out (it exited, failed or said more than a start says).
+function Pool:_drain(entry, vet)
   while true do
     local ev = { entry.drv:poll(0, self.max_values) }
     if not ev[1] then
@@ -116,8 +118,27 @@ function Pool:_drain(entry)
       -- The self-test has run: its canaries are not needed on disk (a host
       -- killed now leaves none behind).
       entry.canaries:remove()
+      if vet and not self:_vet(entry) then
+        return false
+      end
     end
   end
+end
+
+-- The checks of a start that do not depend on the session (rlm.boot's
+-- vet), run as soon as the sandbox has said its start, so that the take
+-- does not pay for them. False when it died meanwhile.
+function Pool:_vet(entry)
+  local lines = {}
+  for i, ev in ipairs(entry.events) do
+    lines[i] = ev[2]
+  end
+  entry.vetted = boot.vet(entry.drv, lines, self.max_values)
+  if not entry.vetted then
+    return false
+  end
+  -- The take reads the events no more: only whether more came.
+  return true
 end
 
 -- The next idle sandbox that is still alive, or nil (the session starts
@@ -128,7 +149,9 @@ function Pool:_take()
     if not entry then
       break
     end
-    if self:_drain(entry) then
+    -- Not vetted here: one whose start ended only now gets the checks of a
+    -- cold start on what it said (rlm.boot), which cost the same.
+    if self:_drain(entry, false) then
       self.counts.taken = self.counts.taken + 1
       return entry
     end
@@ -140,27 +163,35 @@ function Pool:_take()
   return nil
 end
 
---- pool:stats() -> { size, ready, starting, taken, cold, dead, failed, spawned }:
--- ready sandboxes have passed their self-test's run (the host checks its
--- result at take); starting ones have not said so yet.
-function Pool:stats()
-  local ready, starting = 0, 0
+-- Reads what every idle sandbox said since the last look (vetting those
+-- whose start is over); the dead and unfit ones are closed and counted.
+function Pool:_sweep()
   local keep = {}
   for _, entry in ipairs(self.idle) do
-    if self:_drain(entry) then
+    if self:_drain(entry, true) then
       keep[#keep + 1] = entry
-      local last = entry.events[#entry.events]
-      if #entry.events == MAX_EVENTS and last and last[2]:find('"self_test_result"', 1, true) then
-        ready = ready + 1
-      else
-        starting = starting + 1
-      end
     else
       self.counts.dead = self.counts.dead + 1
       discard(entry)
     end
   end
   self.idle = keep
+end
+
+--- pool:stats() -> { size, ready, starting, taken, cold, dead, failed, spawned }:
+-- ready sandboxes have run their self-test and been vetted (a session that
+-- takes one that failed fails with its error); starting ones have not.
+function Pool:stats()
+  self:_sweep()
+  local ready, starting = 0, 0
+  for _, entry in ipairs(self.idle) do
+    local last = entry.events[#entry.events]
+    if #entry.events == MAX_EVENTS and last and last[2]:find('"self_test_result"', 1, true) then
+      ready = ready + 1
+    else
+      starting = starting + 1
+    end
+  end
   local c = self.counts
   return { size = self.size, ready = ready, starting = starting, taken = c.taken, cold = c.cold,
     dead = c.dead, failed = c.failed, spawned = c.spawned, closed = self.closed or false }
