@@ -99,7 +99,8 @@ function M.run(env)
       figure = "3", name = ("llm_query round trip, %d calls in one exec"):format(size.calls),
       stats = stats, fmt = common.fmt_us,
       floor = #r.floor > 0 and common.summary(r.floor) or nil, floor_missing = r.missing,
-      floor_name = PIPE_FLOOR, max_ratio = 1.5,
+      -- Issue 17's target; issue 6 had asked 1.5x.
+      floor_name = PIPE_FLOOR, max_ratio = 2,
       note = ("%s; %d rounds, the %d calls that measured the floors left out"):format(
         unpin and "all pinned to one CPU" or ("not pinned: " .. why_not), size.rounds, size.rounds),
     }),
