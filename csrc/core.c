@@ -6,6 +6,7 @@
 #include "compat.h"
 #include "driver.h"
 #include "framing.h"
+#include "plan.h"
 #include "sandbox.h"
 #include "seccomp.h"
 #include "uid.h"
@@ -27,8 +28,6 @@
 #define DRIVER_MT "rlm.core.Driver"
 #define CANARIES_MT "rlm.core.Canaries"
 #define WAITSET_MT "rlm.core.Waitset"
-#define SEALED_MT "rlm.core.Sealed"
-#define ZIP_CACHE "rlm.core.zip" /* { zip string, Sealed } */
 #define MAX_RO_PATHS 4096
 
 /* The driver sees a fixed environment: nothing of the host's. */
@@ -144,14 +143,6 @@ static lua_Integer opt_integer(lua_State *L, int t, const char *key,
   return v;
 }
 
-/* Where the child finds what it is handed: the filter (bwrap reads it), the
- * context (the driver maps it) and the driver's text, then its package's
- * files (bwrap copies them). */
-#define CHILD_SECCOMP_FD 3
-#define CHILD_CONTEXT_FD 4
-#define CHILD_DRIVER_FD 5
-#define CHILD_ZIP_FD 6 /* the package's zip, in place of its files */
-
 /* The sandbox spec's common options, from the table at index 1: bwrap,
  * python, driver and the list `ro` (kept alive by the table). */
 static void read_spec(lua_State *L, rlm_sandbox_spec *spec) {
@@ -215,205 +206,6 @@ static int push_argv(lua_State *L, rlm_argv *argv) {
   }
   rlm_argv_free(argv);
   return 1;
-}
-
-/* Opens the package's files beside the driver into fds[]; 0, or -1 with a
- * message. */
-static int open_modules(const rlm_sandbox_spec *spec, int *fds, char *err,
-                        size_t errlen) {
-  const char *slash = strrchr(spec->driver, '/');
-  int dirlen = slash ? (int)(slash - spec->driver) : 0;
-  for (size_t i = 0; i < spec->n_modules; i++) {
-    char path[PATH_MAX];
-    if (snprintf(path, sizeof(path), "%.*s/%s", dirlen, spec->driver,
-                 spec->modules[i]) >= (int)sizeof(path)) {
-      snprintf(err, errlen, "driver module %.64s: path too long",
-               spec->modules[i]);
-      return -1;
-    }
-    while ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0 && errno == EINTR)
-      ;
-    if (fds[i] < 0) {
-      snprintf(err, errlen, "opening %.256s: %s", path, strerror(errno));
-      return -1;
-    }
-  }
-  return 0;
-}
-
-/* A sealed memfd shared by every spawn that hands it over (the driver's
- * zip, made once per probe): each spawn's keeper opens a description of
- * its own (bwrap read()s it), and the last holder closes it. */
-typedef struct sealed_blob {
-  atomic_int refs;
-  int fd;
-} sealed_blob;
-
-static void blob_unref(sealed_blob *b) {
-  if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
-    close(b->fd);
-    free(b);
-  }
-}
-
-static int blob_gc(lua_State *L) {
-  sealed_blob **b = luaL_checkudata(L, 1, SEALED_MT);
-  blob_unref(*b);
-  *b = NULL;
-  return 0;
-}
-
-/* The sealed memfd of the zip at index zi, with a reference for the
- * caller: the Lua state's last one when it is the same string (a probe's
- * zip is one string for its whole life), else a new one that replaces it.
- * NULL with a message. */
-static sealed_blob *zip_blob(lua_State *L, int zi, char *err, size_t errlen) {
-  lua_getfield(L, LUA_REGISTRYINDEX, ZIP_CACHE);
-  if (lua_istable(L, -1)) {
-    lua_rawgeti(L, -1, 1);
-    int same = lua_rawequal(L, -1, zi);
-    lua_pop(L, 1);
-    if (same) {
-      lua_rawgeti(L, -1, 2);
-      sealed_blob **b = luaL_checkudata(L, -1, SEALED_MT);
-      sealed_blob *blob = *b;
-      lua_pop(L, 2);
-      if (blob != NULL) {
-        atomic_fetch_add(&blob->refs, 1);
-        return blob;
-      }
-      lua_pushnil(L);
-    }
-  }
-  lua_pop(L, 1);
-  size_t len;
-  const char *zip = lua_tolstring(L, zi, &len);
-  sealed_blob **b = lua_newuserdata(L, sizeof(*b));
-  *b = NULL;
-  luaL_getmetatable(L, SEALED_MT);
-  lua_setmetatable(L, -2);
-  int fd = rlm_context_open();
-  if (fd < 0 || rlm_context_append(fd, zip, len) != 0 ||
-      rlm_context_seal(fd) != 0 || (*b = malloc(sizeof(**b))) == NULL) {
-    snprintf(err, errlen, "the driver's zip: %s", strerror(errno));
-    if (fd >= 0)
-      close(fd);
-    lua_pop(L, 1);
-    return NULL;
-  }
-  atomic_init(&(*b)->refs, 2); /* the cache's and the caller's */
-  (*b)->fd = fd;
-  sealed_blob *blob = *b;
-  lua_createtable(L, 2, 0);
-  lua_pushvalue(L, zi);
-  lua_rawseti(L, -2, 1);
-  lua_pushvalue(L, -2);
-  lua_rawseti(L, -2, 2);
-  lua_setfield(L, LUA_REGISTRYINDEX, ZIP_CACHE);
-  lua_pop(L, 1);
-  return blob;
-}
-
-/* What the keeper needs to make the command line and the descriptors: the
- * spec with its own copies of the strings (in the same allocation), and the
- * zip. */
-typedef struct spawn_plan {
-  rlm_sandbox_spec spec;
-  sealed_blob *zip; /* NULL: the modules' files */
-  int as_root;
-  int late_ro; /* late_context: the child's read-only open of the empty
-                  context memfd, handed over at CHILD_CONTEXT_FD; -1 */
-} spawn_plan;
-
-static void plan_free(void *arg) {
-  spawn_plan *plan = arg;
-  blob_unref(plan->zip);
-  if (plan->late_ro >= 0)
-    close(plan->late_ro);
-  free(plan);
-}
-
-/* A copy of spec (bwrap, python, driver, ro, modules) in one allocation. */
-static spawn_plan *plan_new(const rlm_sandbox_spec *spec) {
-  size_t n = spec->n_ro + spec->n_modules + 3;
-  size_t bytes =
-      sizeof(spawn_plan) + (spec->n_ro + spec->n_modules + 2) * sizeof(char *);
-  const char *src[3] = {spec->bwrap, spec->python, spec->driver};
-  for (size_t i = 0; i < n; i++) {
-    const char *x = i < 3                ? src[i]
-                    : i < 3 + spec->n_ro ? spec->ro[i - 3]
-                                         : spec->modules[i - 3 - spec->n_ro];
-    bytes += strlen(x) + 1;
-  }
-  spawn_plan *plan = malloc(bytes);
-  if (plan == NULL)
-    return NULL;
-  plan->spec = *spec;
-  plan->zip = NULL;
-  plan->as_root = 0;
-  plan->late_ro = -1;
-  const char **ro = (const char **)(plan + 1);
-  const char **mods = ro + spec->n_ro + 1;
-  char *p = (char *)(mods + spec->n_modules + 1);
-  for (size_t i = 0; i < n; i++) {
-    const char *x = i < 3                ? src[i]
-                    : i < 3 + spec->n_ro ? spec->ro[i - 3]
-                                         : spec->modules[i - 3 - spec->n_ro];
-    size_t len = strlen(x) + 1;
-    const char *copy = memcpy(p, x, len);
-    p += len;
-    if (i == 0)
-      plan->spec.bwrap = copy;
-    else if (i == 1)
-      plan->spec.python = copy;
-    else if (i == 2)
-      plan->spec.driver = copy;
-    else if (i < 3 + spec->n_ro)
-      ro[i - 3] = copy;
-    else
-      mods[i - 3 - spec->n_ro] = copy;
-  }
-  ro[spec->n_ro] = NULL;
-  mods[spec->n_modules] = NULL;
-  plan->spec.ro = ro;
-  plan->spec.modules = spec->n_modules > 0 ? mods : NULL;
-  plan->spec.stage = NULL;
-  return plan;
-}
-
-/* On the keeper: the filter's, the driver's and its package's descriptors
- * and the command line. */
-static int plan_prepare(void *arg, rlm_prepared *p, char *err, size_t errlen) {
-  spawn_plan *plan = arg;
-  rlm_sandbox_spec *spec = &plan->spec;
-  if (plan->as_root)
-    spec->stage = &p->stage;
-  p->n_fds = 3 + (plan->zip != NULL ? 1 : spec->n_modules);
-  if ((p->fds[CHILD_SECCOMP_FD - 3] = rlm_seccomp_open(err, errlen)) < 0)
-    return -1;
-  int *drv = &p->fds[CHILD_DRIVER_FD - 3];
-  while ((*drv = open(spec->driver, O_RDONLY | O_CLOEXEC)) < 0 &&
-         errno == EINTR)
-    ;
-  if (*drv < 0) {
-    snprintf(err, errlen, "opening %s: %s", spec->driver, strerror(errno));
-    return -1;
-  }
-  if (plan->zip != NULL) {
-    if ((p->fds[CHILD_ZIP_FD - 3] = rlm_sealed_reopen(plan->zip->fd)) < 0) {
-      snprintf(err, errlen, "the driver's zip: %s", strerror(errno));
-      return -1;
-    }
-  } else if (open_modules(spec, p->fds + 3, err, errlen) != 0) {
-    return -1;
-  }
-  if (plan->late_ro >= 0) { /* the keeper's from here */
-    p->fds[CHILD_CONTEXT_FD - 3] = plan->late_ro;
-    plan->late_ro = -1;
-  }
-  spec->seccomp_fd = CHILD_SECCOMP_FD;
-  spec->driver_fd = CHILD_DRIVER_FD;
-  return rlm_sandbox_argv(spec, &p->argv, err, errlen);
 }
 
 static void close_fd(int *fd) {

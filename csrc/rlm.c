@@ -9,6 +9,7 @@
 #include "driver.c" /* with keeper.c and spawn.c: see driver_impl.h */
 #include "framing.c"
 #include "keeper.c"
+#include "plan.c"
 #include "sandbox.c"
 #include "seccomp.c"
 #include "smallfile.c"

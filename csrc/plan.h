@@ -1,0 +1,63 @@
+/* plan.h: a sandbox's spawn plan, what the keeper needs to make its command
+ * line and its descriptors (core.spawn makes it on the Lua thread, the
+ * keeper consumes it), and the sealed memfd of the driver's zip that every
+ * spawn of a probe shares. */
+#ifndef RLM_PLAN_H
+#define RLM_PLAN_H
+
+#include "unit.h"
+
+#include "driver.h"
+#include "sandbox.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#define SEALED_MT "rlm.core.Sealed"
+#define ZIP_CACHE "rlm.core.zip" /* { zip string, Sealed } */
+
+/* Where the child finds what it is handed: the filter (bwrap reads it), the
+ * context (the driver maps it) and the driver's text, then its package's
+ * files (bwrap copies them). */
+#define CHILD_SECCOMP_FD 3
+#define CHILD_CONTEXT_FD 4
+#define CHILD_DRIVER_FD 5
+#define CHILD_ZIP_FD 6 /* the package's zip, in place of its files */
+
+/* A sealed memfd shared by every spawn that hands it over (the driver's
+ * zip, made once per probe): each spawn's keeper opens a description of
+ * its own (bwrap read()s it), and the last holder closes it. */
+typedef struct sealed_blob {
+  atomic_int refs;
+  int fd;
+} sealed_blob;
+
+/* What the keeper needs to make the command line and the descriptors: the
+ * spec with its own copies of the strings (in the same allocation), and the
+ * zip. */
+typedef struct spawn_plan {
+  rlm_sandbox_spec spec;
+  sealed_blob *zip; /* NULL: the modules' files */
+  int as_root;
+  int late_ro; /* late_context: the child's read-only open of the empty
+                  context memfd, handed over at CHILD_CONTEXT_FD; -1 */
+} spawn_plan;
+
+/* The Sealed userdata's __gc. */
+RLM_FN int blob_gc(lua_State *L);
+/* The sealed memfd of the zip at index zi, with a reference for the
+ * caller: the Lua state's last one when it is the same string (a probe's
+ * zip is one string for its whole life), else a new one that replaces it.
+ * NULL with a message. */
+RLM_FN sealed_blob *zip_blob(lua_State *L, int zi, char *err, size_t errlen);
+/* A copy of spec (bwrap, python, driver, ro, modules) in one allocation;
+ * NULL when out of memory. */
+RLM_FN spawn_plan *plan_new(const rlm_sandbox_spec *spec);
+RLM_FN void plan_free(void *arg);
+/* On the keeper: the filter's, the driver's and its package's descriptors
+ * and the command line (an rlm_prepare_fn). */
+RLM_FN int plan_prepare(void *arg, rlm_prepared *p, char *err, size_t errlen);
+
+#endif
