@@ -210,7 +210,11 @@ void rlm_canaries_plant(rlm_canaries *c, const char *home, const char *dir) {
 
   /* What an nginx worker might have left open: no O_CLOEXEC, and the secret
    * behind it. */
-  c->leaked_fd = open(c->home_file[0] ? c->home_file : "/dev/null", O_RDONLY);
+  int fd = open(c->home_file[0] ? c->home_file : "/dev/null", O_RDONLY);
+  if (fd >= 0) {
+    c->leaked_fd = fcntl(fd, F_DUPFD, RLM_CANARY_FD_MIN);
+    (void)close(fd);
+  }
 }
 
 void rlm_canaries_close_leaked(rlm_canaries *c) {

@@ -9,13 +9,18 @@
 
 #include <limits.h>
 
+/* The leaked descriptor's least number: above every number a sandbox is
+ * handed (0..2 and 3 + MAX_INHERIT, keeper.c checks), so that the
+ * self-test's look at that number never finds one of the driver's own. */
+#define RLM_CANARY_FD_MIN 32
+
 typedef struct rlm_canaries {
   char secret[40];          /* written into the home file */
   char home_file[PATH_MAX]; /* "" when $HOME is not writable */
   char unix_path[108];
   char abstract_name[64]; /* without the leading NUL */
   int tcp_port;
-  int leaked_fd; /* not close-on-exec, on purpose */
+  int leaked_fd; /* not close-on-exec, on purpose; >= RLM_CANARY_FD_MIN */
   int lock_fd;   /* holds a lock on home_file while this process lives */
   int fds[3];    /* tcp, unix, abstract listeners */
 } rlm_canaries;

@@ -2,7 +2,12 @@
  * reaping: the context's memfd, the uid, the spawn (spawn.c), the memory
  * watchdog, and after close() the kill, the reaping and the freeing. */
 #define _GNU_SOURCE
+#include "canary.h"
 #include "driver_impl.h"
+
+_Static_assert(RLM_CANARY_FD_MIN >= FD_BASE,
+               "a canary's leaked descriptor must not share a number with "
+               "what a sandbox is handed");
 
 /* What the watchdog counts against max_rss: the resident memory of the
  * sandbox's processes plus what /session's tmpfs holds (where no cgroup

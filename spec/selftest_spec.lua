@@ -160,3 +160,19 @@ c:remove()
     assert.are.same({ false, false, true, true, true, false, false }, left)
   end)
 end)
+
+-- The self-test looks whether the leaked descriptor's number is open in the
+-- sandbox: that number must not be one the driver is handed (3 to 18: the
+-- filter, the context, the script, the zip), or the driver's own context
+-- reads as a leak (a cold start failed so when the host's lowest free
+-- descriptor was 4).
+describe("the leaked canary descriptor", function()
+  it("has a number no sandbox is handed, in a process whose low descriptors are free", function()
+    local out = H.sh(("%s -e %q"):format(H.lua_name(), [[
+local core = require("rlm.core")
+local c = core.plant_canaries(os.getenv("HOME"), "/tmp")
+io.write(c:info().leaked_fd)
+c:remove()]]))
+    assert.is_true(tonumber(out) >= 32, out)
+  end)
+end)
