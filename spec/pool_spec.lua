@@ -46,6 +46,19 @@ local function pooled(pool, code, opts)
   return rlm.Session.new(o)
 end
 
+-- Runs a session on the pool's next sandbox: its result, error, whether any
+-- model code ran, and the session (closed).
+local function take_run(pool)
+  local ran = false
+  local s = rlm.Session.new(H.opts({ pool = pool, root_llm = function()
+    ran = true
+    return fence("FINAL('x')")
+  end }))
+  local result, err = s:run()
+  s:close()
+  return result, err, ran, s
+end
+
 local function alive(pid)
   return H.sh("test -d /proc/" .. pid .. " && echo yes || echo no") == "yes"
 end
@@ -312,13 +325,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     pool = new_pool(1, { bwrap = wrapper })
     settle(pool)
     assert.is_table(pool.idle[1].vetted.error) -- found by the pool, before any take
-    local ran = false
-    local s = rlm.Session.new(H.opts({ pool = pool, root_llm = function()
-      ran = true
-      return fence("FINAL('x')")
-    end }))
-    local result, err = s:run()
-    s:close()
+    local result, err, ran, s = take_run(pool)
     os.execute("rm -rf " .. bin)
     assert.is_nil(result)
     assert.are.equal("warm", s.start)
@@ -348,13 +355,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     assert.are.equal("sandbox_violation", vetted.error[1])
     assert.matches("^descriptors reach the sandbox: ", vetted.error[2])
     assert.matches("pid " .. launcher .. " fd 7: /etc/hostname", vetted.error[2], 1, true)
-    local ran = false
-    local s = rlm.Session.new(H.opts({ pool = pool, root_llm = function()
-      ran = true
-      return fence("FINAL('x')")
-    end }))
-    local result, err = s:run()
-    s:close()
+    local result, err, ran = take_run(pool)
     assert.is_nil(result)
     assert.are.equal("sandbox_violation", err.kind)
     assert.is_false(ran)
@@ -368,13 +369,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     -- As if a process of the sandbox had gone and another come since the
     -- pool read its uids and moved it into its cgroup.
     vetted.tree[#vetted.tree] = vetted.tree[#vetted.tree] + 100000
-    local ran = false
-    local s = rlm.Session.new(H.opts({ pool = pool, root_llm = function()
-      ran = true
-      return fence("FINAL('x')")
-    end }))
-    local result, err = s:run()
-    s:close()
+    local result, err, ran = take_run(pool)
     assert.is_nil(result)
     assert.are.equal("sandbox_violation", err.kind)
     assert.matches("changed since the pool checked them", err.message, 1, true)
