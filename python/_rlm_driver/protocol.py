@@ -157,19 +157,29 @@ def begin_call(request, what, plain=False):
     last_request_id += 1
     request_id = request["id"] = last_request_id
     data = encode(request, plain)
-    limit = state.current.message_limit
-    if len(data) > limit:
-        raise ValueError(f"{what} is {len(data)} bytes as a message, more than the host accepts "
-                         f"({limit} bytes): split it into smaller calls")
+    check_size(len(data), what)
     send(request, data)
     return request_id
+
+
+def check_size(size, what):
+    """Raise unless a line of `size` bytes (without its newline) fits the
+    host's limit."""
+    limit = state.current.message_limit
+    if size > limit:
+        raise ValueError(f"{what} is {size} bytes as a message, more than the host accepts "
+                         f"({limit} bytes): split it into smaller calls")
 
 
 def next_reply(request_id, what, kind="llm_result"):
     """The next `kind` message for request_id; any other message is fatal
     (with CHANNEL held, no other request is in flight). An `interrupted`
     answer raises the step's interrupt."""
-    reply = receive()
+    return checked_reply(receive(), request_id, what, kind)
+
+
+def checked_reply(reply, request_id, what, kind="llm_result"):
+    """next_reply's checks, on a message already read (None: the end)."""
     if reply is None:
         posix._exit(0)  # the host asked us to leave
     if reply["type"] != kind or reply.get("id") != request_id:
@@ -188,6 +198,11 @@ def call(request, what):
     with BUSY, CHANNEL:
         request_id = begin_call(request, what, plain=True)
         reply = next_reply(request_id, "request")
+    return answer_text(reply, request_id)
+
+
+def answer_text(reply, request_id):
+    """A lone call's answer: its text, or its error raised here."""
     if reply.get("error") is not None:
         raise RuntimeError(str(reply["error"]))
     text = reply.get("text")
@@ -230,7 +245,6 @@ def call_batch(request, n, what):
 
 
 # quick_call's pieces, looked up once.
-_get_ident = _thread.get_ident
 _encode_str = codec.encode_basestring
 _scan = codec.scan_once
 _write = posix.write
@@ -239,75 +253,47 @@ _QUERY = '{"type":"llm_query","prompt":%s,"id":%d}\n'
 
 
 def quick_call(prompt):
-    """llm_query(prompt) with no model= hint: call() and next_reply() for
-    that one request, written out for speed (a line built from its one
-    field, written with one system call, the reply scanned at once), with
-    the same checks, errors and interrupt handling as the general path.
-    `prompt` is a str (not a subclass)."""
-    session = state.current
-    if _scan is None or not session.in_step:
+    """llm_query(prompt) with no model= hint: call() for that one request,
+    with its line built from its one field and written with one system
+    call, and the reply scanned at once; the checks, errors and interrupt
+    handling are call()'s own. `prompt` is a str (not a subclass)."""
+    if _scan is None or not state.current.in_step:
         return call({"type": "llm_query", "prompt": prompt}, "the llm_query prompt")
-    main = _get_ident() == MAIN_THREAD
-    if main:
-        session.main_busy += 1  # MainThreadBusy, inline
-    try:
-        with CHANNEL:
-            global last_request_id
-            last_request_id += 1
-            request_id = last_request_id
-            try:
-                data = (_QUERY % (_encode_str(prompt), request_id)).encode("utf-8")
-            except UnicodeEncodeError:  # lone surrogates: encode() sends U+FFFD
-                data = encode({"type": "llm_query", "prompt": prompt, "id": request_id}, True) + b"\n"
-            limit = session.message_limit
-            if len(data) - 1 > limit:
-                raise ValueError(f"the llm_query prompt is {len(data) - 1} bytes as a message, more "
-                                 f"than the host accepts ({limit} bytes): split it into smaller calls")
-            # PROTOCOL_OUT is flushed after every write (send): nothing waits
-            # in its buffer, and the line may go to the descriptor directly.
-            try:
-                sent = _write(_OUT_FD, data)
-                while sent < len(data):  # a long line, in parts
-                    sent += _write(_OUT_FD, memoryview(data)[sent:])
-            except OSError:  # the host has gone away
-                posix._exit(0)
-            line = PROTOCOL_IN.readline()
-        reply = None
-        if line[:1] == b"{":  # neither a BOM nor UTF-16/32: loads would read UTF-8
-            try:
-                text = line.decode("utf-8", "surrogatepass")
-                reply, end = _scan(text, 0)
-                rest = len(text) - end  # 1: the newline, as usual
-                if rest and (rest > 1 or text[-1] != "\n") and text[end:].strip(codec.WHITESPACE):
-                    reply = None  # extra data: receive() says why
-            except (ValueError, StopIteration):
-                reply = None
-        if type(reply) is not dict or type(reply.get("type")) is not str:
-            if not line:
-                posix._exit(0)  # the host asked us to leave
-            reply = parse_line(line)
-        if reply["type"] != "llm_result" or reply.get("id") != request_id:
-            fatal(f"expected llm_result for request {request_id}, got {reply['type']} "
-                  f"for {reply.get('id')!r}")
-        if reply.get("interrupted") is True:
-            if main:
-                session.main_busy -= 1
-                main = False
-                interrupt_now()
-            raise KeyboardInterrupt(INTERRUPT_MESSAGE)
-    except BaseException:
-        if main:
-            session.main_busy -= 1
-        raise
-    if main:
-        session.main_busy -= 1
-        if (not session.main_busy and session.interrupt_pending and session.executing
-                and not session.interrupt_raised):
-            interrupt_now()
-    error = reply.get("error")
-    if error is not None:
-        raise RuntimeError(str(error))
-    text = reply.get("text")
-    if type(text) is not str:
-        fatal(f"llm_result {request_id} has neither a string 'text' nor an 'error'")
-    return text
+    with BUSY, CHANNEL:
+        global last_request_id
+        last_request_id += 1
+        request_id = last_request_id
+        try:
+            data = (_QUERY % (_encode_str(prompt), request_id)).encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: encode() sends U+FFFD
+            data = encode({"type": "llm_query", "prompt": prompt, "id": request_id}, True) + b"\n"
+        check_size(len(data) - 1, "the llm_query prompt")
+        # PROTOCOL_OUT is flushed after every write (send): nothing waits
+        # in its buffer, and the line may go to the descriptor directly.
+        try:
+            sent = _write(_OUT_FD, data)
+            while sent < len(data):  # a long line, in parts
+                sent += _write(_OUT_FD, memoryview(data)[sent:])
+        except OSError:  # the host has gone away
+            posix._exit(0)
+        reply = checked_reply(scanned(PROTOCOL_IN.readline()), request_id, "request")
+    return answer_text(reply, request_id)
+
+
+def scanned(line):
+    """receive()'s message from a line already read, by the scanner alone
+    when the line is a plain object; anything else goes through
+    parse_line, which says what is wrong."""
+    if not line:
+        return None
+    if line[:1] == b"{":  # neither a BOM nor UTF-16/32: loads would read UTF-8
+        try:
+            text = line.decode("utf-8", "surrogatepass")
+            reply, end = _scan(text, 0)
+            rest = len(text) - end  # 1: the newline, as usual
+            if type(reply) is dict and type(reply.get("type")) is str and not (
+                    rest and (rest > 1 or text[-1] != "\n") and text[end:].strip(codec.WHITESPACE)):
+                return reply
+        except (ValueError, StopIteration):
+            pass
+    return parse_line(line)
