@@ -47,6 +47,31 @@ local function checks_failed(checks)
   return bad
 end
 
+-- The checks a cold start and the pool's vet make alike, each as nil or
+-- the error (kind, message, extra) it ends the session with.
+local CGROUP_REFUSED = "a sandbox process could not be moved into its memory cgroup"
+
+local function self_test_error(result)
+  local bad = checks_failed(result.checks)
+  if #bad > 0 then
+    return "sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
+      { checks = result.checks }
+  end
+end
+
+local function uid_error(tree, uid)
+  local problem = selftest.check_uids(tree, uid)
+  if problem then
+    return "sandbox_violation", "the sandbox runs as the wrong uid: " .. problem
+  end
+end
+
+local function fd_error(foreign)
+  if #foreign > 0 then
+    return "sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; ")
+  end
+end
+
 -- The driver's own stamps (seconds on CLOCK_MONOTONIC): diagnostics for
 -- bench/ only, never trusted for anything else.
 local function driver_stamps(t)
@@ -104,7 +129,7 @@ function M.vet(drv, lines, max_values)
     if not drv:interpreter_runs() then
       return false
     end
-    return failed("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
+    return failed("sandbox_violation", CGROUP_REFUSED)
   end
   local configured
   configured, err = line_message(lines[2], { configured = true, fatal = true }, max_values)
@@ -116,10 +141,9 @@ function M.vet(drv, lines, max_values)
   if not result then
     return failed("protocol_error", err)
   end
-  local bad = checks_failed(result.checks)
-  if #bad > 0 then
-    return failed("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
-      { checks = result.checks })
+  local kind, message, extra = self_test_error(result)
+  if kind then
+    return failed(kind, message, extra)
   end
   -- A uid cannot change without a capability no sandbox process holds, so
   -- a tree that is the same at the take runs as checked here.
@@ -127,9 +151,9 @@ function M.vet(drv, lines, max_values)
   if #tree == 0 then
     return false
   end
-  problem = selftest.check_uids(tree, drv:uid())
-  if problem then
-    return failed("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
+  kind, message = uid_error(tree, drv:uid())
+  if kind then
+    return failed(kind, message)
   end
   -- Bubblewrap's processes hold what they will hold (it opens nothing once
   -- the driver runs); the interpreter is checked again after ready, once
@@ -140,8 +164,9 @@ function M.vet(drv, lines, max_values)
       foreign[#foreign + 1] = f
     end
   end
-  if #foreign > 0 then
-    return failed("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
+  kind, message = fd_error(foreign)
+  if kind then
+    return failed(kind, message)
   end
   return { tree = tree, times = { exec = drv:exec_ms(), interpreter = driver_stamps(hello.t),
     configure = driver_stamps(configured.t), self_test = driver_stamps(result.t) } }
@@ -347,7 +372,7 @@ function M:_checks(canaries, context_bytes)
       until kind ~= "line"
       return self:_driver_message({}, kind, a, b, c)
     end
-    return self:_error("sandbox_violation", "a sandbox process could not be moved into its memory cgroup")
+    return self:_error("sandbox_violation", CGROUP_REFUSED)
   end
   local msg
   msg, err = self:_expect({ configured = true, fatal = true })
@@ -360,10 +385,9 @@ function M:_checks(canaries, context_bytes)
     return nil, err
   end
   times.self_test = driver_stamps(msg.t)
-  local bad = checks_failed(msg.checks)
-  if #bad > 0 then
-    return self:_error("sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
-      { checks = msg.checks })
+  local kind, message, extra = self_test_error(msg)
+  if kind then
+    return self:_error(kind, message, extra)
   end
   local rlimits = selftest.rlimits(o, context_bytes)
   msg, err = self:_expect({ ready = true, fatal = true })
@@ -397,16 +421,16 @@ function M:_ready(msg, rlimits, vetted_tree)
     return self:_error("sandbox_violation", "the driver's rlimits are not set: " .. problem)
   end
   if not vetted_tree then
-    problem = selftest.check_uids(tree, drv:uid())
-    if problem then
-      return self:_error("sandbox_violation", "the sandbox runs as the wrong uid: " .. problem)
+    local kind, message = uid_error(tree, drv:uid())
+    if kind then
+      return self:_error(kind, message)
     end
   end
   -- After ready: a pooled driver holds its context's memfd until then.
   -- (Of a vetted sandbox, bubblewrap's processes were checked by the pool.)
-  local foreign = drv:foreign_fds(vetted_tree and tree[#tree] or nil)
-  if #foreign > 0 then
-    return self:_error("sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; "))
+  local kind, message = fd_error(drv:foreign_fds(vetted_tree and tree[#tree] or nil))
+  if kind then
+    return self:_error(kind, message)
   end
   times.checked = core.now_ms()
   self.booting = nil
