@@ -33,6 +33,21 @@ os._exit(1)]]) }),
     assert.are.equal("driver_exited", err.kind)
   end)
 
+  it("lets a session dropped while it probes go, its probe with it, and the next one asks anew", function()
+    -- A module list of its own: an interpreter probe no session of this Lua
+    -- state has run yet.
+    local opts = { allowed_modules = { "colorsys" }, root_llm = H.script({ fence("FINAL(1)") }) }
+    local s = H.session(opts)
+    assert.is_nil(s:poll()) -- the probe is in flight: its engine waits
+    assert.are.equal(1, #H.children())
+    s = nil -- luacheck: ignore
+    collectgarbage()
+    collectgarbage()
+    assert.are.same({}, H.settled_children())
+    local result = assert(H.run(opts))
+    assert.are.equal("1", result.answer)
+  end)
+
   it("cleans up a session that is only garbage collected", function()
     local s = H.session({})
     assert(s:step())

@@ -61,9 +61,12 @@ M.driver_modules = {
 local SESSION_FDS = 40
 
 -- One probe per (interpreter, module list) for the life of this Lua state.
--- While one is in flight, the entry is { owner = session }, and other
--- sessions of the state wait for it.
+-- While one is in flight, the entry is { pending = true, owner = session },
+-- and other sessions of the state wait for it. The owner is held weakly: a
+-- session dropped while it probes is collected (and its helper with it), and
+-- the next session asks anew.
 local probe_cache = {}
+local WEAK_OWNER = { __mode = "v" }
 
 -- Runs the probe as a helper process and reads its one line; wait(helper)
 -- returns the helper's next event (the session's engine yields meanwhile).
@@ -128,17 +131,21 @@ end
 
 local function probe(python, modules, wait, owner, driver_dir)
   local key = probe_key(python, modules, driver_dir)
-  while probe_cache[key] and probe_cache[key].owner do
+  while probe_cache[key] and probe_cache[key].pending do
     -- Another session of this Lua state is asking: wait for its answer.
-    if stale(probe_cache[key]) then
+    local entry = probe_cache[key]
+    if entry.owner == nil then
+      probe_cache[key] = nil -- its session was dropped: ask in its place
+    elseif stale(entry) then
       return run_probe(python, modules, wait, driver_dir)
+    else
+      wait(nil)
     end
-    wait(nil)
   end
   if probe_cache[key] then
     return probe_cache[key]
   end
-  probe_cache[key] = { owner = owner }
+  probe_cache[key] = setmetatable({ pending = true, owner = owner }, WEAK_OWNER)
   local info, err = run_probe(python, modules, wait, driver_dir)
   probe_cache[key] = info
   return info, err
