@@ -16,38 +16,24 @@ describe("close() during run()", function()
   -- engine that would is never resumed, and a collection may be far off
   -- (Neovim's <C-c> case waited seconds for one).
   it("removes the start's canaries at once when it is closed while its sandbox starts", function()
-    local home = os.getenv("HOME")
-    -- The canaries' names, in tmpdir and in $HOME (a killed host's old
-    -- ones may be there, and this process's first plant removes them).
-    local function canaries()
-      local seen = {}
-      for _, n in ipairs(H.workdirs()) do
-        seen[#seen + 1] = n:match("^%.rlm%-canary") and n or nil
-      end
-      for n in H.sh("ls -A " .. home .. " 2>/dev/null | grep '^.rlm-canary' || true"):gmatch("%S+") do
-        seen[#seen + 1] = n
-      end
-      return seen
-    end
-    local before = {}
-    for _, n in ipairs(canaries()) do
-      before[n] = true
+    -- Its own canaries, by name: other hosts may plant theirs meanwhile.
+    local function present(path)
+      return H.sh("test -e '" .. path .. "' && echo yes || true"):match("yes") ~= nil
     end
     local s = H.session({ root_llm = function() return fence("FINAL('x')") end })
     assert.is_nil(s:poll()) -- the spawn: the engine now waits for the hello
-    local planted = {}
-    for _, n in ipairs(canaries()) do
-      planted[#planted + 1] = not before[n] and n or nil
-    end
-    table.sort(planted)
+    assert.is_truthy(s.canaries, "the start planted no canaries")
+    local info = s.canaries:info()
+    local planted = { info.home_file, info.unix_path }
     assert.are.equal(2, #planted)
     assert.matches("%.sock$", planted[2])
-    s:close()
-    local left = {}
-    for _, n in ipairs(canaries()) do
-      left[#left + 1] = (n == planted[1] or n == planted[2]) and n or nil
+    for _, path in ipairs(planted) do
+      assert.is_true(present(path), path)
     end
-    assert.are.same({}, left)
+    s:close()
+    for _, path in ipairs(planted) do
+      assert.is_false(present(path), path)
+    end
     assert.are.equal("cancelled", s:poll().err.kind)
   end)
 
