@@ -142,6 +142,30 @@ describe("rlm.Pool", function()
     assert.are.equal(tostring(#big), result.answer)
   end)
 
+  -- The late context's write is polled with 1 ms waits on a sandbox that
+  -- says nothing meanwhile. A wait's timer set from the loop's stale clock
+  -- fired before the loop's poll, which then blocked with no timer left
+  -- (LuaJIT, pool vetting from its refill): the host hung in epoll_wait
+  -- until the sandbox spoke, and an idle one never does. The deadline
+  -- bounds the wait here, so that the bug fails the spec instead of hanging it.
+  it("ends a short wait on an idle sandbox on time, however long its loop has not run", function()
+    pool = new_pool(1)
+    settle(pool)
+    local drv = pool.idle[1].drv
+    drv:set_deadline(5000)
+    for _ = 1, 20 do
+      drv:wait(1)
+      local t = core.now_ms()
+      repeat until core.now_ms() - t >= 5 -- the loop's clock goes 5 ms stale
+      local t0 = core.now_ms()
+      drv:wait(1)
+      local took = core.now_ms() - t0
+      assert(took < 1000, ("a 1 ms wait took %.0f ms"):format(took))
+    end
+    drv:set_deadline(0)
+    assert.are.equal(1, pool:stats().ready)
+  end)
+
   it("gives each session a sandbox of its own: nothing of the first reaches the second", function()
     pool = new_pool(2, { guardrails = false })
     settle(pool)
