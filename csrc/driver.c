@@ -188,6 +188,7 @@ static void on_grace(uv_timer_t *t) {
     return;
   }
   maybe_queue_exit(d);
+  uv_stop(&d->loop); /* on_wait */
 }
 
 static void on_process_exit(uv_poll_t *w, int status, int events) {
@@ -315,11 +316,17 @@ static void on_deadline(uv_timer_t *t) {
   rlm_driver *d = t->data;
   d->deadline_hit = 1;
   terminate(d, RLM_EV_TIMEOUT);
+  uv_stop(&d->loop); /* an event is queued: the wait is over (on_wait) */
 }
 
+/* A timer that fires in uv_run's timers phase, before its poll, would not
+ * end a UV_RUN_ONCE: with no timer left the poll blocks until the sandbox
+ * says something, and an idle one never does (a late context's 1 ms waits
+ * hung the host so). uv_stop makes that poll return at once. */
 static void on_wait(uv_timer_t *t) {
   rlm_driver *d = t->data;
   d->wait_expired = 1;
+  uv_stop(&d->loop);
 }
 
 static void init_timer(rlm_driver *d, uv_timer_t *t) {
@@ -765,8 +772,11 @@ void rlm_driver_wait(rlm_driver *d, int timeout_ms) {
     return;
   }
   d->wait_expired = 0;
-  if (timeout_ms > 0)
+  if (timeout_ms > 0) {
+    /* From now, not from when the loop last ran (its cached clock). */
+    uv_update_time(&d->loop);
     uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
+  }
   while (!has_event(d) && !d->wait_expired && uv_loop_alive(&d->loop))
     run_loop(d, UV_RUN_ONCE);
   uv_timer_stop(&d->wait);

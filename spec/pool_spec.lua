@@ -142,6 +142,71 @@ describe("rlm.Pool", function()
     assert.are.equal(tostring(#big), result.answer)
   end)
 
+  -- The late context's write is polled with 1 ms waits on a sandbox that
+  -- says nothing meanwhile. A wait's timer set from the loop's stale clock
+  -- fired before the loop's poll, which then blocked with no timer left
+  -- (LuaJIT, pool vetting from its refill): the host hung in epoll_wait
+  -- until the sandbox spoke, and an idle one never does. The deadline
+  -- bounds the wait here, so that the bug fails the spec instead of hanging it.
+  it("ends a short wait on an idle sandbox on time, however long its loop has not run", function()
+    pool = new_pool(1)
+    settle(pool)
+    local drv = pool.idle[1].drv
+    drv:set_deadline(5000)
+    for _ = 1, 20 do
+      drv:wait(1)
+      local t = core.now_ms()
+      repeat until core.now_ms() - t >= 5 -- the loop's clock goes 5 ms stale
+      local t0 = core.now_ms()
+      drv:wait(1)
+      local took = core.now_ms() - t0
+      assert(took < 1000, ("a 1 ms wait took %.0f ms"):format(took))
+    end
+    drv:set_deadline(0)
+    assert.are.equal(1, pool:stats().ready)
+  end)
+
+  -- Waits, without vetting it (as a server that never calls stats()), until
+  -- an idle sandbox has said its whole start.
+  local function started(entry)
+    local t0 = core.now_ms()
+    while #entry.events < 3 do
+      assert(pool:_drain(entry, false), "the pooled sandbox died")
+      assert(core.now_ms() - t0 < 60000, "the pooled sandbox did not start")
+      sleep(10)
+    end
+    assert.is_nil(entry.vetted)
+  end
+
+  it("vets its idle sandboxes at a take's refill and at the session's close, with no stats()", function()
+    pool = new_pool(2)
+    started(pool.idle[1])
+    local b = pool.idle[2]
+    started(b)
+    local s = pooled(pool, "out = 'x'")
+    finally(function()
+      s:close()
+    end)
+    assert(s:run())
+    -- The refill (at the first step) vetted the other one, and spawned one.
+    assert.is_table(b.vetted)
+    assert.is_nil(b.vetted.error)
+    local c = pool.idle[2]
+    assert.are_not.equal(b, c)
+    started(c)
+    s:close()
+    assert.is_table(c.vetted)
+    assert.is_nil(c.vetted.error)
+    -- The next take is the vetted one, and its session runs.
+    s = pooled(pool, "out = 'y'")
+    local result, err = s:run()
+    assert.is_nil(err)
+    assert.are.equal("y", result.answer)
+    assert.are.equal(b.drv, s.driver)
+    assert.are.equal("warm", s.start)
+    s:close()
+  end)
+
   it("gives each session a sandbox of its own: nothing of the first reaches the second", function()
     pool = new_pool(2, { guardrails = false })
     settle(pool)

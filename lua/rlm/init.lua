@@ -70,6 +70,13 @@ function Session:close()
   self:_end_children()
   self:_drop_requests()
   self:_teardown()
+  local pool = self.opts.pool
+  if pool and not self.parent and not self.pool_swept then
+    -- The pool's sandboxes whose start ended meanwhile are vetted now, so
+    -- that the next take does not pay for it (rlm.pool).
+    self.pool_swept = true
+    pool:_sweep()
+  end
   -- A loop that watches fd() lets go of it first, then closes it.
   if not dispatch.closing(self) then
     self:_close_waitset()

@@ -1,12 +1,14 @@
 -- A warm pool (docs/api.md, "Pool"): sandboxes started ahead of the
 -- sessions that take them. Each was spawned with an empty context memfd and
 -- told the pool-level `configure` and `self_test` at once, so it says hello,
--- configures and tests itself while nobody reads it. Once stats() sees it
--- has said so, the pool runs the checks that do not depend on the session (rlm.boot's
--- vet: hello, cgroup, self-test result, uids); the session that takes it
--- writes and seals its context, sends load_context, and runs the checks
--- that must follow it (rlm.boot). One sandbox, one session: a sandbox
--- taken is the session's, and never comes back.
+-- configures and tests itself while nobody reads it. Once the pool sees it
+-- has said so (at stats(), at the refill after a take, or at the close of
+-- a root session that has the pool), it runs the checks that do not
+-- depend on the session (rlm.boot's vet: hello, cgroup, self-test result,
+-- uids); the session that takes it writes and seals its context, sends
+-- load_context, and runs the checks that must follow it (rlm.boot). One
+-- sandbox, one session: a sandbox taken is the session's, and never comes
+-- back.
 local boot = require("rlm.boot")
 local core = require("rlm.core")
 local options = require("rlm.options")
@@ -85,8 +87,10 @@ function Pool:_spawn()
 end
 
 -- Up to size sandboxes; a spawn that fails is not retried until the next
--- take.
+-- take. The idle ones whose start is over are vetted first (the refill of
+-- a taking session, rlm.engine), as at stats().
 function Pool:_fill()
+  self:_sweep()
   while not self.closed and #self.idle < self.size do
     if not self:_spawn() then
       return
@@ -100,13 +104,14 @@ local function discard(entry)
 end
 
 -- Reads what an idle sandbox has said so far, without waiting, and vets it
--- (`vet`) once its start is over. Returns false when it is not fit to hand
--- out (it exited, failed or said more than a start says).
+-- (`vet`) if its start is over and it is not vetted yet. Returns false when
+-- it is not fit to hand out (it exited, failed or said more than a start
+-- says).
 function Pool:_drain(entry, vet)
   while true do
     local ev = { entry.drv:poll(0, self.max_values) }
     if not ev[1] then
-      return entry.drv:alive()
+      break
     end
     ev.n = #ev
     if ev[1] ~= "line" or #entry.events >= MAX_EVENTS then
@@ -118,11 +123,12 @@ function Pool:_drain(entry, vet)
       -- The self-test has run: its canaries are not needed on disk (a host
       -- killed now leaves none behind).
       entry.canaries:remove()
-      if vet and not self:_vet(entry) then
-        return false
-      end
     end
   end
+  if vet and entry.vetted == nil and #entry.events == MAX_EVENTS and not self:_vet(entry) then
+    return false
+  end
+  return entry.drv:alive()
 end
 
 -- The checks of a start that do not depend on the session (rlm.boot's
