@@ -2,7 +2,8 @@
 -- model answers `x = 1` at once. That is the spawn, hello, configure,
 -- self-test, context load and one exec. The floor is bubblewrap with the
 -- real sandbox's binds running a driver that does nothing (echo_driver.py),
--- timed from the spawn to its answer to one line.
+-- copied in as the real driver is (common.sandbox_echo_argv), timed from
+-- the spawn to its answer to one line.
 --
 -- Beside it, the start's phases (medians), each beside the floor's part
 -- where the floor has one: the session's own stamps (rlm.boot's
@@ -48,12 +49,8 @@ local function floor_phases(env, n, argv)
   if not exe then
     return nil, why
   end
-  local cmd = { exe, "phases", tostring(n), "--" }
-  for _, a in ipairs(argv) do
-    cmd[#cmd + 1] = a
-  end
   local ns = {}
-  for x in common.capture(cmd):gmatch("%-?%d+") do
+  for x in common.capture(common.floor_command(exe, "phases", n, argv)):gmatch("%-?%d+") do
     ns[#ns + 1] = tonumber(x) / 1e6
   end
   if #ns ~= 4 * n then
@@ -134,6 +131,8 @@ function M.run(env)
     floor = #floor > 0 and common.summary(floor) or nil, floor_missing = floor_missing,
     floor_name = "bwrap (same binds) + echo driver, spawn to first answer",
     max_ratio = 1.3,
+    note = "the floor's driver is copied in as the real one is (--perms 0444 --file); "
+      .. "it has no seccomp filter, zip, staging or uid of its own",
   })
   for i, p in ipairs(PHASES) do
     if #phases[i] > 0 then
