@@ -169,6 +169,43 @@ print(wrong, code.co_filename, plain_ast, refused, "_ast" in sys.modules, file=o
     assert.are.equal("[] <repl-1> False True True", out)
   end)
 
+  -- The first plain step is compiled by exec of its text, whose code object
+  -- a trace function takes at its frame's first event and aborts there
+  -- (step.quick_compile): compile()'s first call would build the ast
+  -- module's classes, ~1.5 ms of the cold start. The code must never run
+  -- there (it would run unguarded, outside the step): a text that prints,
+  -- or raises comes back compiled, having done none of it.
+  it("compiles the first plain step without compile() and without running it", function()
+    local python = sandboxed_start().python
+    local check = [[
+import sys
+sys.path.insert(0, sys.argv[1])
+out = sys.stdout
+from _rlm_driver import step
+cases = ["print(1)\nx = 2", "n = 3\nwhile n:\n    n = n - 1", "raise ValueError(1)",
+         "def f(a):\n    return [a for a in range(3)]\nprint(f(1))", "x = 1 +"]
+for code in cases:
+    got = step.quick_compile(code, "<repl-7>")
+    if got is None:
+        print("none", file=out)
+        continue
+    want = compile(code, "<repl-7>", "exec", dont_inherit=True)
+    inner = [c.co_filename for c in got.co_consts if hasattr(c, "co_filename")]
+    print(got == want, got.co_filename, inner, file=out)
+ns = {}
+exec(step.quick_compile("x = 5\ny = x * 2", "<repl-8>"), ns)
+print(ns["y"], file=out)
+sys.settrace(lambda *a: None)
+print(step.quick_compile("x = 1", "<repl-9>"), file=out)
+sys.settrace(None)
+]]
+    local out = H.sh(("%s -I -S -B -c %s %s 2>&1"):format(py(python), quote(check),
+      quote(H.sh("pwd") .. "/python")))
+    assert.are.equal(table.concat({
+      "True <repl-7> []", "True <repl-7> []", "True <repl-7> []",
+      "True <repl-7> ['<repl-7>']", "none", "10", "None" }, "\n"), out)
+  end)
+
   -- The package's loader reads the zip (one pread a member, no
   -- zipimport); it checks each module's bytecode against the source beside
   -- it, as zipimport does, and runs the source when they differ.
