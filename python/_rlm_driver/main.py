@@ -197,11 +197,15 @@ def main(context_data):
         received = time.monotonic()
         if kind == "configure":
             configure(message)
-            send(timed({"type": "configured"}, received))
+            # A cold start's host has sent every start-up message at once:
+            # while the next is there, a reply waits in the buffer and goes
+            # with the next one's (one wake-up of the host, not three).
+            send(timed({"type": "configured"}, received), flush=not waiting())
         elif kind == "self_test":
             checks = selftest.self_test(string_list(message, "absent", []),
                                         field(message, "canaries", dict, {}))
-            send(timed({"type": "self_test_result", "checks": checks}, received))
+            send(timed({"type": "self_test_result", "checks": checks}, received),
+                 flush=not waiting())
             warming, slow = step.warm_up(state.current.guardrails)
         elif kind == "load_context":
             send(timed(load_context(message), received))
