@@ -158,8 +158,10 @@ def waiting():
 
 # How long the driver must have been idle before it makes a slow part of
 # its warm-up (step.warm_up) before the first step, and how often it looks
-# meanwhile: a message that comes is read at most IDLE_LOOK late.
-IDLE_WARM = 0.002
+# meanwhile: a message that comes is read at most IDLE_LOOK late. Longer
+# than a loaded host takes from ready to the first exec; far shorter than a
+# pooled sandbox waits for its session.
+IDLE_WARM = 0.02
 IDLE_LOOK = 0.0001
 
 
