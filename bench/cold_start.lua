@@ -27,11 +27,15 @@ local PHASES = {
   { "driver's imports, beside the host's cgroup move (hello to configure)",
     function(t) return t.configure[1] - t.hello end },
   { "configure (rlimits, sys.path)", function(t) return t.configure[2] - t.configure[1] end },
+  -- The host sent self_test with configure: the driver's reply and its
+  -- read of the next line.
+  { "configure's end to self_test read", function(t) return t.self_test[1] - t.configure[2] end },
   { "self-test", function(t) return t.self_test[2] - t.self_test[1] end },
   -- The driver's warm-up ran here once; it now waits until the driver is
   -- idle (after ready, while the host checks), so this is the pipe alone.
   { "self-test's end to load_context read", function(t) return t.context[1] - t.self_test[2] end },
   { "context load", function(t) return t.context[2] - t.context[1] end },
+  { "context's end to ready read by the host", function(t) return t.ready - t.context[2] end },
   { "ready, read by the host, to its descriptor check's end", function(t) return t.checked - t.ready end },
   { "checked to the first step's end (one exec)", function(t, total) return total - (t.checked - t.begin) end, 4 },
 }
