@@ -156,11 +156,10 @@ def waiting():
         posix.set_blocking(0, True)
 
 
-# How long the driver must have been idle before it makes a slow part of
-# its warm-up (step.warm_up) before the first step, and how often it looks
-# meanwhile: a message that comes is read at most IDLE_LOOK late. Longer
-# than a loaded host takes from ready to the first exec; far shorter than a
-# pooled sandbox waits for its session.
+# How long the driver must have been idle, before its session, until it
+# makes a slow part of its warm-up (step.warm_up), and how often it looks
+# meanwhile: a message that comes is read at most IDLE_LOOK late. Far
+# shorter than a pooled sandbox waits for its session.
 IDLE_WARM = 0.02
 IDLE_LOOK = 0.0001
 
@@ -182,7 +181,7 @@ def main(context_data):
     session.namespace.update(api.names())
     state.driver_modules[:] = [module for name, module in list(sys.modules.items())
                                if name == __package__ or name.startswith(__package__ + ".")]
-    warming, slow = [], []
+    warming, slow, loaded = [], [], False
     while True:
         while warming and not waiting():
             # Idle, the self-test over: a pooled sandbox waiting for its
@@ -190,8 +189,11 @@ def main(context_data):
             # ready. The first step's own setup is made meanwhile, a part
             # at a time, until a message comes.
             warming.pop(0)()
-        while slow and not warming and idle_for(IDLE_WARM):
-            slow.pop(0)()  # idle a while: no message is due soon
+        while slow and not warming and not loaded and idle_for(IDLE_WARM):
+            # Idle a while with no session yet (a pooled sandbox): no
+            # message is due soon. A cold start's context comes at once,
+            # and its first exec is not waited for this way.
+            slow.pop(0)()
         message = protocol.receive()
         if message is None:
             return
@@ -211,6 +213,7 @@ def main(context_data):
             warming, slow = step.warm_up(state.current.guardrails)
         elif kind == "load_context":
             send(timed(load_context(message), received))
+            loaded = True
         elif kind == "exec":
             run_step(message)
             # After a step, the slow parts wait for no idle spell: the model

@@ -282,11 +282,12 @@ def warm_up(guardrails):
     quick ones (the guarded builtins, the shields) are made whenever the
     driver is idle; the slow ones, the compiler's paths (the first
     compile() makes the ast module's classes, ~1.5 ms; then the screen's
-    path, for code that is not plain), before the first step only once it
-    has been idle a while (main.IDLE_WARM: a pooled sandbox waiting for its
-    session, not the ready-to-first-exec of a cold start, whose plain first
-    step needs no classes: quick_compile), after it between messages, as
-    the quick ones. Nothing of the REPL's state changes."""
+    path, for code that is not plain), before the session's context only
+    once it has been idle a while (main.IDLE_WARM: a pooled sandbox waiting
+    for its session), then not until the first step is over (a cold
+    start's first plain step needs no classes: quick_compile), and after it
+    between messages, as the quick ones. Nothing of the REPL's state
+    changes."""
     quick = [guard.builtins_table, shield.shield_modules] if guardrails else []
     return quick, [warm_compile, lambda: compile_step("_ = None", "<warm>", guardrails)]
 
