@@ -2,7 +2,8 @@
 -- model answers `x = 1` at once. That is the spawn, hello, configure,
 -- self-test, context load and one exec. The floor is bubblewrap with the
 -- real sandbox's binds running a driver that does nothing (echo_driver.py),
--- timed from the spawn to its answer to one line.
+-- copied in as the real driver is (common.sandbox_echo_argv), timed from
+-- the spawn to its answer to one line.
 --
 -- Beside it, the start's phases (medians), each beside the floor's part
 -- where the floor has one: the session's own stamps (rlm.boot's
@@ -26,11 +27,15 @@ local PHASES = {
   { "driver's imports, beside the host's cgroup move (hello to configure)",
     function(t) return t.configure[1] - t.hello end },
   { "configure (rlimits, sys.path)", function(t) return t.configure[2] - t.configure[1] end },
+  -- The host sent self_test with configure: the driver's reply and its
+  -- read of the next line.
+  { "configure's end to self_test read", function(t) return t.self_test[1] - t.configure[2] end },
   { "self-test", function(t) return t.self_test[2] - t.self_test[1] end },
   -- The driver's warm-up ran here once; it now waits until the driver is
   -- idle (after ready, while the host checks), so this is the pipe alone.
   { "self-test's end to load_context read", function(t) return t.context[1] - t.self_test[2] end },
   { "context load", function(t) return t.context[2] - t.context[1] end },
+  { "context's end to ready read by the host", function(t) return t.ready - t.context[2] end },
   { "ready, read by the host, to its descriptor check's end", function(t) return t.checked - t.ready end },
   { "checked to the first step's end (one exec)", function(t, total) return total - (t.checked - t.begin) end, 4 },
 }
@@ -48,12 +53,8 @@ local function floor_phases(env, n, argv)
   if not exe then
     return nil, why
   end
-  local cmd = { exe, "phases", tostring(n), "--" }
-  for _, a in ipairs(argv) do
-    cmd[#cmd + 1] = a
-  end
   local ns = {}
-  for x in common.capture(cmd):gmatch("%-?%d+") do
+  for x in common.capture(common.floor_command(exe, "phases", n, argv)):gmatch("%-?%d+") do
     ns[#ns + 1] = tonumber(x) / 1e6
   end
   if #ns ~= 4 * n then
@@ -134,6 +135,8 @@ function M.run(env)
     floor = #floor > 0 and common.summary(floor) or nil, floor_missing = floor_missing,
     floor_name = "bwrap (same binds) + echo driver, spawn to first answer",
     max_ratio = 1.3,
+    note = "the floor's driver is copied in as the real one is (--perms 0444 --file); "
+      .. "it has no seccomp filter, zip, staging or uid of its own",
   })
   for i, p in ipairs(PHASES) do
     if #phases[i] > 0 then

@@ -243,16 +243,26 @@ local function numbers(out)
 end
 
 -- floor(env, mode, n, argv) -> samples in ms | nil, why. See floor_pingpong.c.
+-- floor_pingpong's command line: MODE N, the files argv.opens asks it to
+-- open in each child (FD=PATH, see sandbox_echo_argv), then argv.
+function M.floor_command(exe, mode, n, argv)
+  local cmd = { exe, mode, tostring(n) }
+  for _, o in ipairs(argv.opens or {}) do
+    cmd[#cmd + 1] = o
+  end
+  cmd[#cmd + 1] = "--"
+  for _, a in ipairs(argv) do
+    cmd[#cmd + 1] = a
+  end
+  return cmd
+end
+
 function M.floor(env, mode, n, argv)
   local exe, why = M.helper(env)
   if not exe then
     return nil, why
   end
-  local cmd = { exe, mode, tostring(n), "--" }
-  for _, a in ipairs(argv) do
-    cmd[#cmd + 1] = a
-  end
-  local ns = numbers(M.capture(cmd))
+  local ns = numbers(M.capture(M.floor_command(exe, mode, n, argv)))
   if #ns ~= n then
     error(("floor_pingpong %s printed %d samples, not %d"):format(mode, #ns, n))
   end
@@ -270,6 +280,12 @@ end
 -- The real sandbox's command line (csrc/sandbox.c, through
 -- rlm.core.sandbox_argv) with the bench's echo driver in place of
 -- repl_driver.py, and the binds the real sandbox gets from the same probe.
+-- As the real spawn does, the driver is copied in (--perms 0444 --file FD
+-- at /rlm/repl_driver.py) from a descriptor opened afresh for each child:
+-- argv.opens = { "FD=PATH" }, for floor_pingpong (M.floor_command). The
+-- real sandbox's other file, the package's zip, is the driver's own and is
+-- left out, as is the driver's staging (as root) and its uid.
+local ECHO_FD = 5
 function M.sandbox_echo_argv(env, workdir)
   if not env.sandbox_ro then
     -- The same probe, with the modules the real one imports.
@@ -293,14 +309,24 @@ function M.sandbox_echo_argv(env, workdir)
   })
   -- The seccomp filter's descriptor is rlm.core's own (a memfd it hands the
   -- child); without it the floor is, if anything, a little cheaper.
-  local out, i = {}, 1
+  local driver = M.path(env, "echo_driver.py")
+  local out, i, copied = { opens = { ECHO_FD .. "=" .. driver } }, 1, false
   while i <= #argv do
     if argv[i] == "--seccomp" or argv[i] == "--seccomp-fd" then
       i = i + 2
+    elseif argv[i] == "--ro-bind" and argv[i + 1] == driver then
+      for _, a in ipairs({ "--perms", "0444", "--file", tostring(ECHO_FD), argv[i + 2] }) do
+        out[#out + 1] = a
+      end
+      i = i + 3
+      copied = true
     else
       out[#out + 1] = argv[i]
       i = i + 1
     end
+  end
+  if not copied then
+    error("the sandbox's command line binds no " .. driver)
   end
   return out
 end

@@ -22,7 +22,10 @@
  *       plus a newline as one line and reads one reply line: prints the
  *       sample, then the reply.
  *
- * The child gets a fixed environment, like the sandbox's. Build: cc -O2. */
+ * Before the `--`, FD=PATH opens PATH read-only at FD in each child, afresh
+ * for each spawn (as the sandbox's keeper hands bubblewrap the driver's
+ * files for its --file). The child gets a fixed environment, like the
+ * sandbox's. Build: cc -O2. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +60,13 @@ static long long now_ns(void) {
   return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* The FD=PATH opens, at most 8. */
+static struct {
+  int fd;
+  const char *path;
+} opens[8];
+static int n_opens;
+
 static void spawn(child *c, char **argv) {
   int to[2], from[2];
   if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0)
@@ -65,6 +75,9 @@ static void spawn(child *c, char **argv) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, to[0], 0);
   posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+  for (int i = 0; i < n_opens; i++)
+    posix_spawn_file_actions_addopen(&fa, opens[i].fd, opens[i].path, O_RDONLY,
+                                     0);
   int rc = posix_spawn(&c->pid, argv[0], &fa, NULL, argv, child_env);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) {
@@ -154,16 +167,26 @@ static char *read_file(const char *path, size_t *len) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: floor_pingpong pingpong|first|phases|exit N -- ARGV...\n"
+          "usage: floor_pingpong pingpong|first|phases|exit N [FD=PATH...] -- "
+          "ARGV...\n"
           "       floor_pingpong send FILE -- ARGV...\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
-  if (argc < 5 || strcmp(argv[3], "--") != 0)
+  int dash = 3;
+  while (dash < argc && strcmp(argv[dash], "--") != 0) {
+    char *eq = strchr(argv[dash], '=');
+    if (eq == NULL || n_opens == 8)
+      usage();
+    opens[n_opens].fd = atoi(argv[dash]);
+    opens[n_opens++].path = eq + 1;
+    dash++;
+  }
+  if (argc < dash + 2)
     usage();
   const char *mode = argv[1];
-  char **cargv = argv + 4;
+  char **cargv = argv + dash + 1;
   /* A child that dies must show as an error message, not kill us. */
   signal(SIGPIPE, SIG_IGN);
 

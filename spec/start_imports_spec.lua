@@ -99,7 +99,7 @@ describe("the driver's start", function()
   -- beside the zip the probe packs), under -X importtime, with the messages
   -- of a cold start and a first step of `code`: what it printed, and the
   -- modules it imported.
-  local function first_step_imports(code)
+  local function first_step_imports(code, pause)
     local python = sandboxed_start().python
     -- The driver as the sandbox has it: repl_driver.py beside the zip the
     -- probe packs.
@@ -116,9 +116,15 @@ describe("the driver's start", function()
       '{"type":"load_context","format":"text"}\n',
       '{"type":"exec","id":1,"code":' .. require("cjson").encode(code) .. '}\n')
     f:close()
-    H.sh(("%s -I -S -B -X importtime %s/repl_driver.py < %s/in > %s/out 2> %s/err"):format(
-      py(python), quote(dir), quote(dir), quote(dir), quote(dir)))
-    local out, err = H.read_file(dir .. "/out"), H.read_file(dir .. "/err")
+    -- With a pause, the driver is idle between its self-test and its
+    -- session, as a pooled sandbox is.
+    local feed = pause and ("(head -n 2 %s/in; sleep %s; tail -n 2 %s/in)"):format(quote(dir), pause, quote(dir))
+      or ("cat %s/in"):format(quote(dir))
+    -- One file for both, in the order written: the replies and the imports.
+    H.sh(("%s | %s -I -S -B -X importtime %s/repl_driver.py > %s/out 2>&1"):format(
+      feed, py(python), quote(dir), quote(dir)))
+    local out = H.read_file(dir .. "/out")
+    local err = out
     H.sh("rm -rf " .. quote(dir))
     local loaded = {}
     for name in err:gmatch("import time:%s+%d+ |%s+%d+ |%s*([%w_.]+)") do
@@ -130,13 +136,28 @@ describe("the driver's start", function()
 
   it("imports nothing heavy on the guardrails' path either (-X importtime, outside the sandbox)", function()
     local out, loaded, python = first_step_imports("x = '{}'.format(1)\nprint(x)")
-    assert.matches('^{"type": "hello"', out)
+    assert.matches('\n{"type": "hello"', out)
     assert.matches('{"type": "exec_result", "id": 1, "stdout": "1\\n", "error": null', out, 1, true)
     assert.is_true(loaded._ast, "the screen's path imports _ast")
     loaded._ast = nil
     local extra, heavy = unexpected(loaded, interpreter_start(python))
     assert.are.same({}, heavy)
     assert.are.same({}, extra)
+  end)
+
+  -- The warm-up's slow parts (the compiler's paths, the screen's _ast) wait
+  -- for a quiet spell before the first step: a pooled sandbox idle after its
+  -- self-test makes them, a cold start's ready-to-exec does not.
+  it("warms the compiler while idle before its session, not between a cold start's messages", function()
+    local function ast_before_answer(pause)
+      local out, loaded = first_step_imports("x = 1", pause)
+      local answer = out:find('{"type": "exec_result", "id": 1, "stdout": "", "error": null', 1, true)
+      assert.is_number(answer, out)
+      assert.is_true(loaded._ast, "the warm-up imports _ast, once idle after the first step if not before")
+      return out:find("|%s*_ast\n") < answer
+    end
+    assert.is_true(ast_before_answer("0.3"), "the idle driver warms up before its session")
+    assert.is_false(ast_before_answer(nil), "a driver whose messages are all there warms up after its first step")
   end)
 
   -- Plain code (screen.plain) is compiled as it stands, without its tree:
@@ -167,6 +188,43 @@ print(wrong, code.co_filename, plain_ast, refused, "_ast" in sys.modules, file=o
     local out = H.sh(("%s -I -S -B -c %s %s 2>&1"):format(py(python), quote(check),
       quote(H.sh("pwd") .. "/python")))
     assert.are.equal("[] <repl-1> False True True", out)
+  end)
+
+  -- The first plain step is compiled by exec of its text, whose code object
+  -- a trace function takes at its frame's first event and aborts there
+  -- (step.quick_compile): compile()'s first call would build the ast
+  -- module's classes, ~1.5 ms of the cold start. The code must never run
+  -- there (it would run unguarded, outside the step): a text that prints,
+  -- or raises comes back compiled, having done none of it.
+  it("compiles the first plain step without compile() and without running it", function()
+    local python = sandboxed_start().python
+    local check = [[
+import sys
+sys.path.insert(0, sys.argv[1])
+out = sys.stdout
+from _rlm_driver import step
+cases = ["print(1)\nx = 2", "n = 3\nwhile n:\n    n = n - 1", "raise ValueError(1)",
+         "def f(a):\n    return [a for a in range(3)]\nprint(f(1))", "x = 1 +"]
+for code in cases:
+    got = step.quick_compile(code, "<repl-7>")
+    if got is None:
+        print("none", file=out)
+        continue
+    want = compile(code, "<repl-7>", "exec", dont_inherit=True)
+    inner = [c.co_filename for c in got.co_consts if hasattr(c, "co_filename")]
+    print(got == want, got.co_filename, inner, file=out)
+ns = {}
+exec(step.quick_compile("x = 5\ny = x * 2", "<repl-8>"), ns)
+print(ns["y"], file=out)
+sys.settrace(lambda *a: None)
+print(step.quick_compile("x = 1", "<repl-9>"), file=out)
+sys.settrace(None)
+]]
+    local out = H.sh(("%s -I -S -B -c %s %s 2>&1"):format(py(python), quote(check),
+      quote(H.sh("pwd") .. "/python")))
+    assert.are.equal(table.concat({
+      "True <repl-7> []", "True <repl-7> []", "True <repl-7> []",
+      "True <repl-7> ['<repl-7>']", "none", "10", "None" }, "\n"), out)
   end)
 
   -- The package's loader reads the zip (one pread a member, no

@@ -156,6 +156,24 @@ def waiting():
         posix.set_blocking(0, True)
 
 
+# How long the driver must have been idle, before its session, until it
+# makes a slow part of its warm-up (step.warm_up), and how often it looks
+# meanwhile: a message that comes is read at most IDLE_LOOK late. Far
+# shorter than a pooled sandbox waits for its session.
+IDLE_WARM = 0.02
+IDLE_LOOK = 0.0001
+
+
+def idle_for(seconds):
+    """Whether no message from the host comes for `seconds`."""
+    until = time.monotonic() + seconds
+    while not waiting():
+        if time.monotonic() >= until:
+            return True
+        time.sleep(IDLE_LOOK)
+    return False
+
+
 def main(context_data):
     """The message loop, after the entry script's hello."""
     session = state.current
@@ -163,7 +181,7 @@ def main(context_data):
     session.namespace.update(api.names())
     state.driver_modules[:] = [module for name, module in list(sys.modules.items())
                                if name == __package__ or name.startswith(__package__ + ".")]
-    warming = []
+    warming, slow, loaded = [], [], False
     while True:
         while warming and not waiting():
             # Idle, the self-test over: a pooled sandbox waiting for its
@@ -171,6 +189,11 @@ def main(context_data):
             # ready. The first step's own setup is made meanwhile, a part
             # at a time, until a message comes.
             warming.pop(0)()
+        while slow and not warming and not loaded and idle_for(IDLE_WARM):
+            # Idle a while with no session yet (a pooled sandbox): no
+            # message is due soon. A cold start's context comes at once,
+            # and its first exec is not waited for this way.
+            slow.pop(0)()
         message = protocol.receive()
         if message is None:
             return
@@ -178,15 +201,23 @@ def main(context_data):
         received = time.monotonic()
         if kind == "configure":
             configure(message)
-            send(timed({"type": "configured"}, received))
+            # A cold start's host has sent every start-up message at once:
+            # while the next is there, a reply waits in the buffer and goes
+            # with the next one's (one wake-up of the host, not three).
+            send(timed({"type": "configured"}, received), flush=not waiting())
         elif kind == "self_test":
             checks = selftest.self_test(string_list(message, "absent", []),
                                         field(message, "canaries", dict, {}))
-            send(timed({"type": "self_test_result", "checks": checks}, received))
-            warming = step.warm_up(state.current.guardrails)
+            send(timed({"type": "self_test_result", "checks": checks}, received),
+                 flush=not waiting())
+            warming, slow = step.warm_up(state.current.guardrails)
         elif kind == "load_context":
             send(timed(load_context(message), received))
+            loaded = True
         elif kind == "exec":
             run_step(message)
+            # After a step, the slow parts wait for no idle spell: the model
+            # takes its turn now (made between messages, as the quick ones).
+            warming, slow = warming + slow, []
         else:
             fatal(f"unexpected message type {kind!r}")

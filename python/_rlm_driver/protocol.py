@@ -43,13 +43,16 @@ def encode(message, plain=False):
         return text.encode("utf-8")
 
 
-def send(message, data=None):
+def send(message, data=None, flush=True):
+    """Writes a message; flush=False leaves it in the buffer for the next
+    send's flush (main's start-up replies, when the next message is there)."""
     if data is None:
         data = encode(message)
     with CHANNEL:
         try:
             PROTOCOL_OUT.write(data + b"\n")
-            PROTOCOL_OUT.flush()
+            if flush:
+                PROTOCOL_OUT.flush()
         except OSError:  # the host has gone away
             posix._exit(0)
 

@@ -2,6 +2,7 @@
 truncated, its error described and cut, a failed step's names rolled back,
 and the answer dict read at its end."""
 
+import _imp
 import _signal
 import _thread
 import builtins
@@ -277,18 +278,81 @@ def failed_in_final(code, filename, exc):
 
 def warm_up(guardrails):
     """What the first step makes at its start, in parts that main makes
-    while the driver waits once the self-test is over: the guarded
-    builtins, the shields, the compiler's paths (the first compile() makes
-    the ast module's classes, ~1.5 ms; then the screen's path, for code
-    that is not plain). Nothing of the REPL's state changes."""
-    parts = [guard.builtins_table, shield.shield_modules] if guardrails else []
-    return parts + [lambda: compile_step("x = None", "<warm>", guardrails),
-                    lambda: compile_step("_ = None", "<warm>", guardrails)]
+    while the driver waits once the self-test is over: (quick, slow). The
+    quick ones (the guarded builtins, the shields) are made whenever the
+    driver is idle; the slow ones, the compiler's paths (the first
+    compile() makes the ast module's classes, ~1.5 ms; then the screen's
+    path, for code that is not plain), before the session's context only
+    once it has been idle a while (main.IDLE_WARM: a pooled sandbox waiting
+    for its session), then not until the first step is over (a cold
+    start's first plain step needs no classes: quick_compile), and after it
+    between messages, as the quick ones. Nothing of the REPL's state
+    changes."""
+    quick = [guard.builtins_table, shield.shield_modules] if guardrails else []
+    return quick, [warm_compile, lambda: compile_step("_ = None", "<warm>", guardrails)]
+
+
+def warm_compile():
+    """compile()'s first call, which builds the ast module's classes."""
+    compiled_once[0] = True
+    compile("x = None", "<warm>", "exec", dont_inherit=True)
+
+
+class Compiled(BaseException):
+    """quick_compile's: out of the exec it aborted, before any of its code ran."""
+
+
+# Whether compile() has run: it builds the ast module's classes first.
+compiled_once = [False]
+
+
+def quick_compile(code, filename):
+    """Plain code (screen.plain) compiled as compile(code, filename, "exec",
+    dont_inherit=True) does, without compile()'s first call's ~1.5 ms: every
+    compile() asks whether its source is an ast object, which builds all of
+    the ast module's classes once. exec of a string does not, so the code
+    is compiled by exec in a namespace of its own, with no builtins, and a
+    trace function of this thread's takes its code object at its frame's
+    first event, before its first instruction, and aborts it; then its
+    filename is set, as the import system sets a .pyc's. The code never
+    runs here. None when anything is not as expected (a trace or profile
+    function already set, a warning's Python frame first, a syntax error):
+    the caller compiles as usual."""
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return None
+    isolated, taken = {"__builtins__": {}}, []
+
+    def take(frame, event, arg):
+        taken.append((frame.f_globals is isolated, event, frame.f_code))
+        raise Compiled
+
+    sys.settrace(take)
+    try:
+        exec(code, isolated)
+    except Compiled:
+        pass
+    except BaseException:  # a syntax error: compile() says it with the filename
+        return None
+    finally:
+        sys.settrace(None)
+    if len(taken) != 1 or taken[0][:2] != (True, "call"):
+        return None
+    code_object = taken[0][2]
+    if code_object.co_name != "<module>" or code_object.co_filename != "<string>":
+        return None
+    _imp._fix_co_filename(code_object, filename)
+    return code_object
 
 
 def compile_step(code, filename, guardrails):
-    if not guardrails or plain(code):
-        return compile(code, filename, "exec", dont_inherit=True)
+    is_plain = plain(code)
+    if not guardrails or is_plain:
+        code_object = quick_compile(code, filename) if is_plain and not compiled_once[0] else None
+        if code_object is None:
+            compiled_once[0] = True
+            code_object = compile(code, filename, "exec", dont_inherit=True)
+        return code_object
+    compiled_once[0] = True
     parsed = compile(code, filename, "exec", tree.PyCF_ONLY_AST, dont_inherit=True)
     screen(parsed)
     parsed = tree.fix_missing_locations(RouteFormatting().visit(parsed))
