@@ -100,7 +100,11 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
 2. **Step round trip**: `s:step()` timed in Lua, many steps in one session.
    Floor: `floor_pingpong` writing one short JSON-like line to
    `python3 -I -S bench/echo_driver.py` over a pipe and reading the echo.
-   Floor chunks and step chunks take turns, in 10 rounds.
+   Floor chunks and step chunks take turns, in 10 rounds. Flat steps: each
+   round's median step over the median of the floor chunk just before it;
+   the median of that over the last 3 rounds against the first 3 (a single
+   window's median swings with the shared machine's load, both ways; a
+   copy of the history per step reads 3.4x, a copy of its list 1.5x).
 3. **llm_query round trip**: one exec calls `llm_query("q")` in a loop; each
    call is timed inside the REPL with `time.perf_counter_ns`. The Lua callback
    returns its prompt, and every 1,000 calls first runs a chunk of both

@@ -195,6 +195,40 @@ except RuntimeError as e:
     end))
   end)
 
+  -- A child that ended keeps its sandbox till the last answer of its call
+  -- has gone (rlm.nested), unwatched: what it does meanwhile (a thread
+  -- that writes lines, then exits) wakes no loop, and its sandbox goes
+  -- with the batch.
+  it("leaves a child that ended unwatched till its batch is answered, then kills it", function()
+    local core = require("rlm.core")
+    local seen = {}
+    local c0 = core.thread_cpu_ms()
+    local result = assert(H.run({
+      max_depth = 2,
+      guardrails = false,
+      root_llm = tree_model({
+        fence("r = rlm_query_batched(['noisy', 'slow'])\nprint(r)"),
+        function()
+          seen.after = #H.settled_children(1)
+          return fence("FINAL('|'.join(r))")
+        end,
+      }, function(question)
+        if question == "noisy" then
+          return fence("import os, threading, time\n"
+            .. "def spam():\n    time.sleep(0.2)\n    for _ in range(3000):\n        os.write(1, b'{\"type\":\"exec_result\"}\\n')\n"
+            .. "        time.sleep(0.0002)\n    os._exit(3)\n"
+            .. "threading.Thread(target=spam).start()\nFINAL('n')")
+        end
+        return fence("import time\ntime.sleep(1.5)\nFINAL('s')")
+      end),
+    }))
+    assert.are.equal("n|s", result.answer)
+    assert.are.equal(1, seen.after) -- the root's own sandbox
+    -- Watched, the noisy child's descriptor would wake the root's wait at
+    -- once for the whole 1.5 s.
+    assert.is_true(core.thread_cpu_ms() - c0 < 300, "the host's thread spun on an ended child")
+  end)
+
   it("passes a child's batch to llm_query_batch under run(), whole", function()
     local batches = {}
     local result = assert(H.run({

@@ -58,12 +58,21 @@ function M:_forward(child, ev)
   self:_hand_out(req)
 end
 
--- A child ended: its sandbox goes, and its answer (or why it failed) goes
--- to the code that asked.
+-- A child ended: its answer (or why it failed) goes to the code that asked.
+-- Its sandbox goes once every answer of that call has gone to the driver,
+-- or at once when a queued nested session is to take its room: a
+-- sandbox's teardown (its processes' exit) costs the CPUs about what its
+-- session did, and the rest of a batch should not wait behind it. Till
+-- then the root's loop no longer watches it, and nothing reads it.
 function M:_child_done(child, ev)
-  child:close()
   local call = child.call
   local next_call = table.remove(self.queued, 1)
+  if next_call or not child.driver then
+    child:close()
+  else
+    self:_root():_waitset():remove(child.driver:fd())
+    self.finished[#self.finished + 1] = child
+  end
   if next_call then
     self:_queue_child(next_call)
   end
@@ -81,12 +90,27 @@ function M:_child_done(child, ev)
   if not ok then
     return nil, err
   end
-  return self:_send_result(call, text, problem)
+  ok, err = self:_send_result(call, text, problem)
+  if self.open_slots == 0 then
+    self:_close_finished()
+  end
+  return ok, err
+end
+
+-- The sandboxes of the children that ended and wait for their call's last
+-- answer (_child_done) go.
+function M:_close_finished()
+  local finished = self.finished
+  self.finished = {}
+  for _, child in ipairs(finished) do
+    child:close()
+  end
 end
 
 -- Closes the children and forgets the queued ones (an exec or the session
 -- ended).
 function M:_end_children()
+  self:_close_finished()
   for _, child in ipairs(self.children) do
     child:close()
   end

@@ -44,6 +44,7 @@ local function new_session(o, parent, context_data, context_format, description)
     routes = {}, -- id -> { child =, id = } for a request passed on from a child
     children = {}, -- nested sessions running for the current exec
     queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
+    finished = {}, -- nested sessions that ended, their sandboxes kept till their call is answered
     started_children = 0,
     open_slots = 0, -- answers the driver still waits for, for its current call
     max_values = protocol.max_values(o.max_message_bytes), -- JSON values in one line
