@@ -195,7 +195,8 @@ print(wrong, code.co_filename, plain_ast, refused, "_ast" in sys.modules, file=o
   -- (step.quick_compile): compile()'s first call would build the ast
   -- module's classes, ~1.5 ms of the cold start. The code must never run
   -- there (it would run unguarded, outside the step): a text that prints,
-  -- or raises comes back compiled, having done none of it.
+  -- or raises comes back compiled, having done none of it. Only the first
+  -- step's: the model's code, once it has run, could have set a trace.
   it("compiles the first plain step without compile() and without running it", function()
     local python = sandboxed_start().python
     local check = [[
@@ -219,12 +220,18 @@ print(ns["y"], file=out)
 sys.settrace(lambda *a: None)
 print(step.quick_compile("x = 1", "<repl-9>"), file=out)
 sys.settrace(None)
+calls, real = [], step.quick_compile
+step.quick_compile = lambda code, name: calls.append(name) or real(code, name)
+step.compiled_once[0] = False
+step.compile_step("x = 1", "<repl-10>", True)
+step.compile_step("x = 2", "<repl-11>", True)
+print(calls, file=out)
 ]]
     local out = H.sh(("%s -I -S -B -c %s %s 2>&1"):format(py(python), quote(check),
       quote(H.sh("pwd") .. "/python")))
     assert.are.equal(table.concat({
       "True <repl-7> []", "True <repl-7> []", "True <repl-7> []",
-      "True <repl-7> ['<repl-7>']", "none", "10", "None" }, "\n"), out)
+      "True <repl-7> ['<repl-7>']", "none", "10", "None", "['<repl-10>']" }, "\n"), out)
   end)
 
   -- The package's loader reads the zip (one pread a member, no

@@ -302,7 +302,10 @@ class Compiled(BaseException):
     """quick_compile's: out of the exec it aborted, before any of its code ran."""
 
 
-# Whether compile() has run: it builds the ast module's classes first.
+# Whether a step's code has been compiled, or compile() has run (it builds
+# the ast module's classes first): quick_compile is the first step's only,
+# made before any code of the model's has run (that code could set this
+# thread's trace function or replace the sys module's).
 compiled_once = [False]
 
 
@@ -348,8 +351,8 @@ def compile_step(code, filename, guardrails):
     is_plain = plain(code)
     if not guardrails or is_plain:
         code_object = quick_compile(code, filename) if is_plain and not compiled_once[0] else None
+        compiled_once[0] = True
         if code_object is None:
-            compiled_once[0] = True
             code_object = compile(code, filename, "exec", dont_inherit=True)
         return code_object
     compiled_once[0] = True
