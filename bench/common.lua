@@ -395,6 +395,17 @@ function M.start(env, opts)
   return s, ms, entry
 end
 
+-- A take from pool plus its first step, then its close: (ms, the host
+-- thread's CPU ms over the take). Raises if the take started cold.
+function M.warm_take(env, pool)
+  local c0 = core.thread_cpu_ms()
+  local s, ms = M.start(env, { pool = pool })
+  local cpu = core.thread_cpu_ms() - c0
+  assert(s.start == "warm", "a sample started cold")
+  s:close()
+  return ms, cpu
+end
+
 -- One step that must succeed: ms.
 function M.step(s)
   local t0 = M.now_ms()

@@ -145,12 +145,7 @@ function M.run(env)
   local warm, cold, warm_cpu = {}, {}, {}
   for i = 1, size.warm do
     settle(pool)
-    local c0 = core.thread_cpu_ms()
-    local s, ms = common.start(env, { pool = pool })
-    warm_cpu[#warm_cpu + 1] = core.thread_cpu_ms() - c0
-    assert(s.start == "warm", "a sample started cold")
-    s:close()
-    warm[#warm + 1] = ms
+    warm[#warm + 1], warm_cpu[#warm_cpu + 1] = common.warm_take(env, pool)
     if i % 4 == 0 and #cold < size.cold then
       local c, cms = common.start(env)
       c:close()

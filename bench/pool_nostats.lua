@@ -11,7 +11,6 @@
 local root, tmp = assert(arg[1], "root"), assert(arg[2], "tmp")
 local n, gap = tonumber(arg[3] or 30), tonumber(arg[4] or 700)
 local common = require("bench.common")
-local core = require("rlm.core")
 local rlm = require("rlm")
 
 local env = common.env({ root = root, tmpdir = tmp .. "/sessions", scratch = tmp .. "/scratch" })
@@ -35,12 +34,7 @@ local warm, cpu = {}, {}
 sleep(gap * 2)
 for _ = 1, n do
   sleep(gap)
-  local c0 = core.thread_cpu_ms()
-  local s, ms = common.start(env, { pool = pool })
-  cpu[#cpu + 1] = core.thread_cpu_ms() - c0
-  assert(s.start == "warm", "a sample started cold")
-  s:close()
-  warm[#warm + 1] = ms
+  warm[#warm + 1], cpu[#cpu + 1] = common.warm_take(env, pool)
 end
 pool:close()
 local w, c = common.summary(warm), common.summary(cpu)
