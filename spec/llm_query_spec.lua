@@ -127,3 +127,22 @@ describe("llm_query on its fast path", function()
     assert.matches("already being driven", result.answer)
   end)
 end)
+
+describe("text the host hands the code", function()
+  after_each(H.assert_clean)
+
+  it("reaches it with U+FFFD for each byte that is not UTF-8, and the run goes on", function()
+    local code = "r = llm_query('x')\nFINAL(repr(r))"
+    local result, err = H.run({ root_llm = H.script({ fence(code) }), llm_query = function()
+      return "ab\255cd\237\160\128e"
+    end })
+    assert.is_nil(err)
+    assert.are.equal("'ab\239\191\189cd\239\191\189\239\191\189\239\191\189e'", result.answer)
+  end)
+
+  it("runs code that is not UTF-8, the bytes read as U+FFFD", function()
+    local result, err = H.run({ root_llm = H.script({ fence("FINAL(repr('a\255b'))") }) })
+    assert.is_nil(err)
+    assert.are.equal("'a\239\191\189b'", result.answer)
+  end)
+end)

@@ -66,9 +66,10 @@ def receive():
 
 
 def parse_line(line):
-    """A line from the host as a message; anything else is fatal."""
+    """A line from the host as a message; anything else is fatal. Bytes that
+    are not UTF-8 (a callback's answer may hold any) read as U+FFFD."""
     try:
-        message = codec.loads(line)
+        message = codec.loads(line.decode("utf-8", "replace"))
     except ValueError as exc:
         fatal(f"host sent a line that is not JSON: {exc}")
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
@@ -291,7 +292,7 @@ def scanned(line):
         return None
     if line[:1] == b"{":  # neither a BOM nor UTF-16/32: loads would read UTF-8
         try:
-            text = line.decode("utf-8", "surrogatepass")
+            text = line.decode("utf-8", "replace")
             reply, end = _scan(text, 0)
             rest = len(text) - end  # 1: the newline, as usual
             if type(reply) is dict and type(reply.get("type")) is str and not (
