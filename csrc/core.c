@@ -512,6 +512,40 @@ static int driver_send(lua_State *L) {
   return 1;
 }
 
+/* d:send_result(id, text) -> true | nil, message: the llm_result line
+ * {"type":"llm_result","id":id,"text":text}, written from its parts (the
+ * text as it is when it needs no escape) without making it a Lua string. */
+static int driver_send_result(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  lua_Integer id = luaL_checkinteger(L, 2);
+  size_t len;
+  const char *text = luaL_checklstring(L, 3, &len);
+  char head[64];
+  int n = snprintf(head, sizeof(head),
+                   "{\"type\":\"llm_result\",\"id\":%lld,"
+                   "\"text\":\"",
+                   (long long)id);
+  size_t escaped = rlm_json_escaped_len(text, len);
+  if (escaped > MAX_WRITE_QUEUE)
+    return fail(L, "the driver cannot take input");
+  char *copy = NULL;
+  if (escaped != len) {
+    if ((copy = malloc(escaped)) == NULL)
+      return fail(L, "out of memory");
+    rlm_json_escape(text, len, copy);
+  }
+  uv_buf_t parts[3] = {
+      uv_buf_init(head, (unsigned)n),
+      uv_buf_init(copy ? copy : (char *)text, (unsigned)escaped),
+      uv_buf_init("\"}", 2)};
+  int rc = rlm_driver_sendv(u->d, parts, 3);
+  free(copy);
+  if (rc != 0)
+    return fail(L, "the driver cannot take input");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static const char *event_name(rlm_event_kind k) {
   switch (k) {
   case RLM_EV_LINE:
@@ -538,7 +572,10 @@ static const char *event_name(rlm_event_kind k) {
  *   "failed", message (the start failed: nothing ran)
  * A line that could decode to more than max_values JSON values is not made
  * a Lua string: "dense" says how many it holds (at least). With `held`, only
- * what the driver holds already is taken: the pipes are not looked at. */
+ * what the driver holds already is taken: the pipes are not looked at. With
+ * `quick`, a lone llm_query line as the driver writes it comes decoded:
+ * "query", prompt, id, busy (rlm_quick_query; any other line is a "line"),
+ * busy saying what d:timeout() == 0 would: more is held, or a timer due. */
 static int driver_poll(lua_State *L) {
   driver_ud *u = check_driver(L);
   int timeout = (int)luaL_optinteger(L, 2, -1);
@@ -557,6 +594,18 @@ static int driver_poll(lua_State *L) {
       lua_pushinteger(L, (lua_Integer)values);
       return 2;
     }
+  }
+  char *prompt;
+  size_t len;
+  unsigned long id;
+  if (ev->kind == RLM_EV_LINE && lua_toboolean(L, 5) &&
+      rlm_quick_query(ev->data, ev->len, &prompt, &len, &id)) {
+    lua_pushliteral(L, "query");
+    lua_pushlstring(L, prompt, len);
+    lua_pushinteger(L, (lua_Integer)id);
+    rlm_driver_line_taken(u->d);
+    lua_pushboolean(L, rlm_driver_backend_timeout(u->d) == 0);
+    return 4;
   }
   lua_pushstring(L, event_name(ev->kind));
   switch (ev->kind) {
@@ -1019,6 +1068,7 @@ static const luaL_Reg driver_methods[] = {
     {"uid", driver_uid},
     {"exec_ms", driver_exec_ms},
     {"start_stamps", driver_start_stamps},
+    {"send_result", driver_send_result},
     {"write_context", driver_write_context},
     {"context_written", driver_context_written},
     {"close", driver_close},

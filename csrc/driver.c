@@ -638,21 +638,31 @@ static void on_write(uv_write_t *req, int status) {
 }
 
 int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
+  uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
+  return rlm_driver_sendv(d, &part, 1);
+}
+
+int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n) {
   /* While it starts, what is sent waits in the pipe. */
   if (d->start_failed || d->kill_pending || d->exited || d->killed ||
-      d->in_closed)
+      d->in_closed || n < 1 || n > 8)
     return -1;
-  if (memchr(data, '\n', len) != NULL)
-    return -1;
+  uv_buf_t bufs[9];
+  size_t len = 0;
+  for (int i = 0; i < n; i++) {
+    if (memchr(parts[i].base, '\n', parts[i].len) != NULL)
+      return -1;
+    bufs[i] = parts[i];
+    len += parts[i].len;
+  }
   if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) + len >
       MAX_WRITE_QUEUE)
     return -1;
   /* The line and its newline straight to the pipe when nothing waits before
    * it (a short line always fits); what the pipe does not take now is
    * copied and queued. */
-  uv_buf_t bufs[2] = {uv_buf_init((char *)data, (unsigned)len),
-                      uv_buf_init("\n", 1)};
-  int sent = uv_try_write((uv_stream_t *)&d->in, bufs, 2);
+  bufs[n] = uv_buf_init("\n", 1);
+  int sent = uv_try_write((uv_stream_t *)&d->in, bufs, (unsigned)n + 1);
   if (sent == UV_EAGAIN || sent == UV_ENOSYS)
     sent = 0;
   else if (sent < 0)
@@ -663,21 +673,27 @@ int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
   write_req *w = malloc(sizeof(*w) + rest);
   if (w == NULL) {
     if (done > 0)
-      kill_sandbox(d); /* half a line went: the stream is broken */
+      kill_sandbox(d); /* part of a line went: the stream is broken */
     return -1;
   }
-  if (done < len) {
-    memcpy(w->data, data + done, len - done);
-    w->data[len - done] = '\n';
-  } else {
-    w->data[0] = '\n';
+  /* What is left of the parts and the newline, from byte `done` on. */
+  size_t at = 0, skip = done;
+  for (int i = 0; i <= n; i++) {
+    size_t take = bufs[i].len;
+    if (skip >= take) {
+      skip -= take;
+      continue;
+    }
+    memcpy(w->data + at, bufs[i].base + skip, take - skip);
+    at += take - skip;
+    skip = 0;
   }
   w->len = rest;
   uv_buf_t buf = uv_buf_init(w->data, (unsigned)w->len);
   if (uv_write(&w->req, (uv_stream_t *)&d->in, &buf, 1, on_write) != 0) {
     free(w);
     if (done > 0)
-      kill_sandbox(d); /* half a line went: the stream is broken */
+      kill_sandbox(d); /* part of a line went: the stream is broken */
     return -1;
   }
   return 0;

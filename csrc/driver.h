@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <uv.h>
 
 typedef enum rlm_event_kind {
   RLM_EV_LINE,     /* a complete line from the driver's stdout: a view,
@@ -104,6 +105,10 @@ RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
 /* Queues `len` bytes plus a newline for the driver's stdin. Returns 0, or -1
  * when the driver is gone or the data holds a newline. */
 RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
+
+/* The same for a line in n parts (at most 8), sent as one: the parts, then
+ * the newline. */
+RLM_FN int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n);
 
 /* Waits up to timeout_ms (0: do not wait, <0: no limit) for the next event.
  * Returns it (free with rlm_event_free), or NULL when none came. A line is

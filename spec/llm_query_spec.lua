@@ -128,6 +128,103 @@ describe("llm_query on its fast path", function()
   end)
 end)
 
+-- The host reads the driver's lone llm_query line itself (rlm.core's
+-- rlm_quick_query) and writes the answer's line itself (d:send_result): what
+-- the code's own lines get must be what lua-cjson makes of the same line.
+-- The REPL's code (guardrails off) writes a line to the protocol as a
+-- hostile driver would, and hands back the host's answer line.
+describe("a lone llm_query line, read by the host", function()
+  local cjson = require("cjson")
+  after_each(H.assert_clean)
+
+  local function py_bytes(s)
+    return "b'" .. s:gsub(".", function(c)
+      return ("\\x%02x"):format(c:byte())
+    end) .. "'"
+  end
+
+  -- The answer line the host wrote for `line` (nil, err when the run
+  -- failed), and the prompts the callback saw.
+  local function exchange(line)
+    local code = table.concat({
+      "import os",
+      "os.write(1, " .. py_bytes(line .. "\n") .. ")",
+      "reply = b''",
+      "while not reply.endswith(b'\\n'):",
+      "    reply += os.read(0, 1 << 16)",
+      "FINAL(reply.hex())",
+    }, "\n")
+    local seen = {}
+    local result, err = H.run({ guardrails = false, fallback = false, root_llm = H.script({ fence(code) }),
+      llm_query = function(p)
+        seen[#seen + 1] = p
+        return "re:" .. p
+      end })
+    if not result then
+      return nil, err, seen
+    end
+    return (result.answer:gsub("%x%x", function(h)
+      return string.char(tonumber(h, 16))
+    end)), nil, seen
+  end
+
+  local SERVED = {
+    { "plain text", '{"type":"llm_query","prompt":"hello","id":7}' },
+    { "every short escape", [[{"type":"llm_query","prompt":"q\"b\\s\/ \b\f\n\r\t","id":1}]] },
+    { "\\u escapes in either case, a surrogate pair, NUL",
+      [[{"type":"llm_query","prompt":"\u00e9\u00E9\u2028\ud83d\ude00\uD83D\uDE00\u0000x","id":2}]] },
+    { "raw UTF-8, raw control bytes and bytes that are not UTF-8", '{"type":"llm_query","prompt":"é\1\31\127\255","id":3}' },
+    { "the largest id, and an empty prompt", '{"type":"llm_query","prompt":"","id":2147483647}' },
+    { "id 0", '{"type":"llm_query","prompt":"z","id":0}' },
+    -- Not the driver's own shape: the general reading serves them.
+    { "spaces", '{"type": "llm_query", "prompt": "x", "id": 4}' },
+    { "another order", '{"id":5,"type":"llm_query","prompt":"x"}' },
+    { "a model= hint", '{"type":"llm_query","prompt":"x","id":6,"model":"m"}' },
+    { "an escaped key", [[{"type":"llm_query","prompt":"x","\u0069d":8}]] },
+  }
+  for _, case in ipairs(SERVED) do
+    it("answers " .. case[1] .. " as lua-cjson reads it", function()
+      local want = cjson.decode(case[2])
+      local line, err, seen = exchange(case[2])
+      assert.is_nil(err)
+      assert.are.same({ want.prompt }, seen)
+      local reply = cjson.decode(line)
+      assert.are.equal("llm_result", reply.type)
+      assert.are.equal(want.id, reply.id)
+      assert.are.equal("re:" .. want.prompt, reply.text)
+    end)
+  end
+
+  local REFUSED = {
+    { "a lone high surrogate", [[{"type":"llm_query","prompt":"a\ud800b","id":1}]], "not JSON" },
+    { "a lone low surrogate", [[{"type":"llm_query","prompt":"a\udc00","id":1}]], "not JSON" },
+    { "a pair cut short", [[{"type":"llm_query","prompt":"\ud83d\u0041","id":1}]], "not JSON" },
+    { "a bad escape", [[{"type":"llm_query","prompt":"\x41","id":1}]], "not JSON" },
+    { "an id past 2^31 - 1", '{"type":"llm_query","prompt":"x","id":2147483648}', "malformed" },
+    { "a leading zero", '{"type":"llm_query","prompt":"x","id":06}', "not JSON" },
+    { "a negative id", '{"type":"llm_query","prompt":"x","id":-1}', "malformed" },
+    { "an unterminated prompt", '{"type":"llm_query","prompt":"x,"id":1}', "not JSON" },
+    { "text after the object", '{"type":"llm_query","prompt":"x","id":1}}', "not JSON" },
+  }
+  for _, case in ipairs(REFUSED) do
+    it("ends the run with a protocol_error for " .. case[1] .. ", as the general reading does", function()
+      local line, err, seen = exchange(case[2])
+      assert.is_nil(line)
+      assert.are.equal("protocol_error", err.kind)
+      assert.matches(case[3], err.message)
+      assert.are.same({}, seen)
+    end)
+  end
+
+  it("refuses a second call written before the first one's answer", function()
+    local line = '{"type":"llm_query","prompt":"a","id":1}\n{"type":"llm_query","prompt":"b","id":2}'
+    local result, err = exchange(line)
+    assert.is_nil(result)
+    assert.are.equal("protocol_error", err.kind)
+    assert.matches("before its last one was answered", err.message)
+  end)
+end)
+
 describe("text the host hands the code", function()
   after_each(H.assert_clean)
 
@@ -144,5 +241,21 @@ describe("text the host hands the code", function()
     local result, err = H.run({ root_llm = H.script({ fence("FINAL(repr('a\255b'))") }) })
     assert.is_nil(err)
     assert.are.equal("'a\239\191\189b'", result.answer)
+  end)
+
+  it("gives every byte of an answer back exactly, escapes and all", function()
+    local all = {}
+    for b = 1, 127 do
+      all[#all + 1] = string.char(b)
+    end
+    all = table.concat(all) .. "é☃"
+    local code = "r = llm_query('x')\nFINAL(r.encode('utf-8').hex())"
+    local result, err = H.run({ root_llm = H.script({ fence(code) }), llm_query = function()
+      return all
+    end })
+    assert.is_nil(err)
+    assert.are.equal(all, (result.answer:gsub("%x%x", function(h)
+      return string.char(tonumber(h, 16))
+    end)))
   end)
 end)

@@ -19,7 +19,7 @@ end
 -- request, answered at once, its reply returned.
 local function answer_inline(s, req)
   if req then
-    return dispatch.answer_now(s, req, call_now)
+    return dispatch.answer_now(s, req)
   end
   return dispatch.answer_out(s, call_now)
 end

@@ -6,6 +6,7 @@
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
 local errors = require("rlm.errors")
 local tools = require("rlm.tools")
+local util = require("rlm.util")
 
 local M = {}
 
@@ -111,22 +112,15 @@ local function answer(s, ev, start)
   end)
 end
 
--- Runs the llm_query callback for request req now, with start (which must
--- settle before it returns: rlm.blocking's), and returns the reply record
--- that s:reply() would have put in the inbox.
-function M.answer_now(s, req, start)
-  local r = { request = req }
-  start(with_info(s.opts.llm_query, req), req.prompt, function(ok, text, usage)
-    if not ok then
-      text, usage = nil, tostring(text)
-    end
-    if text == nil and type(usage) == "string" then
-      r.failed, r.message = true, usage
-    else
-      r.text, r.usage = text, usage
-    end
-  end)
-  return r
+-- Runs the llm_query callback for request req now (rlm.blocking's
+-- util.call_now), and returns the reply record that s:reply() would have
+-- put in the inbox.
+function M.answer_now(s, req)
+  local ok, text, usage = util.call_now(s.opts.llm_query, req.prompt, { depth = req.depth or 0, model = req.model })
+  if not ok then
+    return { request = req, failed = true, message = text }
+  end
+  return { request = req, text = text, usage = usage }
 end
 
 -- Starts the callback for each request waiting in s's outbox, in order, as

@@ -69,15 +69,24 @@ end
 -- (rlm.dispatch.answer_out, as the loop would once poll() gave them) and
 -- waits on fd() as the loop would. Whatever else the loop would see (the
 -- session closed or failed from a callback, a wait of 0 ms: a child or a
--- deadline to look at) goes back to it through the yield.
-function M:_idle()
+-- deadline to look at) goes back to it through the yield. While the
+-- driver is all the session watches, the wait is the driver's own poll,
+-- and the event it wakes for comes back from here (`quick`: as d:poll's).
+function M:_idle(quick)
   local inline = self.inline
   if inline and not self.closed and not self.failed then
     if self.outbox[1] then
-      return inline(self)
+      inline(self)
+      return
     end
     local ms = self:timeout()
     if ms ~= 0 then
+      local d = self.driver
+      if d and not self.helper and not self.children[1] then
+        local kind, a, b, c = d:poll(ms, self.max_values, false, quick)
+        self.pumped_at = core.now_ms()
+        return kind, a, b, c
+      end
       self:_block(ms)
       self.pumped_at = core.now_ms()
       return
@@ -281,8 +290,9 @@ function M:timeout()
   end
   local d = self.driver or self.helper
   local ms = self:_soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
-  for _, child in ipairs(self.children) do
-    local c = child:timeout()
+  local children = self.children
+  for i = 1, #children do
+    local c = children[i]:timeout()
     if ms < 0 or (c >= 0 and c < ms) then
       ms = c
     end

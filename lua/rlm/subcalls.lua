@@ -1,8 +1,8 @@
 -- The code's llm_query calls: budgets, the in-flight cap over the tree of
 -- sessions, requests handed out through poll() and the answers back.
 local core = require("rlm.core")
-local json = require("rlm.json")
 local textlib = require("rlm.text")
+local util = require("rlm.util")
 
 local M = {}
 
@@ -202,7 +202,52 @@ function M:_sub_query(msg)
   return true
 end
 
-local RESULT_LINE = '{"type":"llm_result","id":%d,"text":%s}'
+-- A lone llm_query with no model= hint, as rlm.core decoded it (d:poll's
+-- "query", prompt, id, busy), under run() or step(): what _sub_query,
+-- _call_now and _sub_answer do with { type = "llm_query", id =, prompt = }
+-- when the callback answers with text, in one go: no message, request or
+-- reply table, and the line made by rlm.core. Whatever is not that usual
+-- case (a call refused or held back, more from the driver or a timer due
+-- first, an interrupt, a limit on prompts, on_event, another loop than run()
+-- or step(), a failed callback or a usage) takes their path.
+function M:_quick_query(prompt, id, busy)
+  local o, tree = self.opts, self.tree
+  if busy or not self.inline or self.open_slots > 0 or self.interrupted or o.max_sub_prompt_chars
+      or o.on_event or tree.sub_calls >= o.max_sub_calls or tree.in_flight >= o.max_concurrent_sub_calls then
+    return self:_sub_query({ type = "llm_query", id = id, prompt = prompt })
+  end
+  if o.max_wall_ms or o.max_total_tokens or o.max_total_cost_usd then
+    local ok, err = self:_check_budget()
+    if not ok then
+      return nil, err
+    end
+  end
+  tree.sub_calls = tree.sub_calls + 1
+  self.open_slots, self.open_call, self.open_tool = 1, id, nil
+  self.next_request_id = self.next_request_id + 1
+  tree.in_flight = tree.in_flight + 1
+  local exec_id = self.next_exec_id
+  local answered, text, usage = util.call_now(o.llm_query, prompt, { depth = self.depth })
+  self:_release()
+  if self.closed then
+    return self:_cancelled()
+  end
+  if not answered or type(text) ~= "string" or usage ~= nil or exec_id ~= self.next_exec_id
+      or self.interrupted then
+    local req = { type = "llm_query", prompt = prompt, depth = self.depth, driver_id = id, exec_id = exec_id,
+      index = tree.sub_calls, id = self.next_request_id }
+    if not answered then
+      return self:_sub_answer({ request = req, failed = true, message = text })
+    end
+    return self:_sub_answer({ request = req, text = text, usage = usage })
+  end
+  local ok, err = self:_deadline_check()
+  if not ok then
+    return nil, err
+  end
+  self.open_slots = 0
+  return self:_send_text(id, text)
+end
 
 -- Under run() and step() (self.inline: rlm.blocking), a lone llm_query is
 -- answered in this resume of the engine: the callback runs at once, as the
@@ -234,9 +279,9 @@ end
 function M:_send_result(call, text, problem)
   self.open_slots = self.open_slots - 1
   if text and not problem and not call.batch_index then
-    -- A lone call's answer, the usual case: its line written here (the
+    -- A lone call's answer, the usual case: its line made by rlm.core (the
     -- same JSON the table would make, without building the table).
-    return self:_send_line(RESULT_LINE:format(call.driver_id, json.encode_plain(text)))
+    return self:_send_text(call.driver_id, text)
   end
   return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
     index = call.batch_index and call.batch_index - 1 or nil, count = call.count }, true)

@@ -23,8 +23,10 @@ function M:_exec(code)
     return nil, err
   end
   while true do
-    local kind, a, b, c = self:_wait(true)
-    if kind == "reply" then
+    local kind, a, b, c = self:_wait(true, true)
+    if kind == "query" then
+      ok, err = self:_quick_query(a, b, c)
+    elseif kind == "reply" then
       ok, err = self:_sub_answer(a)
     elseif kind == "soft" then
       ok, err = self:_interrupt()

@@ -15,8 +15,6 @@ function M.is_callable(v)
   return type(mt) == "table" and type(mt.__call) == "function"
 end
 
-local pack, unpack = M.pack, M.unpack
-
 -- Whether the running code may yield: inside a coroutine, and (5.3+) not
 -- across a C boundary.
 function M.can_yield()
@@ -37,46 +35,110 @@ end })
 -- pcall and xpcall can be yielded across everywhere but on PUC Lua 5.1.
 local yieldable_pcall = not (_VERSION == "Lua 5.1" and rawget(_G, "jit") == nil)
 
--- The one way a user callback is called (every host, every callback): fn
--- runs with args in a coroutine of its own (under run() and step(), one
--- that ran an earlier call and ended it: see worker), what it raises is caught with
--- a traceback, and on_end(ok, results... | false, message) is called once,
--- when it returns. A yield of fn:
---   pass_yields: passed on to whoever resumed us (run() inside a scheduler's
---     coroutine, cqueues, an OpenResty request), and its answer handed back;
---     when nothing may yield there, the call fails (NO_YIELD);
---   otherwise: fn stays suspended until what it waits on (a timer, a
---     socket of the host's loop) resumes it; on_end comes then.
+-- How a user callback is called (every host, every callback): in a
+-- coroutine of its own, what it raises caught with a traceback. Two ways,
+-- by where a yield of it goes:
+--   run_now(fn, ...): here and now, as run() and step() call every callback
+--     and every host calls on_event, cost_usd and validate. A yield is
+--     passed on to whoever resumed us (run() inside a scheduler's
+--     coroutine, cqueues, an OpenResty request) and its answer handed
+--     back; when nothing may yield there, the call fails (NO_YIELD).
+--     Returns true, results... | false, message.
+--   call(fn, on_end, ctx, ...): under an adapter. fn stays suspended until
+--     what it waits on (a timer, a socket of the host's loop) resumes it;
+--     on_end(ctx, ok, results... | false, message) comes once, when it
+--     returns.
 -- On PUC Lua 5.1, a raise after such an outside resume reaches that resumer.
 local DONE = {} -- what a worker yields when its call is over
-local workers = {} -- idle workers, for the next call (a few at most)
--- Not on LuaJIT: there an idle worker kept a finished call's session
--- reachable (its sandbox outlived close-by-GC in the specs), and a
--- coroutine costs it little to make.
+local traceback = debug.traceback
+
+local NO_RESUMER = "the callback yielded, and nothing can resume it here (run() outside a coroutine, "
+  .. "or on_event/cost_usd under an adapter): "
+
+-- run_now's workers run one call after another: a coroutine per call costs
+-- its allocation (a Lua state and its stack) on every llm_query. A call
+-- comes in its worker's slot (fn and up to two arguments), emptied before
+-- fn runs, so that an idle worker holds nothing of its last call. Not on
+-- LuaJIT: there an idle worker kept a finished call's session reachable
+-- (its sandbox outlived close-by-GC in the specs), and a coroutine costs it
+-- little to make.
 local MAX_IDLE_WORKERS = rawget(_G, "jit") and 0 or 4
+local idle_workers = {} -- { co =, slot = }
+
+local function run_slot(slot)
+  local fn, n, a, b = slot.fn, slot.n, slot.a, slot.b
+  slot.fn, slot.a, slot.b = nil, nil, nil
+  if yieldable_pcall then -- fn may be a callable table
+    if n == 0 then
+      return xpcall(fn, traceback)
+    elseif n == 1 then
+      return xpcall(fn, traceback, a)
+    end
+    return xpcall(fn, traceback, a, b)
+  end
+  if n == 0 then
+    return true, fn()
+  elseif n == 1 then
+    return true, fn(a)
+  end
+  return true, fn(a, b)
+end
+
+local function worker(slot)
+  while true do
+    coroutine.yield(DONE, run_slot(slot))
+  end
+end
+
+-- One resume of worker w (varargs: no table per resume): the call ended
+-- (DONE and its results), raised (PUC Lua 5.1), or yielded: passed on.
+local now_resumed
+local function now_back(w, first, ...)
+  if first == M.NO_YIELD then
+    return false, NO_RESUMER .. traceback(w.co)
+  end
+  return now_resumed(w, coroutine.resume(w.co, first, ...))
+end
+
+now_resumed = function(w, ok, first, ...)
+  if not ok then
+    return false, traceback(w.co, tostring(first))
+  end
+  if first == DONE then
+    if #idle_workers < MAX_IDLE_WORKERS then
+      idle_workers[#idle_workers + 1] = w
+    end
+    return ...
+  end
+  if not M.can_yield() then
+    return false, NO_RESUMER .. traceback(w.co) -- w stays suspended: never reused
+  end
+  return now_back(w, coroutine.yield(first, ...))
+end
+
+local function run_now(fn, ...)
+  local n = #idle_workers
+  local w = idle_workers[n]
+  if w then
+    idle_workers[n] = nil
+  else
+    w = { co = coroutine.create(worker), slot = {} }
+  end
+  local slot = w.slot
+  slot.fn, slot.n, slot.a, slot.b = fn, select("#", ...), ...
+  return now_resumed(w, coroutine.resume(w.co, slot))
+end
 
 -- fn(...) in the calling coroutine; finish(ok, results... | false,
 -- message). The arguments travel as varargs, not in a table.
 local run_job
 if yieldable_pcall then
-  local traceback = debug.traceback
   run_job = function(fn, finish, ...)
-    return finish(xpcall(fn, traceback, ...)) -- fn may be a callable table
+    return finish(xpcall(fn, traceback, ...))
   end
 else
   run_job = function(fn, finish, ...)
     return finish(true, fn(...))
-  end
-end
-
--- A worker runs one call after another: after each it yields DONE and
--- waits for the next. A coroutine per call costs its allocation (a Lua
--- state and its stack) on every llm_query. An idle worker holds nothing of
--- its last call: the call's values live in run_job's frame only.
-local function worker(...)
-  run_job(...)
-  while true do
-    run_job(coroutine.yield(DONE))
   end
 end
 
@@ -92,62 +154,21 @@ local Call = {
   end,
 }
 
-local NO_RESUMER = "the callback yielded, and nothing can resume it here (run() outside a coroutine, "
-  .. "or on_event/cost_usd under an adapter): "
-
--- What call() does with one resume's results (varargs: no table per
--- resume): the call ended, raised, or yielded (passed on when pass_yields).
-local resumed
-local function yielded_back(co, c, first, ...)
-  if first == M.NO_YIELD then
-    return c(false, NO_RESUMER .. debug.traceback(co))
-  end
-  return resumed(co, c, coroutine.resume(co, first, ...))
-end
-
-resumed = function(co, c, ok, ...)
+-- call(fn, on_end, ctx, ...): fn(...) under an adapter, as described above.
+local function call(fn, on_end, ctx, ...)
+  local c = setmetatable({ ended = false, on_end = on_end, ctx = ctx }, Call)
+  local co = coroutine.create(run_job)
+  local ok, err = coroutine.resume(co, fn, c, ...)
   if not ok then
-    return c(false, debug.traceback(co, tostring((...))))
+    return c(false, traceback(co, tostring(err)))
   end
-  if c.pass_yields and ... == DONE and c.ended and coroutine.status(co) == "suspended" then
-    if #workers < MAX_IDLE_WORKERS then
-      workers[#workers + 1] = co
-    end
-    return
-  end
-  if c.ended or not c.pass_yields or coroutine.status(co) == "dead" then
-    return
-  end
-  if not M.can_yield() then
-    return c(false, NO_RESUMER .. debug.traceback(co))
-  end
-  return yielded_back(co, c, coroutine.yield(...))
 end
 
--- call(fn, on_end, ctx, pass_yields, ...): fn(...) as described above;
--- on_end(ctx, ok, results... | false, message) once.
-local function call(fn, on_end, ctx, pass_yields, ...)
-  local c = setmetatable({ ended = false, on_end = on_end, ctx = ctx, pass_yields = pass_yields }, Call)
-  -- Only when pass_yields does this function resume the coroutine to the
-  -- end, and so sees DONE: a callback that waits on the host's loop is
-  -- resumed by that loop, which must see its coroutine end.
-  local co
-  if pass_yields and MAX_IDLE_WORKERS > 0 then
-    co = table.remove(workers) or coroutine.create(worker)
-  else
-    co = coroutine.create(run_job)
-  end
-  return resumed(co, c, coroutine.resume(co, fn, c, ...))
-end
-
--- A callback whose results are wanted here and now (on_event, cost_usd):
--- returns true, results... or false, message. Yields pass through.
+-- A callback whose results are wanted here and now (on_event, cost_usd,
+-- validate; at most two arguments): returns true, results... or false,
+-- message. Yields pass through.
 function M.call_protected(f, ...)
-  local out
-  call(f, function(_, ...)
-    out = pack(...)
-  end, nil, true, ...)
-  return unpack(out, 1, out.n)
+  return run_now(f, ...)
 end
 
 -- What a model callback's return means (see invoke): once(ok, text, usage).
@@ -163,10 +184,10 @@ local function returned(once, ok, ...)
   end -- nothing returned: done() will come
 end
 
--- A model callback (root_llm, llm_query, llm_query_batch): fn(arg, done)
--- and finish(ok, text, usage) exactly once. fn may
+-- A model callback (root_llm, llm_query, llm_query_batch) or a tool:
+-- fn(arg, done) and finish(ok, text, usage) exactly once. fn may
 --   return text[, usage] (or raise, or return nil, "message");
---   yield (see call above), then return as above;
+--   yield (see above), then return as above;
 --   return nothing, and call done(text[, usage]) or done(nil, "message")
 --     later: from anything of the host's loop under an adapter; under
 --     run() and step() (pass_yields), before it returns or while a yield
@@ -186,10 +207,48 @@ function M.invoke(fn, arg, finish, pass_yields)
       once(true, text, usage)
     end
   end
-  call(fn, returned, once, pass_yields, arg, done)
-  if pass_yields then
-    once(true, nil) -- it returned nothing and called no done(): "returned nil"
+  if not pass_yields then
+    return call(fn, returned, once, arg, done)
   end
+  returned(once, run_now(fn, arg, done))
+  once(true, nil) -- it returned nothing and called no done(): "returned nil"
+end
+
+-- A model callback called here and now: what invoke(fn, arg, finish, true)
+-- does, with the results returned rather than handed to a finish(), and no
+-- closure per call: call_now(fn, arg, info) -> true, text[, usage] | false,
+-- message | true, nil (it returned nothing). info, the table fn gets as its
+-- second argument, becomes callable: info(text[, usage]) is done(), which
+-- counts while the call runs (the first of it and the return wins).
+local Ended = { __call = function() end } -- an info whose call is over: done() is ignored
+
+local function done_now(info, text, usage)
+  local st = getmetatable(info)
+  setmetatable(info, Ended)
+  if text == nil then
+    st.ok, st.text = false, usage ~= nil and tostring(usage) or "the callback called done() without a result"
+  else
+    st.ok, st.text, st.usage = true, text, usage
+  end
+end
+
+local function ended(info, st, ok, text, usage)
+  if getmetatable(info) ~= st then -- done() came first
+    return st.ok, st.text, st.usage
+  end
+  setmetatable(info, Ended)
+  if not ok then
+    return false, tostring(text)
+  elseif text == nil and type(usage) == "string" then
+    return false, usage
+  end
+  return true, text, usage
+end
+
+function M.call_now(fn, arg, info)
+  local st = { __call = done_now }
+  setmetatable(info, st)
+  return ended(info, st, run_now(fn, arg, info))
 end
 
 -- Appends the items of each list to dst; returns dst.

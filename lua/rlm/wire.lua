@@ -19,9 +19,10 @@ end
 
 -- The next thing the engine must handle: "reply", reply (when accept_replies),
 -- "soft", kind (a soft deadline passed: rlm.limits) or a driver event (kind,
--- ...). It never waits in C: with nothing to do it
+-- ...; with `quick`, a lone llm_query as "query", prompt, id: rlm.core's
+-- d:poll). It never waits in C: with nothing to do it
 -- yields IDLE until poll() is called again.
-function M:_wait(accept_replies)
+function M:_wait(accept_replies, quick)
   -- What a pooled sandbox said before its session took it (rlm.pool).
   local pre = self.pre_events
   if pre then
@@ -57,13 +58,21 @@ function M:_wait(accept_replies)
     -- nothing: only what the driver holds already is taken (a line read
     -- with the last one), and the rest waits for whoever drives the session
     -- (fd(), or timeout(), which is 0 while the driver holds an event; the
-    -- wait of rlm.blocking reads the line as it wakes).
-    local kind, a, b, c = drv:poll(0, self.max_values, self.sent or self.outbox[1] ~= nil)
+    -- wait of rlm.blocking reads the line as it wakes). Under run() and
+    -- step() that wait is next, and takes what is held first.
+    local kind, a, b, c
+    if not (self.sent and self.inline) then
+      kind, a, b, c = drv:poll(0, self.max_values, self.sent or self.outbox[1] ~= nil, quick)
+      if kind then
+        self.sent = false
+        return kind, a, b, c
+      end
+    end
     self.sent = false
+    kind, a, b, c = self:_idle(quick)
     if kind then
       return kind, a, b, c
     end
-    self:_idle()
   end
 end
 
@@ -155,7 +164,15 @@ end
 
 -- One line of JSON to the driver.
 function M:_send_line(line)
-  local ok = self.driver:send(line)
+  return self:_sent(self.driver:send(line))
+end
+
+-- A lone llm_query's answer: its llm_result line, made by rlm.core.
+function M:_send_text(id, text)
+  return self:_sent(self.driver:send_result(id, text))
+end
+
+function M:_sent(ok)
   if not ok then
     return self:_expect({}) -- the reason it cannot take input is queued
   end

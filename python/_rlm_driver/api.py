@@ -199,13 +199,18 @@ def with_model(request, model, what):
     return request
 
 
-def llm_query(prompt, model=None):
-    if model is None and type(prompt) is str:
-        return protocol.quick_call(prompt)  # the common call, on its fast path
+def checked_llm_query(prompt, model=None):
+    """llm_query for what its fast path (protocol.quick_call) does not take:
+    a model= hint, a prompt that is not a plain str, a call outside a step."""
     if not isinstance(prompt, str):
         raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
     request = with_model({"type": "llm_query", "prompt": prompt}, model, "llm_query()")
     return protocol.call(request, "the llm_query prompt")
+
+
+protocol.checked_llm_query = checked_llm_query
+llm_query = protocol.quick_call  # the common call, on its fast path
+llm_query.__name__ = llm_query.__qualname__ = "llm_query"
 
 
 def llm_query_batched(prompts, model=None):

@@ -10,9 +10,9 @@ imports json gets the real package, as before.
 """
 
 try:
-    from _json import encode_basestring, make_encoder, make_scanner
+    from _json import encode_basestring, make_encoder, make_scanner, scanstring
 except ImportError:  # an interpreter without the accelerator: the package itself
-    encode_basestring = make_encoder = make_scanner = None
+    encode_basestring = make_encoder = make_scanner = scanstring = None
 
 WHITESPACE = " \t\n\r"
 CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}

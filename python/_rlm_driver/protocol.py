@@ -131,13 +131,27 @@ class MainThreadBusy:
             state.current.main_busy += 1
 
     def __exit__(self, kind, value, traceback):
-        session = state.current
         if on_main_thread():
-            session.main_busy -= 1
-            if (not session.main_busy and session.interrupt_pending and session.executing
-                    and not session.interrupt_raised and kind is None):
-                interrupt_now()
+            state.current.main_busy -= 1
+            if kind is None:
+                raise_pending_interrupt()
         return False
+
+
+def in_call():
+    """Whether the main thread (where SIGINT's handler runs) is inside a call
+    to the host: under BUSY, or holding the channel (quick_call holds it
+    from its request's write to its answer's read, and nothing else)."""
+    return state.current.main_busy > 0 or CHANNEL._is_owned()
+
+
+def raise_pending_interrupt():
+    """The interrupt that came while the main thread was inside a call to the
+    host, raised once the last such call is over."""
+    session = state.current
+    if (session.interrupt_pending and session.executing and not session.interrupt_raised
+            and on_main_thread() and not in_call()):
+        interrupt_now()
 
 
 BUSY = MainThreadBusy()  # it holds no state: one for every call
@@ -251,27 +265,42 @@ def call_batch(request, n, what):
 # quick_call's pieces, looked up once.
 _encode_str = codec.encode_basestring
 _scan = codec.scan_once
+_scan_str = codec.scanstring
 _write = posix.write
+_read_line = PROTOCOL_IN.readline
+_get_ident = _thread.get_ident
+_acquire, _release = CHANNEL.acquire, CHANNEL.release
+_session = state.current  # the one State, never replaced
 _OUT_FD = PROTOCOL_OUT.fileno()
 _QUERY = '{"type":"llm_query","prompt":%s,"id":%d}\n'
+# The host's answer to one, as it writes it (rlm.core's d:send_result).
+_RESULT = b'{"type":"llm_result","id":%d,"text":"'
 
 
-def quick_call(prompt):
-    """llm_query(prompt) with no model= hint: call() for that one request,
-    with its line built from its one field and written with one system
-    call, and the reply scanned at once; the checks, errors and interrupt
-    handling are call()'s own. `prompt` is a str (not a subclass)."""
-    if _scan is None or not state.current.in_step:
-        return call({"type": "llm_query", "prompt": prompt}, "the llm_query prompt")
-    with BUSY, CHANNEL:
+# api's llm_query for every call quick_call does not take (api sets it).
+checked_llm_query = None
+
+
+def quick_call(prompt, model=None):
+    """The REPL's llm_query. A str prompt with no model= hint, during a step,
+    is call() for that one request, with its line built from its one field
+    and written with one system call, and the usual answer read off its line
+    where it must be; the checks, errors and interrupt handling are call()'s
+    and BUSY's own, inline. Any other call is api's."""
+    session = _session
+    if model is not None or type(prompt) is not str or not session.in_step or _scan_str is None:
+        return checked_llm_query(prompt, model)
+    _acquire()  # held, it is what marks the main thread as inside a call (in_call)
+    try:
         global last_request_id
         last_request_id += 1
         request_id = last_request_id
         try:
-            data = (_QUERY % (_encode_str(prompt), request_id)).encode("utf-8")
+            data = (_QUERY % (_encode_str(prompt), request_id)).encode()
         except UnicodeEncodeError:  # lone surrogates: encode() sends U+FFFD
             data = encode({"type": "llm_query", "prompt": prompt, "id": request_id}, True) + b"\n"
-        check_size(len(data) - 1, "the llm_query prompt")
+        if len(data) > session.message_limit:
+            check_size(len(data) - 1, "the llm_query prompt")
         # PROTOCOL_OUT is flushed after every write (send): nothing waits
         # in its buffer, and the line may go to the descriptor directly.
         try:
@@ -280,8 +309,23 @@ def quick_call(prompt):
                 sent += _write(_OUT_FD, memoryview(data)[sent:])
         except OSError:  # the host has gone away
             posix._exit(0)
-        reply = checked_reply(scanned(PROTOCOL_IN.readline()), request_id, "request")
-    return answer_text(reply, request_id)
+        # The answer as the host writes it, read off its line; any other
+        # line (an error, an interrupt, what is not JSON) goes the usual way.
+        line, head, text = _read_line(), _RESULT % request_id, None
+        if line.startswith(head):
+            try:
+                decoded = line.decode("utf-8", "replace")
+                text, end = _scan_str(decoded, len(head), True)
+                if end != len(decoded) - 2 or decoded[end:] != "}\n":
+                    text = None
+            except ValueError:
+                pass
+        reply = checked_reply(scanned(line), request_id, "request") if text is None else None
+    finally:
+        _release()
+    if session.interrupt_pending:
+        raise_pending_interrupt()
+    return text if reply is None else answer_text(reply, request_id)
 
 
 def scanned(line):

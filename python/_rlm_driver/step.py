@@ -159,7 +159,7 @@ def on_interrupt(signum, frame):
     session = state.current
     if session.interrupt_raised or not session.executing:
         return
-    if session.main_busy:
+    if protocol.in_call():
         session.interrupt_pending = True
         return
     protocol.interrupt_now()
