@@ -155,7 +155,9 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    `llm_query("q")` calls in the same session, which are the floor.
 10. **Warm pool** (`rlm.Pool`, size 8): `Session.new{pool = p}` plus the
    first step (`x = 1`) when the pool holds self-tested sandboxes (it is let
-   refill before each sample); target ≤ 2 ms median, shown with its p90
+   refill before each sample, and come to rest: its idle sandboxes' CPU
+   time unchanged for 30 ms, their warm-up over, as a server's pool is
+   between requests); target ≤ 2 ms median, shown with its p90
    beside the cold start of figure 1 measured in the same run and figure
    1's floor. Then nested sessions drawing from the pool, timed in the REPL:
    one `rlm_query`, and `rlm_query_batched` of 8 from one exec against it

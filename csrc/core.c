@@ -279,12 +279,27 @@ static int core_spawn(lua_State *L) {
   plan->as_root = geteuid() == 0;
   if (spec.zip_fd >= 0) {
     lua_getfield(L, 1, "driver_zip");
-    plan->zip = zip_blob(L, lua_gettop(L), err, sizeof(err));
+    plan->zip = cached_blob(L, lua_gettop(L), ZIP_CACHE, "the driver's zip",
+                            err, sizeof(err));
     lua_pop(L, 1);
     if (plan->zip == NULL) {
       plan_free(plan);
       return fail(L, err);
     }
+  }
+  lua_getfield(L, 1, "driver_pyc");
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    plan->entry = cached_blob(L, lua_gettop(L), ENTRY_CACHE,
+                              "the driver's bytecode", err, sizeof(err));
+    plan->spec.driver_compiled = 1;
+  } else if (!lua_isnil(L, -1)) {
+    plan_free(plan);
+    return luaL_error(L, "rlm.core: driver_pyc must be a string");
+  }
+  lua_pop(L, 1);
+  if (plan->spec.driver_compiled && plan->entry == NULL) {
+    plan_free(plan);
+    return fail(L, err);
   }
   if (late && open_late_context(u, &plan->late_ro, err, sizeof(err)) != 0) {
     plan_free(plan);

@@ -53,11 +53,12 @@ int blob_gc(lua_State *L) {
   return 0;
 }
 
-sealed_blob *zip_blob(lua_State *L, int zi, char *err, size_t errlen) {
-  lua_getfield(L, LUA_REGISTRYINDEX, ZIP_CACHE);
+sealed_blob *cached_blob(lua_State *L, int i, const char *cache,
+                         const char *what, char *err, size_t errlen) {
+  lua_getfield(L, LUA_REGISTRYINDEX, cache);
   if (lua_istable(L, -1)) {
     lua_rawgeti(L, -1, 1);
-    int same = lua_rawequal(L, -1, zi);
+    int same = lua_rawequal(L, -1, i);
     lua_pop(L, 1);
     if (same) {
       lua_rawgeti(L, -1, 2);
@@ -73,15 +74,15 @@ sealed_blob *zip_blob(lua_State *L, int zi, char *err, size_t errlen) {
   }
   lua_pop(L, 1);
   size_t len;
-  const char *zip = lua_tolstring(L, zi, &len);
+  const char *data = lua_tolstring(L, i, &len);
   sealed_blob **b = lua_newuserdata(L, sizeof(*b));
   *b = NULL;
   luaL_getmetatable(L, SEALED_MT);
   lua_setmetatable(L, -2);
   int fd = rlm_context_open();
-  if (fd < 0 || rlm_context_append(fd, zip, len) != 0 ||
+  if (fd < 0 || rlm_context_append(fd, data, len) != 0 ||
       rlm_context_seal(fd) != 0 || (*b = malloc(sizeof(**b))) == NULL) {
-    snprintf(err, errlen, "the driver's zip: %s", strerror(errno));
+    snprintf(err, errlen, "%s: %s", what, strerror(errno));
     if (fd >= 0)
       close(fd);
     lua_pop(L, 1);
@@ -91,11 +92,11 @@ sealed_blob *zip_blob(lua_State *L, int zi, char *err, size_t errlen) {
   (*b)->fd = fd;
   sealed_blob *blob = *b;
   lua_createtable(L, 2, 0);
-  lua_pushvalue(L, zi);
+  lua_pushvalue(L, i);
   lua_rawseti(L, -2, 1);
   lua_pushvalue(L, -2);
   lua_rawseti(L, -2, 2);
-  lua_setfield(L, LUA_REGISTRYINDEX, ZIP_CACHE);
+  lua_setfield(L, LUA_REGISTRYINDEX, cache);
   lua_pop(L, 1);
   return blob;
 }
@@ -103,6 +104,7 @@ sealed_blob *zip_blob(lua_State *L, int zi, char *err, size_t errlen) {
 void plan_free(void *arg) {
   spawn_plan *plan = arg;
   blob_unref(plan->zip);
+  blob_unref(plan->entry);
   if (plan->late_ro >= 0)
     close(plan->late_ro);
   free(plan);
@@ -123,7 +125,7 @@ spawn_plan *plan_new(const rlm_sandbox_spec *spec) {
   if (plan == NULL)
     return NULL;
   plan->spec = *spec;
-  plan->zip = NULL;
+  plan->zip = plan->entry = NULL;
   plan->as_root = 0;
   plan->late_ro = -1;
   const char **ro = (const char **)(plan + 1);
@@ -164,12 +166,19 @@ int plan_prepare(void *arg, rlm_prepared *p, char *err, size_t errlen) {
   if ((p->fds[CHILD_SECCOMP_FD - 3] = rlm_seccomp_open(err, errlen)) < 0)
     return -1;
   int *drv = &p->fds[CHILD_DRIVER_FD - 3];
-  while ((*drv = open(spec->driver, O_RDONLY | O_CLOEXEC)) < 0 &&
-         errno == EINTR)
-    ;
-  if (*drv < 0) {
-    snprintf(err, errlen, "opening %s: %s", spec->driver, strerror(errno));
-    return -1;
+  if (plan->entry != NULL) {
+    if ((*drv = rlm_sealed_reopen(plan->entry->fd)) < 0) {
+      snprintf(err, errlen, "the driver's bytecode: %s", strerror(errno));
+      return -1;
+    }
+  } else {
+    while ((*drv = open(spec->driver, O_RDONLY | O_CLOEXEC)) < 0 &&
+           errno == EINTR)
+      ;
+    if (*drv < 0) {
+      snprintf(err, errlen, "opening %s: %s", spec->driver, strerror(errno));
+      return -1;
+    }
   }
   if (plan->zip != NULL) {
     if ((p->fds[CHILD_ZIP_FD - 3] = rlm_sealed_reopen(plan->zip->fd)) < 0) {

@@ -16,7 +16,8 @@
 #include <stddef.h>
 
 #define SEALED_MT "rlm.core.Sealed"
-#define ZIP_CACHE "rlm.core.zip" /* { zip string, Sealed } */
+#define ZIP_CACHE "rlm.core.zip"     /* { zip string, Sealed } */
+#define ENTRY_CACHE "rlm.core.entry" /* { bytecode string, Sealed } */
 
 /* Where the child finds what it is handed: the filter (bwrap reads it), the
  * context (the driver maps it) and the driver's text, then its package's
@@ -27,19 +28,21 @@
 #define CHILD_ZIP_FD 6 /* the package's zip, in place of its files */
 
 /* A sealed memfd shared by every spawn that hands it over (the driver's
- * zip, made once per probe): each spawn's keeper opens a description of
- * its own (bwrap read()s it), and the last holder closes it. */
+ * zip and its entry's bytecode, made once per probe): each spawn's keeper
+ * opens a description of its own (bwrap read()s it), and the last holder
+ * closes it. */
 typedef struct sealed_blob {
   atomic_int refs;
   int fd;
 } sealed_blob;
 
 /* What the keeper needs to make the command line and the descriptors: the
- * spec with its own copies of the strings (in the same allocation), and the
- * zip. */
+ * spec with its own copies of the strings (in the same allocation), the
+ * zip and the entry's bytecode. */
 typedef struct spawn_plan {
   rlm_sandbox_spec spec;
-  sealed_blob *zip; /* NULL: the modules' files */
+  sealed_blob *zip;   /* NULL: the modules' files */
+  sealed_blob *entry; /* NULL: the entry's text, from spec.driver */
   int as_root;
   int late_ro; /* late_context: the child's read-only open of the empty
                   context memfd, handed over at CHILD_CONTEXT_FD; -1 */
@@ -47,11 +50,13 @@ typedef struct spawn_plan {
 
 /* The Sealed userdata's __gc. */
 RLM_FN int blob_gc(lua_State *L);
-/* The sealed memfd of the zip at index zi, with a reference for the
- * caller: the Lua state's last one when it is the same string (a probe's
- * zip is one string for its whole life), else a new one that replaces it.
- * NULL with a message. */
-RLM_FN sealed_blob *zip_blob(lua_State *L, int zi, char *err, size_t errlen);
+/* The sealed memfd of the string at index i, with a reference for the
+ * caller: the Lua state's last one under the registry key `cache` when it
+ * is the same string (a probe's zip and entry are one string each for its
+ * whole life), else a new one that replaces it. NULL with a message that
+ * names `what`. */
+RLM_FN sealed_blob *cached_blob(lua_State *L, int i, const char *cache,
+                                const char *what, char *err, size_t errlen);
 /* A copy of spec (bwrap, python, driver, ro, modules) in one allocation;
  * NULL when out of memory. */
 RLM_FN spawn_plan *plan_new(const rlm_sandbox_spec *spec);

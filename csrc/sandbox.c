@@ -502,8 +502,10 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
 
   if (expose_installation(&e, spec, err, errlen) != 0)
     goto fail;
+  int compiled = spec->driver_fd >= 0 && spec->driver_compiled;
+  const char *entry = compiled ? RLM_SANDBOX_DRIVER_PYC : RLM_SANDBOX_DRIVER;
   if (spec->driver_fd >= 0)
-    copy_in(&e, spec->driver_fd, RLM_SANDBOX_DRIVER);
+    copy_in(&e, spec->driver_fd, entry);
   else
     emit(&e, "--ro-bind", spec->driver, RLM_SANDBOX_DRIVER);
   if (spec->zip_fd >= 0)
@@ -532,13 +534,14 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
   if (e.failed)
     goto oom;
 
-  static const char *const tail[] = {"-I", "-S", "-B", RLM_SANDBOX_DRIVER,
-                                     NULL};
+  static const char *const tail[] = {"-I", "-S", "-B", NULL};
   if (rlm_argv_push(out, "--") || rlm_argv_push(out, spec->python))
     goto oom;
   for (const char *const *p = tail; *p != NULL; p++)
     if (rlm_argv_push(out, *p))
       goto oom;
+  if (rlm_argv_push(out, entry))
+    goto oom;
   rlm_argv_free(&e.seen);
   memo_free(&e);
   return 0;

@@ -16,12 +16,14 @@ struct rlm_argv {
 typedef struct rlm_argv rlm_argv;
 
 typedef struct rlm_sandbox_spec {
-  const char *bwrap;  /* absolute path of bubblewrap */
-  const char *python; /* absolute path of the interpreter (realpath) */
-  const char *driver; /* host path of repl_driver.py (when driver_fd < 0) */
-  int driver_fd;      /* the child's descriptor on the driver's text, copied in
-                         with --ro-bind-data so that no host path shows; -1: bind
-                         `driver` */
+  const char *bwrap;   /* absolute path of bubblewrap */
+  const char *python;  /* absolute path of the interpreter (realpath) */
+  const char *driver;  /* host path of repl_driver.py (when driver_fd < 0) */
+  int driver_fd;       /* the child's descriptor on the driver's text, copied in
+                          with --ro-bind-data so that no host path shows; -1: bind
+                          `driver` */
+  int driver_compiled; /* with driver_fd: that is the entry's bytecode (a .pyc),
+                          at RLM_SANDBOX_DRIVER_PYC, run as it is */
   const char *const *modules; /* the driver's package: paths relative to the
                                  driver's directory, each at /rlm/<path>, from
                                  descriptors driver_fd + 1, + 2, ... (checked
@@ -41,6 +43,7 @@ typedef struct rlm_sandbox_spec {
 
 /* Paths inside the sandbox. */
 #define RLM_SANDBOX_DRIVER "/rlm/repl_driver.py"
+#define RLM_SANDBOX_DRIVER_PYC "/rlm/repl_driver.pyc"
 #define RLM_SANDBOX_DRIVER_DIR "/rlm"
 /* The package in one archive (python/probe.py names its frames so). */
 #define RLM_SANDBOX_DRIVER_ZIP "/rlm/driver.zip"

@@ -1,7 +1,7 @@
-"""The rlm driver's entry, run with -I -S -B (docs/protocol.md). The
-interpreter compiles this file at every start, so it is short: the package
-_rlm_driver beside it (in driver.zip, as bytecode) does the rest, from its
-loader module, never from sys.path."""
+"""The rlm driver's entry, run with -I -S -B (docs/protocol.md). The sandbox
+gets it as bytecode (probe.py's entry_pyc, /rlm/repl_driver.pyc), so that
+no start compiles it; the package _rlm_driver beside it (in driver.zip, as
+bytecode) does the rest, from its loader module, never from sys.path."""
 
 import time
 

@@ -99,7 +99,7 @@ describe("the hello", function()
     f:close()
     local spawn = core.spawn
     core.spawn = function(spec)
-      spec.driver = script
+      spec.driver, spec.driver_pyc = script, nil -- the script's text, from its path
       spec.driver_modules = nil -- the script alone
       return spawn(spec)
     end

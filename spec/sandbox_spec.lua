@@ -122,7 +122,9 @@ print('none')]], "none" },
       -- mount of their own: read-only with the root.
       { "changing the driver's files", [[
 import os
-for path in ['/rlm/repl_driver.py', '/rlm/driver.zip']:
+paths = ['/rlm/repl_driver.pyc', '/rlm/driver.zip']
+for path in paths:
+    os.stat(path)  # there, so that a refusal below means something
     for what, change in [('write', lambda: open(path, 'r+b').write(b'x')),
                          ('chmod', lambda: os.chmod(path, 0o666)),
                          ('unlink', lambda: os.unlink(path)),
@@ -230,7 +232,7 @@ print('none')]], "none" },
     it("reports a failure there as sandbox_unavailable with its cause", function()
       local spawn = core.spawn
       core.spawn = function(spec)
-        spec.driver = "/nonexistent/repl_driver.py"
+        spec.driver, spec.driver_pyc = "/nonexistent/repl_driver.py", nil -- its text, from that path
         return spawn(spec)
       end
       local ok, result, err = pcall(H.run, {})
@@ -253,6 +255,7 @@ print('none')]], "none" },
       end
       assert.has_error(function() core.spawn(with("ro", { {} })) end)
       assert.has_error(function() core.spawn(with("driver_zip", 42)) end)
+      assert.has_error(function() core.spawn(with("driver_pyc", 42)) end)
       assert.has_error(function() core.spawn(with("driver_modules", { "../x.py" })) end)
       assert.has_error(function() core.spawn(with("context", false)) end)
       assert.has_error(function() core.spawn(with("max_rss", -1)) end)

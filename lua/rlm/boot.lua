@@ -14,12 +14,10 @@ local M = {}
 -- of a session that is still asking, the canaries of a start it cut short,
 -- and nothing else.
 function M:_teardown()
-  if self.canaries then
-    -- Closed while it started: the engine that would remove them is never
-    -- resumed, and a garbage collection may be far off.
-    self.canaries:remove()
-    self.canaries = nil
-  end
+  -- Closed while it started, or before its first exec: the engine that
+  -- would remove them is never resumed, and a garbage collection may be
+  -- far off.
+  self:_remove_canaries()
   if self.helper then
     sandbox.forget_probe(self)
     self.helper:close()
@@ -237,13 +235,23 @@ function M:_start()
   return self:_started(self:_boot(self.canaries))
 end
 
--- The start is over, well or not: its canaries go.
+-- The start is over: after a failed one its canaries go now; after one
+-- that went well, once the first exec has gone to the driver, while it runs
+-- (rlm.turn's _exec), or at the end of the first turn (their removal costs
+-- the host's thread a tenth of a millisecond: unlinks). Until then the
+-- session owns them, and _teardown removes them when it closes first.
 function M:_started(ok, err)
+  if not ok then
+    self:_remove_canaries()
+  end
+  return ok, err
+end
+
+function M:_remove_canaries()
   if self.canaries then
     self.canaries:remove()
     self.canaries = nil
   end
-  return ok, err
 end
 
 -- A pooled sandbox (rlm.pool): started and self-testing since its spawn.

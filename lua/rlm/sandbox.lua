@@ -46,7 +46,8 @@ end
 -- The driver's package, beside repl_driver.py (python/ in a checkout, rlm/
 -- when installed). The probe packs these files into one zip with the
 -- interpreter's bytecode for each (checked against its source), copied into
--- the sandbox at /rlm/driver.zip: one mount, and nothing compiled per start.
+-- the sandbox at /rlm/driver.zip, and compiles repl_driver.py, which the
+-- sandbox runs as /rlm/repl_driver.pyc: nothing is compiled per start.
 M.driver_modules = {
   "_rlm_driver/__init__.py", "_rlm_driver/api.py", "_rlm_driver/codec.py", "_rlm_driver/guard.py",
   "_rlm_driver/loader.py", "_rlm_driver/main.py", "_rlm_driver/protocol.py", "_rlm_driver/screen.py",
@@ -109,7 +110,8 @@ local function run_probe(python, modules, wait, driver_dir)
   end
   -- The driver's package in one zip, with this interpreter's bytecode.
   info.driver_zip = type(info.driver_zip) == "string" and core.base64_decode(info.driver_zip) or nil
-  if not info.driver_zip then
+  info.driver_pyc = type(info.driver_pyc) == "string" and core.base64_decode(info.driver_pyc) or nil
+  if not info.driver_zip or not info.driver_pyc then
     return unavailable(("%s could not pack the driver's package"):format(python))
   end
   return info
@@ -228,6 +230,7 @@ function M.prepare(opts, context_data, wait, owner)
     driver = driver_py,
     driver_modules = M.driver_modules,
     driver_zip = info.driver_zip,
+    driver_pyc = info.driver_pyc,
     ro = ro,
     context = context_data,
     max_line = opts.max_message_bytes,

@@ -22,6 +22,7 @@ function M:_exec(code)
   if not ok then
     return nil, err
   end
+  self:_remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
   while true do
     local kind, a, b, c = self:_wait(true, true)
     if kind == "query" then
@@ -241,6 +242,7 @@ function M:_turn()
   end
   self:_arm_step_deadline()
   local entry, texts = self:_act(response)
+  self:_remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
   if not entry then
     return nil, texts
   end

@@ -9,7 +9,11 @@ import posix as os
 import sys
 
 PACKAGE = "_rlm_driver"
-MODULES = ("protocol", "state", "api", "screen", "guard", "shield", "step", "selftest", "main")
+# What the start needs, loaded first; and what only a step needs, read from
+# the zip now (its descriptor is closed before the host looks) and loaded
+# later (main.first_step_modules), in the driver's first idle spell.
+MODULES = ("protocol", "state", "api", "selftest", "main")
+LATER = ("tree", "screen", "shield", "guard", "step")
 
 
 def number(data, at, size=2):
@@ -25,7 +29,7 @@ class ZipPackage:
     more than anything."""
 
     def __init__(self, path):
-        self.path, self.fd, self.members = path, os.open(path, os.O_RDONLY | os.O_CLOEXEC), {}
+        self.path, self.fd, self.members, self.held = path, os.open(path, os.O_RDONLY | os.O_CLOEXEC), {}, {}
         end = os.pread(self.fd, 22, max(os.fstat(self.fd).st_size - 22, 0))
         cd = os.pread(self.fd, number(end, 12, 4), number(end, 16, 4)) if end[:4] == b"PK\5\6" else b""
         while cd[:4] == b"PK\1\2":  # name: (local header, its length, size)
@@ -36,7 +40,15 @@ class ZipPackage:
         if not self.members or cd:
             raise ImportError(f"{path} is not a zip as probe.py packs it")
 
+    def hold(self, modules):
+        """Reads the members of `modules` now, for read() once the zip is closed."""
+        for module in modules:
+            for entry in (f"{PACKAGE}/{module}.py", f"{PACKAGE}/{module}.pyc"):
+                self.held[entry] = self.read(entry)
+
     def read(self, name):
+        if name in self.held:
+            return self.held.pop(name)
         at, skip, size, method = self.members[name]
         data = os.pread(self.fd, skip + size, at)
         if method != 0 or data[:4] != b"PK\3\4" or 30 + number(data, 26) + number(data, 28) != skip \
@@ -92,6 +104,8 @@ def load_package(here):
         # __import__, not importlib.import_module: importlib imports warnings.
         for name in MODULES:
             __import__(f"{PACKAGE}.{name}")
+        if finder is not None:
+            finder.hold(LATER)
     finally:
         if finder is not None:
             os.close(finder.fd)  # no descriptor left open when the host looks

@@ -2,12 +2,31 @@
 exec after another (docs/protocol.md). The entry script has said hello."""
 
 import fcntl  # the context's seals (load_context): here, off a pooled take's path
-import mmap
 import sys
 import time
 
-from . import api, codec, protocol, selftest, state, step, tools
+from . import api, codec, protocol, selftest, state, tools
 from .protocol import fatal, field, send, string_list
+
+
+def first_step_modules():
+    """step and the modules only a step needs (loader.LATER): read from the
+    zip at the start, loaded here, in the driver's first idle spell (while
+    the host checks the sandbox after ready, or while a pooled sandbox
+    waits) or at the first exec. Then the guard knows every module of the
+    package, before any model code runs."""
+    step = sys.modules.get(__package__ + ".step")
+    if step is None:
+        from . import step
+        know_driver_modules()
+    return step
+
+
+def know_driver_modules():
+    """The package's modules loaded by now, for the guard: it never evaluates
+    a string in their namespaces."""
+    state.driver_modules[:] = [module for name, module in list(sys.modules.items())
+                               if name == __package__ or name.startswith(__package__ + ".")]
 
 
 def configure(message):
@@ -57,16 +76,28 @@ F_GET_SEALS = 1034
 SEALED = 1 | 2 | 4 | 8
 
 
+# Up to this size the context is read, past it mapped (mmap, imported then):
+# a small one costs its copy less than the module's load.
+READ_CONTEXT_BYTES = 1 << 20
+
+
 def map_context(fd):
     """The context's memfd, written and sealed by the host by now (before the
-    spawn, or when a session took this pooled sandbox). Mapped read-only,
-    then its descriptor goes; the mapping's own dup goes with the mapping."""
+    spawn, or when a session took this pooled sandbox). Read, or mapped
+    read-only, then its descriptor goes; a mapping's own dup goes with the
+    mapping."""
     import posix as os  # os itself is not imported at the driver's start
     try:
         if fcntl.fcntl(fd, F_GET_SEALS) & SEALED != SEALED:
             raise ValueError("the context's memfd is not sealed")
         size = os.fstat(fd).st_size
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+        if size <= READ_CONTEXT_BYTES:
+            data = os.pread(fd, size, 0)
+            if len(data) != size:
+                raise ValueError("the context's memfd was cut short")
+            return data
+        import mmap
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
 
@@ -87,8 +118,8 @@ def decode_context(kind):
         else:
             raise ValueError(f"unknown context format {kind!r}")
     finally:
-        if isinstance(data, mmap.mmap):
-            data.close()  # the last reference: the memfd is freed
+        if not isinstance(data, bytes):
+            data.close()  # the mapping, its last reference: the memfd is freed
     session.namespace["context"] = context
     return context
 
@@ -115,7 +146,7 @@ def run_step(message):
     with protocol.CHANNEL:
         session.in_step = True
     try:
-        stdout, error, final = step.run(code)
+        stdout, error, final = first_step_modules().run(code)
     finally:
         with protocol.CHANNEL:
             session.in_step = False
@@ -179,9 +210,14 @@ def main(context_data):
     session = state.current
     session.context_data = context_data
     session.namespace.update(api.names())
-    state.driver_modules[:] = [module for name, module in list(sys.modules.items())
-                               if name == __package__ or name.startswith(__package__ + ".")]
+    know_driver_modules()
     warming, slow, loaded = [], [], False
+
+    def warm_first_step():
+        quick, slow_parts = first_step_modules().warm_up(state.current.guardrails)
+        warming.extend(quick)
+        # After a step, the slow parts too are made between messages.
+        (warming if state.current.steps else slow).extend(slow_parts)
     while True:
         while warming and not waiting():
             # Idle, the self-test over: a pooled sandbox waiting for its
@@ -210,7 +246,7 @@ def main(context_data):
                                         field(message, "canaries", dict, {}))
             send(timed({"type": "self_test_result", "checks": checks}, received),
                  flush=not waiting())
-            warming, slow = step.warm_up(state.current.guardrails)
+            warming[:], slow[:] = [warm_first_step], []
         elif kind == "load_context":
             send(timed(load_context(message), received))
             loaded = True
@@ -218,6 +254,6 @@ def main(context_data):
             run_step(message)
             # After a step, the slow parts wait for no idle spell: the model
             # takes its turn now (made between messages, as the quick ones).
-            warming, slow = warming + slow, []
+            warming[:], slow[:] = warming + slow, []
         else:
             fatal(f"unexpected message type {kind!r}")
