@@ -47,6 +47,31 @@ describe("the prompt", function()
       end)
     end
 
+    it("counts a long str's characters as a byte at a time would, bytes that are not UTF-8 included", function()
+      -- rlm.core counts eight bytes at a time, 255 words to a sum.
+      local pieces, chars = { "a", "é", "☃", "😀", "\128", "\255", "\192" }, 0
+      local function count(s) -- a byte that is not 10xxxxxx starts a character
+        local n = 0
+        for i = 1, #s do
+          local b = s:byte(i)
+          n = n + ((b < 0x80 or b >= 0xC0) and 1 or 0)
+        end
+        return n
+      end
+      local t = {}
+      for i = 1, 9000 do
+        t[i] = pieces[(i * 7) % #pieces + 1]
+      end
+      local text = table.concat(t)
+      chars = count(text)
+      assert.are.equal(("a str of %s characters"):format(tostring(chars):reverse():gsub("(%d%d%d)", "%1,")
+        :reverse():gsub("^,", "")), prompt.describe(text))
+      for _, cut in ipairs({ 1, 7, 8, 9, 2039, 2040, 2041, #text - 1 }) do
+        local head = text:sub(1, cut)
+        assert.are.equal(count(head), select(2, require("rlm.core").utf8_prefix(head, 2 ^ 53)), cut)
+      end
+    end)
+
     it("sums up a long list after its first five items", function()
       local t = {}
       for i = 1, 101 do
