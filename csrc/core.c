@@ -495,10 +495,6 @@ static int core_thread_cpu_ms(lua_State *L) {
   return 1;
 }
 
-/* core.utf8_prefix(s, n) -> bytes, chars: the byte length of the first n
- * UTF-8 characters of s (a lead byte starts a character; stray continuation
- * bytes count with the character before them), and how many s holds in all
- * when it holds fewer. */
 /* The continuation bytes (10xxxxxx) among the 8 bytes at p, each as a 1 in
  * its byte's lowest bit. */
 static uint64_t continuation_flags(const unsigned char *p) {
@@ -525,6 +521,10 @@ static size_t count_continuations(const unsigned char *s, size_t n) {
   return total;
 }
 
+/* core.utf8_prefix(s, n) -> bytes, chars: the byte length of the first n
+ * UTF-8 characters of s (a lead byte starts a character; stray continuation
+ * bytes count with the character before them), and how many s holds in all
+ * when it holds fewer. */
 static int core_utf8_prefix(lua_State *L) {
   size_t len;
   const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);

@@ -638,6 +638,8 @@ static void on_write(uv_write_t *req, int status) {
 }
 
 int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
+  if (len > MAX_WRITE_QUEUE)
+    return -1; /* and a uv_buf_t's length holds it */
   uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
   return rlm_driver_sendv(d, &part, 1);
 }

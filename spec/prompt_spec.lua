@@ -49,7 +49,7 @@ describe("the prompt", function()
 
     it("counts a long str's characters as a byte at a time would, bytes that are not UTF-8 included", function()
       -- rlm.core counts eight bytes at a time, 255 words to a sum.
-      local pieces, chars = { "a", "é", "☃", "😀", "\128", "\255", "\192" }, 0
+      local pieces = { "a", "é", "☃", "😀", "\128", "\255", "\192" }
       local function count(s) -- a byte that is not 10xxxxxx starts a character
         local n = 0
         for i = 1, #s do
@@ -63,7 +63,7 @@ describe("the prompt", function()
         t[i] = pieces[(i * 7) % #pieces + 1]
       end
       local text = table.concat(t)
-      chars = count(text)
+      local chars = count(text)
       assert.are.equal(("a str of %s characters"):format(tostring(chars):reverse():gsub("(%d%d%d)", "%1,")
         :reverse():gsub("^,", "")), prompt.describe(text))
       for _, cut in ipairs({ 1, 7, 8, 9, 2039, 2040, 2041, #text - 1 }) do

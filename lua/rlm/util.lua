@@ -117,6 +117,7 @@ now_resumed = function(w, ok, first, ...)
 end
 
 local function run_now(fn, ...)
+  assert(select("#", ...) <= 2, "rlm.util: run_now takes at most two arguments")
   local n = #idle_workers
   local w = idle_workers[n]
   if w then

@@ -268,7 +268,6 @@ _scan = codec.scan_once
 _scan_str = codec.scanstring
 _write = posix.write
 _read_line = PROTOCOL_IN.readline
-_get_ident = _thread.get_ident
 _acquire, _release = CHANNEL.acquire, CHANNEL.release
 _session = state.current  # the one State, never replaced
 _OUT_FD = PROTOCOL_OUT.fileno()
@@ -285,8 +284,9 @@ def quick_call(prompt, model=None):
     """The REPL's llm_query. A str prompt with no model= hint, during a step,
     is call() for that one request, with its line built from its one field
     and written with one system call, and the usual answer read off its line
-    where it must be; the checks, errors and interrupt handling are call()'s
-    and BUSY's own, inline. Any other call is api's."""
+    where it must be; the checks and errors are call()'s, inline, and the
+    held channel is what marks the call for SIGINT's handler (in_call), as
+    BUSY does for call(). Any other call is api's."""
     session = _session
     if model is not None or type(prompt) is not str or not session.in_step or _scan_str is None:
         return checked_llm_query(prompt, model)
