@@ -298,59 +298,48 @@ int rlm_quick_query(char *line, size_t n, char **prompt, size_t *len,
   return 1;
 }
 
-size_t rlm_json_escaped_len(const char *s, size_t n) {
-  size_t len = n;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' ||
-        c == '\r' || c == '\t')
-      len += 1;
-    else if (c < 0x20)
-      len += 5; /* \u00XX */
+/* How many bytes byte c takes inside a JSON string: 2 for `"`, `\` and the
+ * control characters with a short escape, 6 for the other control
+ * characters (\u00XX), else 1. */
+static size_t escape_width(unsigned char c) {
+  switch (c) {
+  case '"':
+  case '\\':
+  case '\b':
+  case '\f':
+  case '\n':
+  case '\r':
+  case '\t':
+    return 2;
+  default:
+    return c < 0x20 ? 6 : 1;
   }
+}
+
+size_t rlm_json_escaped_len(const char *s, size_t n) {
+  size_t len = 0;
+  for (size_t i = 0; i < n; i++)
+    len += escape_width((unsigned char)s[i]);
   return len;
 }
 
 void rlm_json_escape(const char *s, size_t n, char *out) {
   static const char hex[] = "0123456789abcdef";
+  static const char from[] = "\"\\\b\f\n\r\t", to[] = "\"\\bfnrt";
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
-    const char *short_form = NULL;
-    switch (c) {
-    case '"':
-      short_form = "\\\"";
-      break;
-    case '\\':
-      short_form = "\\\\";
-      break;
-    case '\b':
-      short_form = "\\b";
-      break;
-    case '\f':
-      short_form = "\\f";
-      break;
-    case '\n':
-      short_form = "\\n";
-      break;
-    case '\r':
-      short_form = "\\r";
-      break;
-    case '\t':
-      short_form = "\\t";
-      break;
-    default:
-      break;
-    }
-    if (short_form != NULL) {
-      *out++ = short_form[0];
-      *out++ = short_form[1];
-    } else if (c < 0x20) {
+    size_t width = escape_width(c);
+    if (width == 1) {
+      *out++ = (char)c;
+    } else if (width == 2) {
+      out[0] = '\\';
+      out[1] = to[strchr(from, c) - from];
+      out += 2;
+    } else {
       memcpy(out, "\\u00", 4);
       out[4] = hex[c >> 4];
       out[5] = hex[c & 0xF];
       out += 6;
-    } else {
-      *out++ = (char)c;
     }
   }
 }

@@ -81,8 +81,8 @@ function M:_idle(quick)
     end
     local ms = self:timeout()
     if ms ~= 0 then
-      local d = self.driver
-      if d and not self.helper and not self.children[1] then
+      local d = self:_driver_alone()
+      if d then
         local kind, a, b, c = d:poll(ms, self.max_values, false, quick)
         self.pumped_at = core.now_ms()
         return kind, a, b, c
@@ -244,12 +244,19 @@ end
 -- no nested session), in the driver's own loop, which reads the line as it
 -- wakes: one system call, not the set's and then the loop's.
 function M:_block(ms)
-  local d = self.driver
-  if d and not self.helper and not self.children[1] and not self.closed then
+  local d = self:_driver_alone()
+  if d then
     d:wait(ms)
   else
     self:_waitset():wait(ms)
   end
+end
+
+-- The driver, when it is all the session watches (no probe, no nested
+-- session, not closed): its own loop is then the session's wait.
+function M:_driver_alone()
+  local d = self.driver
+  return d and not self.helper and not self.children[1] and not self.closed and d or nil
 end
 
 -- Puts a process's descriptor into the set behind fd() (the root's, for a
