@@ -36,10 +36,17 @@ int rlm_context_append(int fd, const char *data, size_t len) {
 }
 
 int rlm_context_seal(int fd) {
-  if (fcntl(fd, F_ADD_SEALS,
-            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0 ||
-      lseek(fd, 0, SEEK_SET) != 0)
+  const int all = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
+  if (fcntl(fd, F_ADD_SEALS, all) != 0 || lseek(fd, 0, SEEK_SET) != 0)
     return -1;
+  /* Read back: the driver checks the seals only of a context it maps. */
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return -1;
+  if ((seals & all) != all) {
+    errno = EPERM;
+    return -1;
+  }
   return 0;
 }
 

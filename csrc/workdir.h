@@ -13,8 +13,8 @@
 /* The context's memfd, made in three calls so that it can be written in
  * slices: rlm_context_open gives a close-on-exec memfd that allows sealing
  * (or -1, errno); rlm_context_append writes len bytes to it (0, or -1 and
- * errno); rlm_context_seal seals it (no write, grow or shrink) and puts it
- * at 0 (0, or -1 and errno). */
+ * errno); rlm_context_seal seals it (no write, grow, shrink or further
+ * seal), reads the seals back and puts it at 0 (0, or -1 and errno). */
 RLM_FN int rlm_context_open(void);
 RLM_FN int rlm_context_append(int fd, const char *data, size_t len);
 RLM_FN int rlm_context_seal(int fd);

@@ -1,7 +1,6 @@
 """The driver's message loop: configure, self_test, load_context, then one
 exec after another (docs/protocol.md). The entry script has said hello."""
 
-import fcntl  # the context's seals (load_context): here, off a pooled take's path
 import sys
 import time
 
@@ -70,33 +69,35 @@ def apply_rlimits(limits):
         resource.setrlimit(which, (value, value))
 
 
-# The seals the context's memfd must carry before it is read: nobody can
-# write, grow, shrink or unseal it (F_SEAL_WRITE | GROW | SHRINK | SEAL).
+# The seals a mapped context's memfd must carry: nobody can write, grow,
+# shrink or unseal it under the mapping (F_SEAL_WRITE | GROW | SHRINK | SEAL).
 F_GET_SEALS = 1034
 SEALED = 1 | 2 | 4 | 8
 
 
-# Up to this size the context is read, past it mapped (mmap, imported then):
-# a small one costs its copy less than the module's load.
+# Up to this size the context is read, past it mapped (mmap and fcntl,
+# imported then): a small one costs its copy less than the modules' loads.
 READ_CONTEXT_BYTES = 1 << 20
 
 
 def map_context(fd):
     """The context's memfd, written and sealed by the host by now (before the
-    spawn, or when a session took this pooled sandbox). Read, or mapped
-    read-only, then its descriptor goes; a mapping's own dup goes with the
-    mapping."""
+    spawn, or when a session took this pooled sandbox; the host reads its
+    seals back). Read at once, or mapped read-only once its seals are
+    checked here too; then its descriptor goes (a mapping's own dup goes
+    with the mapping)."""
     import posix as os  # os itself is not imported at the driver's start
     try:
-        if fcntl.fcntl(fd, F_GET_SEALS) & SEALED != SEALED:
-            raise ValueError("the context's memfd is not sealed")
         size = os.fstat(fd).st_size
         if size <= READ_CONTEXT_BYTES:
             data = os.pread(fd, size, 0)
             if len(data) != size:
                 raise ValueError("the context's memfd was cut short")
             return data
+        import fcntl
         import mmap
+        if fcntl.fcntl(fd, F_GET_SEALS) & SEALED != SEALED:
+            raise ValueError("the context's memfd is not sealed")
         return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
