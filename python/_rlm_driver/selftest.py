@@ -20,16 +20,23 @@ WORKDIR_PROBE = "/session/.rlm_self_test"
 
 
 def self_test(absent, canaries):
+    status = {}
+
+    def own_status():  # /proc/self/status, read once for the checks that need it
+        if not status:
+            status.update(proc_status())
+        return status
+
     checks = {
         "network": check_network,
         "host_files": lambda: check_host_files(absent),
         "canaries": lambda: check_canaries(canaries),
-        "seccomp": check_seccomp,
+        "seccomp": lambda: check_seccomp(own_status()),
         "own_init": check_own_init,
         "pid_namespace": check_pid_namespace,
         "read_only_install": check_read_only_install,
         "workdir_writable": check_workdir_writable,
-        "capabilities": check_capabilities,
+        "capabilities": lambda: check_capabilities(own_status()),
         "descriptors": check_descriptors,
         "environment": check_environment,
         "host_sysctl": check_host_sysctl,
@@ -48,9 +55,31 @@ def self_test(absent, canaries):
     return results
 
 
+def read_bytes(path, limit=1 << 16):
+    """Up to `limit` bytes of a file, by posix calls alone: open() would build
+    a buffered reader (and a text one, a decoder) for each of the files the
+    checks read."""
+    fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
+    try:
+        chunks, size = [], 0
+        while size < limit:
+            chunk = posix.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        posix.close(fd)
+
+
+def read_text(path):
+    return read_bytes(path).decode("utf-8", "replace")
+
+
 def check_network():
-    with open("/proc/net/dev") as file:
-        interfaces = {line.split(":")[0].strip() for line in file.readlines()[2:] if ":" in line}
+    lines = read_text("/proc/net/dev").splitlines()[2:]
+    interfaces = {line.split(":")[0].strip() for line in lines if ":" in line}
     outcomes = [try_connect(host, port) for host, port in (("1.1.1.1", 53), ("10.0.0.1", 80))]
     ok = interfaces <= {"lo"} and not any(connected for connected, _ in outcomes)
     details = [f"interfaces: {', '.join(sorted(interfaces)) or 'none'}"] + [d for _, d in outcomes]
@@ -148,23 +177,20 @@ def signals(pid):
         return False
 
 
-def check_seccomp():
-    status = proc_status()
+def check_seccomp(status):
     return status.get("Seccomp") == "2", f"Seccomp={status.get('Seccomp')}"
 
 
 def check_own_init():
-    with open("/proc/1/cmdline", "rb") as file:
-        argv0 = file.read().split(b"\0", 1)[0]
+    argv0 = read_bytes("/proc/1/cmdline").split(b"\0", 1)[0]
     return argv0.rsplit(b"/", 1)[-1] == b"bwrap", f"pid 1 is {argv0.decode(errors='replace')}"
 
 
 def proc_status():
     status = {}
-    with open("/proc/self/status") as file:
-        for line in file:
-            key, _, value = line.partition(":")
-            status[key] = value.strip()
+    for line in read_text("/proc/self/status").splitlines():
+        key, _, value = line.partition(":")
+        status[key] = value.strip()
     return status
 
 
@@ -198,18 +224,19 @@ def can_create_file_in(directory):
 
 def check_workdir_writable():
     payload = b"rlm self test\n"
-    with open(WORKDIR_PROBE, "wb") as file:
-        file.write(payload)
+    fd = posix.open(WORKDIR_PROBE, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_CLOEXEC, 0o600)
     try:
-        with open(WORKDIR_PROBE, "rb") as file:
-            same = file.read() == payload
+        try:
+            wrote = posix.write(fd, payload)
+        finally:
+            posix.close(fd)
+        same = wrote == len(payload) and read_bytes(WORKDIR_PROBE) == payload
     finally:
         posix.unlink(WORKDIR_PROBE)
     return same, "created, wrote, read back and removed " + WORKDIR_PROBE
 
 
-def check_capabilities():
-    status = proc_status()
+def check_capabilities(status):
     keys = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs")
     ok = all(int(status[key], 16) == 0 for key in keys[:3]) and status["NoNewPrivs"] == "1"
     return ok, ", ".join(f"{key}={status[key]}" for key in keys)
@@ -293,9 +320,8 @@ def check_proc_hidden():
     shown = []
     for name in HIDDEN_PROC:
         try:
-            with open("/proc/" + name, "rb") as file:
-                if file.read(1):
-                    shown.append(name)
+            if read_bytes("/proc/" + name, 1):
+                shown.append(name)
         except OSError:
             pass
     return not shown, f"readable: {', '.join(shown)}" if shown else "none readable"
