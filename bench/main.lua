@@ -88,7 +88,10 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    interpreter probe) running `bench/echo_driver.py` instead of the driver,
    from spawn to its answer to one line, from a plain C host
    (`bench/floor_pingpong.c`). Samples alternate floor and rlm in rounds. The
-   session's teardown is not timed, nor the floor's. The phases (medians of
+   session's teardown is not timed, nor the floor's, and each sample starts
+   once the last one's sandbox is reaped, as each of the floor's does (its
+   helper reaps a child before the next); the back-to-back figure, each
+   start right after the last one's close, is shown beside it. The phases (medians of
    the same samples): rlm.boot's `start_times` (the host's clock around the
    spawn and each reply, bubblewrap's exec from the keeper thread, and the
    driver's `CLOCK_MONOTONIC` stamps in its hello, `configured`,

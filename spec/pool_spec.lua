@@ -510,7 +510,13 @@ out = '%s | %s | %s' % (context, fds, tried)
     assert.is_true(#pids >= 2)
     pool:close()
     assert.are.same({}, H.settled_children())
+    -- A launcher the keeper had to kill itself takes its namespace's
+    -- processes down after it (--die-with-parent): moments later.
     for _, p in ipairs(pids) do
+      local t0 = core.now_ms()
+      while alive(p) and core.now_ms() - t0 < 5000 do
+        sleep(10)
+      end
       assert.is_false(alive(p), "pid " .. p)
     end
     -- A session given a closed pool starts cold.
