@@ -42,9 +42,12 @@ local function make_text(bytes)
   return line:rep(n) .. ("x"):rep(bytes - n * #line)
 end
 
+-- Each session's sandbox is reaped before the next sample (as figure 1's):
+-- a driver still being torn down would take CPU from the next one, and
+-- memwatch.py could find it instead of the next one's.
 local function load_ms(env, context)
   local s, ms, entry = common.start(env, { context = context, answer = ANSWER, max_rss_bytes = 0 })
-  s:close()
+  common.close_reaped(s)
   local stdout = entry.stdout
   assert(stdout == #context .. "\n", "the REPL saw a context of " .. stdout)
   return ms
