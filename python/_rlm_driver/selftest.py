@@ -224,7 +224,8 @@ def can_create_file_in(directory):
 
 def check_workdir_writable():
     payload = b"rlm self test\n"
-    fd = posix.open(WORKDIR_PROBE, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_CLOEXEC, 0o600)
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_CLOEXEC
+    fd = posix.open(WORKDIR_PROBE, flags, 0o600)
     try:
         try:
             wrote = posix.write(fd, payload)
