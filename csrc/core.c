@@ -10,6 +10,7 @@
 #include "sandbox.h"
 #include "seccomp.h"
 #include "uid.h"
+#include "utf8.h"
 #include "waitset.h"
 #include "workdir.h"
 
@@ -495,63 +496,17 @@ static int core_thread_cpu_ms(lua_State *L) {
   return 1;
 }
 
-/* The continuation bytes (10xxxxxx) among the 8 bytes at p, each as a 1 in
- * its byte's lowest bit. */
-static uint64_t continuation_flags(const unsigned char *p) {
-  uint64_t w;
-  memcpy(&w, p, sizeof(w));
-  return (w & ~(w << 1) & 0x8080808080808080ULL) >> 7;
-}
-
-/* The continuation bytes in s[0..n): the flags of up to 255 words summed
- * in their byte lanes, then the lanes added up. */
-static size_t count_continuations(const unsigned char *s, size_t n) {
-  size_t total = 0, i = 0;
-  while (n - i >= 8) {
-    size_t words = (n - i) / 8 > 255 ? 255 : (n - i) / 8;
-    uint64_t lanes = 0;
-    for (size_t k = 0; k < words; k++, i += 8)
-      lanes += continuation_flags(s + i);
-    lanes = (lanes & 0x00FF00FF00FF00FFULL) +
-            ((lanes >> 8) & 0x00FF00FF00FF00FFULL);
-    total += (size_t)((lanes * 0x0001000100010001ULL) >> 48);
-  }
-  for (; i < n; i++)
-    total += (s[i] & 0xC0) == 0x80;
-  return total;
-}
-
 /* core.utf8_prefix(s, n) -> bytes, chars: the byte length of the first n
- * UTF-8 characters of s (a lead byte starts a character; stray continuation
- * bytes count with the character before them), and how many s holds in all
- * when it holds fewer. */
+ * UTF-8 characters of s, and how many characters that is (all of s's when
+ * it holds fewer), as rlm_utf8_prefix counts them. */
 static int core_utf8_prefix(lua_State *L) {
   size_t len;
   const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
   lua_Integer n = luaL_checkinteger(L, 2);
-  lua_Integer chars = 0;
-  size_t i = 0;
-  if (n >= 0 && (uint64_t)n >= len) { /* all of it: a byte that is not a
-                                          continuation byte starts one */
-    lua_pushinteger(L, (lua_Integer)len);
-    lua_pushinteger(L, (lua_Integer)(len - count_continuations(s, len)));
-    return 2;
-  }
-  /* Eight bytes at a time while the n-th character cannot be among them. */
-  while (len - i >= 8 && n - chars > 8) {
-    uint64_t f = continuation_flags(s + i);
-    chars += 8 - (lua_Integer)((f * 0x0101010101010101ULL) >> 56);
-    i += 8;
-  }
-  for (; i < len; i++) {
-    if ((s[i] & 0xC0) != 0x80) {
-      if (chars == n)
-        break;
-      chars++;
-    }
-  }
-  lua_pushinteger(L, (lua_Integer)i);
-  lua_pushinteger(L, chars);
+  int64_t chars;
+  size_t bytes = rlm_utf8_prefix(s, len, (int64_t)n, &chars);
+  lua_pushinteger(L, (lua_Integer)bytes);
+  lua_pushinteger(L, (lua_Integer)chars);
   return 2;
 }
 

@@ -15,6 +15,7 @@
 #include "smallfile.c"
 #include "spawn.c"
 #include "uid.c"
+#include "utf8.c"
 #include "waitset.c"
 #include "watchdog.c"
 #include "workdir.c"

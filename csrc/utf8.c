@@ -1,0 +1,58 @@
+/* utf8.c: see utf8.h. Eight bytes at a time: a continuation byte
+ * (10xxxxxx) is found in a word by its top two bits, and the flags of many
+ * words are summed in their byte lanes before the lanes are added up. */
+#include "utf8.h"
+
+#include <string.h>
+
+/* The continuation bytes among the 8 bytes at p, each as a 1 in its byte's
+ * lowest bit. */
+static uint64_t continuation_flags(const unsigned char *p) {
+  uint64_t w;
+  memcpy(&w, p, sizeof(w));
+  return (w & ~(w << 1) & 0x8080808080808080ULL) >> 7;
+}
+
+/* The continuation bytes in s[0..n): the flags of up to 255 words summed
+ * in their byte lanes, then the lanes added up. */
+static size_t count_continuations(const unsigned char *s, size_t n) {
+  size_t total = 0, i = 0;
+  while (n - i >= 8) {
+    size_t words = (n - i) / 8 > 255 ? 255 : (n - i) / 8;
+    uint64_t lanes = 0;
+    for (size_t k = 0; k < words; k++, i += 8)
+      lanes += continuation_flags(s + i);
+    lanes = (lanes & 0x00FF00FF00FF00FFULL) +
+            ((lanes >> 8) & 0x00FF00FF00FF00FFULL);
+    total += (size_t)((lanes * 0x0001000100010001ULL) >> 48);
+  }
+  for (; i < n; i++)
+    total += (s[i] & 0xC0) == 0x80;
+  return total;
+}
+
+size_t rlm_utf8_prefix(const unsigned char *s, size_t len, int64_t n,
+                       int64_t *chars) {
+  if (n >= 0 && (uint64_t)n >= len) { /* all of it: a byte that is not a
+                                          continuation byte starts one */
+    *chars = (int64_t)(len - count_continuations(s, len));
+    return len;
+  }
+  int64_t seen = 0;
+  size_t i = 0;
+  /* Eight bytes at a time while the n-th character cannot be among them. */
+  while (len - i >= 8 && n - seen > 8) {
+    uint64_t f = continuation_flags(s + i);
+    seen += 8 - (int64_t)((f * 0x0101010101010101ULL) >> 56);
+    i += 8;
+  }
+  for (; i < len; i++) {
+    if ((s[i] & 0xC0) != 0x80) {
+      if (seen == n)
+        break;
+      seen++;
+    }
+  }
+  *chars = seen;
+  return i;
+}
