@@ -712,64 +712,19 @@ static int driver_tree(lua_State *L) {
   return 1;
 }
 
-#ifdef __linux__
-/* Whether /proc/<pid>/comm names bubblewrap (the launcher and the pid
- * namespace's init are bubblewrap; the first process that is not is the
- * driver's interpreter). */
-static int is_bwrap(int pid) {
-  char path[64], comm[32];
-  snprintf(path, sizeof(path), "/proc/%d/comm", pid);
-  int fd;
-  do
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-  while (fd < 0 && errno == EINTR);
-  if (fd < 0)
-    return -1;
-  ssize_t n;
-  do
-    n = read(fd, comm, sizeof(comm) - 1);
-  while (n < 0 && errno == EINTR);
-  (void)close(fd);
-  if (n <= 0)
-    return -1;
-  comm[n] = '\0';
-  return strcmp(comm, "bwrap\n") == 0;
-}
-#endif
-
-/* The driver's interpreter: the first process of the sandbox's tree,
- * launcher first, that is not bubblewrap; 0 when none runs (or one of the
- * tree is gone meanwhile). */
-static int interpreter_pid(rlm_driver *d) {
-  int pids[8];
-  size_t n = rlm_driver_tree(d, pids, 8);
-#ifdef __linux__
-  for (size_t i = 0; i < n; i++) {
-    int b = is_bwrap(pids[i]);
-    if (b < 0)
-      return 0;
-    if (b == 0)
-      return pids[i];
-  }
-  return 0;
-#else
-  return n > 0 ? pids[0] : 0; /* sandbox-exec runs the interpreter itself */
-#endif
-}
-
 /* d:interrupt() -> true | false: SIGINT to the driver's interpreter, which
  * turns it into an exception in the REPL's code. Only that one process:
  * bubblewrap's own would die of it. false when no such process runs or the
  * signal could not be sent. */
 static int driver_interrupt(lua_State *L) {
-  int pid = interpreter_pid(check_driver(L)->d);
+  int pid = rlm_driver_interpreter_pid(check_driver(L)->d);
   lua_pushboolean(L, pid > 0 && kill(pid, SIGINT) == 0);
   return 1;
 }
 
 /* d:interpreter_runs() -> boolean: whether the driver's interpreter runs. */
 static int driver_interpreter_runs(lua_State *L) {
-  lua_pushboolean(L, interpreter_pid(check_driver(L)->d) > 0);
+  lua_pushboolean(L, rlm_driver_interpreter_pid(check_driver(L)->d) > 0);
   return 1;
 }
 

@@ -140,6 +140,10 @@ RLM_FN int rlm_driver_alive(const rlm_driver *d);
 
 /* The sandbox's processes (host pids, launcher first). Returns how many. */
 RLM_FN size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max);
+/* The driver's interpreter: the first process of the sandbox's tree,
+ * launcher first, that is not bubblewrap; 0 when none runs (or one of the
+ * tree is gone meanwhile). */
+RLM_FN int rlm_driver_interpreter_pid(const rlm_driver *d);
 
 /* Calls visit for every descriptor held in the sandbox that is neither one
  * of the session's pipes nor bubblewrap's own; returns how many. */

@@ -1,7 +1,8 @@
-/* driver_impl.h: what the three parts of the driver share (driver.c, the
+/* driver_impl.h: what the four parts of the driver share (driver.c, the
  * loop side; keeper.c, the keeper thread; spawn.c, the child before its
- * exec): the driver's struct, its limits and the functions one part calls
- * in another. Included by those three alone, in the one unit (csrc/rlm.c). */
+ * exec; inspect.c, its processes as /proc shows them): the driver's struct,
+ * its limits and the functions one part calls in another. Included by
+ * those four alone, in the one unit (csrc/rlm.c). */
 #ifndef RLM_DRIVER_IMPL_H
 #define RLM_DRIVER_IMPL_H
 

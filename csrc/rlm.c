@@ -6,8 +6,9 @@
 
 #include "canary.c"
 #include "cgroup.c"
-#include "driver.c" /* with keeper.c and spawn.c: see driver_impl.h */
+#include "driver.c" /* with keeper.c, spawn.c, inspect.c: driver_impl.h */
 #include "framing.c"
+#include "inspect.c"
 #include "keeper.c"
 #include "plan.c"
 #include "sandbox.c"
