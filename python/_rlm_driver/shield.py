@@ -194,7 +194,9 @@ SHADOW_FUNCTIONS = (shadow_eval, shadow_exec, shadow_compile, shadow_getattr)
 SHADOWED_GETATTR = frozenset({"string"})
 # Evaluates typing's annotations from Python 3.14 on.
 SHADOWED_HELPERS = frozenset({"annotationlib"})
-shielded_modules = set()
+# The names of sys.modules shield_modules has settled (shielded, or not the
+# REPL's to reach): each call looks only at the names new since the last.
+settled_modules = set()
 ModuleType = type(sys)  # types.ModuleType and CodeType, without importing types
 CodeType = type(shadow_eval.__code__)
 screened_code = []  # a weakref.WeakSet, made at first use (weakref is not needed before)
@@ -210,14 +212,21 @@ def screened():
 
 def shield_modules():
     """Install the shadows in every loaded module the REPL can reach. A
-    module that defines the name itself (re.compile) keeps its own."""
-    for name, module in list(sys.modules.items()):
-        if name in shielded_modules or not isinstance(module, ModuleType):
-            continue
+    module that defines the name itself (re.compile) keeps its own. Runs at
+    every step and import: only the names new to sys.modules cost it more
+    than a set difference."""
+    new = sys.modules.keys() - settled_modules
+    if not new:
+        return
+    allowed = guard.allowed_modules()
+    for name in new:
+        module = sys.modules.get(name)
+        if not isinstance(module, ModuleType):
+            continue  # a placeholder (None): looked at again next time
+        settled_modules.add(name)
         top = name.split(".")[0]
-        if top not in guard.allowed_modules() and top not in SHADOWED_HELPERS:
+        if top not in allowed and top not in SHADOWED_HELPERS:
             continue
-        shielded_modules.add(name)
         namespace = vars(module)
         shadows = dict(SHADOWS, getattr=shadow_getattr) if name in SHADOWED_GETATTR else SHADOWS
         for builtin_name, shadow in shadows.items():
