@@ -102,11 +102,10 @@ describe("the driver's start", function()
   -- beside the zip the probe packs), under -X importtime, with the messages
   -- of a cold start and a first step of `code`: what it printed, and the
   -- modules it imported.
-  local function first_step_imports(code, pause)
-    local python = sandboxed_start().python
-    -- The driver as the sandbox has it: repl_driver.py beside the zip the
-    -- probe packs.
-    local dir = H.sh("mktemp -d " .. quote(H.tmpdir .. "/imports.XXXXXX"))
+  -- A new directory holding the driver as the sandbox has it:
+  -- repl_driver.py beside the zip the probe packs.
+  local function packed_driver(python)
+    local dir = H.sh("mktemp -d " .. quote(H.tmpdir .. "/driver.XXXXXX"))
     local root = H.sh("pwd")
     H.sh(("cp %s %s/"):format(quote(root .. "/python/repl_driver.py"), quote(dir)))
     H.sh(("%s -I -S %s --driver %s | %s -I -S -c %s %s"):format(py(python),
@@ -114,6 +113,12 @@ describe("the driver's start", function()
       quote("import base64, json, sys; open(sys.argv[1], 'wb').write("
         .. "base64.b64decode(json.load(sys.stdin)['driver_zip']))"),
       quote(dir .. "/driver.zip")))
+    return dir
+  end
+
+  local function first_step_imports(code, pause)
+    local python = sandboxed_start().python
+    local dir = packed_driver(python)
     local f = assert(io.open(dir .. "/in", "w"))
     f:write('{"type":"configure","guardrails":true,"int_bits":64}\n', '{"type":"self_test"}\n',
       '{"type":"load_context","format":"text"}\n',
@@ -146,6 +151,32 @@ describe("the driver's start", function()
     local extra, heavy = unexpected(loaded, interpreter_start(python))
     assert.are.same({}, heavy)
     assert.are.same({}, extra)
+  end)
+
+  -- At the end of its input the session is over (the host is killing the
+  -- sandbox): the driver leaves at once, without the interpreter's
+  -- finalization (milliseconds of CPU, freeing every object), its atexit
+  -- handlers, or a wait for the REPL's threads.
+  it("leaves at the end of its input at once, whatever the REPL's code left running", function()
+    local python = sandboxed_start().python
+    local dir = packed_driver(python)
+    local code = "import atexit, sys, threading, time\n"
+      .. "atexit.register(lambda: sys.__stderr__.write('atexit ran\\n'))\n"
+      .. "threading.Thread(target=time.sleep, args=(30,)).start()\nprint('started')"
+    local f = assert(io.open(dir .. "/in", "w"))
+    f:write('{"type":"configure","guardrails":false,"int_bits":64}\n', '{"type":"self_test"}\n',
+      '{"type":"load_context","format":"text"}\n',
+      '{"type":"exec","id":1,"code":' .. require("cjson").encode(code) .. '}\n')
+    f:close()
+    local t0 = require("rlm.core").now_ms()
+    local out = H.sh(("timeout 20 %s -I -S -B %s/repl_driver.py < %s/in 2>&1; echo \"status $?\""):format(
+      py(python), quote(dir), quote(dir)))
+    local ms = require("rlm.core").now_ms() - t0
+    H.sh("rm -rf " .. quote(dir))
+    assert.matches('"stdout": "started\\n"', out, 1, true)
+    assert.matches("status 0$", out)
+    assert.not_matches("atexit ran", out, 1, true)
+    assert.is_true(ms < 5000, ("the driver took %.0f ms to leave"):format(ms))
   end)
 
   -- The warm-up's slow parts (the compiler's paths, the screen's _ast) wait
