@@ -164,7 +164,11 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    beside the cold start of figure 1 measured in the same run and figure
    1's floor. Then nested sessions drawing from the pool, timed in the REPL:
    one `rlm_query`, and `rlm_query_batched` of 8 from one exec against it
-   (target ≤ 2×).
+   (target ≤ 2×); the batch's note prints its CPU time (the host's thread,
+   the nested sandboxes, the root's) and the least time the machine's CPUs
+   allow for it. Last, the same one and 8 with each nested session's code
+   sleeping 20 ms in its sandbox before its answer (no target): with work
+   that does not need the CPUs, the batch's sessions run side by side.
 ]]
 
 -- One row of RESULTS.md's table.

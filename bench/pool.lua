@@ -93,7 +93,15 @@ local NESTED_EIGHT = "```repl\nimport time\nt0 = time.perf_counter()\n"
 -- less the pool's refill (and this function's own reads of /proc), of the
 -- nested sessions' sandboxes from their take to their close, and of the
 -- root's own sandbox.
-local function nested(env, pool, code, n)
+-- What each nested session's root model answers: at once, or with code
+-- that runs a while in its sandbox (as a step that works, or a model that
+-- takes its time, would), which shows whether the batch's sessions run side
+-- by side once the CPUs are not the limit.
+local CHILD_AT_ONCE = "```repl\nFINAL(context)\n```"
+local CHILD_WORK_MS = 20
+local CHILD_WORKS = ("```repl\nimport time\ntime.sleep(%g)\nFINAL(context)\n```"):format(CHILD_WORK_MS / 1000)
+
+local function nested(env, pool, code, n, child_answer)
   local out, cpu = {}, { host = {}, children = {}, root = {} }
   local thread_ms = core.thread_cpu_ms
   local host0, children, refill = 0, 0, 0
@@ -135,7 +143,7 @@ local function nested(env, pool, code, n)
   local root_llm = opts.root_llm
   opts.root_llm = function(messages)
     if messages[2].content:match("^Question: ") then
-      return "```repl\nFINAL(context)\n```" -- a nested session: answer at once
+      return child_answer or CHILD_AT_ONCE -- a nested session
     end
     settle(pool, #messages > 2 and pool.size or pool.size - 1)
     local answer = root_llm(messages)
@@ -190,6 +198,8 @@ function M.run(env)
 
   local one, one_cpu = nested(env, pool, NESTED_ONE, size.nested)
   local eight, eight_cpu = nested(env, pool, NESTED_EIGHT, size.nested)
+  local one_works = nested(env, pool, NESTED_ONE, size.nested, CHILD_WORKS)
+  local eight_work = nested(env, pool, NESTED_EIGHT, size.nested, CHILD_WORKS)
   local stats = pool:stats()
   pool:close()
 
@@ -226,7 +236,12 @@ function M.run(env)
     .. "%.2fx one nested session (whose host thread uses %.3g ms, its sandbox %.3g ms)")
     :format(p90(eight), host, kids, rootd, cores, floor_ms, floor_ms / o.median, med(one_cpu.host),
       med(one_cpu.children))
-  return { row, cold_row, one_row, eight_row }
+  local ow, ew = common.summary(one_works), common.summary(eight_work)
+  local work_row = common.context_row("10", ("  the same 8, each session's code running %d ms (time.sleep)")
+    :format(CHILD_WORK_MS), ew.median, "ms", common.fmt_ms(ew), ew.n,
+    ("%.2fx one such nested session (%s); p90 %.3g ms; no target: the sessions of a batch run side by side "
+      .. "when the CPUs are not what they wait for"):format(ew.median / ow.median, common.fmt_ms(ow), p90(eight_work)))
+  return { row, cold_row, one_row, eight_row, work_row }
 end
 
 return M
