@@ -87,12 +87,6 @@ local NESTED_EIGHT = "```repl\nimport time\nt0 = time.perf_counter()\n"
   .. "print('%.3f' % ((time.perf_counter() - t0) * 1000))\n```"
 
 
--- n steps of `code` in one root session from the pool, the pool refilled
--- before each: the ms each step's code timed, and per step the CPU time
--- (ms) of the host's thread from the root model's answer to the step's end
--- less the pool's refill (and this function's own reads of /proc), of the
--- nested sessions' sandboxes from their take to their close, and of the
--- root's own sandbox.
 -- What each nested session's root model answers: at once, or with code
 -- that runs a while in its sandbox (as a step that works, or a model that
 -- takes its time, would), which shows whether the batch's sessions run side
@@ -101,6 +95,13 @@ local CHILD_AT_ONCE = "```repl\nFINAL(context)\n```"
 local CHILD_WORK_MS = 20
 local CHILD_WORKS = ("```repl\nimport time\ntime.sleep(%g)\nFINAL(context)\n```"):format(CHILD_WORK_MS / 1000)
 
+-- n steps of `code` in one root session from the pool, the pool refilled
+-- before each: the ms each step's code timed, and per step the CPU time
+-- (ms) of the host's thread from the root model's answer to the step's end
+-- less the pool's refill (and this function's own reads of /proc), of the
+-- nested sessions' sandboxes from their take to their close, and of the
+-- root's own sandbox. The nested sessions' root model answers child_answer
+-- (CHILD_AT_ONCE unless given).
 local function nested(env, pool, code, n, child_answer)
   local out, cpu = {}, { host = {}, children = {}, root = {} }
   local thread_ms = core.thread_cpu_ms
