@@ -199,7 +199,7 @@ function M.run(env)
 
   local one, one_cpu = nested(env, pool, NESTED_ONE, size.nested)
   local eight, eight_cpu = nested(env, pool, NESTED_EIGHT, size.nested)
-  local one_works = nested(env, pool, NESTED_ONE, size.nested, CHILD_WORKS)
+  local one_work = nested(env, pool, NESTED_ONE, size.nested, CHILD_WORKS)
   local eight_work = nested(env, pool, NESTED_EIGHT, size.nested, CHILD_WORKS)
   local stats = pool:stats()
   pool:close()
@@ -237,7 +237,7 @@ function M.run(env)
     .. "%.2fx one nested session (whose host thread uses %.3g ms, its sandbox %.3g ms)")
     :format(p90(eight), host, kids, rootd, cores, floor_ms, floor_ms / o.median, med(one_cpu.host),
       med(one_cpu.children))
-  local ow, ew = common.summary(one_works), common.summary(eight_work)
+  local ow, ew = common.summary(one_work), common.summary(eight_work)
   local work_row = common.context_row("10", ("  the same 8, each session's code running %d ms (time.sleep)")
     :format(CHILD_WORK_MS), ew.median, "ms", common.fmt_ms(ew), ew.n,
     ("%.2fx one such nested session (%s); p90 %.3g ms; no target: the sessions of a batch run side by side "

@@ -98,13 +98,10 @@ describe("the driver's start", function()
     assert.are.same({}, extra)
   end)
 
-  -- The driver outside the sandbox, as the sandbox has it (repl_driver.py
-  -- beside the zip the probe packs), under -X importtime, with the messages
-  -- of a cold start and a first step of `code`: what it printed, and the
-  -- modules it imported.
-  -- A new directory holding the driver as the sandbox has it:
-  -- repl_driver.py beside the zip the probe packs.
-  local function packed_driver(python)
+  -- A new directory holding the driver as the sandbox has it
+  -- (repl_driver.py beside the zip the probe packs), and in it the file
+  -- `in`: the messages of a cold start and a first step of `code`.
+  local function packed_driver(python, code, guardrails)
     local dir = H.sh("mktemp -d " .. quote(H.tmpdir .. "/driver.XXXXXX"))
     local root = H.sh("pwd")
     H.sh(("cp %s %s/"):format(quote(root .. "/python/repl_driver.py"), quote(dir)))
@@ -113,17 +110,19 @@ describe("the driver's start", function()
       quote("import base64, json, sys; open(sys.argv[1], 'wb').write("
         .. "base64.b64decode(json.load(sys.stdin)['driver_zip']))"),
       quote(dir .. "/driver.zip")))
+    local f = assert(io.open(dir .. "/in", "w"))
+    f:write('{"type":"configure","guardrails":', tostring(guardrails), ',"int_bits":64}\n',
+      '{"type":"self_test"}\n', '{"type":"load_context","format":"text"}\n',
+      '{"type":"exec","id":1,"code":' .. require("cjson").encode(code) .. '}\n')
+    f:close()
     return dir
   end
 
+  -- The driver outside the sandbox (packed_driver), under -X importtime,
+  -- guardrails on: what it printed, and the modules it imported.
   local function first_step_imports(code, pause)
     local python = sandboxed_start().python
-    local dir = packed_driver(python)
-    local f = assert(io.open(dir .. "/in", "w"))
-    f:write('{"type":"configure","guardrails":true,"int_bits":64}\n', '{"type":"self_test"}\n',
-      '{"type":"load_context","format":"text"}\n',
-      '{"type":"exec","id":1,"code":' .. require("cjson").encode(code) .. '}\n')
-    f:close()
+    local dir = packed_driver(python, code, true)
     -- With a pause, the driver is idle between its self-test and its
     -- session, as a pooled sandbox is.
     local feed = pause and ("(head -n 2 %s/in; sleep %s; tail -n 2 %s/in)"):format(quote(dir), pause, quote(dir))
@@ -159,15 +158,9 @@ describe("the driver's start", function()
   -- handlers, or a wait for the REPL's threads.
   it("leaves at the end of its input at once, whatever the REPL's code left running", function()
     local python = sandboxed_start().python
-    local dir = packed_driver(python)
-    local code = "import atexit, sys, threading, time\n"
+    local dir = packed_driver(python, "import atexit, sys, threading, time\n"
       .. "atexit.register(lambda: sys.__stderr__.write('atexit ran\\n'))\n"
-      .. "threading.Thread(target=time.sleep, args=(30,)).start()\nprint('started')"
-    local f = assert(io.open(dir .. "/in", "w"))
-    f:write('{"type":"configure","guardrails":false,"int_bits":64}\n', '{"type":"self_test"}\n',
-      '{"type":"load_context","format":"text"}\n',
-      '{"type":"exec","id":1,"code":' .. require("cjson").encode(code) .. '}\n')
-    f:close()
+      .. "threading.Thread(target=time.sleep, args=(30,)).start()\nprint('started')", false)
     local t0 = require("rlm.core").now_ms()
     local out = H.sh(("timeout 20 %s -I -S -B %s/repl_driver.py < %s/in 2>&1; echo \"status $?\""):format(
       py(python), quote(dir), quote(dir)))
