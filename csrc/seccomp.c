@@ -1,17 +1,20 @@
 /* seccomp.c: what the REPL may not ask the kernel for. Raw BPF rather than
- * libseccomp: about forty instructions, no extra library in the host process
+ * libseccomp: about 200 instructions, no extra library in the host process
  * or the build, and every rule readable here.
  *
  * Denied with EPERM: other processes (ptrace, process_vm_*), kernel attack
  * surface the REPL never needs (io_uring, bpf, perf_event_open, userfaultfd,
  * keyrings, module and kexec loading, open_by_handle_at), the mount family
  * and the namespace calls, every socket(), memory the watchdog cannot see
- * (memfd_create, SysV shared memory), new processes (fork, vfork, clone
- * without CLONE_THREAD or with namespace flags), and the terminal injection
- * ioctls TIOCSTI and TIOCLINUX, compared on the low 32 bits of the request
- * (CVE-2019-10063). clone3 gets ENOSYS so that libc falls back to clone,
- * whose flags a filter can read. Another architecture's syscalls (x32, or
- * i386 through int 0x80) kill the process.
+ * (memfd_create, memfd_secret, SysV IPC, POSIX message queues), the
+ * instances the kernel counts per host user (inotify, fanotify), new
+ * processes (fork, vfork, clone without CLONE_THREAD or with namespace
+ * flags), the terminal injection ioctls TIOCSTI and TIOCLINUX, compared on
+ * the low 32 bits of the request (CVE-2019-10063), and fcntl F_SETPIPE_SZ
+ * (its cmd is an unsigned int to the kernel: the low 32 bits). clone3 gets
+ * ENOSYS so that libc falls back to clone, whose flags a filter can read.
+ * Another architecture's syscalls (x32, or i386 through int 0x80) kill the
+ * process.
  *
  * No setuid or setgid file, and no device node, can be made: the chmod
  * family and the calls that create a file or directory get EPERM when their
@@ -68,6 +71,12 @@
 #ifndef SYS_setxattrat
 #define SYS_setxattrat 463
 #endif
+#ifndef SYS_memfd_secret
+#define SYS_memfd_secret 447
+#endif
+#ifndef F_SETPIPE_SZ
+#define F_SETPIPE_SZ 1031
+#endif
 
 #define NS_FLAGS                                                               \
   (CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID |  \
@@ -108,6 +117,14 @@ static const struct sock_filter program[] = {
     BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LOW(1)),
     BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TIOCSTI, 1, 0),
     BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TIOCLINUX, 0, 1),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+
+    /* fcntl: no pipe buffer past the default 64 KiB (the kernel's pages,
+     * charged to the host user's pipe budget, shown in no RSS). */
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fcntl, 0, 4),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LOW(1)),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, F_SETPIPE_SZ, 0, 1),
     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 
@@ -186,7 +203,36 @@ static const struct sock_filter program[] = {
     DENY_EPERM(SYS_open_by_handle_at),
     DENY_EPERM(SYS_socket),
     DENY_EPERM(SYS_memfd_create),
+    DENY_EPERM(SYS_memfd_secret),
+
+    /* SysV IPC and POSIX message queues: kernel memory (a namespace's
+     * queues hold up to msgmni x msgmnb, 500 MiB) that no RSS shows. */
     DENY_EPERM(SYS_shmget),
+    DENY_EPERM(SYS_shmat),
+    DENY_EPERM(SYS_shmdt),
+    DENY_EPERM(SYS_shmctl),
+    DENY_EPERM(SYS_msgget),
+    DENY_EPERM(SYS_msgsnd),
+    DENY_EPERM(SYS_msgrcv),
+    DENY_EPERM(SYS_msgctl),
+    DENY_EPERM(SYS_semget),
+    DENY_EPERM(SYS_semop),
+    DENY_EPERM(SYS_semtimedop),
+    DENY_EPERM(SYS_semctl),
+    DENY_EPERM(SYS_mq_open),
+    DENY_EPERM(SYS_mq_unlink),
+    DENY_EPERM(SYS_mq_timedsend),
+    DENY_EPERM(SYS_mq_timedreceive),
+    DENY_EPERM(SYS_mq_notify),
+    DENY_EPERM(SYS_mq_getsetattr),
+
+/* inotify and fanotify instances count against the host user's 128 (a
+ * count kept per uid up the user namespaces), whatever the sandbox. */
+#ifdef SYS_inotify_init
+    DENY_EPERM(SYS_inotify_init),
+#endif
+    DENY_EPERM(SYS_inotify_init1),
+    DENY_EPERM(SYS_fanotify_init),
     DENY_EPERM(SYS_pidfd_getfd),
     DENY_EPERM(SYS_chroot),
 

@@ -201,7 +201,7 @@ except OSError as e:
 for fd in fds:
     os.close(fd)]], check = function(out)
       local n = tonumber(out:match("stopped at (%d+)"))
-      assert.is_true(n == nil or n <= 256, "RLIMIT_NOFILE did not hold: " .. out)
+      assert.is_true(n == nil or n <= 64, "RLIMIT_NOFILE did not hold: " .. out)
     end },
   { "creates a SysV message queue the host would see", [[
 import ctypes

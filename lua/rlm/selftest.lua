@@ -10,11 +10,20 @@ local ROWS = {
   RLIMIT_NOFILE = "Max open files",
   RLIMIT_CORE = "Max core file size",
   RLIMIT_CPU = "Max cpu time",
+  RLIMIT_SIGPENDING = "Max pending signals",
+  RLIMIT_MSGQUEUE = "Max msgqueue size",
+  RLIMIT_MEMLOCK = "Max locked memory",
 }
 
 -- The limits for a session, -1 meaning unlimited. The address space is a
 -- backstop behind the watchdog, so it leaves room for a mapped context and
 -- its decoded copy; NPROC bounds threads (seccomp already forbids forks).
+-- The kernel counts some budgets per host user, whatever the namespace:
+-- queued signals and POSIX timers (SIGPENDING, else the host user's own
+-- sigqueue and timer_create fail), message queue bytes, locked pages
+-- (MEMLOCK: memfd_secret and mlock, which the poll would not see as
+-- anonymous memory); NOFILE also bounds the pipes' buffers (64 KiB each,
+-- F_SETPIPE_SZ is denied), which no RSS shows: 2 MiB at most.
 -- RLIMIT_AS and RLIMIT_CPU depend on the session (its context, its steps):
 -- session_rlimits; the rest are the same for every session (pool_rlimits),
 -- which a pooled sandbox sets before a session takes it.
@@ -22,8 +31,11 @@ function M.pool_rlimits()
   return {
     RLIMIT_NPROC = 64,
     RLIMIT_FSIZE = 2 ^ 30,
-    RLIMIT_NOFILE = 256,
+    RLIMIT_NOFILE = 64,
     RLIMIT_CORE = 0,
+    RLIMIT_SIGPENDING = 64,
+    RLIMIT_MSGQUEUE = 0,
+    RLIMIT_MEMLOCK = 0,
   }
 end
 
