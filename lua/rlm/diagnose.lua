@@ -259,6 +259,10 @@ function M.checks(opts)
     add("interpreter", "error", pv)
   end
   local mech, why = M.memory_mechanism()
+  if mech == "poll" then
+    why = why .. "; the poll does not see the kernel's own memory for the sandbox (pipe buffers,"
+      .. " kernel stacks, page tables: a few MiB, bounded; docs/security.md, Memory)"
+  end
   add("memory limit", mech == "poll" and "warn" or "ok", ("%s: %s"):format(mech, why))
   return rows
 end
