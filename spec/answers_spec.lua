@@ -27,7 +27,6 @@ describe("answers", function()
       { "evaluates a Python expression that works in the REPL", "FINAL(6 * 7)", "42" },
       { "evaluates a variable's name to its value", fence("summary = 'svc-b ran out of connections'")
         .. "\nFINAL(summary)", "svc-b ran out of connections" },
-      { "takes a name that is not defined as the text it is", "FINAL(Paris)", "Paris" },
       { "takes a block that is only FINAL(prose) as its text", fence("FINAL(The answer is 42)"),
         "The answer is 42" },
     }
@@ -41,7 +40,7 @@ describe("answers", function()
     end
 
     it("is marked answer_source 'prose' (code's answers are 'code')", function()
-      local result = H.run({ root_llm = H.script({ "FINAL(Paris)" }) })
+      local result = H.run({ root_llm = H.script({ "FINAL(The capital is Paris)" }) })
       assert.are.equal("prose", result.answer_source)
       result = H.run({ root_llm = H.script({ fence("x = 1\nFINAL(x)") }) })
       assert.are.equal("code", result.answer_source)
@@ -63,6 +62,62 @@ describe("answers", function()
       local result = H.run({ root_llm = root, max_message_bytes = 65536 })
       assert.are.equal("small", result.answer)
       assert.matches("answer with something smaller", told(root, 2), 1, true)
+    end)
+  end)
+
+  -- Issue 32: the prose reading is for text that is not Python. A FINAL
+  -- that is Python and raised once answered with its own source text.
+  describe("a FINAL whose argument raised", function()
+    local function down()
+      error("sub-model down")
+    end
+    local cases = {
+      { "a sub-call that raised", "FINAL(llm_query('summarise context'))", "llm_query failed: ", { llm_query = down } },
+      { "a sub-call that returned nil, why", "FINAL(llm_query('summarise context'))", "llm_query failed: why: quota",
+        { llm_query = function() return nil, "why: quota" end } },
+      { "an rlm_query that failed", "FINAL(rlm_query('summarise context'))", "failed", { llm_query = down } },
+      { "a tool that raised", "FINAL(lookup('k1'))", "ToolError",
+        { tools = { lookup = function() error("no such key") end } } },
+      { "a name that is not defined", "FINAL(undefined_name)", "NameError: name 'undefined_name' is not defined" },
+      { "a single word, which is Python too", "FINAL(Paris)", "NameError: name 'Paris' is not defined" },
+      { "1/0", "FINAL(1/0)", "ZeroDivisionError" },
+    }
+    for _, case in ipairs(cases) do
+      for _, form in ipairs({ "prose", "block" }) do
+        it(("is an error the model sees and costs a turn (%s, written as a %s)"):format(case[1], form), function()
+          local opts = { root_llm = H.script({ form == "block" and fence(case[2]) or case[2], "FINAL(\"svc-b\")" }) }
+          for k, v in pairs(case[4] or {}) do
+            opts[k] = v
+          end
+          local result, err = H.run(opts)
+          assert.is_nil(err)
+          assert.are.equal("svc-b", result.answer)
+          assert.are.equal(2, result.iterations)
+          assert.matches(case[3], told(opts.root_llm, 2), 1, true)
+          if form == "prose" then
+            assert.matches("Your FINAL line did not give an answer: it ran as Python and raised", told(opts.root_llm, 2),
+              1, true)
+          end
+        end)
+      end
+    end
+
+    it("is no answer at the last chance either: the run ends with max_iterations", function()
+      local root = H.script({ fence("print('svc-b is down')"), "FINAL(llm_query('summarise context'))" })
+      local result, err = H.run({ root_llm = root, llm_query = down, max_iterations = 1, fallback = false })
+      assert.is_nil(result)
+      assert.are.equal("max_iterations", err.kind)
+      assert.are.equal("svc-b is down", err.partial)
+    end)
+
+    it("text that is not Python is still the answer; a quoted string is its value", function()
+      for reply, answer in pairs({ ["FINAL(The service was auth)"] = "The service was auth",
+        ['FINAL("auth")'] = "auth", ["FINAL(auth's pool, then svc-b)"] = "auth's pool, then svc-b" }) do
+        local result, err = H.run({ root_llm = H.script({ reply }) })
+        assert.is_nil(err)
+        assert.are.equal(answer, result.answer)
+        assert.are.equal(1, result.iterations)
+      end
     end)
   end)
 

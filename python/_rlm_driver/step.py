@@ -194,7 +194,8 @@ def restore_names(namespace):
 
 
 def run(code):
-    """Run one step: (stdout, error, final)."""
+    """Run one step: (stdout, error, final, parsed); parsed is False when
+    the code is not Python (it did not compile, so none of it ran)."""
     session = state.current
     namespace = session.namespace
     session.steps += 1
@@ -207,12 +208,17 @@ def run(code):
     session.final = None
     session.interrupt_pending = session.interrupt_raised = False
     error = raised = None
+    parsed = True
     namespace["__builtins__"] = guard.builtins_table() if session.guardrails else builtins
     if session.guardrails:
         shield.shield_modules()
     saved = sys.stdout, sys.stderr
     try:
-        compiled = compile_step(code, filename, session.guardrails)
+        try:
+            compiled = compile_step(code, filename, session.guardrails)
+        except (SyntaxError, ValueError):  # ValueError: a NUL byte
+            parsed = False
+            raise
         sys.stdout = sys.stderr = output
         try:
             session.executing = True
@@ -247,7 +253,7 @@ def run(code):
     stdout = output.getvalue()
     if note is not None:
         stdout = f"{stdout}{'' if not stdout or stdout.endswith(chr(10)) else chr(10)}{note}\n"
-    return stdout, error, final
+    return stdout, error, final, parsed
 
 
 FINAL_NAMES = ("FINAL", "FINAL_VAR")
