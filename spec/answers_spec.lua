@@ -25,8 +25,7 @@ describe("answers", function()
       { "takes a FINAL in markdown bold", "**FINAL(42 apples)**", "42 apples" },
       { "takes a FINAL in inline code", "My answer: \n`FINAL(Ada Lovelace)`", "Ada Lovelace" },
       { "evaluates a Python expression that works in the REPL", "FINAL(6 * 7)", "42" },
-      { "evaluates a variable's name to its value", fence("summary = 'svc-b ran out of connections'")
-        .. "\nFINAL(summary)", "svc-b ran out of connections" },
+      { "evaluates a variable's name to its value", "FINAL(context)", "hello world" },
       { "takes a block that is only FINAL(prose) as its text", fence("FINAL(The answer is 42)"),
         "The answer is 42" },
     }
@@ -47,14 +46,56 @@ describe("answers", function()
     end)
 
     it("is not taken when a block of the same response raised, and the model is told", function()
-      local root = H.script({ fence("result = 1 / 0") .. "\nFINAL_VAR(result)", fence("result = 2") ..
-        "\nFINAL_VAR(result)" })
+      local root = H.script({ fence("result = 1 / 0") .. "\nFINAL_VAR(result)", fence("result = 2"), "FINAL_VAR(result)" })
       local result, err = H.run({ root_llm = root })
       assert.is_nil(err)
       assert.are.equal("2", result.answer)
-      assert.are.equal(2, result.iterations)
+      assert.are.equal(3, result.iterations)
       assert.matches("ZeroDivisionError", told(root, 2), 1, true)
       assert.matches("Your FINAL line was not taken as the answer, because a block raised", told(root, 2), 1, true)
+    end)
+
+    -- Issue 28: the model had not seen what its code printed, so a FINAL
+    -- beside code is a guess, however the code went.
+    it("beside code that ran is not taken (a guess), the model is told, and the turn is spent", function()
+      local root = H.script({ fence("print('svc-b failed')") .. "\nFINAL(svc-a is the cause)",
+        "FINAL(svc-b is the cause)" })
+      local result, err = H.run({ root_llm = root })
+      assert.is_nil(err)
+      assert.are.equal("svc-b is the cause", result.answer)
+      assert.are.equal(2, result.iterations)
+      assert.is_nil(result.history[1].final)
+      assert.matches("svc-b failed", told(root, 2), 1, true)
+      assert.matches("Your FINAL line was not taken as the answer, because you wrote it before you saw what your "
+        .. "code printed", told(root, 2), 1, true)
+    end)
+
+    it("beside code is not taken as a FINAL_VAR either; alone, the next turn, it is", function()
+      local root = H.script({ fence("found = 'svc-b'") .. "\nFINAL_VAR(found)", "FINAL_VAR(found)" })
+      local result, err = H.run({ root_llm = root })
+      assert.is_nil(err)
+      assert.are.equal("svc-b", result.answer)
+      assert.are.equal("found", result.var)
+      assert.are.equal(2, result.iterations)
+    end)
+
+    -- Issue 28: the answer came back with the code cut out, and the code ran.
+    it("holding a fenced block answers with the block in it, and the block does not run", function()
+      local text = "Here is the function:\n```python\nprint('RAN')\ndef f(x):\n    return (x + 1)\n```\nCall f(41)."
+      local result, err = H.run({ root_llm = H.script({ "Done.\nFINAL(" .. text .. ")\n" }) })
+      assert.is_nil(err)
+      assert.are.equal(text, result.answer)
+      assert.are.equal("prose", result.answer_source)
+      assert.are.equal(1, result.iterations)
+      assert.are.equal("", result.history[1].stdout)
+      assert.are.same({}, result.history[1].blocks)
+    end)
+
+    it("whose closing parenthesis is inside a code block is not taken, and the model is told", function()
+      local root = H.script({ "FINAL(see\n```repl\nx = ')'\nprint(len(context))\n```\n", "FINAL(\"done\")" })
+      local result = H.run({ root_llm = root })
+      assert.are.equal(2, result.iterations)
+      assert.matches("Your FINAL line's closing parenthesis is inside a code block", told(root, 2), 1, true)
     end)
 
     it("too large for the host is an error the model sees, not its text as the answer", function()
