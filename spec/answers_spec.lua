@@ -162,6 +162,33 @@ describe("answers", function()
     end)
   end)
 
+  -- Issue 28: the REPL put its own answer dict back over `answer`, and
+  -- FINAL(answer) answered "{'content': '', 'ready': False}".
+  describe("the name answer", function()
+    it("bound to llm_query's answer (the paper's prompt) keeps it, and FINAL(answer) gives it", function()
+      for _, last in ipairs({ "FINAL(answer)", "FINAL_VAR(answer)", fence("FINAL(answer)") }) do
+        local root = H.script({ fence("answer = llm_query('summarise')\nprint(answer[:5])"), last })
+        local result, err = H.run({ root_llm = root })
+        assert.is_nil(err)
+        assert.are.equal("echo: summarise", result.answer)
+        assert.are.equal(2, result.iterations)
+        assert.not_matches("REPL's own", result.history[1].stdout, 1, true)
+      end
+    end)
+
+    it("still the REPL's own dict (the block that bound it was rolled back) is no answer", function()
+      for _, last in ipairs({ "FINAL(answer)", "FINAL_VAR(answer)", fence("FINAL_VAR('answer')") }) do
+        local root = H.script({ fence("answer = llm_query('summarise')"), last, 'FINAL("svc-b")' })
+        local result, err = H.run({ root_llm = root, llm_query = function() return nil, "quota" end })
+        assert.is_nil(err)
+        assert.are.equal("svc-b", result.answer)
+        assert.are.equal(3, result.iterations)
+        assert.matches("was given the REPL's own `answer` dict ({'content': '', 'ready': False}), not an answer",
+          told(root, 3), 1, true)
+      end
+    end)
+  end)
+
   describe("a prose FINAL_VAR line", function()
     for _, form in ipairs({ "FINAL_VAR(result)", "FINAL_VAR('result')", 'FINAL_VAR("result")',
       "FINAL_VAR( result )" }) do

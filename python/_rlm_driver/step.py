@@ -170,8 +170,9 @@ _signal.signal(_signal.SIGINT, on_interrupt)  # signal.signal, without its enums
 
 # The REPL's own names: put back after every block that rebinds or deletes
 # them, so that the data and the sub-model stay reachable for the rest of
-# the session. `answer` may be rebound to another dict (the reference's
-# models write `answer = {...}`); anything else is put back.
+# the session. `answer` is the model's to rebind (the reference's models
+# write `answer = {...}`, its prompt `answer = llm_query(...)`): only its
+# first value is kept, which FINAL refuses (api.own_answer).
 PROTECTED = ("context", "llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched",
              "FINAL", "FINAL_VAR", "answer")
 
@@ -182,7 +183,7 @@ def restore_names(namespace):
     restored = []
     for name, value in session.originals.items():
         current = namespace.get(name, restore_names)
-        if current is value or (name == "answer" and isinstance(current, dict)):
+        if current is value or name == "answer":
             continue
         namespace[name] = value
         restored.append(name)
