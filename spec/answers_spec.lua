@@ -25,9 +25,7 @@ describe("answers", function()
       { "takes a FINAL in markdown bold", "**FINAL(42 apples)**", "42 apples" },
       { "takes a FINAL in inline code", "My answer: \n`FINAL(Ada Lovelace)`", "Ada Lovelace" },
       { "evaluates a Python expression that works in the REPL", "FINAL(6 * 7)", "42" },
-      { "evaluates a variable's name to its value", fence("summary = 'svc-b ran out of connections'")
-        .. "\nFINAL(summary)", "svc-b ran out of connections" },
-      { "takes a name that is not defined as the text it is", "FINAL(Paris)", "Paris" },
+      { "evaluates a variable's name to its value", "FINAL(context)", "hello world" },
       { "takes a block that is only FINAL(prose) as its text", fence("FINAL(The answer is 42)"),
         "The answer is 42" },
     }
@@ -41,21 +39,63 @@ describe("answers", function()
     end
 
     it("is marked answer_source 'prose' (code's answers are 'code')", function()
-      local result = H.run({ root_llm = H.script({ "FINAL(Paris)" }) })
+      local result = H.run({ root_llm = H.script({ "FINAL(The capital is Paris)" }) })
       assert.are.equal("prose", result.answer_source)
       result = H.run({ root_llm = H.script({ fence("x = 1\nFINAL(x)") }) })
       assert.are.equal("code", result.answer_source)
     end)
 
     it("is not taken when a block of the same response raised, and the model is told", function()
-      local root = H.script({ fence("result = 1 / 0") .. "\nFINAL_VAR(result)", fence("result = 2") ..
-        "\nFINAL_VAR(result)" })
+      local root = H.script({ fence("result = 1 / 0") .. "\nFINAL_VAR(result)", fence("result = 2"), "FINAL_VAR(result)" })
       local result, err = H.run({ root_llm = root })
       assert.is_nil(err)
       assert.are.equal("2", result.answer)
-      assert.are.equal(2, result.iterations)
+      assert.are.equal(3, result.iterations)
       assert.matches("ZeroDivisionError", told(root, 2), 1, true)
       assert.matches("Your FINAL line was not taken as the answer, because a block raised", told(root, 2), 1, true)
+    end)
+
+    -- Issue 28: the model had not seen what its code printed, so a FINAL
+    -- beside code is a guess, however the code went.
+    it("beside code that ran is not taken (a guess), the model is told, and the turn is spent", function()
+      local root = H.script({ fence("print('svc-b failed')") .. "\nFINAL(svc-a is the cause)",
+        "FINAL(svc-b is the cause)" })
+      local result, err = H.run({ root_llm = root })
+      assert.is_nil(err)
+      assert.are.equal("svc-b is the cause", result.answer)
+      assert.are.equal(2, result.iterations)
+      assert.is_nil(result.history[1].final)
+      assert.matches("svc-b failed", told(root, 2), 1, true)
+      assert.matches("Your FINAL line was not taken as the answer, because you wrote it before you saw what your "
+        .. "code printed", told(root, 2), 1, true)
+    end)
+
+    it("beside code is not taken as a FINAL_VAR either; alone, the next turn, it is", function()
+      local root = H.script({ fence("found = 'svc-b'") .. "\nFINAL_VAR(found)", "FINAL_VAR(found)" })
+      local result, err = H.run({ root_llm = root })
+      assert.is_nil(err)
+      assert.are.equal("svc-b", result.answer)
+      assert.are.equal("found", result.var)
+      assert.are.equal(2, result.iterations)
+    end)
+
+    -- Issue 28: the answer came back with the code cut out, and the code ran.
+    it("holding a fenced block answers with the block in it, and the block does not run", function()
+      local text = "Here is the function:\n```python\nprint('RAN')\ndef f(x):\n    return (x + 1)\n```\nCall f(41)."
+      local result, err = H.run({ root_llm = H.script({ "Done.\nFINAL(" .. text .. ")\n" }) })
+      assert.is_nil(err)
+      assert.are.equal(text, result.answer)
+      assert.are.equal("prose", result.answer_source)
+      assert.are.equal(1, result.iterations)
+      assert.are.equal("", result.history[1].stdout)
+      assert.are.same({}, result.history[1].blocks)
+    end)
+
+    it("whose closing parenthesis is inside a code block is not taken, and the model is told", function()
+      local root = H.script({ "FINAL(see\n```repl\nx = ')'\nprint(len(context))\n```\n", "FINAL(\"done\")" })
+      local result = H.run({ root_llm = root })
+      assert.are.equal(2, result.iterations)
+      assert.matches("Your FINAL line's closing parenthesis is inside a code block", told(root, 2), 1, true)
     end)
 
     it("too large for the host is an error the model sees, not its text as the answer", function()
@@ -63,6 +103,89 @@ describe("answers", function()
       local result = H.run({ root_llm = root, max_message_bytes = 65536 })
       assert.are.equal("small", result.answer)
       assert.matches("answer with something smaller", told(root, 2), 1, true)
+    end)
+  end)
+
+  -- Issue 32: the prose reading is for text that is not Python. A FINAL
+  -- that is Python and raised once answered with its own source text.
+  describe("a FINAL whose argument raised", function()
+    local function down()
+      error("sub-model down")
+    end
+    local cases = {
+      { "a sub-call that raised", "FINAL(llm_query('summarise context'))", "llm_query failed: ", { llm_query = down } },
+      { "a sub-call that returned nil, why", "FINAL(llm_query('summarise context'))", "llm_query failed: why: quota",
+        { llm_query = function() return nil, "why: quota" end } },
+      { "an rlm_query that failed", "FINAL(rlm_query('summarise context'))", "failed", { llm_query = down } },
+      { "a tool that raised", "FINAL(lookup('k1'))", "ToolError",
+        { tools = { lookup = function() error("no such key") end } } },
+      { "a name that is not defined", "FINAL(undefined_name)", "NameError: name 'undefined_name' is not defined" },
+      { "a single word, which is Python too", "FINAL(Paris)", "NameError: name 'Paris' is not defined" },
+      { "1/0", "FINAL(1/0)", "ZeroDivisionError" },
+    }
+    for _, case in ipairs(cases) do
+      for _, form in ipairs({ "prose", "block" }) do
+        it(("is an error the model sees and costs a turn (%s, written as a %s)"):format(case[1], form), function()
+          local opts = { root_llm = H.script({ form == "block" and fence(case[2]) or case[2], "FINAL(\"svc-b\")" }) }
+          for k, v in pairs(case[4] or {}) do
+            opts[k] = v
+          end
+          local result, err = H.run(opts)
+          assert.is_nil(err)
+          assert.are.equal("svc-b", result.answer)
+          assert.are.equal(2, result.iterations)
+          assert.matches(case[3], told(opts.root_llm, 2), 1, true)
+          if form == "prose" then
+            assert.matches("Your FINAL line did not give an answer: it ran as Python and raised", told(opts.root_llm, 2),
+              1, true)
+          end
+        end)
+      end
+    end
+
+    it("is no answer at the last chance either: the run ends with max_iterations", function()
+      local root = H.script({ fence("print('svc-b is down')"), "FINAL(llm_query('summarise context'))" })
+      local result, err = H.run({ root_llm = root, llm_query = down, max_iterations = 1, fallback = false })
+      assert.is_nil(result)
+      assert.are.equal("max_iterations", err.kind)
+      assert.are.equal("svc-b is down", err.partial)
+    end)
+
+    it("text that is not Python is still the answer; a quoted string is its value", function()
+      for reply, answer in pairs({ ["FINAL(The service was auth)"] = "The service was auth",
+        ['FINAL("auth")'] = "auth", ["FINAL(auth's pool, then svc-b)"] = "auth's pool, then svc-b" }) do
+        local result, err = H.run({ root_llm = H.script({ reply }) })
+        assert.is_nil(err)
+        assert.are.equal(answer, result.answer)
+        assert.are.equal(1, result.iterations)
+      end
+    end)
+  end)
+
+  -- Issue 28: the REPL put its own answer dict back over `answer`, and
+  -- FINAL(answer) answered "{'content': '', 'ready': False}".
+  describe("the name answer", function()
+    it("bound to llm_query's answer (the paper's prompt) keeps it, and FINAL(answer) gives it", function()
+      for _, last in ipairs({ "FINAL(answer)", "FINAL_VAR(answer)", fence("FINAL(answer)") }) do
+        local root = H.script({ fence("answer = llm_query('summarise')\nprint(answer[:5])"), last })
+        local result, err = H.run({ root_llm = root })
+        assert.is_nil(err)
+        assert.are.equal("echo: summarise", result.answer)
+        assert.are.equal(2, result.iterations)
+        assert.not_matches("REPL's own", result.history[1].stdout, 1, true)
+      end
+    end)
+
+    it("still the REPL's own dict (the block that bound it was rolled back) is no answer", function()
+      for _, last in ipairs({ "FINAL(answer)", "FINAL_VAR(answer)", fence("FINAL_VAR('answer')") }) do
+        local root = H.script({ fence("answer = llm_query('summarise')"), last, 'FINAL("svc-b")' })
+        local result, err = H.run({ root_llm = root, llm_query = function() return nil, "quota" end })
+        assert.is_nil(err)
+        assert.are.equal("svc-b", result.answer)
+        assert.are.equal(3, result.iterations)
+        assert.matches("was given the REPL's own `answer` dict ({'content': '', 'ready': False}), not an answer",
+          told(root, 3), 1, true)
+      end
     end)
   end)
 

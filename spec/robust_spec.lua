@@ -252,8 +252,8 @@ describe("the REPL's own names", function()
     assert.is_nil(err)
     assert.are.equal(1, result.value)
     local out1 = result.history[1].stdout
-    assert.matches("context, llm_query, FINAL_VAR, answer are the REPL's own names", out1, 1, true)
-    assert.matches("the data echo: ping dict", result.history[2].stdout, 1, true)
+    assert.matches("context, llm_query, FINAL_VAR are the REPL's own names", out1, 1, true)
+    assert.matches("the data echo: ping str", result.history[2].stdout, 1, true) -- answer is the model's
     assert.not_matches("REPL's own", result.history[2].stdout, 1, true)
   end)
 

@@ -19,10 +19,11 @@ describe("a session", function()
 
     it("runs a bare FINAL line written outside any fence", function()
       local result, err = H.run({
-        root_llm = H.script({ fence("found = 'the key'") .. "\n\nFINAL(found)\n" }),
+        root_llm = H.script({ fence("found = 'the key'"), "It is in `found`.\n\nFINAL(found)\n" }),
       })
       assert.is_nil(err)
       assert.are.equal("the key", result.answer)
+      assert.are.equal(2, result.iterations)
     end)
 
     it("ends the run even when the code catches Exception around it", function()

@@ -27,12 +27,6 @@ function M.final_of(f)
   return { kind = f.kind, value = f.value, answer = f.value }
 end
 
--- Whether an error is FINAL's own refusal of an answer too large for the
--- host (python/_rlm_driver/api.py final_problem), not a failed expression.
-local function too_large(err)
-  return err:find("the final answer is %d+ bytes as JSON") or err:find("the final answer holds more than")
-end
-
 -- Python's name rule, for FINAL_VAR's argument.
 local function identifier(s)
   return s:match("^[%a_][%w_]*$") ~= nil
@@ -50,18 +44,20 @@ function M.final_code(f)
   return "FINAL(" .. f.text .. ")"
 end
 
--- A FINAL whose text is no Python expression that evaluates in the REPL
--- answers with the text itself, as the reference reads it.
+-- A FINAL whose text is not Python (FINAL(text) did not compile: the
+-- driver's syntax_error) answers with the text itself, as the reference
+-- reads it. One that is Python and raised (a failed sub-call, a NameError,
+-- 1/0, an answer too large) is no answer: an error the model sees.
 function M.text_final(f, res)
-  if f.kind == "final" and not f.strict and res.error and not too_large(res.error) then
+  if f.kind == "final" and not f.strict and res.error and res.syntax_error then
     return { kind = "value", value = f.text, answer = f.text, source = "prose" }
   end
 end
 
 -- A FINAL(...) or FINAL_VAR(...) line of prose, as the reference reads it:
--- FINAL's text is the answer unless it is a Python expression that
--- evaluates in the REPL (then its value is). Returns the final, or nil and
--- what to tell the model; nil, nil, err when the session ended.
+-- FINAL's text is the answer when it is not Python; when it is, its value
+-- is, and an exception is an error. Returns the final, or nil and what to
+-- tell the model; nil, nil, err when the session ended.
 function S:_prose_final(f)
   local res, err = self:_exec(M.final_code(f))
   if not res then
@@ -76,8 +72,11 @@ function S:_prose_final(f)
   if final then
     return final
   end
-  return nil, ("Your %s line did not give an answer:\n%s"):format(f.kind == "var" and "FINAL_VAR" or "FINAL",
-    res.error or "(no error)")
+  if f.kind == "final" then
+    return nil, "Your FINAL line did not give an answer: it ran as Python and raised (text that is also Python, "
+      .. "such as a single word, must be quoted: FINAL(\"...\")):\n" .. (res.error or "(no error)")
+  end
+  return nil, "Your FINAL_VAR line did not give an answer:\n" .. (res.error or "(no error)")
 end
 
 -- The best answer a run without a final one has: what the REPL printed

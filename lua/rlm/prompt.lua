@@ -81,11 +81,13 @@ totals = llm_query_batched([f"What is the total amount of this invoice? Reply wi
 ```
 
 When you know the answer, and have checked it with code, give it NOT in a
-code block, on a line of its own, as one of:
+code block, on a line of its own, in a response with no code, as one of:
 FINAL(your final answer here)
 FINAL_VAR(variable_name)
-FINAL(...) takes the answer as text (several lines are fine); FINAL_VAR(...)
-the name of a variable you built in the REPL, whose value is the answer. Both
+FINAL(...) takes the answer as text (several lines are fine; quote text that
+is also Python, such as one word: FINAL("Paris")); FINAL_VAR(...) the name of
+a variable you built in the REPL, whose value is the answer. A FINAL line
+beside code is not taken: you have not seen that code's output yet. Both
 also work as calls inside code, as does setting `answer["content"] = ...` and
 then `answer["ready"] = True`. Do not guess: if you have not found the
 answer yet, keep working.]==]

@@ -97,7 +97,8 @@ local validators = {
     return opt_string(m.error) and opt_string(m.context_type)
   end,
   exec_result = function(m)
-    if not is_int(m.id) or type(m.stdout) ~= "string" or not opt_string(m.error) then
+    if not is_int(m.id) or type(m.stdout) ~= "string" or not opt_string(m.error)
+      or (m.syntax_error ~= nil and type(m.syntax_error) ~= "boolean") then
       return false
     end
     local f = m.final

@@ -98,32 +98,71 @@ local function final_at(text)
   return { kind = suffix == "" and "final" or "var", text = inner, rest = text:sub(after) }
 end
 
--- The first final written in prose (lines outside fences); a FINAL may
--- run on over several lines. Only the first is looked for, so that a
--- reply of many unclosed FINAL lines costs one scan. Returns the prose
--- without the final's lines.
-local function prose_final(prose, finals, notes)
-  local lines = split_lines(prose)
-  for i, line in ipairs(lines) do
-    if line:match(FINAL_START) then
-      local f = final_at(table.concat(lines, "\n", i))
-      if f and f.unclosed then
-        notes[#notes + 1] = "Your FINAL line has no closing parenthesis, so it was not taken as an answer."
-        return prose
-      elseif f then
-        finals[#finals + 1] = { kind = f.kind, text = f.text }
-        local spanned = select(2, f.text:gsub("\n", ""))
-        local kept = {}
-        for k, l in ipairs(lines) do
-          if k < i or k > i + spanned then
-            kept[#kept + 1] = l
-          end
-        end
-        return table.concat(kept, "\n")
-      end
+-- A fence's opening line: its indent, its fence (``` or ~~~, three or
+-- more) and its info string; nil when the line opens none.
+local function open_fence(line)
+  local indent, fence, info = line:match("^([ \t]*)(```+)[ \t]*([^`]-)[ \t]*$")
+  if not fence then
+    indent, fence, info = line:match("^([ \t]*)(~~~+)[ \t]*(.-)[ \t]*$")
+  end
+  return indent, fence, info
+end
+
+-- The line that closes the fence opened at line i, or nil.
+local function fence_end(lines, i, fence)
+  local ch = fence:sub(1, 1)
+  for j = i + 1, #lines do
+    local close = lines[j]:match("^[ \t]*([`~]+)[ \t]*$")
+    if close and close:sub(1, 1) == ch and #close >= #fence and not close:find(ch == "`" and "~" or "`") then
+      return j
     end
   end
-  return prose
+  return nil
+end
+
+-- Whether line last is prose (outside every fence), the lines after i read
+-- as parse reads them.
+local function ends_in_prose(lines, i, last)
+  local k = i + 1
+  while k <= last do
+    local _, fence = open_fence(lines[k])
+    if fence then
+      local close = fence_end(lines, k, fence)
+      if not close or close >= last then
+        return false
+      end
+      k = close + 1
+    else
+      k = k + 1
+    end
+  end
+  return true
+end
+
+M.UNCLOSED = "Your FINAL line has no closing parenthesis, so it was not taken as an answer."
+M.CLOSED_IN_CODE = "Your FINAL line's closing parenthesis is inside a code block, so it was not taken as an "
+  .. "answer: close it on a line of prose, or build the answer in a variable and give FINAL_VAR(name)."
+
+-- The final written in prose at line i, when it is the first one: its
+-- text runs up to the matching ")" over the lines as written, fences
+-- included (a fence inside a FINAL is part of the answer, and does not
+-- run). Only the first is looked for, so that a reply of many unclosed
+-- FINAL lines costs one scan. Returns the final (or nil) and the line
+-- after it, or nil when line i is no final; a note when it is not taken.
+local function prose_final(lines, i)
+  local start, suffix = lines[i]:match(FINAL_START)
+  if not start or (suffix ~= "" and suffix ~= "_VAR") then
+    return nil
+  end
+  local f = final_at(table.concat(lines, "\n", i))
+  if f.unclosed then
+    return nil, nil, M.UNCLOSED
+  end
+  local last = i + select(2, f.text:gsub("\n", ""))
+  if not ends_in_prose(lines, i, last) then
+    return nil, nil, M.CLOSED_IN_CODE
+  end
+  return { kind = f.kind, text = f.text }, last + 1
 end
 
 local function fence_name(tag, ch)
@@ -134,8 +173,9 @@ end
 --   blocks = { code, ... }   the code to run, in order;
 --   sole_finals = { [i] = final }: block i is only a FINAL(...) or
 --            FINAL_VAR(...) call, read as a prose final when it fails;
---   finals = { { kind = "final" | "var", text = }, ... }: FINAL(...) /
---            FINAL_VAR(...) written as a line of prose;
+--   finals = { { kind = "final" | "var", text = }, ... }: the first
+--            FINAL(...) / FINAL_VAR(...) written as a line of prose (a
+--            fence inside its parentheses is part of its text, not a block);
 --   code_finals = { final, ... }: the FINAL lines inside the blocks (the
 --            last chance runs only those), strict = true when a block had
 --            other code too (its FINAL's text is no answer by itself);
@@ -146,40 +186,41 @@ end
 function M.parse(response)
   local lines = split_lines(response)
   local found, prose, notes = {}, {}, {}
-  local tagged = false
+  local out = { blocks = {}, sole_finals = {}, finals = {}, code_finals = {}, notes = notes }
+  local tagged, final_note, final_seen = false, nil, false
   local i = 1
   while i <= #lines do
-    local indent, fence, info = lines[i]:match("^([ \t]*)(```+)[ \t]*([^`]-)[ \t]*$")
-    if not fence then
-      indent, fence, info = lines[i]:match("^([ \t]*)(~~~+)[ \t]*(.-)[ \t]*$")
+    local indent, fence, info = open_fence(lines[i])
+    local final, after
+    if not fence and not final_seen then
+      final, after, final_note = prose_final(lines, i)
+      final_seen = final ~= nil or final_note ~= nil
     end
     if fence then
       local ch = fence:sub(1, 1)
       local tag = (info:match("^[{.]?([%w_%+%-]*)") or ""):lower()
-      local buf, j, closed = {}, i + 1, false
-      while j <= #lines do
-        local close = lines[j]:match("^[ \t]*([`~]+)[ \t]*$")
-        if close and close:sub(1, 1) == ch and #close >= #fence and not close:find(ch == "`" and "~" or "`") then
-          closed = true
-          break
-        end
-        buf[#buf + 1] = lines[j]
-        j = j + 1
-      end
-      if not closed then
+      local j = fence_end(lines, i, fence)
+      if not j then
         notes[#notes + 1] = ("A %s block was never closed (no %s line after it), so it did not run.")
           :format(fence_name(tag, ch), fence)
+        j = #lines
       else
+        local buf = {}
+        for k = i + 1, j - 1 do
+          buf[#buf + 1] = lines[k]
+        end
         found[#found + 1] = { tag = tag, ch = ch, code = dedent(buf, indent) }
         tagged = tagged or RUN_TAGS[tag] ~= nil
       end
       i = j + 1
+    elseif final then
+      out.finals[1] = final
+      i = after
     else
       prose[#prose + 1] = lines[i]
       i = i + 1
     end
   end
-  local out = { blocks = {}, sole_finals = {}, finals = {}, code_finals = {}, notes = notes }
   for _, b in ipairs(found) do
     if RUN_TAGS[b.tag] or (b.tag == "" and not tagged) then
       out.blocks[#out.blocks + 1] = b.code
@@ -204,7 +245,8 @@ function M.parse(response)
         :format(fence_name(b.tag, b.ch))
     end
   end
-  out.text = trim(prose_final(table.concat(prose, "\n"), out.finals, notes))
+  notes[#notes + 1] = final_note
+  out.text = trim(table.concat(prose, "\n"))
   return out
 end
 

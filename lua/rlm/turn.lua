@@ -165,8 +165,9 @@ function M:_run_blocks(response, blocks, sole)
   return entry, texts
 end
 
--- What one response does: its blocks run in order; then, unless one of
--- them answered or raised, its first prose FINAL/FINAL_VAR is taken.
+-- What one response does: its blocks run in order; its first prose
+-- FINAL/FINAL_VAR is taken only when it has no block that runs (beside
+-- code it is a guess: the model had not seen the code's output).
 -- Returns the history entry and the feedback for the model.
 function M:_act(response)
   local reply = reply_parser.parse(response)
@@ -182,6 +183,10 @@ function M:_act(response)
     if entry.error then
       texts[#texts + 1] = "Your FINAL line was not taken as the answer, because a block raised an " ..
         "error: fix it, check the result, and answer again."
+    elseif #reply.blocks > 0 then
+      texts[#texts + 1] = "Your FINAL line was not taken as the answer, because you wrote it before you " ..
+        "saw what your code printed: check the output above, then answer with a FINAL line in a response " ..
+        "with no code."
     else
       local final, why, err = self:_prose_final(f)
       if err then

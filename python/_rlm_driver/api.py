@@ -62,7 +62,19 @@ def finish(final, value=NO_VALUE):
     raise FinalSignal
 
 
+def own_answer(value, what):
+    """The REPL's own `answer` dict is no answer: its text would be
+    "{'content': '', 'ready': False}" (a block that bound `answer` to the
+    model's value and was rolled back leaves it)."""
+    originals = state.current.originals
+    if originals is not None and value is originals.get("answer"):
+        raise ValueError(f"{what} was given the REPL's own `answer` dict ({safe_repr(value)}), not an answer: "
+                         "answer with your own variable, or set answer['content'] and then "
+                         "answer['ready'] = True")
+
+
 def FINAL(value):
+    own_answer(value, "FINAL")
     finish({"kind": "value", "value": str(value)})
 
 
@@ -71,6 +83,7 @@ def FINAL_VAR(name):
     if not isinstance(name, str) or name not in namespace:
         name = name_of_value(namespace, name)
     value = namespace[name]
+    own_answer(value, f"FINAL_VAR({name!r})")
     try:
         # Its JSON text now, so the value is frozen and surely serialisable.
         # It travels once: the host decodes it (keeping ints ints) and makes

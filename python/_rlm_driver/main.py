@@ -147,12 +147,14 @@ def run_step(message):
     with protocol.CHANNEL:
         session.in_step = True
     try:
-        stdout, error, final = first_step_modules().run(code)
+        stdout, error, final, parsed = first_step_modules().run(code)
     finally:
         with protocol.CHANNEL:
             session.in_step = False
     reply = {"type": "exec_result", "id": message.get("id"),
              "stdout": stdout, "error": error, "final": final}
+    if not parsed:
+        reply["syntax_error"] = True  # the host's prose reading of a FINAL line (docs/prompt.md)
     data = protocol.encode(reply)
     if final is not None and len(data) > session.message_limit:
         # FINAL's own check counts the output it can foresee; what the step

@@ -170,8 +170,9 @@ _signal.signal(_signal.SIGINT, on_interrupt)  # signal.signal, without its enums
 
 # The REPL's own names: put back after every block that rebinds or deletes
 # them, so that the data and the sub-model stay reachable for the rest of
-# the session. `answer` may be rebound to another dict (the reference's
-# models write `answer = {...}`); anything else is put back.
+# the session. `answer` is the model's to rebind (the reference's models
+# write `answer = {...}`, its prompt `answer = llm_query(...)`): only its
+# first value is kept, which FINAL refuses (api.own_answer).
 PROTECTED = ("context", "llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched",
              "FINAL", "FINAL_VAR", "answer")
 
@@ -182,7 +183,7 @@ def restore_names(namespace):
     restored = []
     for name, value in session.originals.items():
         current = namespace.get(name, restore_names)
-        if current is value or (name == "answer" and isinstance(current, dict)):
+        if current is value or name == "answer":
             continue
         namespace[name] = value
         restored.append(name)
@@ -194,7 +195,8 @@ def restore_names(namespace):
 
 
 def run(code):
-    """Run one step: (stdout, error, final)."""
+    """Run one step: (stdout, error, final, parsed); parsed is False when
+    the code is not Python (it did not compile, so none of it ran)."""
     session = state.current
     namespace = session.namespace
     session.steps += 1
@@ -207,12 +209,17 @@ def run(code):
     session.final = None
     session.interrupt_pending = session.interrupt_raised = False
     error = raised = None
+    parsed = True
     namespace["__builtins__"] = guard.builtins_table() if session.guardrails else builtins
     if session.guardrails:
         shield.shield_modules()
     saved = sys.stdout, sys.stderr
     try:
-        compiled = compile_step(code, filename, session.guardrails)
+        try:
+            compiled = compile_step(code, filename, session.guardrails)
+        except (SyntaxError, ValueError):  # ValueError: a NUL byte
+            parsed = False
+            raise
         sys.stdout = sys.stderr = output
         try:
             session.executing = True
@@ -247,7 +254,7 @@ def run(code):
     stdout = output.getvalue()
     if note is not None:
         stdout = f"{stdout}{'' if not stdout or stdout.endswith(chr(10)) else chr(10)}{note}\n"
-    return stdout, error, final
+    return stdout, error, final, parsed
 
 
 FINAL_NAMES = ("FINAL", "FINAL_VAR")
