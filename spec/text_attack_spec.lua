@@ -1,7 +1,9 @@
 -- What crosses the wire between the sandbox and the host, as text and as
--- numbers: no host path or heap address reaches the sandbox or the answer
--- (issue 33). Runs under every Lua: number decoding (1e999, integers past
--- 2^53 or 2^63) differs between 5.1/LuaJIT and 5.3+.
+-- numbers and nesting: no host path or heap address reaches the sandbox or
+-- the answer (issue 33), and what the code makes too deep, too big or past
+-- what the host reads exactly is an error the code can catch, never the
+-- end of the run (issue 32). Runs under every Lua: number decoding
+-- (1e999, integers past 2^53 or 2^63) differs between 5.1/LuaJIT and 5.3+.
 local H = require("helpers")
 local textlib = require("rlm.text")
 local finals = require("rlm.finals")
@@ -206,4 +208,103 @@ describe("numbers a hostile driver sends", function()
     end)
     assert.are.equal('{"a":[1]}', finals.final_of({ kind = "var", name = "v", json = true, value = { a = { 1 } } }).answer)
   end)
+end)
+
+describe("what the code makes too deep or too big for the host", function()
+  after_each(H.assert_clean)
+
+  -- The code's tries, one a line of its output; then the REPL's state, kept.
+  local function run(code, opts)
+    local o = {
+      guardrails = false,
+      tools = { t = function(args) return args[1] ~= nil and "ok" or "none" end },
+      root_llm = H.script({
+        fence("kept = 41\n" .. [[
+def nest(n, leaf=0, d=False):
+    x = leaf
+    for _ in range(n):
+        x = {'a': x} if d else [x]
+    return x
+def attempt(what, fn):
+    try:
+        fn()
+        print(what, 'ok')
+    except ValueError as e:
+        print(what, 'ValueError', e)
+]] .. code),
+        fence("FINAL(str(kept + 1))") }),
+    }
+    for k, v in pairs(opts or {}) do
+      o[k] = v
+    end
+    local result, err = H.run(o)
+    assert.is_nil(err, err and err.message)
+    assert.are.equal("42", result.answer) -- the REPL went on
+    local seen = {}
+    for line in result.history[1].stdout:gmatch("[^\n]+") do
+      local what, how = line:match("^(%S+) (%S+)")
+      seen[what] = how
+    end
+    return seen, result.history[1].stdout
+  end
+
+  it("refuses tool arguments nested past what the host reads, as a ValueError", function()
+    local seen, out = run([[
+attempt('list198', lambda: t(nest(198)))
+attempt('list199', lambda: t(nest(199)))
+attempt('list300', lambda: t(nest(300)))
+attempt('dict199', lambda: t(k=nest(199, d=True)))
+attempt('tuple199', lambda: t(nest(198, leaf=(1,))))
+]])
+    assert.are.same({ list198 = "ok", list199 = "ValueError", list300 = "ValueError", dict199 = "ValueError",
+      tuple199 = "ValueError" }, seen, out)
+    assert.matches("more than 198 deep", out, 1, true)
+  end)
+
+  it("refuses tool arguments with an integer a tool would not get exactly, as a ValueError", function()
+    local seen, out = run([[
+attempt('exact', lambda: t(2**53, -2**53))
+attempt('past53', lambda: t(2**53 + 1))
+attempt('huge', lambda: t([10**400]))
+attempt('keys', lambda: t({1: 'a', '1': 'b'}))
+]])
+    assert.are.same({ exact = "ok", past53 = "ValueError", huge = "ValueError", keys = "ValueError" }, seen, out)
+  end)
+
+  it("refuses a FINAL_VAR value nested past what the host reads, as a ValueError", function()
+    local seen, out = run([[
+for name, v in [('list199', nest(199)), ('dict199', nest(199, d=True)), ('mixed199', nest(199, leaf=[1, 2.5])),
+                 ('floats250', nest(250, leaf=2.5)), ('str199', nest(199, leaf='x'))]:
+    attempt(name, lambda: FINAL_VAR('v'))
+]])
+    assert.are.same({ list199 = "ValueError", dict199 = "ValueError", mixed199 = "ValueError",
+      floats250 = "ValueError", str199 = "ValueError" }, seen, out)
+    assert.matches("nests lists and dicts more than 198 deep", out, 1, true)
+  end)
+
+  it("counts a tuple's items toward the values a final answer may hold", function()
+    local seen, out = run("v = tuple(range(70000))\nattempt('tuple', lambda: FINAL_VAR('v'))")
+    assert.are.same({ tuple = "ValueError" }, seen, out)
+    assert.matches("JSON values", out, 1, true)
+  end)
+
+  for _, row in ipairs({
+    { "a list", "nest(198)" },
+    { "a dict of ints", "nest(197, leaf=[1], d=True)" },
+    { "a value of ints and floats", "nest(197, leaf=[1, 2.5])" },
+  }) do
+    it("answers with a FINAL_VAR value 198 deep: " .. row[1], function()
+      local result, err = H.run({
+        root_llm = H.script({ fence("def nest(n, leaf=0, d=False):\n    x = leaf\n    for _ in range(n):\n"
+          .. "        x = {'a': x} if d else [x]\n    return x\nv = " .. row[2] .. "\nFINAL_VAR('v')") }),
+      })
+      assert.is_nil(err, err and err.message)
+      local depth, v = 0, result.value
+      while type(v) == "table" do
+        depth = depth + 1
+        v = v[1] or v.a
+      end
+      assert.are.equal(198, depth)
+    end)
+  end
 end)
