@@ -14,13 +14,14 @@ M.methods = {}
 local S = M.methods
 
 -- FINAL_VAR's value travels once: the answer is that string, or the
--- value's JSON text (made here, not sent twice).
+-- value's JSON text (made here, not sent twice). rlm.protocol lets through
+-- no value that JSON cannot carry: one that would not encode raises (the
+-- engine's protocol_error), never an answer of tostring's "table: 0x...".
 function M.final_of(f)
   if f.kind == "var" then
     local answer = f.value
     if type(answer) ~= "string" then
-      local ok, text = pcall(json.encode, f.value)
-      answer = ok and text or tostring(f.value)
+      answer = json.encode(f.value)
     end
     return { kind = "var", var = f.name, value = f.value, answer = answer }
   end

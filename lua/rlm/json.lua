@@ -207,6 +207,23 @@ function integers(v)
   end
 end
 
+-- Whether every number in a decoded value is finite. lua-cjson reads a
+-- number past a double's range (1e999, an integer of 310 digits) as
+-- inf; the protocol carries no such number (the driver's json.dumps
+-- writes none). Tables nest at most decode_max_depth (200) deep.
+function M.finite(v)
+  if type(v) == "number" then
+    return v == v and v ~= math.huge and v ~= -math.huge
+  elseif type(v) == "table" then
+    for _, item in pairs(v) do
+      if type(item) ~= "string" and not M.finite(item) then
+        return false
+      end
+    end
+  end
+  return true
+end
+
 -- Decodes the JSON text of a FINAL_VAR value, keeping what lua-cjson loses:
 -- an integer token is a Lua integer on 5.3+ (a float past 64 bits, which
 -- the driver refuses to send), a token with a fraction or an exponent a
@@ -318,8 +335,16 @@ function M.decode_value(text, max_values)
     local token = int .. frac .. exp
     pos = pos + #token
     local n = tonumber(token)
+    if n ~= n or n == math.huge or n == -math.huge then
+      fail("a number past a double's range")
+    end
     if frac == "" and exp == "" then
-      return n -- 5.3+: an integer when it fits in 64 bits
+      -- 5.3+: an integer when it fits in 64 bits. One past what a Lua
+      -- number holds exactly the driver refuses to send.
+      if math_type and math_type(n) ~= "integer" or not math_type and (n > 2 ^ 53 or n < -2 ^ 53) then
+        fail("an integer past " .. M.INT_BITS .. " bits")
+      end
+      return n
     end
     if math_type and math_type(n) == "integer" then
       return n + 0.0

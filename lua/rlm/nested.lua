@@ -1,5 +1,6 @@
 -- Nested sessions (rlm_query): children pumped inside their parent.
 local core = require("rlm.core")
+local textlib = require("rlm.text")
 
 local M = {}
 
@@ -81,7 +82,7 @@ function M:_child_done(child, ev)
   if ev.type == "done" then
     text = ev.result.answer
   else
-    problem = ("rlm_query failed (%s): %s"):format(ev.err.kind, tostring(ev.err.message):match("^[^\n]*"))
+    problem = ("rlm_query failed (%s): %s"):format(ev.err.kind, textlib.error_line(ev.err.message))
   end
   local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = call.prompt,
     response = text, error = problem, latency_ms = core.now_ms() - call.t0, index = call.index,

@@ -171,6 +171,13 @@ function M.decode(line, allowed, max_values)
   if not check(msg) then
     return nil, ("a malformed %q message"):format(msg.type)
   end
+  -- Where a message's numbers reach anything (ids are checked above; the
+  -- other fields the host reads are strings): a final value, a tool's
+  -- arguments, the start's stamps (t). Not the whole message: a batch of
+  -- 60,000 prompts would cost half its decoding again.
+  if not (json.finite(msg.final) and json.finite(msg.args) and json.finite(msg.kwargs) and json.finite(msg.t)) then
+    return nil, ("a %q message with a number past a double's range (1e999, or 310 digits)"):format(msg.type)
+  end
   if msg.error == cjson.null then
     msg.error = nil
   end

@@ -301,8 +301,8 @@ function M:_sub_answer(reply)
     -- A failed call is the model's to handle: in its slot in a batch, an
     -- exception (RuntimeError) the code can catch for a lone call. Only the
     -- budgets end the run.
-    slot_error = reply.failed and ("llm_query failed: " .. textlib.cut(tostring(reply.message)
-      :match("^[^\n]*"), MAX_CAUSE_CHARS, false))
+    slot_error = reply.failed and ("llm_query failed: " .. textlib.cut(textlib.error_line(reply.message),
+      MAX_CAUSE_CHARS, false))
       or ("llm_query failed: the callback returned " .. type(reply.text) .. ", not a string")
   else
     text, usage = self:_model_result("llm_query", reply)

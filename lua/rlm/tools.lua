@@ -5,6 +5,7 @@
 -- error) back as a tool_result.
 local core = require("rlm.core")
 local json = require("rlm.json")
+local textlib = require("rlm.text")
 
 local util = require("rlm.util")
 
@@ -197,11 +198,8 @@ function S:_tool_call(msg)
   return true
 end
 
--- One line of why a tool failed, without the Lua position of a raise.
-local function reason(message)
-  local line = tostring(message):match("^[^\n]*")
-  return (line:gsub("^[^:%s]+:%d+: ", ""))
-end
+-- One line of why a tool failed, without the host's paths and addresses.
+local reason = textlib.error_line
 
 -- A tool answered (through reply()): its value or its error goes back to
 -- the code, and an event says so.

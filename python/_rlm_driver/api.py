@@ -11,21 +11,33 @@ class FinalSignal(BaseException):
     code's `except Exception:` lets it through."""
 
 
-def count_values(value, limit):
-    """JSON values in `value` as the host counts them (csrc/framing.c:
-    an empty list or dict counts 2), stopping past limit."""
-    count, stack = 0, [value]
-    while stack and count <= limit:
-        v = stack.pop()
-        count += 1
-        if isinstance(v, dict):
-            count += 0 if v else 1
-            for item in v.values():
-                stack.append(item)
-        elif isinstance(v, list):
-            count += 0 if v else 1
-            stack.extend(v)
-    return count
+# The deepest a line may nest, lists and dicts: the host's decoder
+# (lua-cjson's decode_max_depth in lua/rlm/json.lua) refuses more, and that
+# ends the session. A message and its field take two of them.
+LINE_DEPTH = 200
+VALUE_DEPTH = LINE_DEPTH - 2
+
+
+def shape(value, limit, depth_limit):
+    """(JSON values, lists and dicts nested) in `value` as the host counts
+    them (csrc/framing.c: an empty list or dict counts 2; a tuple is the
+    list json.dumps writes), stopping past either limit: a level at a time."""
+    count, depth, level = 0, 0, [value]
+    while level and count <= limit and depth <= depth_limit:
+        below, containers = [], 0
+        for v in level:
+            if isinstance(v, dict):
+                containers += 1
+                count += 0 if v else 1
+                below.extend(v.values())
+            elif isinstance(v, (list, tuple)):
+                containers += 1
+                count += 0 if v else 1
+                below.extend(v)
+        count += len(level)
+        depth += 1 if containers else 0
+        level = below
+    return count, depth
 
 
 NO_VALUE = object()
@@ -44,10 +56,13 @@ def final_problem(final, value=NO_VALUE):
         return (f"the final answer is {size} bytes as JSON; the host accepts about "
                 f"{max(room, 0)}: answer with something smaller")
     room = session.value_limit - 64
-    values = count_values(final.get("value") if value is NO_VALUE else value, room)
+    values, depth = shape(final.get("value") if value is NO_VALUE else value, room, VALUE_DEPTH)
     if values > room:
         return (f"the final answer holds more than {room} JSON values (lists, dicts and their "
                 f"items); answer with something smaller")
+    if depth > VALUE_DEPTH:
+        return (f"the final answer nests lists and dicts more than {VALUE_DEPTH} deep; the host "
+                f"reads no deeper: answer with something flatter")
     return None
 
 
@@ -119,14 +134,15 @@ def json_key(key):
     return int.__repr__(key)
 
 
-def exactness_problem(value, int_bits):
+def exactness_problem(value, int_bits, where=None):
     """(why the host would not get `value` exactly, or None; what numbers it
     holds). The why (docs/protocol.md, "Numbers"): an int past what a Lua
     number holds (64 bits on Lua 5.3+, 2^53 on 5.1 and LuaJIT), or dict keys
     that JSON makes one ({1: 'a', '1': 'b'}). The numbers, a hint for the
     host's decoder: None (no number), "ints" (ints within 2^53 only),
     "floats" (floats only), or "mixed". The value has been through
-    codec.dumps (json.dumps): no cycles."""
+    codec.dumps (json.dumps), or shape() bounded it: no cycles. `where`
+    names the host's limit in the message, when int_bits alone does not."""
     limit = 2 ** 63 if int_bits >= 64 else 2 ** 53
     ints = floats = big = False
     stack = [value]
@@ -139,7 +155,7 @@ def exactness_problem(value, int_bits):
             big = big or not -2 ** 53 <= v <= 2 ** 53
             fits = -limit <= v < limit if int_bits >= 64 else -limit <= v <= limit
             if not fits:
-                where = "64-bit integer" if int_bits >= 64 else "Lua 5.1/LuaJIT number (2**53)"
+                where = where or ("64-bit integer" if int_bits >= 64 else "Lua 5.1/LuaJIT number (2**53)")
                 return (f"the int {v if v.bit_length() < 200 else 'of ' + str(v.bit_length()) + ' bits'} "
                         f"does not fit a {where}: the host could not hold it exactly; "
                         "send it as a str (or a float, if rounding is fine)"), None

@@ -19,9 +19,20 @@ def call(name, args, kwargs):
     if kwargs:
         request["kwargs"] = dict(kwargs)
     room = state.current.value_limit - 64
-    if api.count_values([request["args"], request.get("kwargs")], room) > room:
+    # [args, kwargs] stands where the message does: each argument has
+    # api.VALUE_DEPTH levels, as a final answer does.
+    values, depth = api.shape([request["args"], request.get("kwargs")], room, api.LINE_DEPTH)
+    if values > room:
         raise ValueError(f"{what} hold more than {room} JSON values; the host accepts no more "
                          "in one message: pass less")
+    if depth > api.LINE_DEPTH:
+        raise ValueError(f"{what} nest lists and dicts more than {api.VALUE_DEPTH} deep; the host "
+                         "reads no deeper: pass something flatter")
+    # lua-cjson reads every number as a double, on every Lua.
+    problem, _ = api.exactness_problem([request["args"], request.get("kwargs")], 53,
+                                       "number a tool gets exactly (2**53: the host reads doubles)")
+    if problem is not None:
+        raise ValueError(f"{what}: {problem}")
     with protocol.MainThreadBusy(), protocol.CHANNEL:
         try:
             request_id = protocol.begin_call(request, what)
