@@ -510,6 +510,31 @@ static int core_utf8_prefix(lua_State *L) {
   return 2;
 }
 
+/* core.utf8_clean(s) -> string: s as valid UTF-8, each byte that is not
+ * part of a valid sequence replaced by U+FFFD; s itself when it is valid.
+ * One pass, so the log's repair is linear in #s (at most 3 * #s out). */
+static int core_utf8_clean(lua_State *L) {
+  size_t len;
+  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  size_t i = rlm_utf8_valid(s, len);
+  if (i == len) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addlstring(&b, (const char *)s, i);
+  while (i < len) {
+    luaL_addlstring(&b, "\xEF\xBF\xBD", 3); /* s[i] is not valid here */
+    i++;
+    size_t n = rlm_utf8_valid(s + i, len - i);
+    luaL_addlstring(&b, (const char *)s + i, n);
+    i += n;
+  }
+  luaL_pushresult(&b);
+  return 1;
+}
+
 static int driver_send(lua_State *L) {
   driver_ud *u = check_driver(L);
   size_t len;
@@ -1050,6 +1075,7 @@ static const luaL_Reg core_functions[] = {
     {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
     {"utf8_prefix", core_utf8_prefix},
+    {"utf8_clean", core_utf8_clean},
     {"plant_canaries", core_plant_canaries},
     {NULL, NULL},
 };

@@ -223,6 +223,89 @@ describe("rlm.log.jsonl", function()
     end)
   end)
 
+  -- What sandbox code sends (a tool's args, a prompt) is bounded by the
+  -- protocol at max_message_bytes, 16 MiB; what the log writes of it, and
+  -- the CPU that costs the host, by the line's budget.
+  describe("byte budgets", function()
+    -- 800 strings of 20000 bytes that are not UTF-8: each byte would be
+    -- written as U+FFFD, three bytes (48 MB for this one event, before).
+    local function hostile_args()
+      local s, args = ("\255"):rep(20000), {}
+      for i = 1, 800 do
+        args[i] = s
+      end
+      return args
+    end
+
+    it("cuts an event to max_event_bytes, marks the cut, and keeps its small fields", function()
+      local c0 = os.clock()
+      local evs = write_all({ { type = "tool_call", name = "t", index = 7, args = hostile_args(), result = "ok" } })
+      local cpu = os.clock() - c0
+      local line = lines(path)[1]
+      print(("\n# %s: a tool_call of 16 MB of bad bytes: %d bytes of log, %.3f s of CPU")
+        :format(H.lua_name(), #line, cpu))
+      assert.is_true(#line <= 256 * 1024 + 1024, ("the line has %d bytes"):format(#line))
+      assert.is_true(valid_utf8(line))
+      local ev = evs[1]
+      assert.are.equal("event", ev.log_cut)
+      assert.are.same({ "t", 7, "ok" }, { ev.name, ev.index, ev.result })
+      assert.matches("^%[rlm.log cut %d+ items%]$", ev.args[#ev.args])
+      assert.is_true(#ev.args < 20)
+      assert.is_true(cpu < 1, ("%.2f s of CPU"):format(cpu))
+    end)
+
+    it("writes an event that fits whole, with no log_cut", function()
+      local evs = write_all({ { type = "x", s = ("z"):rep(5000) } }, { max_event_bytes = 6000 })
+      assert.are.equal(5000, #evs[1].s)
+      assert.is_nil(evs[1].log_cut)
+    end)
+
+    it("cuts an object's members too, with a marker key", function()
+      local t = {}
+      for i = 1, 100 do
+        t[("k%03d"):format(i)] = ("v"):rep(100)
+      end
+      local evs = write_all({ { type = "x", t = t } }, { max_event_bytes = 2048 })
+      assert.is_true(#lines(path)[1] <= 2048 + 1024)
+      assert.matches("^%d+ more keys$", evs[1].t["[rlm.log cut]"])
+      assert.are.equal("event", evs[1].log_cut)
+    end)
+
+    it("spends max_run_bytes over a run's lines, then writes each event's small fields", function()
+      local events = { { type = "session_start", depth = 0, query = "q" } }
+      for i = 1, 20 do
+        events[#events + 1] = { type = "exec_result", step = i, depth = 0, code = ("c"):rep(5000) }
+      end
+      events[#events + 1] = { type = "run_end", depth = 0, ok = false, error_kind = "tool_error" }
+      events[#events + 1] = { type = "session_start", depth = 0, query = "next run" }
+      events[#events + 1] = { type = "exec_result", step = 1, depth = 0, code = ("d"):rep(5000) }
+      local evs = write_all(events, { max_run_bytes = 20000 })
+      local size = #read(path)
+      assert.is_true(size < 20000 + 22 * 1024, ("%d bytes"):format(size))
+      assert.are.equal(5000, #evs[2].code) -- within the budget
+      assert.are.equal("run", evs[21].log_cut)
+      assert.matches("[rlm.log truncated", evs[21].code, 1, true)
+      assert.is_true(#lines(path)[21] <= 2048)
+      assert.are.same({ "run_end", false, "tool_error" }, { evs[22].type, evs[22].ok, evs[22].error_kind })
+      assert.is_nil(evs[22].log_cut) -- small enough to go whole
+      assert.are.equal(5000, #evs[24].code) -- a new run, a new budget
+      assert.is_nil(evs[24].log_cut)
+    end)
+
+    -- rlm.core's repair, one pass in C; the pure-Lua one, kept for a Lua
+    -- without rlm.core, took 9.3 s (Lua 5.4) for this.
+    it("repairs 16 MB of bad bytes in well under a second of CPU", function()
+      local s = ("\255"):rep(16 * 2 ^ 20)
+      local c0 = os.clock()
+      local got = log.truncate(s, 2 ^ 25)
+      local cpu = os.clock() - c0
+      print(("\n# %s: 16 MB of bad bytes repaired in %.3f s of CPU"):format(H.lua_name(), cpu))
+      assert.are.equal(3 * #s, #got)
+      assert.are.equal(("\239\191\189"):rep(4), got:sub(1, 12))
+      assert.is_true(cpu < 1, ("%.2f s of CPU"):format(cpu))
+    end)
+  end)
+
   describe("truncate", function()
     -- { input, limit, expected }
     local cases = {
@@ -357,6 +440,9 @@ describe("rlm.log.jsonl", function()
       { { mode = 1 }, "option 'mode' must be a string" },
       { { max_field_chars = 0 }, "option 'max_field_chars' must be an integer >= 1" },
       { { max_items = 1.5 }, "option 'max_items' must be an integer >= 1" },
+      { { max_event_bytes = 1000 }, "option 'max_event_bytes' must be an integer >= 1024" },
+      { { max_run_bytes = 0 }, "option 'max_run_bytes' must be an integer >= 1" },
+      { { max_run_bytes = "1" }, "option 'max_run_bytes' must be a number" },
       { { cost_usd = 3 }, "option 'cost_usd' must be a function" },
       { "opts", "opts must be a table" },
     }
