@@ -418,6 +418,113 @@ describe("rlm.log.jsonl", function()
       assert.matches("nonexistent%-dir", err)
     end)
 
+    -- A run that crashed mid-line: the next run's first line starts on
+    -- its own line, not glued to the partial one.
+    local partial_cases = {
+      -- what the file holds, how many lines it has after one event
+      { '{"type":"crashed","code":"x = ', 2 },
+      { '{"type":"whole"}\n', 2 },
+      { "", 1 },
+    }
+    for _, case in ipairs(partial_cases) do
+      it(("appends to a file holding %q on a line of its own"):format(case[1]), function()
+        local f = assert(io.open(path, "wb"))
+        f:write(case[1])
+        f:close()
+        local on_event, writer = log.jsonl(path)
+        on_event({ type = "next_run" })
+        writer:close()
+        local got = lines(path)
+        assert.are.equal(case[2], #got)
+        assert.are.equal("next_run", cjson.decode(got[#got]).type)
+        assert.are.equal(case[2], select(2, read(path):gsub("\n", ""))) -- no blank line either
+      end)
+    end
+
+    -- A full disk: a tmpfs of 64 KiB in a mount namespace of its own
+    -- (unshare: as root or as a user with user namespaces), mounted on a
+    -- directory this test makes; it goes with the namespace, and the
+    -- directory after. Lines of 3001 bytes do not end on the tmpfs's
+    -- pages, so the write that fills it leaves part of its line.
+    local FULL = [=[
+local log = require("rlm.log")
+local cjson = require("cjson")
+local dir, mode = arg[1], arg[2]
+local ballast = assert(io.open(dir .. "/ballast", "wb"))
+if mode == "partial" then
+  assert(ballast:write(("b"):rep(16384)))
+else -- all of it: the log's first write fails whole
+  while ballast:write(("b"):rep(4096)) and ballast:flush() do
+  end
+end
+ballast:close()
+local path = dir .. "/run.jsonl"
+local on_event, writer = assert(log.jsonl(path))
+local n = 0
+while writer.dropped == 0 and n < 100 do
+  n = n + 1
+  on_event({ type = "filler", n = n, text = ("x"):rep(2950) })
+end
+on_event({ type = "still_full" })
+local f = assert(io.open(path, "rb"))
+local held = f:read("*a")
+f:close()
+os.remove(dir .. "/ballast") -- space is back
+for i = 1, 3 do
+  on_event({ type = "after", i = i })
+end
+writer:close()
+f = assert(io.open(path, "rb"))
+local text = f:read("*a")
+f:close()
+local good, bad, after = 0, 0, 0
+for line in text:gmatch("[^\n]*") do
+  local ok, ev = pcall(cjson.decode, line)
+  if ok then
+    good = good + 1
+    after = after + (ev.type == "after" and 1 or 0)
+  elseif line ~= "" then
+    bad = bad + 1
+  end
+end
+print(("held=%d held_partial=%s lines=%d dropped=%d good=%d bad=%d after=%d first=%s blank=%s error=%s"):format(
+  #held, tostring(held ~= "" and held:sub(-1) ~= "\n"), writer.lines, writer.dropped, good, bad, after,
+  text:sub(1, 1), tostring(text:find("\n\n", 1, true) ~= nil), tostring(writer.error)))
+]=]
+    -- { what the write that fills the disk leaves, held_partial, bad lines }
+    local full_cases = { { "partial", "true", "1" }, { "whole", "false", "0" } }
+    for _, case in ipairs(full_cases) do
+      it(("starts the next line on its own after a full disk (a %s line failed), once space is back")
+        :format(case[1]), function()
+        local dir = H.tmpdir .. "-full"
+        local script = H.tmpdir .. "-full.lua"
+        assert(H.sh("mkdir " .. dir .. " && echo made") == "made")
+        local f = assert(io.open(script, "w"))
+        f:write(FULL)
+        f:close()
+        local out = H.sh(("unshare --user --map-root-user --mount sh -c "
+          .. "'mount -t tmpfs -o size=64k rlm-spec-full \"$1\" || exit 77; exec \"$2\" \"$3\" \"$1\" \"$4\"' "
+          .. "sh %s %s %s %s 2>&1; echo \"status $?\""):format(dir, H.lua_name(), script, case[1]))
+        os.remove(script)
+        assert(H.sh("rmdir " .. dir .. " && echo removed") == "removed") -- the tmpfs went with its namespace
+        print(("\n# %s: a full 64 KiB tmpfs (%s): %s"):format(H.lua_name(), case[1], out:gsub("\n", " | ")))
+        if out:match("status 77$") or out:match("^unshare: ") then
+          pending("no tmpfs in a mount namespace of our own here (unshare or mount failed): " .. out)
+          return
+        end
+        assert.matches("status 0$", out)
+        assert.matches("held_partial=" .. case[2], out, 1, true) -- the case this is about
+        assert.matches("error=.*No space left on device", out)
+        local lines_n, dropped, good, bad, after = out:match("lines=(%d+) dropped=(%d+) good=(%d+) bad=(%d+) after=(%d+)")
+        assert.are.equal("2", dropped) -- the write that filled it, and the one while full
+        assert.are.equal(lines_n, good) -- every line written is a line of JSON
+        assert.are.equal(case[3], bad) -- the partial one, alone
+        assert.are.equal("3", after)
+        assert.matches("first={", out, 1, true)
+        assert.matches("blank=false", out, 1, true) -- no empty line where nothing was left
+      end)
+    end
+
     it("never raises when a write fails: the first error is kept", function()
       local f = assert(io.open("/dev/null", "rb")) -- a handle that cannot be written
       local on_event, writer = log.jsonl(f)

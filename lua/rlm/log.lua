@@ -96,6 +96,25 @@ end
 local Writer = {}
 Writer.__index = Writer
 
+-- Whether the file at path ends in something else than a newline (a line
+-- a crash or a full disk left partial): true or false, nil when it cannot
+-- be read.
+local function ends_partial(path)
+  local f = io.open(path, "rb")
+  if not f then
+    return nil
+  end
+  local size, last = f:seek("end"), nil
+  if size and size > 0 and f:seek("set", size - 1) then
+    last = f:read(1)
+  end
+  f:close()
+  if size == 0 then
+    return false
+  end
+  return last ~= "\n"
+end
+
 -- Writes one event. Never raises: a session's run must not end because its
 -- log could not be written. The first failure is kept in self.error.
 function Writer:write(ev)
@@ -136,15 +155,25 @@ function Writer:write(ev)
       event_type = type(ev) == "table" and ev.type or nil }, stamp, o, budget, why)
   end
   self.run_bytes = self.run_bytes + #line + 1
-  local wrote, err = self.file:write(line, "\n")
+  -- After a failed write (a full disk: part of the line may be in the
+  -- file) or on a file that ended mid-line, this line starts with a
+  -- newline of its own, so that it is not glued to the partial one. A file
+  -- of ours is looked at first: a failed write may have left nothing.
+  local start = ""
+  if self.partial and (not self.path or ends_partial(self.path) ~= false) then
+    start = "\n"
+  end
+  local wrote, err = self.file:write(start, line, "\n")
   if wrote then
     wrote, err = self.file:flush()
   end
   if wrote then
     self.lines = self.lines + 1
+    self.partial = false
   else
     self.dropped = self.dropped + 1
     self.error = self.error or tostring(err)
+    self.partial = true
   end
 end
 
@@ -193,6 +222,9 @@ function M.jsonl(target, opts)
     lines = 0,
     dropped = 0,
     run_bytes = 0,
+    -- A file appended to that ends mid-line (a crash) gets a newline
+    -- before the first line.
+    partial = owned and o.mode == "append" and ends_partial(target) == true,
   }, Writer)
   return function(ev)
     self:write(ev)
