@@ -435,6 +435,19 @@ static int core_fd_headroom(lua_State *L) {
   return 1;
 }
 
+/* core.fd_free() -> free, limit | nil, message: how many descriptors this
+ * process can still open in all, and its RLIMIT_NOFILE soft limit. */
+static int core_fd_free(lua_State *L) {
+  char err[160];
+  long limit = 0;
+  long n = rlm_fd_free(&limit, err, sizeof(err));
+  if (n < 0)
+    return fail(L, err);
+  lua_pushinteger(L, (lua_Integer)n);
+  lua_pushinteger(L, (lua_Integer)limit);
+  return 2;
+}
+
 static int core_find_program(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   char out[PATH_MAX];
@@ -1071,6 +1084,7 @@ static const luaL_Reg core_functions[] = {
     {"waitset", core_waitset},
     {"find_program", core_find_program},
     {"fd_headroom", core_fd_headroom},
+    {"fd_free", core_fd_free},
     {"now_ms", core_now_ms},
     {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
