@@ -435,6 +435,19 @@ static int core_fd_headroom(lua_State *L) {
   return 1;
 }
 
+/* core.fd_free() -> free, limit | nil, message: how many descriptors this
+ * process can still open in all, and its RLIMIT_NOFILE soft limit. */
+static int core_fd_free(lua_State *L) {
+  char err[160];
+  long limit = 0;
+  long n = rlm_fd_free(&limit, err, sizeof(err));
+  if (n < 0)
+    return fail(L, err);
+  lua_pushinteger(L, (lua_Integer)n);
+  lua_pushinteger(L, (lua_Integer)limit);
+  return 2;
+}
+
 static int core_find_program(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   char out[PATH_MAX];
@@ -508,6 +521,31 @@ static int core_utf8_prefix(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)bytes);
   lua_pushinteger(L, (lua_Integer)chars);
   return 2;
+}
+
+/* core.utf8_clean(s) -> string: s as valid UTF-8, each byte that is not
+ * part of a valid sequence replaced by U+FFFD; s itself when it is valid.
+ * One pass, so the log's repair is linear in #s (at most 3 * #s out). */
+static int core_utf8_clean(lua_State *L) {
+  size_t len;
+  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  size_t i = rlm_utf8_valid(s, len);
+  if (i == len) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addlstring(&b, (const char *)s, i);
+  while (i < len) {
+    luaL_addlstring(&b, "\xEF\xBF\xBD", 3); /* s[i] is not valid here */
+    i++;
+    size_t n = rlm_utf8_valid(s + i, len - i);
+    luaL_addlstring(&b, (const char *)s + i, n);
+    i += n;
+  }
+  luaL_pushresult(&b);
+  return 1;
 }
 
 static int driver_send(lua_State *L) {
@@ -1046,10 +1084,12 @@ static const luaL_Reg core_functions[] = {
     {"waitset", core_waitset},
     {"find_program", core_find_program},
     {"fd_headroom", core_fd_headroom},
+    {"fd_free", core_fd_free},
     {"now_ms", core_now_ms},
     {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
     {"utf8_prefix", core_utf8_prefix},
+    {"utf8_clean", core_utf8_clean},
     {"plant_canaries", core_plant_canaries},
     {NULL, NULL},
 };

@@ -87,6 +87,12 @@ typedef struct rlm_driver_opts {
  * (by opening them and closing them again). */
 RLM_FN int rlm_fd_headroom(int need);
 
+/* How many descriptors this process can still open in all: RLIMIT_NOFILE's
+ * soft limit (in *limit) less those open (counted in /proc/self/fd, or by
+ * fcntl below the limit when /proc is not there). -1 with errno set and the
+ * call named in err when it cannot tell. */
+RLM_FN long rlm_fd_free(long *limit, char *err, size_t errlen);
+
 /* What rlm_driver_start needs free: its loop (an epoll descriptor, libuv's
  * signal pipes), three pipes while they are dup'd above the inherited ones,
  * the report pipe of a fork, the pidfd and the inherited descriptors'

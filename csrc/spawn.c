@@ -253,6 +253,52 @@ static int spawn_process(rlm_driver *d, char *err, size_t errlen) {
   return 0;
 }
 
+long rlm_fd_free(long *limit, char *err, size_t errlen) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    int e = errno;
+    snprintf(err, errlen, "getrlimit(RLIMIT_NOFILE): %s", strerror(e));
+    errno = e;
+    return -1;
+  }
+  long soft = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)LONG_MAX
+                  ? LONG_MAX
+                  : (long)rl.rlim_cur;
+  *limit = soft;
+  long open = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL) {
+    int e = errno;
+    if (e == EMFILE || e == ENFILE)
+      return 0; /* none left for the count itself */
+    if (e != ENOENT) {
+      snprintf(err, errlen, "opendir /proc/self/fd: %s", strerror(e));
+      errno = e;
+      return -1;
+    }
+    /* No /proc: each descriptor below the limit (up to 65536) asked. */
+    long top = soft < 65536 ? soft : 65536;
+    for (long fd = 0; fd < top; fd++)
+      if (fcntl((int)fd, F_GETFD) >= 0)
+        open++;
+  } else {
+    struct dirent *ent;
+    errno = 0;
+    while ((ent = readdir(d)) != NULL)
+      if (ent->d_name[0] != '.')
+        open++;
+    int e = errno;
+    (void)closedir(d);
+    if (e != 0) {
+      snprintf(err, errlen, "readdir /proc/self/fd: %s", strerror(e));
+      errno = e;
+      return -1;
+    }
+    open--; /* the directory's own */
+  }
+  return soft > open ? soft - open : 0;
+}
+
 int rlm_fd_headroom(int need) {
   int fds[64], n = 0;
   if (need > 64)

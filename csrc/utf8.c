@@ -56,3 +56,51 @@ size_t rlm_utf8_prefix(const unsigned char *s, size_t len, int64_t n,
   *chars = seen;
   return i;
 }
+
+static int continuation(const unsigned char *s, size_t len, size_t i) {
+  return i < len && (s[i] & 0xC0) == 0x80;
+}
+
+size_t rlm_utf8_sequence(const unsigned char *s, size_t len) {
+  unsigned c = s[0];
+  if (c < 0x80)
+    return 1;
+  if (c >= 0xC2 && c <= 0xDF)
+    return continuation(s, len, 1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    unsigned lo = c == 0xE0 ? 0xA0 : 0x80; /* no overlong forms */
+    unsigned hi = c == 0xED ? 0x9F : 0xBF; /* no surrogates */
+    return len > 1 && s[1] >= lo && s[1] <= hi && continuation(s, len, 2) ? 3
+                                                                          : 0;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    unsigned lo = c == 0xF0 ? 0x90 : 0x80;
+    unsigned hi = c == 0xF4 ? 0x8F : 0xBF; /* nothing past U+10FFFF */
+    return len > 1 && s[1] >= lo && s[1] <= hi && continuation(s, len, 2) &&
+                   continuation(s, len, 3)
+               ? 4
+               : 0;
+  }
+  return 0;
+}
+
+size_t rlm_utf8_valid(const unsigned char *s, size_t len) {
+  size_t i = 0;
+  while (i < len) {
+    /* ASCII eight bytes at a time. */
+    while (len - i >= 8) {
+      uint64_t w;
+      memcpy(&w, s + i, sizeof(w));
+      if (w & 0x8080808080808080ULL)
+        break;
+      i += 8;
+    }
+    if (i == len)
+      break;
+    size_t n = rlm_utf8_sequence(s + i, len - i);
+    if (n == 0)
+      break;
+    i += n;
+  }
+  return i;
+}

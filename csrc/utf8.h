@@ -1,5 +1,7 @@
 /* utf8.h: counting UTF-8 characters in bytes, for truncation and the
- * context's description (lua/rlm/text.lua, prompt.lua through it). A lead
+ * context's description (lua/rlm/text.lua, prompt.lua through it), and
+ * finding where bytes stop being valid UTF-8 (the log's repair, in
+ * lua/rlm/logline.lua through core.utf8_clean). A lead
  * byte starts a character; stray continuation bytes count with the
  * character before them, so any bytes count, UTF-8 or not. Pure: no I/O. */
 #ifndef RLM_UTF8_H
@@ -15,5 +17,13 @@
  * that length holds: n, or all of s's when it holds fewer. */
 RLM_FN size_t rlm_utf8_prefix(const unsigned char *s, size_t len, int64_t n,
                               int64_t *chars);
+
+/* The length of the valid UTF-8 sequence that starts at s[0] (1 for
+ * ASCII), or 0 when it is not one: no overlong form, surrogate or code
+ * point past U+10FFFF, and no sequence cut off by the end at s + len. */
+RLM_FN size_t rlm_utf8_sequence(const unsigned char *s, size_t len);
+
+/* The length of the longest prefix of s[0..len) that is valid UTF-8. */
+RLM_FN size_t rlm_utf8_valid(const unsigned char *s, size_t len);
 
 #endif

@@ -88,6 +88,76 @@ print(err and err.kind or "ok", err and err.message or result.answer)
   end
 end)
 
+-- A tree of nested sessions under RLIMIT_NOFILE 256: a batch of 16
+-- children, each holding its sandbox while it calls the host twice. The
+-- host's own io.open of 56 files at each callback failed 5 times and it
+-- was down to 43 free descriptors before the reserve; now a child starts
+-- only while a quarter (64) stays free beside what a start needs, and the
+-- code gets an error for the rest.
+describe("the descriptor reserve for nested sessions", function()
+  local TREE = [=[
+local H = require("helpers")
+local core = require("rlm.core")
+local fence = H.fence
+local limit = tonumber(arg[1])
+local reserve = math.floor(limit / 4)
+local probes, failed, least = 0, 0, math.huge
+-- The host's own files: all but a few of the quarter it keeps.
+local function probe()
+  least = math.min(least, (core.fd_free()))
+  local held = {}
+  for _ = 1, reserve - 8 do
+    local f = io.open("/dev/null")
+    if not f then
+      failed = failed + 1
+      break
+    end
+    held[#held + 1] = f
+  end
+  for _, f in ipairs(held) do
+    f:close()
+  end
+  probes = probes + 1
+end
+local result, err = H.run({ max_depth = 2, max_concurrent_sub_calls = 16, max_live_sandboxes = 4096,
+  llm_query = function(p)
+    probe()
+    return "ok " .. p
+  end,
+  root_llm = function(messages)
+    probe()
+    if messages[2].content:find("kid", 1, true) then
+      return fence("import time\nllm_query('x')\ntime.sleep(0.5)\nllm_query('y')\nFINAL('leaf')")
+    end
+    return fence("rs = rlm_query_batched(['kid %d' % i for i in range(16)])\n"
+      .. "FINAL('|'.join(r[:240] for r in rs))")
+  end })
+local answer = result and result.answer or ""
+print(("status=%s leaves=%d reserved=%d probes=%d failed=%d least=%d reserve=%d"):format(
+  err and err.kind or "ok", select(2, answer:gsub("leaf", "")), select(2, answer:gsub("keeps a quarter", "")),
+  probes, failed, least, reserve))
+print(answer:match("Error: [^|]*") or "")
+]=]
+  it("keeps a quarter of the host's descriptors free, and the code that asked gets the error", function()
+    local path = H.tmpdir .. "-reserve.lua"
+    local f = assert(io.open(path, "w"))
+    f:write(TREE)
+    f:close()
+    local out = H.sh(("ulimit -n 256; %s %s 256 2>&1; echo \"exit $?\""):format(H.lua_name(), path))
+    os.remove(path)
+    print(("\n# %s: 16 nested sessions under RLIMIT_NOFILE 256: %s"):format(H.lua_name(), out:gsub("\n", " | ")))
+    assert.matches("exit 0$", out)
+    assert.matches("status=ok ", out, 1, true) -- the run went on
+    assert.matches("failed=0 ", out, 1, true) -- the host's own files opened every time
+    local leaves, refused, least = out:match("leaves=(%d+) reserved=(%d+) .* least=(%d+)")
+    assert.is_true(tonumber(leaves) >= 1, out)
+    assert.is_true(tonumber(refused) >= 1, out)
+    assert.are.equal(16, tonumber(leaves) + tonumber(refused))
+    assert.is_true(tonumber(least) >= 64, out)
+    assert.matches("keeps a quarter (64) for itself", out, 1, true)
+  end)
+end)
+
 describe("the hello", function()
   after_each(H.assert_clean)
 

@@ -18,6 +18,7 @@ describe("every value Session.new accepts at the top of its range", function()
       start_timeout_ms = 2 ^ 31 - 1, max_wall_ms = 2 ^ 31 - 1 } },
     { "memory", { max_rss_bytes = 2 ^ 44, rss_poll_interval_ms = 60000 } },
     { "sub-calls and tokens", { max_sub_calls = 2 ^ 31 - 1, max_concurrent_sub_calls = 4096, max_depth = 32,
+      max_live_sandboxes = 4096,
       max_total_tokens = 2 ^ 50, max_sub_prompt_chars = 2 ^ 30 } },
     { "the session's files", { workdir_max_bytes = 2 ^ 40, workdir_max_files = 2 ^ 31 - 1 } },
     { "the line and the output", { max_message_bytes = 2 ^ 30, stdout_truncate_chars = 2 ^ 26 } },

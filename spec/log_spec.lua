@@ -223,6 +223,89 @@ describe("rlm.log.jsonl", function()
     end)
   end)
 
+  -- What sandbox code sends (a tool's args, a prompt) is bounded by the
+  -- protocol at max_message_bytes, 16 MiB; what the log writes of it, and
+  -- the CPU that costs the host, by the line's budget.
+  describe("byte budgets", function()
+    -- 800 strings of 20000 bytes that are not UTF-8: each byte would be
+    -- written as U+FFFD, three bytes (48 MB for this one event, before).
+    local function hostile_args()
+      local s, args = ("\255"):rep(20000), {}
+      for i = 1, 800 do
+        args[i] = s
+      end
+      return args
+    end
+
+    it("cuts an event to max_event_bytes, marks the cut, and keeps its small fields", function()
+      local c0 = os.clock()
+      local evs = write_all({ { type = "tool_call", name = "t", index = 7, args = hostile_args(), result = "ok" } })
+      local cpu = os.clock() - c0
+      local line = lines(path)[1]
+      print(("\n# %s: a tool_call of 16 MB of bad bytes: %d bytes of log, %.3f s of CPU")
+        :format(H.lua_name(), #line, cpu))
+      assert.is_true(#line <= 256 * 1024 + 1024, ("the line has %d bytes"):format(#line))
+      assert.is_true(valid_utf8(line))
+      local ev = evs[1]
+      assert.are.equal("event", ev.log_cut)
+      assert.are.same({ "t", 7, "ok" }, { ev.name, ev.index, ev.result })
+      assert.matches("^%[rlm.log cut %d+ items%]$", ev.args[#ev.args])
+      assert.is_true(#ev.args < 20)
+      assert.is_true(cpu < 1, ("%.2f s of CPU"):format(cpu))
+    end)
+
+    it("writes an event that fits whole, with no log_cut", function()
+      local evs = write_all({ { type = "x", s = ("z"):rep(5000) } }, { max_event_bytes = 6000 })
+      assert.are.equal(5000, #evs[1].s)
+      assert.is_nil(evs[1].log_cut)
+    end)
+
+    it("cuts an object's members too, with a marker key", function()
+      local t = {}
+      for i = 1, 100 do
+        t[("k%03d"):format(i)] = ("v"):rep(100)
+      end
+      local evs = write_all({ { type = "x", t = t } }, { max_event_bytes = 2048 })
+      assert.is_true(#lines(path)[1] <= 2048 + 1024)
+      assert.matches("^%d+ more keys$", evs[1].t["[rlm.log cut]"])
+      assert.are.equal("event", evs[1].log_cut)
+    end)
+
+    it("spends max_run_bytes over a run's lines, then writes each event's small fields", function()
+      local events = { { type = "session_start", depth = 0, query = "q" } }
+      for i = 1, 20 do
+        events[#events + 1] = { type = "exec_result", step = i, depth = 0, code = ("c"):rep(5000) }
+      end
+      events[#events + 1] = { type = "run_end", depth = 0, ok = false, error_kind = "tool_error" }
+      events[#events + 1] = { type = "session_start", depth = 0, query = "next run" }
+      events[#events + 1] = { type = "exec_result", step = 1, depth = 0, code = ("d"):rep(5000) }
+      local evs = write_all(events, { max_run_bytes = 20000 })
+      local size = #read(path)
+      assert.is_true(size < 20000 + 22 * 1024, ("%d bytes"):format(size))
+      assert.are.equal(5000, #evs[2].code) -- within the budget
+      assert.are.equal("run", evs[21].log_cut)
+      assert.matches("[rlm.log truncated", evs[21].code, 1, true)
+      assert.is_true(#lines(path)[21] <= 2048)
+      assert.are.same({ "run_end", false, "tool_error" }, { evs[22].type, evs[22].ok, evs[22].error_kind })
+      assert.is_nil(evs[22].log_cut) -- small enough to go whole
+      assert.are.equal(5000, #evs[24].code) -- a new run, a new budget
+      assert.is_nil(evs[24].log_cut)
+    end)
+
+    -- rlm.core's repair, one pass in C; the pure-Lua one, kept for a Lua
+    -- without rlm.core, took 9.3 s (Lua 5.4) for this.
+    it("repairs 16 MB of bad bytes in well under a second of CPU", function()
+      local s = ("\255"):rep(16 * 2 ^ 20)
+      local c0 = os.clock()
+      local got = log.truncate(s, 2 ^ 25)
+      local cpu = os.clock() - c0
+      print(("\n# %s: 16 MB of bad bytes repaired in %.3f s of CPU"):format(H.lua_name(), cpu))
+      assert.are.equal(3 * #s, #got)
+      assert.are.equal(("\239\191\189"):rep(4), got:sub(1, 12))
+      assert.is_true(cpu < 1, ("%.2f s of CPU"):format(cpu))
+    end)
+  end)
+
   describe("truncate", function()
     -- { input, limit, expected }
     local cases = {
@@ -335,6 +418,113 @@ describe("rlm.log.jsonl", function()
       assert.matches("nonexistent%-dir", err)
     end)
 
+    -- A run that crashed mid-line: the next run's first line starts on
+    -- its own line, not glued to the partial one.
+    local partial_cases = {
+      -- what the file holds, how many lines it has after one event
+      { '{"type":"crashed","code":"x = ', 2 },
+      { '{"type":"whole"}\n', 2 },
+      { "", 1 },
+    }
+    for _, case in ipairs(partial_cases) do
+      it(("appends to a file holding %q on a line of its own"):format(case[1]), function()
+        local f = assert(io.open(path, "wb"))
+        f:write(case[1])
+        f:close()
+        local on_event, writer = log.jsonl(path)
+        on_event({ type = "next_run" })
+        writer:close()
+        local got = lines(path)
+        assert.are.equal(case[2], #got)
+        assert.are.equal("next_run", cjson.decode(got[#got]).type)
+        assert.are.equal(case[2], select(2, read(path):gsub("\n", ""))) -- no blank line either
+      end)
+    end
+
+    -- A full disk: a tmpfs of 64 KiB in a mount namespace of its own
+    -- (unshare: as root or as a user with user namespaces), mounted on a
+    -- directory this test makes; it goes with the namespace, and the
+    -- directory after. Lines of 3001 bytes do not end on the tmpfs's
+    -- pages, so the write that fills it leaves part of its line.
+    local FULL = [=[
+local log = require("rlm.log")
+local cjson = require("cjson")
+local dir, mode = arg[1], arg[2]
+local ballast = assert(io.open(dir .. "/ballast", "wb"))
+if mode == "partial" then
+  assert(ballast:write(("b"):rep(16384)))
+else -- all of it: the log's first write fails whole
+  while ballast:write(("b"):rep(4096)) and ballast:flush() do
+  end
+end
+ballast:close()
+local path = dir .. "/run.jsonl"
+local on_event, writer = assert(log.jsonl(path))
+local n = 0
+while writer.dropped == 0 and n < 100 do
+  n = n + 1
+  on_event({ type = "filler", n = n, text = ("x"):rep(2950) })
+end
+on_event({ type = "still_full" })
+local f = assert(io.open(path, "rb"))
+local held = f:read("*a")
+f:close()
+os.remove(dir .. "/ballast") -- space is back
+for i = 1, 3 do
+  on_event({ type = "after", i = i })
+end
+writer:close()
+f = assert(io.open(path, "rb"))
+local text = f:read("*a")
+f:close()
+local good, bad, after = 0, 0, 0
+for line in text:gmatch("[^\n]*") do
+  local ok, ev = pcall(cjson.decode, line)
+  if ok then
+    good = good + 1
+    after = after + (ev.type == "after" and 1 or 0)
+  elseif line ~= "" then
+    bad = bad + 1
+  end
+end
+print(("held=%d held_partial=%s lines=%d dropped=%d good=%d bad=%d after=%d first=%s blank=%s error=%s"):format(
+  #held, tostring(held ~= "" and held:sub(-1) ~= "\n"), writer.lines, writer.dropped, good, bad, after,
+  text:sub(1, 1), tostring(text:find("\n\n", 1, true) ~= nil), tostring(writer.error)))
+]=]
+    -- { what the write that fills the disk leaves, held_partial, bad lines }
+    local full_cases = { { "partial", "true", "1" }, { "whole", "false", "0" } }
+    for _, case in ipairs(full_cases) do
+      it(("starts the next line on its own after a full disk (a %s line failed), once space is back")
+        :format(case[1]), function()
+        local dir = H.tmpdir .. "-full"
+        local script = H.tmpdir .. "-full.lua"
+        assert(H.sh("mkdir " .. dir .. " && echo made") == "made")
+        local f = assert(io.open(script, "w"))
+        f:write(FULL)
+        f:close()
+        local out = H.sh(("unshare --user --map-root-user --mount sh -c "
+          .. "'mount -t tmpfs -o size=64k rlm-spec-full \"$1\" || exit 77; exec \"$2\" \"$3\" \"$1\" \"$4\"' "
+          .. "sh %s %s %s %s 2>&1; echo \"status $?\""):format(dir, H.lua_name(), script, case[1]))
+        os.remove(script)
+        assert(H.sh("rmdir " .. dir .. " && echo removed") == "removed") -- the tmpfs went with its namespace
+        print(("\n# %s: a full 64 KiB tmpfs (%s): %s"):format(H.lua_name(), case[1], out:gsub("\n", " | ")))
+        if out:match("status 77$") or out:match("^unshare: ") then
+          pending("no tmpfs in a mount namespace of our own here (unshare or mount failed): " .. out)
+          return
+        end
+        assert.matches("status 0$", out)
+        assert.matches("held_partial=" .. case[2], out, 1, true) -- the case this is about
+        assert.matches("error=.*No space left on device", out)
+        local lines_n, dropped, good, bad, after = out:match("lines=(%d+) dropped=(%d+) good=(%d+) bad=(%d+) after=(%d+)")
+        assert.are.equal("2", dropped) -- the write that filled it, and the one while full
+        assert.are.equal(lines_n, good) -- every line written is a line of JSON
+        assert.are.equal(case[3], bad) -- the partial one, alone
+        assert.are.equal("3", after)
+        assert.matches("first={", out, 1, true)
+        assert.matches("blank=false", out, 1, true) -- no empty line where nothing was left
+      end)
+    end
+
     it("never raises when a write fails: the first error is kept", function()
       local f = assert(io.open("/dev/null", "rb")) -- a handle that cannot be written
       local on_event, writer = log.jsonl(f)
@@ -357,6 +547,9 @@ describe("rlm.log.jsonl", function()
       { { mode = 1 }, "option 'mode' must be a string" },
       { { max_field_chars = 0 }, "option 'max_field_chars' must be an integer >= 1" },
       { { max_items = 1.5 }, "option 'max_items' must be an integer >= 1" },
+      { { max_event_bytes = 1000 }, "option 'max_event_bytes' must be an integer >= 1024" },
+      { { max_run_bytes = 0 }, "option 'max_run_bytes' must be an integer >= 1" },
+      { { max_run_bytes = "1" }, "option 'max_run_bytes' must be a number" },
       { { cost_usd = 3 }, "option 'cost_usd' must be a function" },
       { "opts", "opts must be a table" },
     }

@@ -76,7 +76,7 @@ end)
 local numeric = {
   max_iterations = 10 ^ 6, step_timeout_ms = 2 ^ 31 - 1, start_timeout_ms = 2 ^ 31 - 1,
   max_rss_bytes = 2 ^ 44, rss_poll_interval_ms = 60000, max_sub_calls = 2 ^ 31 - 1,
-  max_concurrent_sub_calls = 4096, max_depth = 32, max_wall_ms = 2 ^ 31 - 1,
+  max_concurrent_sub_calls = 4096, max_depth = 32, max_live_sandboxes = 4096, max_wall_ms = 2 ^ 31 - 1,
   max_total_tokens = 2 ^ 50, max_sub_prompt_chars = 2 ^ 30, stdout_truncate_chars = 2 ^ 26,
   workdir_max_bytes = 2 ^ 40, workdir_max_files = 2 ^ 31 - 1, sandbox_uid_first = 2 ^ 32 - 2,
   sandbox_uid_count = 2 ^ 32 - 2, max_message_bytes = 2 ^ 30, max_total_cost_usd = false,

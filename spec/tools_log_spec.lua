@@ -8,6 +8,9 @@ local view = require("rlm.view")
 local cjson = require("cjson")
 local fence = H.fence
 
+-- Under make check the sanitizer slows the host's CPU down.
+local SLACK = (os.getenv("RLM_SPEC_PRELOAD") or "") ~= "" and 4 or 1
+
 describe("host tools in the log and the viewer", function()
   after_each(H.assert_clean)
 
@@ -52,6 +55,54 @@ describe("host tools in the log and the viewer", function()
     assert.matches("71 more tool calls", page, 1, true)
     assert.matches("121 tool calls", page, 1, true)
     assert.matches("event answer_rejected", page, 1, true)
+  end)
+
+  -- The REPL's code writes two tool calls of 16 MB each itself (800
+  -- strings of 20000 bytes that are not UTF-8): the log wrote them whole, each byte as U+FFFD, 96 MB, and
+  -- repaired them in Lua, 8.6 s of the host's CPU (Lua 5.4). The line's
+  -- budget (max_event_bytes, 256 KiB) bounds both.
+  it("costs the host's log and CPU a bounded amount per tool call, whatever the args hold", function()
+    local path = H.tmpdir .. "-amplify.jsonl"
+    local code = [=[
+inp, out = sys.__stdin__.buffer, sys.__stdout__.buffer
+s = b'"' + b'\xff' * 20000 + b'"'
+args = b'[' + b','.join([s] * 800) + b']'
+for i in range(2):
+    out.write(b'{"type":"tool_call","id":%d,"name":"t","args":%s}\n' % (100000 + i, args))
+    out.flush()
+    inp.readline()
+print(len(args))
+]=]
+    local calls = 0
+    local on_event, writer = log.jsonl(path)
+    local c0 = os.clock()
+    local result, err = H.run({ guardrails = false, on_event = on_event, step_timeout_ms = 120000,
+      tools = { t = function()
+        calls = calls + 1
+        return "ok"
+      end },
+      root_llm = H.script({ fence("import sys\n" .. code), fence("FINAL('survived')") }) })
+    local cpu = os.clock() - c0
+    writer:close()
+    local text = read(path)
+    os.remove(path)
+    print(("\n# %s: 2 tool calls of %s bytes: %d bytes of log, %.2f s of host CPU"):format(H.lua_name(),
+      result and result.history[1].stdout:match("%d+") or "?", #text, cpu))
+    assert.is_nil(err)
+    assert.are.equal("survived", result.answer)
+    assert.are.equal(2, calls)
+    local cut = 0
+    for line in text:gmatch("[^\n]+") do
+      if line:find('"type":"tool_call"', 1, true) then
+        assert.is_true(#line <= 256 * 1024 + 1024, ("a line of %d bytes"):format(#line))
+        assert.matches('"log_cut":"event"', line, 1, true)
+        assert.matches('"name":"t"', line, 1, true)
+        cut = cut + 1
+      end
+    end
+    assert.are.equal(2, cut)
+    assert.is_true(#text < 1024 * 1024, ("%d bytes of log"):format(#text))
+    assert.is_true(cpu < 2 * SLACK, ("%.2f s of host CPU"):format(cpu))
   end)
 
   it("marks a partial answer on the page", function()

@@ -64,6 +64,10 @@ end
 -- Kills the sandbox (its /session goes with it). Safe to call more than once.
 function Session:close()
   self.closed = true
+  if self.live_counted then -- a nested session: rlm.nested counted it
+    self.live_counted = nil
+    self.tree.live_children = self.tree.live_children - 1
+  end
   if self.refill then
     self:_refill_pool()
   end

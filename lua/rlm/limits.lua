@@ -1,4 +1,5 @@
--- Deadlines and budgets: the step deadline, max_wall_ms, tokens and cost.
+-- Deadlines and budgets: the step deadline, max_wall_ms, tokens and cost,
+-- and the host's room for nested sessions.
 local core = require("rlm.core")
 local util = require("rlm.util")
 
@@ -230,6 +231,18 @@ function M:_add_usage(who, usage)
   t.input, t.output = t.input + input, t.output + output
   t.total = t.input + t.output
   return true
+end
+
+-- A nested session is made only while the run has fewer than
+-- max_live_sandboxes sandboxes, its own included: why the one for this
+-- call is not, as the code's error, or nil.
+function M:_child_refusal()
+  local cap = self.opts.max_live_sandboxes
+  local live = 1 + self.tree.live_children
+  if live >= cap then
+    return ("rlm_query refused: the run already has %d sandboxes alive, max_live_sandboxes (%d); "
+      .. "ask for fewer nested sessions at once"):format(live, cap)
+  end
 end
 
 -- Hands a request to the outside world (through poll) and returns it.

@@ -13,7 +13,13 @@ local DEFAULTS = {
   max_key_chars = 200,
   max_items = 1000, -- entries of one table
   max_depth = 16, -- tables in tables: a field of the event is at depth 1
+  max_event_bytes = 256 * 1024, -- one line
+  max_run_bytes = 64 * 1024 * 1024, -- the lines of one run, from its session_start
 }
+
+-- The least a line may take, whatever the budgets: its leading fields and
+-- the event's small ones (a run_end's ok and error_kind).
+local MIN_EVENT_BYTES = 1024
 
 local has_core, core = pcall(require, "rlm.core")
 if not (has_core and type(core) == "table") then
@@ -47,6 +53,8 @@ local OPTION_TYPES = {
   max_key_chars = "number",
   max_items = "number",
   max_depth = "number",
+  max_event_bytes = "number",
+  max_run_bytes = "number",
   clock = "function",
 }
 
@@ -71,8 +79,11 @@ local function check_options(opts)
   for k, v in pairs(DEFAULTS) do
     if o[k] == nil then
       o[k] = v
-    elseif o[k] < 1 or o[k] % 1 ~= 0 then
-      error(("rlm.log.jsonl: option '%s' must be an integer >= 1"):format(k), 3)
+    else
+      local least = k == "max_event_bytes" and MIN_EVENT_BYTES or 1
+      if o[k] < least or o[k] % 1 ~= 0 then
+        error(("rlm.log.jsonl: option '%s' must be an integer >= %d"):format(k, least), 3)
+      end
     end
   end
   o.mode = o.mode or "append"
@@ -84,6 +95,25 @@ end
 
 local Writer = {}
 Writer.__index = Writer
+
+-- Whether the file at path ends in something else than a newline (a line
+-- a crash or a full disk left partial): true or false, nil when it cannot
+-- be read.
+local function ends_partial(path)
+  local f = io.open(path, "rb")
+  if not f then
+    return nil
+  end
+  local size, last = f:seek("end"), nil
+  if size and size > 0 and f:seek("set", size - 1) then
+    last = f:read(1)
+  end
+  f:close()
+  if size == 0 then
+    return false
+  end
+  return last ~= "\n"
+end
 
 -- Writes one event. Never raises: a session's run must not end because its
 -- log could not be written. The first failure is kept in self.error.
@@ -107,20 +137,43 @@ function Writer:write(ev)
       stamp.cost_usd = cost
     end
   end
-  local ok, line = pcall(logline.event, type(ev) == "table" and ev or { type = "invalid", value = ev }, stamp, o)
+  if type(ev) == "table" and ev.type == "session_start" and (ev.depth or 0) == 0 then
+    self.run_bytes = 0 -- a new run (a nested session's start has depth > 0)
+  end
+  -- A line gets max_event_bytes, or what is left of the run's budget, and
+  -- never less than MIN_EVENT_BYTES: past the run's budget, each event is
+  -- still there, as its small fields.
+  local budget, why = o.max_event_bytes, "event"
+  local run_left = o.max_run_bytes - self.run_bytes
+  if run_left < budget then
+    budget, why = math.max(run_left, MIN_EVENT_BYTES), "run"
+  end
+  local ok, line = pcall(logline.event, type(ev) == "table" and ev or { type = "invalid", value = ev }, stamp, o,
+    budget, why)
   if not ok then
     line = logline.event({ type = "log_error", message = tostring(line),
-      event_type = type(ev) == "table" and ev.type or nil }, stamp, o)
+      event_type = type(ev) == "table" and ev.type or nil }, stamp, o, budget, why)
   end
-  local wrote, err = self.file:write(line, "\n")
+  self.run_bytes = self.run_bytes + #line + 1
+  -- After a failed write (a full disk: part of the line may be in the
+  -- file) or on a file that ended mid-line, this line starts with a
+  -- newline of its own, so that it is not glued to the partial one. A file
+  -- of ours is looked at first: a failed write may have left nothing.
+  local start = ""
+  if self.partial and (not self.path or ends_partial(self.path) ~= false) then
+    start = "\n"
+  end
+  local wrote, err = self.file:write(start, line, "\n")
   if wrote then
     wrote, err = self.file:flush()
   end
   if wrote then
     self.lines = self.lines + 1
+    self.partial = false
   else
     self.dropped = self.dropped + 1
     self.error = self.error or tostring(err)
+    self.partial = true
   end
 end
 
@@ -168,6 +221,10 @@ function M.jsonl(target, opts)
     clock = o.clock or wall_clock(mono),
     lines = 0,
     dropped = 0,
+    run_bytes = 0,
+    -- A file appended to that ends mid-line (a crash) gets a newline
+    -- before the first line.
+    partial = owned and o.mode == "append" and ends_partial(target) == true,
   }, Writer)
   return function(ev)
     self:write(ev)

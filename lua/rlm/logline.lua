@@ -10,9 +10,15 @@ cjson.encode_invalid_numbers(false)
 local M = {}
 
 -- The writer's own fields lead each line, in this order; the event's other
--- fields follow, sorted, and the running cost ends it.
+-- fields follow, sorted, then log_cut when the line was cut to its budget,
+-- and the running cost ends it.
 local LEADING = { "type", "ts", "t_ms", "depth", "step" }
-local OWN = { ts = true, t_ms = true, cost_usd = true }
+local OWN = { ts = true, t_ms = true, cost_usd = true, log_cut = true }
+
+local has_core, core = pcall(require, "rlm.core")
+if not (has_core and type(core) == "table") then
+  core = {}
+end
 
 local REPLACEMENT = "\239\191\189" -- U+FFFD
 
@@ -41,8 +47,10 @@ local function sequence_len(s, i, c)
 end
 
 -- s as valid UTF-8: every byte that does not belong to a valid sequence
--- becomes U+FFFD. Returns s itself when it is valid already.
-local function utf8_clean(s)
+-- becomes U+FFFD. Returns s itself when it is valid already. In C when
+-- rlm.core is there: this one's table of parts costs the host about 0.5 us
+-- a bad byte (8.6 s of CPU for two tool calls of 16 MB, under Lua 5.4).
+local function lua_utf8_clean(s)
   local i, n = 1, #s
   local parts, from = nil, 1
   while true do
@@ -68,10 +76,8 @@ local function utf8_clean(s)
   return table.concat(parts)
 end
 
-local has_core, core = pcall(require, "rlm.core")
-if not (has_core and type(core) == "table") then
-  core = {}
-end
+local utf8_clean = core.utf8_clean or lua_utf8_clean
+M.lua_utf8_clean = lua_utf8_clean -- for the spec that holds the two alike
 
 -- Characters in a string of valid UTF-8 (in a raw one, the bytes that are
 -- not continuation bytes), counted in C when rlm.core is there.
@@ -152,10 +158,31 @@ local function bounded_number(v)
   return v
 end
 
+-- Every value is encoded against the line's budget of bytes, st.left (see
+-- M.event): what finds it spent is left out with a marker, and st.cut says
+-- so. Each value costs at least a byte or two, so the work an event takes is
+-- bounded by its budget too, not by how much the event holds.
+local CUT = cjson.encode("[rlm.log cut]")
+local SMALL_BYTES = 256 -- an event's field that is encoded before the others
+
 local encode_value
 
-local function encode_string(s, limit)
-  return cjson.encode(M.truncate(s, limit))
+local function encode_string(s, limit, st)
+  local enc = cjson.encode(M.truncate(s, limit))
+  if #enc > st.left then
+    -- Cut again to fit: a character takes at most 6 bytes of JSON
+    -- ("\u001f"), the truncation marker about 40.
+    st.cut = true
+    local room = math.floor((st.left - 48) / 6)
+    enc = room >= 16 and cjson.encode(M.truncate(s, room)) or CUT
+    if #enc > st.left then
+      enc = CUT
+    end
+    st.left = 0 -- what comes after it is cut whole
+    return enc
+  end
+  st.left = st.left - #enc
+  return enc
 end
 
 -- A table is written as a JSON array when its keys are exactly 1..n.
@@ -193,17 +220,27 @@ local function sorted_keys(t, skip)
   return keys
 end
 
-local function encode_key(k, o)
-  return encode_string(tostring(k), o.max_key_chars)
+-- A key is never cut to the budget (two would be the same marker); it is
+-- short (max_key_chars), and counts against the budget all the same.
+local function encode_key(k, o, st)
+  local enc = cjson.encode(M.truncate(tostring(k), o.max_key_chars))
+  st.left = st.left - #enc
+  return enc
 end
 
 -- Appends the members of t named by keys to out as "key":value pairs, at
--- most o.max_items of them.
-local function encode_members(t, keys, out, o, depth)
+-- most o.max_items of them, and while the budget lasts.
+local function encode_members(t, keys, out, o, depth, st)
   local n = math.min(#keys, o.max_items)
   for i = 1, n do
+    if st.left <= 0 then
+      st.cut = true
+      out[#out + 1] = CUT .. ":" .. cjson.encode(("%d more keys"):format(#keys - i + 1))
+      return
+    end
     local k = keys[i]
-    out[#out + 1] = encode_key(k, o) .. ":" .. encode_value(t[k], o, depth)
+    out[#out + 1] = encode_key(k, o, st) .. ":" .. encode_value(t[k], o, depth, st)
+    st.left = st.left - 2
   end
   if #keys > n then
     out[#out + 1] = cjson.encode("[rlm.log truncated]") .. ":"
@@ -211,42 +248,58 @@ local function encode_members(t, keys, out, o, depth)
   end
 end
 
-local function encode_table(t, o, depth)
+local function encode_table(t, o, depth, st)
   if depth > o.max_depth then
     return cjson.encode("[rlm.log truncated: nested too deep]")
   end
+  st.left = st.left - 2
   local out = {}
   local n = array_length(t)
   if n then
     for i = 1, math.min(n, o.max_items) do
-      out[i] = encode_value(t[i], o, depth + 1)
+      if st.left <= 0 then
+        st.cut = true
+        out[i] = cjson.encode(("[rlm.log cut %d items]"):format(n - i + 1))
+        return "[" .. table.concat(out, ",") .. "]"
+      end
+      out[i] = encode_value(t[i], o, depth + 1, st)
+      st.left = st.left - 1
     end
     if n > o.max_items then
       out[#out + 1] = cjson.encode(("[rlm.log truncated %d items]"):format(n - o.max_items))
     end
     return "[" .. table.concat(out, ",") .. "]"
   end
-  encode_members(t, sorted_keys(t), out, o, depth + 1)
+  encode_members(t, sorted_keys(t), out, o, depth + 1, st)
   return "{" .. table.concat(out, ",") .. "}"
 end
 
-function encode_value(v, o, depth)
+function encode_value(v, o, depth, st)
   local tv = type(v)
   if tv == "string" then
-    return encode_string(v, o.max_field_chars)
-  elseif tv == "number" then
-    return cjson.encode(bounded_number(v))
-  elseif tv == "boolean" or v == nil or v == cjson.null then
-    return cjson.encode(v)
+    return encode_string(v, o.max_field_chars, st)
   elseif tv == "table" then
-    return encode_table(v, o, depth)
+    return encode_table(v, o, depth, st)
   end
-  return encode_string(tostring(v), o.max_field_chars) -- a function, a coroutine, userdata
+  local enc
+  if tv == "number" then
+    enc = cjson.encode(bounded_number(v))
+  elseif tv == "boolean" or v == nil or v == cjson.null then
+    enc = cjson.encode(v)
+  else
+    return encode_string(tostring(v), o.max_field_chars, st) -- a function, a coroutine, userdata
+  end
+  st.left = st.left - #enc
+  return enc
 end
 
 -- One event as one line of JSON (no newline): the writer's fields and the
--- leading ones first, the rest sorted, every value bounded.
-function M.event(ev, stamp, o)
+-- leading ones first, the rest sorted, every value bounded, the whole about
+-- `budget` bytes at most (a few hundred more for the markers). A line that
+-- was cut says so in `log_cut`, as `cut_reason` (the writer's "event" or
+-- "run": which budget it was).
+function M.event(ev, stamp, o, budget, cut_reason)
+  local st = { left = budget or math.huge, cut = false }
   local out = {}
   local done = {}
   for _, k in ipairs(LEADING) do
@@ -257,16 +310,43 @@ function M.event(ev, stamp, o)
       v = ev[k]
     end
     if v ~= nil then
-      out[#out + 1] = cjson.encode(k) .. ":" .. encode_value(v, o, 1)
+      out[#out + 1] = cjson.encode(k) .. ":" .. encode_value(v, o, 1, st)
     end
     done[k] = true
   end
   for k in pairs(OWN) do
     done[k] = true
   end
-  encode_members(ev, sorted_keys(ev, done), out, o, 1)
+  -- The event's own fields all stay, and the small ones first: a big
+  -- one (a tool's args) cannot push out the event's name or index, and
+  -- is "[rlm.log cut]" itself when the budget is spent.
+  local keys = sorted_keys(ev, done)
+  local values = {}
+  for pass = 1, 2 do
+    for i = 1, math.min(#keys, o.max_items) do
+      local v = ev[keys[i]]
+      local small = type(v) ~= "table" and (type(v) ~= "string" or #v <= SMALL_BYTES)
+      if small == (pass == 1) then
+        if st.left > 0 then
+          values[i] = encode_value(v, o, 1, st)
+        else
+          st.cut, values[i] = true, CUT
+        end
+      end
+    end
+  end
+  for i = 1, math.min(#keys, o.max_items) do
+    out[#out + 1] = encode_key(keys[i], o, st) .. ":" .. values[i]
+  end
+  if #keys > o.max_items then
+    out[#out + 1] = cjson.encode("[rlm.log truncated]") .. ":"
+      .. cjson.encode(("%d more keys"):format(#keys - o.max_items))
+  end
+  if st.cut then
+    out[#out + 1] = '"log_cut":' .. cjson.encode(cut_reason or "event")
+  end
   if stamp.cost_usd ~= nil then
-    out[#out + 1] = '"cost_usd":' .. encode_value(stamp.cost_usd, o, 1)
+    out[#out + 1] = '"cost_usd":' .. encode_value(stamp.cost_usd, o, 1, { left = math.huge })
   end
   return "{" .. table.concat(out, ",") .. "}"
 end

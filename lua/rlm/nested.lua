@@ -12,14 +12,25 @@ local M = {}
 function M:_queue_child(call)
   if #self.children >= self.opts.max_concurrent_sub_calls then
     self.queued[#self.queued + 1] = call
-    return
+    return true
+  end
+  -- Past max_live_sandboxes the code gets an error for this call
+  -- (rlm.limits), and the run goes on. (A queued call is never refused:
+  -- the child whose room it takes has closed just before.)
+  local refused = self:_child_refusal()
+  if refused then
+    return self:_send_result(call, nil, refused)
   end
   local child = self:_new_child(call)
   child.call = call
+  -- Counted till it closes (rlm's Session:close), its sandbox with it.
+  child.live_counted = true
+  self.tree.live_children = self.tree.live_children + 1
   call.t0 = core.now_ms()
   self:_root():_waitset() -- fd() covers its processes from now on
   self.children[#self.children + 1] = child
   self:_pause_deadline()
+  return true
 end
 
 function M:_root()

@@ -200,6 +200,7 @@ local schema = {
   max_sub_calls = { integer(0, 2 ^ 31 - 1), 200 },
   max_concurrent_sub_calls = { integer(1, 4096), 8 },
   max_depth = { integer(1, 32), 1 },
+  max_live_sandboxes = { integer(1, 4096), 32 },
   max_wall_ms = { milliseconds },
   max_total_cost_usd = { non_negative_number },
   max_total_tokens = { integer(1, 2 ^ 50) },

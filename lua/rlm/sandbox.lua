@@ -61,6 +61,27 @@ M.driver_modules = {
 -- fd().
 local SESSION_FDS = 40
 
+-- A nested session's sandbox starts only while the host keeps a quarter of
+-- its descriptors (RLIMIT_NOFILE) free beside what the start needs: the
+-- REPL's code asks, the host's own files and sessions come first. Looked at
+-- as each child starts (one after another), so that a batch counts what its
+-- first children took. nil, or the error the child ends with (the code
+-- that asked sees it).
+M.FD_RESERVE_SHARE = 4
+local function fd_reserve_error()
+  local free, limit = core.fd_free()
+  if not free then
+    return errors.new("sandbox_unavailable", "a nested session was not started: the host cannot count its "
+      .. "free file descriptors (" .. tostring(limit) .. ")")
+  end
+  local reserve = math.floor(limit / M.FD_RESERVE_SHARE)
+  if free - SESSION_FDS < reserve then
+    return errors.new("sandbox_unavailable", ("a nested session was not started: the host has %d file "
+      .. "descriptors free of %d (RLIMIT_NOFILE), keeps a quarter (%d) for itself, and a session needs %d")
+      :format(free, limit, reserve, SESSION_FDS), { free_fds = free, fd_limit = limit })
+  end
+end
+
 -- One probe per (interpreter, module list) for the life of this Lua state.
 -- While one is in flight, the entry is { pending = true, owner = session },
 -- and other sessions of the state wait for it. The owner is held weakly: a
@@ -191,6 +212,10 @@ function M.prepare(opts, context_data, wait, owner)
   if free < SESSION_FDS then
     return unavailable(("too few free file descriptors (EMFILE): %d free, a session needs %d to start")
       :format(free, SESSION_FDS), { free_fds = free })
+  end
+  local reserve_err = owner and owner.parent and fd_reserve_error()
+  if reserve_err then
+    return nil, reserve_err
   end
   local bwrap = core.find_program(opts.bwrap)
   if not bwrap then

@@ -21,6 +21,7 @@ local function new_tree()
     in_flight = 0, -- sub-calls handed out and not yet answered
     held = {}, -- { session =, req = }: past max_concurrent_sub_calls, not yet handed out
     batches = 0,
+    live_children = 0, -- nested sessions made and not yet closed (max_live_sandboxes)
   }
 end
 

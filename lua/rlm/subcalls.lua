@@ -189,7 +189,10 @@ function M:_sub_query(msg)
         batch_id = batch and tree.batches or nil, model = msg.model }
       if nested then
         call.context, call.format = c.context, c.format
-        self:_queue_child(call)
+        ok, err = self:_queue_child(call)
+        if not ok then
+          return nil, err
+        end
       elseif not batch and self.inline then
         call.type = "llm_query"
         return self:_call_now(call)
