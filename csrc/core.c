@@ -574,6 +574,114 @@ static const char *event_name(rlm_event_kind k) {
   return "unknown";
 }
 
+/* SIGINT under run() and step(). The standalone interpreters' handler asks
+ * the Lua state to stop by setting a hook on its main thread (lua.c's and
+ * luajit.c's raise "interrupted!" from it at the next instruction). An
+ * interruptible wait (d:wait, d:poll and w:wait with their `interruptible`
+ * argument) compares the hook after the wait with the one before: a hook
+ * that appeared meanwhile is that request. It is then taken off and kept in
+ * the registry, the wait returns "interrupted", and rlm.blocking closes the
+ * session before core.reraise_interrupt() puts the hook back, so that the
+ * interpreter's own error is raised out of run() with the sandbox gone, not
+ * at whatever instruction (inside the engine's coroutine, or before the
+ * close) came first. A handler that sets no hook (the host's own) leaves
+ * the wait to go on. */
+typedef struct hook_state {
+  lua_State *thread;
+  lua_Hook hook;
+  int mask, count;
+} hook_state;
+
+static const char MAIN_THREAD_KEY = 0;  /* PUC 5.1: the main thread */
+static const char STASHED_HOOK_KEY = 0; /* the hook taken off, a hook_state */
+
+/* The thread whose hook a SIGINT handler sets: the main thread (LuaJIT's
+ * hook is the state's, whichever thread asks). */
+static lua_State *hook_thread(lua_State *L) {
+#if LUA_VERSION_NUM >= 502
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+#else
+  lua_pushlightuserdata(L, (void *)&MAIN_THREAD_KEY);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+#endif
+  lua_State *main = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  return main != NULL ? main : L;
+}
+
+static void hook_get(lua_State *L, hook_state *h) {
+  h->thread = hook_thread(L);
+  h->hook = lua_gethook(h->thread);
+  h->mask = lua_gethookmask(h->thread);
+  h->count = lua_gethookcount(h->thread);
+}
+
+/* After an interruptible wait: 1 when a hook appeared on the main thread
+ * since `before` (the handler's request), which is then stashed and taken
+ * off (the thread gets `before`'s hook back). */
+static int interrupt_asked(lua_State *L, const hook_state *before) {
+  hook_state now;
+  hook_get(L, &now);
+  if (now.hook == NULL ||
+      (now.hook == before->hook && now.mask == before->mask &&
+       now.count == before->count))
+    return 0;
+  hook_state *kept = lua_newuserdata(L, sizeof(*kept));
+  *kept = now;
+  lua_pushlightuserdata(L, (void *)&STASHED_HOOK_KEY);
+  lua_insert(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_sethook(now.thread, before->hook, before->mask, before->count);
+  return 1;
+}
+
+/* core.reraise_interrupt() -> true | false: puts back the hook an
+ * interruptible wait took off (its error comes at the next instruction of
+ * the thread it is on); false when none was taken. */
+static int core_reraise_interrupt(lua_State *L) {
+  lua_pushlightuserdata(L, (void *)&STASHED_HOOK_KEY);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  hook_state *kept = lua_touserdata(L, -1);
+  if (kept == NULL) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  hook_state h = *kept;
+  lua_pushlightuserdata(L, (void *)&STASHED_HOOK_KEY);
+  lua_pushnil(L);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_sethook(h.thread, h.hook, h.mask, h.count);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* rlm_driver_wait, and with `interruptible` (arm the SIGINT wake) until the
+ * wait ends for another reason than a SIGINT that asked nothing of Lua.
+ * Returns 1 when a SIGINT asked the state to stop (interrupt_asked). */
+static int driver_wait_for(lua_State *L, rlm_driver *d, int timeout,
+                           int interruptible) {
+  if (!interruptible) {
+    rlm_driver_wait(d, timeout, 0);
+    return 0;
+  }
+  hook_state before;
+  hook_get(L, &before);
+  uint64_t start = uv_hrtime();
+  while (rlm_driver_wait(d, timeout, 1)) {
+    if (interrupt_asked(L, &before))
+      return 1;
+    if (timeout > 0) {
+      uint64_t spent = (uv_hrtime() - start) / 1000000;
+      if (spent >= (uint64_t)timeout)
+        return 0;
+      timeout -= (int)spent;
+      start = uv_hrtime();
+    }
+  }
+  /* A SIGINT just before the wait armed: its hook is there all the same. */
+  return interrupt_asked(L, &before);
+}
+
 /* d:poll(timeout_ms[, max_values[, held]]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
  *   "memory", peak_bytes | "files", files | "overflow" | "dense", values |
@@ -583,13 +691,22 @@ static const char *event_name(rlm_event_kind k) {
  * what the driver holds already is taken: the pipes are not looked at. With
  * `quick`, a lone llm_query line as the driver writes it comes decoded:
  * "query", prompt, id, busy (rlm_quick_query; any other line is a "line"),
- * busy saying what d:timeout() == 0 would: more is held, or a timer due. */
+ * busy saying what d:timeout() == 0 would: more is held, or a timer due.
+ * With `interruptible`, "interrupted" when a SIGINT asked the state to stop
+ * during the wait (interrupt_asked). */
 static int driver_poll(lua_State *L) {
   driver_ud *u = check_driver(L);
   int timeout = (int)luaL_optinteger(L, 2, -1);
   lua_Integer max_values = luaL_optinteger(L, 3, 0);
-  rlm_event *ev = lua_toboolean(L, 4) ? rlm_driver_take(u->d)
-                                      : rlm_driver_poll(u->d, timeout);
+  rlm_event *ev = NULL;
+  if (lua_toboolean(L, 4))
+    ev = rlm_driver_take(u->d);
+  else if (driver_wait_for(L, u->d, timeout, lua_toboolean(L, 6))) {
+    release_context(L, u);
+    lua_pushliteral(L, "interrupted");
+    return 1;
+  } else
+    ev = rlm_driver_take(u->d);
   release_context(L, u);
   if (ev == NULL)
     return 0;
@@ -644,12 +761,17 @@ static int driver_poll(lua_State *L) {
   return n;
 }
 
-/* d:wait(timeout_ms) waits, as poll does, until an event is there or
- * timeout_ms pass (-1: no limit), and leaves it for poll: how run() and
- * step() wait while the driver is all the session watches (rlm.engine). */
+/* d:wait(timeout_ms[, interruptible]) waits, as poll does, until an event
+ * is there or timeout_ms pass (-1: no limit), and leaves it for poll: how
+ * run() and step() wait while the driver is all the session watches
+ * (rlm.engine). "interrupted" as d:poll's. */
 static int driver_wait(lua_State *L) {
   driver_ud *u = check_driver(L);
-  rlm_driver_wait(u->d, (int)luaL_optinteger(L, 2, -1));
+  if (driver_wait_for(L, u->d, (int)luaL_optinteger(L, 2, -1),
+                      lua_toboolean(L, 3))) {
+    lua_pushliteral(L, "interrupted");
+    return 1;
+  }
   return 0;
 }
 
@@ -975,12 +1097,23 @@ static int waitset_change(lua_State *L, int add) {
 static int waitset_add(lua_State *L) { return waitset_change(L, 1); }
 static int waitset_remove(lua_State *L) { return waitset_change(L, 0); }
 
-/* w:wait(timeout_ms) -> true (readable) | false (timeout) | nil, message */
+/* w:wait(timeout_ms[, interruptible]) -> true (readable) | false (timeout,
+ * a signal) | "interrupted" (with `interruptible`: a SIGINT asked the state
+ * to stop, as d:poll's) | nil, message. A signal's handler ends the
+ * epoll_wait itself (EINTR): nothing is armed. */
 static int waitset_wait(lua_State *L) {
   int set = *check_waitset(L);
   lua_Integer ms = luaL_checkinteger(L, 2);
+  int interruptible = lua_toboolean(L, 3);
+  hook_state before;
+  if (interruptible)
+    hook_get(L, &before);
   int n =
       rlm_waitset_wait(set, ms < 0 ? -1 : (int)(ms > INT_MAX ? INT_MAX : ms));
+  if (interruptible && n >= 0 && interrupt_asked(L, &before)) {
+    lua_pushliteral(L, "interrupted");
+    return 1;
+  }
   if (n < 0)
     return fail(L, strerror(errno));
   lua_pushboolean(L, n > 0);
@@ -1047,6 +1180,7 @@ static const luaL_Reg core_functions[] = {
     {"find_program", core_find_program},
     {"fd_headroom", core_fd_headroom},
     {"now_ms", core_now_ms},
+    {"reraise_interrupt", core_reraise_interrupt},
     {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
     {"utf8_prefix", core_utf8_prefix},
@@ -1081,6 +1215,16 @@ __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
   lua_pushcfunction(L, waitset_close);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
+#if LUA_VERSION_NUM < 502
+  /* The thread a SIGINT handler sets its hook on (hook_thread), when this
+   * is it: PUC 5.1 has no other way to it. */
+  if (lua_pushthread(L)) {
+    lua_pushlightuserdata(L, (void *)&MAIN_THREAD_KEY);
+    lua_insert(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+  } else
+    lua_pop(L, 1);
+#endif
   luaL_newlib(L, core_functions);
   lua_pushliteral(L, "rlm.core 0.1");
   lua_setfield(L, -2, "_VERSION");

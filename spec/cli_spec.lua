@@ -372,6 +372,28 @@ describe("bin/rlm", function()
       end)
     end
 
+    -- A real SIGINT (Ctrl-C) while the code sleeps 30 s (spec/helpers/sigint.py).
+    it("20 for cancelled at once on SIGINT, with one line and no traceback", function()
+      srv:script({ { content = F.fence("import time\ntime.sleep(30)\nFINAL('late')") } })
+      local words = { "--base-url", srv.url, "--model", "fake-root", "--api-key-env", "RLM_SPEC_SECRET", "--trace",
+        "--context", context_file, "q" }
+      for i, w in ipairs(words) do
+        words[i] = q(w)
+      end
+      local out = H.sh(("TMPDIR=%s python3 %s/spec/helpers/sigint.py %s %s %s %s"):format(H.tmpdir, root,
+        q("-- root model"), LUA, BIN, table.concat(words, " ")))
+      local r = cjson.decode(out)
+      assert.is_true(r.started, r.stderr)
+      assert.is_true(r.exit_ms < 1000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stderr))
+      assert.are.equal(20, r.status, r.stderr)
+      assert.matches("\nrlm: cancelled: interrupted %(SIGINT%)\n$", r.stderr)
+      assert.is_nil(r.stderr:find("traceback", 1, true), r.stderr)
+      assert.is_nil(r.stderr:find("final answer", 1, true), r.stderr)
+      assert.are.equal("", r.stdout)
+      assert.is_true(r.sandbox > 0)
+      assert.are.same({}, r.left)
+    end)
+
     it("1 for a context file that cannot be read", function()
       local code, out, err = rlm({ "--context", "/nonexistent/file", "q" })
       assert.are.equal(1, code)

@@ -2,6 +2,7 @@
 -- rlm.dispatch that calls each callback at once (a yield passes through to
 -- whoever resumed run()) and, while the session waits, sleeps on its fd()
 -- until timeout(), as cqueues' loop is a Lua loop over step.
+local core = require("rlm.core")
 local dispatch = require("rlm.dispatch")
 local errors = require("rlm.errors")
 local util = require("rlm.util")
@@ -35,6 +36,11 @@ local function drive(s, who, stop)
     if ev then
       s.inline = nil
       dispatch.release(s)
+      if s.interrupted then
+        -- Closed by a SIGINT (rlm.engine's _interrupted): the interpreter's
+        -- "interrupted!" is raised from here, the sandbox gone already.
+        core.reraise_interrupt()
+      end
       return ev
     end
     local ms = s:timeout()
