@@ -224,9 +224,21 @@ local function sandbox_left()
   end
   return false
 end
-local s = H.session({ step_timeout_ms = 60000, root_llm = H.script({ H.fence("import time\ntime.sleep(30)") }),
+-- With "callback", the SIGINT comes while root_llm blocks in C for 1 s.
+local in_callback = arg[1] == "callback"
+local sleepy = H.fence("import time\ntime.sleep(30)")
+local s = H.session({ step_timeout_ms = 60000,
+  root_llm = function()
+    if in_callback then
+      io.stderr:write("caught before: ", tostring(sigint_caught()), "\nstarted\n")
+      local p = io.popen("sleep 1")
+      p:read("*a")
+      p:close()
+    end
+    return sleepy
+  end,
   on_event = function(ev)
-    if ev.type == "root_response" then
+    if ev.type == "root_response" and not in_callback then
       io.stderr:write("caught before: ", tostring(sigint_caught()), "\nstarted\n")
     end
   end })
@@ -243,14 +255,18 @@ local r, err = s:step()
 print("step: " .. tostring(r) .. " " .. tostring(err and err.kind) .. " " .. tostring(err and err.message))
 ]]
 
-  it("ends the wait at once: the session is closed and the interpreter's 'interrupted!' is raised", function()
+  local function interrupted(how)
     local script = os.tmpname()
     local f = assert(io.open(script, "w"))
     f:write(CHILD)
     f:close()
-    local out = H.sh("python3 " .. root .. "/spec/helpers/sigint.py started " .. lua .. " " .. script)
+    local out = H.sh("python3 " .. root .. "/spec/helpers/sigint.py started " .. lua .. " " .. script .. " " .. how)
     os.remove(script)
-    local r = require("cjson").decode(out)
+    return require("cjson").decode(out)
+  end
+
+  it("ends the wait at once: the session is closed and the interpreter's 'interrupted!' is raised", function()
+    local r = interrupted("wait")
     assert.is_true(r.started, r.stderr)
     assert.matches("caught before: true", r.stderr) -- lua.c's handler is there
     assert.is_true(r.exit_ms < 1000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stdout))
@@ -260,6 +276,20 @@ print("step: " .. tostring(r) .. " " .. tostring(err and err.kind) .. " " .. tos
     assert.matches("step: nil cancelled interrupted %(SIGINT%)", r.stdout)
     assert.are.equal(0, r.status, r.stderr)
     assert.is_true(r.sandbox > 0)
+    assert.are.same({}, r.left)
+  end)
+
+  -- PUC Lua: the interpreter's hook is on the main thread, and the callback
+  -- runs in a coroutine, so it returns, and the wait that follows sees the
+  -- hook that came meanwhile. LuaJIT's hook is the state's: the callback
+  -- raises it, and the SIGINT that lua.c's handler left at SIG_DFL says so.
+  it("during a model callback that blocks in C, ends the run once it returns", function()
+    local r = interrupted("callback")
+    assert.is_true(r.started, r.stderr)
+    assert.is_true(r.exit_ms < 2000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stdout))
+    assert.matches("raised: true [^\n]*interrupted!\n", r.stdout)
+    assert.matches("step: nil cancelled interrupted %(SIGINT%)", r.stdout)
+    assert.matches("sandbox gone: true", r.stdout)
     assert.are.same({}, r.left)
   end)
 end)

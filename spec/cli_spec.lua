@@ -402,26 +402,36 @@ describe("bin/rlm", function()
       end)
     end
 
-    -- A real SIGINT (Ctrl-C) while the code sleeps 30 s (spec/helpers/sigint.py).
-    it("20 for cancelled at once on SIGINT, with one line and no traceback", function()
-      srv:script({ { content = F.fence("import time\ntime.sleep(30)\nFINAL('late')") } })
+    -- A real SIGINT (Ctrl-C) while the code sleeps 30 s, or while the root
+    -- model's HTTP reply is 1.5 s away (spec/helpers/sigint.py).
+    local function interrupted(reply, marker)
+      srv:script({ reply })
       local words = { "--base-url", srv.url, "--model", "fake-root", "--api-key-env", "RLM_SPEC_SECRET", "--trace",
         "--context", context_file, "q" }
       for i, w in ipairs(words) do
         words[i] = q(w)
       end
-      local out = H.sh(("TMPDIR=%s python3 %s/spec/helpers/sigint.py %s %s %s %s"):format(H.tmpdir, root,
-        q("-- root model"), LUA, BIN, table.concat(words, " ")))
-      local r = cjson.decode(out)
+      local r = cjson.decode(H.sh(("TMPDIR=%s python3 %s/spec/helpers/sigint.py %s %s %s %s"):format(H.tmpdir, root,
+        q(marker), LUA, BIN, table.concat(words, " "))))
       assert.is_true(r.started, r.stderr)
-      assert.is_true(r.exit_ms < 1000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stderr))
       assert.are.equal(20, r.status, r.stderr)
       assert.matches("\nrlm: cancelled: interrupted %(SIGINT%)\n$", r.stderr)
       assert.is_nil(r.stderr:find("traceback", 1, true), r.stderr)
       assert.is_nil(r.stderr:find("final answer", 1, true), r.stderr)
       assert.are.equal("", r.stdout)
-      assert.is_true(r.sandbox > 0)
       assert.are.same({}, r.left)
+      return r
+    end
+
+    it("20 for cancelled at once on SIGINT, with one line and no traceback", function()
+      local r = interrupted({ content = F.fence("import time\ntime.sleep(30)\nFINAL('late')") }, "-- root model")
+      assert.is_true(r.exit_ms < 1000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stderr))
+      assert.is_true(r.sandbox > 0)
+    end)
+
+    it("20 on SIGINT during the root model's call, once it returns", function()
+      local r = interrupted({ content = F.fence("FINAL('late')"), delay_ms = 1500 }, "== step 1")
+      assert.is_true(r.exit_ms < 2500, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stderr))
     end)
 
     it("1 for a context file that cannot be read", function()

@@ -83,7 +83,7 @@ function M:_idle(quick)
     if ms ~= 0 then
       local d = self:_driver_alone()
       if d then
-        local kind, a, b, c = d:poll(ms, self.max_values, false, quick, true)
+        local kind, a, b, c = d:poll(ms, self.max_values, false, quick, self.hook_token)
         self.pumped_at = core.now_ms()
         if kind ~= "interrupted" then
           return kind, a, b, c
@@ -104,7 +104,7 @@ end
 -- The session ends as cancelled, its sandbox goes now, and rlm.blocking
 -- gives the interpreter its interrupt back as run() or step() returns.
 function M:_interrupted()
-  self.interrupted = true
+  self.sigint = true -- for rlm.blocking, which raises it
   self:_fail(errors.new("cancelled", "interrupted (SIGINT) before the run ended"))
   self:close()
 end
@@ -254,16 +254,17 @@ function M:_waitset()
 end
 
 -- Waits, on the calling thread (rlm.blocking), until the session has work,
--- ms pass (-1: no limit) or a SIGINT asks to stop (M:_interrupted). While its driver is all it watches (no probe,
--- no nested session), in the driver's own loop, which reads the line as it
--- wakes: one system call, not the set's and then the loop's.
+-- ms pass (-1: no limit) or a SIGINT asks to stop (M:_interrupted). While
+-- its driver is all it watches (no probe, no nested session), in the
+-- driver's own loop, which reads the line as it wakes: one system call, not
+-- the set's and then the loop's.
 function M:_block(ms)
   local d = self:_driver_alone()
   local woke
   if d then
-    woke = d:wait(ms, true)
+    woke = d:wait(ms, self.hook_token)
   else
-    woke = self:_waitset():wait(ms, true)
+    woke = self:_waitset():wait(ms, self.hook_token)
   end
   if woke == "interrupted" then
     self:_interrupted()
