@@ -6,6 +6,7 @@
 #include "compat.h"
 #include "driver.h"
 #include "framing.h"
+#include "interrupt.h"
 #include "plan.h"
 #include "sandbox.h"
 #include "seccomp.h"
@@ -581,7 +582,9 @@ static const char *event_name(rlm_event_kind k) {
  * an interruptible wait (d:wait, d:poll and w:wait given that token) compares
  * the hook before and after it with the token's: a hook that appeared since
  * is that request, whether it came during the wait or before it (during a
- * model callback, in a coroutine the main thread's hook does not reach). It
+ * model callback, in a coroutine the main thread's hook does not reach).
+ * The token also arms the handler that wakes the waits (csrc/interrupt.h)
+ * for the run, and core.hook_release(token) disarms it as the run ends. It
  * is then taken off and kept in the registry, the wait returns
  * "interrupted", and rlm.blocking closes the session before
  * core.reraise_interrupt() puts the hook back, so that the interpreter's
@@ -593,7 +596,10 @@ typedef struct hook_state {
   lua_State *thread;
   lua_Hook hook;
   int mask, count;
-  int sigint_handled; /* SIGINT ran a handler (the token's only) */
+  /* The token's only: */
+  int sigint_handled; /* SIGINT ran a handler */
+  int armed;          /* this token armed csrc/interrupt.h's handler */
+  unsigned seen;      /* rlm_interrupt_count() then */
 } hook_state;
 
 #define HOOK_MT "rlm.core.HookState"
@@ -642,7 +648,10 @@ static int interrupt_asked(lua_State *L, const hook_state *before) {
   if (now.hook == NULL ||
       (now.hook == before->hook && now.mask == before->mask &&
        now.count == before->count))
-    return before->sigint_handled && sigint_default() ? 2 : 0;
+    return before->sigint_handled && rlm_interrupt_count() != before->seen &&
+                   sigint_default()
+               ? 2
+               : 0;
   hook_state *kept = lua_newuserdata(L, sizeof(*kept));
   *kept = now;
   lua_pushlightuserdata(L, (void *)&STASHED_HOOK_KEY);
@@ -652,16 +661,31 @@ static int interrupt_asked(lua_State *L, const hook_state *before) {
   return 1;
 }
 
-/* core.hook_state() -> token: the main thread's hook now, for the waits. */
+/* core.hook_state() -> token: the main thread's hook now, for the waits,
+ * with csrc/interrupt.h's handler armed (if SIGINT runs a handler) until
+ * core.hook_release(token) or the token's collection. */
 static int core_hook_state(lua_State *L) {
   hook_state *h = lua_newuserdata(L, sizeof(*h));
   hook_get(L, h);
   struct sigaction cur;
   h->sigint_handled = sigaction(SIGINT, NULL, &cur) == 0 &&
                       cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN;
+  h->armed = 0;
+  h->seen = rlm_interrupt_count();
   luaL_getmetatable(L, HOOK_MT);
   lua_setmetatable(L, -2);
+  h->armed = h->sigint_handled && rlm_interrupt_arm();
   return 1;
+}
+
+/* core.hook_release(token): disarms what the token armed; also its __gc. */
+static int core_hook_release(lua_State *L) {
+  hook_state *h = luaL_checkudata(L, 1, HOOK_MT);
+  if (h->armed) {
+    h->armed = 0;
+    rlm_interrupt_disarm();
+  }
+  return 0;
 }
 
 /* core.interrupted(token) -> true | false: whether a SIGINT asked the state
@@ -698,20 +722,22 @@ static int core_reraise_interrupt(lua_State *L) {
   return 1;
 }
 
-/* rlm_driver_wait, and with a token (`before`: arm the SIGINT wake) until
+/* rlm_driver_wait, and with a token (`before`: a SIGINT wakes it) until
  * the wait ends for another reason than a SIGINT that asked nothing of Lua.
  * Returns 1, without waiting or after, when a SIGINT asked the state to
  * stop since the token was taken (interrupt_asked). */
 static int driver_wait_for(lua_State *L, rlm_driver *d, int timeout,
                            const hook_state *before) {
   if (before == NULL) {
-    rlm_driver_wait(d, timeout, 0);
+    rlm_driver_wait(d, timeout, 0, 0);
     return 0;
   }
+  unsigned seen = rlm_interrupt_count();
   if (interrupt_asked(L, before))
     return 1;
   uint64_t start = uv_hrtime();
-  while (rlm_driver_wait(d, timeout, 1)) {
+  while (rlm_driver_wait(d, timeout, 1, seen)) {
+    seen = rlm_interrupt_count();
     if (interrupt_asked(L, before))
       return 1;
     if (timeout > 0) {
@@ -722,7 +748,7 @@ static int driver_wait_for(lua_State *L, rlm_driver *d, int timeout,
       start = uv_hrtime();
     }
   }
-  /* A SIGINT just before the wait armed: its hook is there all the same. */
+  /* A SIGINT that came with the event: its hook is there all the same. */
   return interrupt_asked(L, before);
 }
 
@@ -1227,6 +1253,7 @@ static const luaL_Reg core_functions[] = {
     {"now_ms", core_now_ms},
     {"hook_state", core_hook_state},
     {"interrupted", core_interrupted},
+    {"hook_release", core_hook_release},
     {"reraise_interrupt", core_reraise_interrupt},
     {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
@@ -1257,6 +1284,8 @@ __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   luaL_newmetatable(L, HOOK_MT);
+  lua_pushcfunction(L, core_hook_release);
+  lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
   luaL_newmetatable(L, WAITSET_MT);
   luaL_newlib(L, waitset_methods);

@@ -329,7 +329,7 @@ static void on_wait(uv_timer_t *t) {
   uv_stop(&d->loop);
 }
 
-/* SIGINT came while rlm_driver_wait was armed (csrc/interrupt.h). */
+/* SIGINT came while rlm_driver_wait's handle was set (csrc/interrupt.h). */
 static void on_sigint_wake(uv_async_t *a) {
   rlm_driver *d = a->data;
   d->interrupted = 1;
@@ -795,7 +795,8 @@ static int read_ahead(rlm_driver *d) {
   return 0;
 }
 
-int rlm_driver_wait(rlm_driver *d, int timeout_ms, int interruptible) {
+int rlm_driver_wait(rlm_driver *d, int timeout_ms, int interruptible,
+                    unsigned seen) {
   if (has_event(d))
     return 0;
   if (timeout_ms != 0 && read_ahead(d))
@@ -806,17 +807,23 @@ int rlm_driver_wait(rlm_driver *d, int timeout_ms, int interruptible) {
   }
   d->wait_expired = 0;
   d->interrupted = 0;
+  if (interruptible) {
+    rlm_interrupt_wake(&d->sigint);
+    if (rlm_interrupt_count() != seen) { /* one came before the handle */
+      rlm_interrupt_wake(NULL);
+      return 1;
+    }
+  }
   if (timeout_ms > 0) {
     /* From now, not from when the loop last ran (its cached clock). */
     uv_update_time(&d->loop);
     uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
   }
-  int armed = interruptible && rlm_interrupt_arm(&d->sigint);
   while (!has_event(d) && !d->wait_expired && !d->interrupted &&
          uv_loop_alive(&d->loop))
     run_loop(d, UV_RUN_ONCE);
-  if (armed)
-    rlm_interrupt_disarm();
+  if (interruptible)
+    rlm_interrupt_wake(NULL);
   uv_timer_stop(&d->wait);
   return d->interrupted;
 }
@@ -824,7 +831,7 @@ int rlm_driver_wait(rlm_driver *d, int timeout_ms, int interruptible) {
 rlm_event *rlm_driver_take(rlm_driver *d) { return pop_event(d); }
 
 rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
-  rlm_driver_wait(d, timeout_ms, 0);
+  rlm_driver_wait(d, timeout_ms, 0, 0);
   return pop_event(d);
 }
 

@@ -30,7 +30,9 @@ local function drive(s, who, stop)
   dispatch.claim(s, who)
   s.inline = answer_inline
   -- The hook as the run starts: one set later is an interrupt's (Ctrl-C),
-  -- which the session's waits end for (rlm.engine's _interrupted).
+  -- which the session's waits end for (rlm.engine's _interrupted). It arms
+  -- rlm.core's SIGINT handler until the run ends (or the token is
+  -- collected: a run that yielded and was never resumed).
   s.hook_token = core.hook_state()
   -- No pcall here: callbacks may yield through run() on PUC Lua 5.1 too.
   -- Nothing in the loop raises (poll() and util.invoke catch).
@@ -40,6 +42,7 @@ local function drive(s, who, stop)
       local token = s.hook_token
       s.inline, s.hook_token = nil, nil
       dispatch.release(s)
+      core.hook_release(token)
       if not s.sigint and core.interrupted(token) then
         s:_interrupted() -- after a callback that took the interrupt as its error (LuaJIT)
       end
