@@ -6,6 +6,7 @@
 #include "compat.h"
 #include "driver.h"
 #include "framing.h"
+#include "interrupt.h"
 #include "plan.h"
 #include "sandbox.h"
 #include "seccomp.h"
@@ -612,6 +613,183 @@ static const char *event_name(rlm_event_kind k) {
   return "unknown";
 }
 
+/* SIGINT under run() and step(). The standalone interpreters' handler asks
+ * the Lua state to stop by setting a hook on its main thread (lua.c's and
+ * luajit.c's raise "interrupted!" from it at the next instruction). run()
+ * and step() take the hook as they start (core.hook_state(), a token), and
+ * an interruptible wait (d:wait, d:poll and w:wait given that token) compares
+ * the hook before and after it with the token's: a hook that appeared since
+ * is that request, whether it came during the wait or before it (during a
+ * model callback, in a coroutine the main thread's hook does not reach).
+ * The token also arms the handler that wakes the waits (csrc/interrupt.h)
+ * for the run, and core.hook_release(token) disarms it as the run ends. It
+ * is then taken off and kept in the registry, the wait returns
+ * "interrupted", and rlm.blocking closes the session before
+ * core.reraise_interrupt() puts the hook back, so that the interpreter's
+ * own error is raised out of run() with the sandbox gone, not at whatever
+ * instruction (inside the engine's coroutine, or before the close) came
+ * first. A handler that sets no hook (the host's own) leaves the wait to go
+ * on. */
+typedef struct hook_state {
+  lua_State *thread;
+  lua_Hook hook;
+  int mask, count;
+  /* The token's only: */
+  int sigint_handled; /* SIGINT ran a handler */
+  int armed;          /* this token armed csrc/interrupt.h's handler */
+  unsigned seen;      /* rlm_interrupt_count() then */
+} hook_state;
+
+#define HOOK_MT "rlm.core.HookState"
+
+static const char MAIN_THREAD_KEY = 0;  /* PUC 5.1: the main thread */
+static const char STASHED_HOOK_KEY = 0; /* the hook taken off, a hook_state */
+
+/* The thread whose hook a SIGINT handler sets: the main thread (LuaJIT's
+ * hook is the state's, whichever thread asks). */
+static lua_State *hook_thread(lua_State *L) {
+#if LUA_VERSION_NUM >= 502
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+#else
+  lua_pushlightuserdata(L, (void *)&MAIN_THREAD_KEY);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+#endif
+  lua_State *main = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  return main != NULL ? main : L;
+}
+
+static void hook_get(lua_State *L, hook_state *h) {
+  h->thread = hook_thread(L);
+  h->hook = lua_gethook(h->thread);
+  h->mask = lua_gethookmask(h->thread);
+  h->count = lua_gethookcount(h->thread);
+  h->sigint_handled = 0;
+}
+
+/* Whether SIGINT is at SIG_DFL now (sigaction failing: it is not known to
+ * be, 0). */
+static int sigint_default(void) {
+  struct sigaction cur;
+  return sigaction(SIGINT, NULL, &cur) == 0 && cur.sa_handler == SIG_DFL;
+}
+
+/* Around an interruptible wait: 1 when a hook appeared on the main thread
+ * since `before` (the handler's request), which is then stashed and taken
+ * off (the thread gets `before`'s hook back); 2 when there is no such hook
+ * but SIGINT went from a handler to SIG_DFL since, as the interpreters'
+ * handler leaves it: its hook has been and gone already (LuaJIT's hook is
+ * the state's, and a model callback that was running raised it). */
+static int interrupt_asked(lua_State *L, const hook_state *before) {
+  hook_state now;
+  hook_get(L, &now);
+  if (now.hook == NULL ||
+      (now.hook == before->hook && now.mask == before->mask &&
+       now.count == before->count))
+    return before->sigint_handled && rlm_interrupt_count() != before->seen &&
+                   sigint_default()
+               ? 2
+               : 0;
+  hook_state *kept = lua_newuserdata(L, sizeof(*kept));
+  *kept = now;
+  lua_pushlightuserdata(L, (void *)&STASHED_HOOK_KEY);
+  lua_insert(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_sethook(now.thread, before->hook, before->mask, before->count);
+  return 1;
+}
+
+/* core.hook_state() -> token: the main thread's hook now, for the waits,
+ * with csrc/interrupt.h's handler armed (if SIGINT runs a handler) until
+ * core.hook_release(token) or the token's collection. */
+static int core_hook_state(lua_State *L) {
+  hook_state *h = lua_newuserdata(L, sizeof(*h));
+  hook_get(L, h);
+  struct sigaction cur;
+  h->sigint_handled = sigaction(SIGINT, NULL, &cur) == 0 &&
+                      cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN;
+  h->armed = 0;
+  h->seen = rlm_interrupt_count();
+  luaL_getmetatable(L, HOOK_MT);
+  lua_setmetatable(L, -2);
+  h->armed = h->sigint_handled && rlm_interrupt_arm();
+  return 1;
+}
+
+/* core.hook_release(token): disarms what the token armed; also its __gc. */
+static int core_hook_release(lua_State *L) {
+  hook_state *h = luaL_checkudata(L, 1, HOOK_MT);
+  if (h->armed) {
+    h->armed = 0;
+    rlm_interrupt_disarm();
+  }
+  return 0;
+}
+
+/* core.interrupted(token) -> true | false: whether a SIGINT asked the state
+ * to stop since the token was taken (the hook, if there, is stashed as a
+ * wait's is). */
+static int core_interrupted(lua_State *L) {
+  const hook_state *before = luaL_checkudata(L, 1, HOOK_MT);
+  lua_pushboolean(L, interrupt_asked(L, before) != 0);
+  return 1;
+}
+
+/* The token of core.hook_state() at index i, or NULL: not interruptible. */
+static const hook_state *opt_hook_token(lua_State *L, int i) {
+  return luaL_testudata(L, i, HOOK_MT);
+}
+
+/* core.reraise_interrupt() -> true | false: puts back the hook an
+ * interruptible wait took off (its error comes at the next instruction of
+ * the thread it is on); false when none was taken. */
+static int core_reraise_interrupt(lua_State *L) {
+  lua_pushlightuserdata(L, (void *)&STASHED_HOOK_KEY);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  hook_state *kept = lua_touserdata(L, -1);
+  if (kept == NULL) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  hook_state h = *kept;
+  lua_pushlightuserdata(L, (void *)&STASHED_HOOK_KEY);
+  lua_pushnil(L);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_sethook(h.thread, h.hook, h.mask, h.count);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* rlm_driver_wait, and with a token (`before`: a SIGINT wakes it) until
+ * the wait ends for another reason than a SIGINT that asked nothing of Lua.
+ * Returns 1, without waiting or after, when a SIGINT asked the state to
+ * stop since the token was taken (interrupt_asked). */
+static int driver_wait_for(lua_State *L, rlm_driver *d, int timeout,
+                           const hook_state *before) {
+  if (before == NULL) {
+    rlm_driver_wait(d, timeout, 0, 0);
+    return 0;
+  }
+  unsigned seen = rlm_interrupt_count();
+  if (interrupt_asked(L, before))
+    return 1;
+  uint64_t start = uv_hrtime();
+  while (rlm_driver_wait(d, timeout, 1, seen)) {
+    seen = rlm_interrupt_count();
+    if (interrupt_asked(L, before))
+      return 1;
+    if (timeout > 0) {
+      uint64_t spent = (uv_hrtime() - start) / 1000000;
+      if (spent >= (uint64_t)timeout)
+        return 0;
+      timeout -= (int)spent;
+      start = uv_hrtime();
+    }
+  }
+  /* A SIGINT that came with the event: its hook is there all the same. */
+  return interrupt_asked(L, before);
+}
+
 /* d:poll(timeout_ms[, max_values[, held]]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
  *   "memory", peak_bytes | "files", files | "overflow" | "dense", values |
@@ -621,13 +799,22 @@ static const char *event_name(rlm_event_kind k) {
  * what the driver holds already is taken: the pipes are not looked at. With
  * `quick`, a lone llm_query line as the driver writes it comes decoded:
  * "query", prompt, id, busy (rlm_quick_query; any other line is a "line"),
- * busy saying what d:timeout() == 0 would: more is held, or a timer due. */
+ * busy saying what d:timeout() == 0 would: more is held, or a timer due.
+ * With a token of core.hook_state() as `interruptible`, "interrupted" when
+ * a SIGINT asked the state to stop since it was taken (interrupt_asked). */
 static int driver_poll(lua_State *L) {
   driver_ud *u = check_driver(L);
   int timeout = (int)luaL_optinteger(L, 2, -1);
   lua_Integer max_values = luaL_optinteger(L, 3, 0);
-  rlm_event *ev = lua_toboolean(L, 4) ? rlm_driver_take(u->d)
-                                      : rlm_driver_poll(u->d, timeout);
+  rlm_event *ev = NULL;
+  if (lua_toboolean(L, 4))
+    ev = rlm_driver_take(u->d);
+  else if (driver_wait_for(L, u->d, timeout, opt_hook_token(L, 6))) {
+    release_context(L, u);
+    lua_pushliteral(L, "interrupted");
+    return 1;
+  } else
+    ev = rlm_driver_take(u->d);
   release_context(L, u);
   if (ev == NULL)
     return 0;
@@ -682,12 +869,17 @@ static int driver_poll(lua_State *L) {
   return n;
 }
 
-/* d:wait(timeout_ms) waits, as poll does, until an event is there or
- * timeout_ms pass (-1: no limit), and leaves it for poll: how run() and
- * step() wait while the driver is all the session watches (rlm.engine). */
+/* d:wait(timeout_ms[, token]) waits, as poll does, until an event
+ * is there or timeout_ms pass (-1: no limit), and leaves it for poll: how
+ * run() and step() wait while the driver is all the session watches
+ * (rlm.engine). "interrupted" as d:poll's. */
 static int driver_wait(lua_State *L) {
   driver_ud *u = check_driver(L);
-  rlm_driver_wait(u->d, (int)luaL_optinteger(L, 2, -1));
+  if (driver_wait_for(L, u->d, (int)luaL_optinteger(L, 2, -1),
+                      opt_hook_token(L, 3))) {
+    lua_pushliteral(L, "interrupted");
+    return 1;
+  }
   return 0;
 }
 
@@ -1013,12 +1205,24 @@ static int waitset_change(lua_State *L, int add) {
 static int waitset_add(lua_State *L) { return waitset_change(L, 1); }
 static int waitset_remove(lua_State *L) { return waitset_change(L, 0); }
 
-/* w:wait(timeout_ms) -> true (readable) | false (timeout) | nil, message */
+/* w:wait(timeout_ms[, token]) -> true (readable) | false (timeout, a
+ * signal) | "interrupted" (with a token of core.hook_state(): a SIGINT asked
+ * the state to stop, as d:poll's) | nil, message. A signal's handler ends the
+ * epoll_wait itself (EINTR): nothing is armed. */
 static int waitset_wait(lua_State *L) {
   int set = *check_waitset(L);
   lua_Integer ms = luaL_checkinteger(L, 2);
+  const hook_state *before = opt_hook_token(L, 3);
+  if (before != NULL && interrupt_asked(L, before)) {
+    lua_pushliteral(L, "interrupted");
+    return 1;
+  }
   int n =
       rlm_waitset_wait(set, ms < 0 ? -1 : (int)(ms > INT_MAX ? INT_MAX : ms));
+  if (before != NULL && n >= 0 && interrupt_asked(L, before)) {
+    lua_pushliteral(L, "interrupted");
+    return 1;
+  }
   if (n < 0)
     return fail(L, strerror(errno));
   lua_pushboolean(L, n > 0);
@@ -1086,6 +1290,10 @@ static const luaL_Reg core_functions[] = {
     {"fd_headroom", core_fd_headroom},
     {"fd_free", core_fd_free},
     {"now_ms", core_now_ms},
+    {"hook_state", core_hook_state},
+    {"interrupted", core_interrupted},
+    {"hook_release", core_hook_release},
+    {"reraise_interrupt", core_reraise_interrupt},
     {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
     {"utf8_prefix", core_utf8_prefix},
@@ -1115,12 +1323,26 @@ __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
   lua_pushcfunction(L, blob_gc);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
+  luaL_newmetatable(L, HOOK_MT);
+  lua_pushcfunction(L, core_hook_release);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
   luaL_newmetatable(L, WAITSET_MT);
   luaL_newlib(L, waitset_methods);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, waitset_close);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
+#if LUA_VERSION_NUM < 502
+  /* The thread a SIGINT handler sets its hook on (hook_thread), when this
+   * is it: PUC 5.1 has no other way to it. */
+  if (lua_pushthread(L)) {
+    lua_pushlightuserdata(L, (void *)&MAIN_THREAD_KEY);
+    lua_insert(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+  } else
+    lua_pop(L, 1);
+#endif
   luaL_newlib(L, core_functions);
   lua_pushliteral(L, "rlm.core 0.1");
   lua_setfield(L, -2, "_VERSION");

@@ -329,6 +329,13 @@ static void on_wait(uv_timer_t *t) {
   uv_stop(&d->loop);
 }
 
+/* SIGINT came while rlm_driver_wait's handle was set (csrc/interrupt.h). */
+static void on_sigint_wake(uv_async_t *a) {
+  rlm_driver *d = a->data;
+  d->interrupted = 1;
+  uv_stop(&d->loop);
+}
+
 static void init_timer(rlm_driver *d, uv_timer_t *t) {
   uv_timer_init(&d->loop, t); /* cannot fail on an initialised loop */
   t->data = d;
@@ -379,6 +386,7 @@ static void close_loop(rlm_driver *d) {
   close_handle(d, &d->grace);
   close_handle(d, &d->launcher_grace);
   close_handle(d, &d->started);
+  close_handle(d, &d->sigint);
   while (d->handles > 0)
     run_loop(d, UV_RUN_ONCE);
   /* Every handle is closed, so this cannot report EBUSY. */
@@ -571,6 +579,13 @@ static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
   }
   d->started.data = d;
   d->handles++;
+  if ((rc = uv_async_init(&d->loop, &d->sigint, on_sigint_wake)) != 0) {
+    snprintf(err, errlen, "uv_async_init: %s", uv_strerror(rc));
+    goto failed;
+  }
+  d->sigint.data = d;
+  d->handles++;
+  uv_unref((uv_handle_t *)&d->sigint); /* keeps no loop alive */
 
   /* The pipes and the handed descriptors, here: the host writes to the
    * driver's stdin at once, and the child's ends wait for the keeper. */
@@ -780,30 +795,43 @@ static int read_ahead(rlm_driver *d) {
   return 0;
 }
 
-void rlm_driver_wait(rlm_driver *d, int timeout_ms) {
+int rlm_driver_wait(rlm_driver *d, int timeout_ms, int interruptible,
+                    unsigned seen) {
   if (has_event(d))
-    return;
+    return 0;
   if (timeout_ms != 0 && read_ahead(d))
-    return;
+    return 0;
   if (timeout_ms == 0) {
     run_loop(d, UV_RUN_NOWAIT);
-    return;
+    return 0;
   }
   d->wait_expired = 0;
+  d->interrupted = 0;
+  if (interruptible) {
+    rlm_interrupt_wake(&d->sigint);
+    if (rlm_interrupt_count() != seen) { /* one came before the handle */
+      rlm_interrupt_wake(NULL);
+      return 1;
+    }
+  }
   if (timeout_ms > 0) {
     /* From now, not from when the loop last ran (its cached clock). */
     uv_update_time(&d->loop);
     uv_timer_start(&d->wait, on_wait, (uint64_t)timeout_ms, 0);
   }
-  while (!has_event(d) && !d->wait_expired && uv_loop_alive(&d->loop))
+  while (!has_event(d) && !d->wait_expired && !d->interrupted &&
+         uv_loop_alive(&d->loop))
     run_loop(d, UV_RUN_ONCE);
+  if (interruptible)
+    rlm_interrupt_wake(NULL);
   uv_timer_stop(&d->wait);
+  return d->interrupted;
 }
 
 rlm_event *rlm_driver_take(rlm_driver *d) { return pop_event(d); }
 
 rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
-  rlm_driver_wait(d, timeout_ms);
+  rlm_driver_wait(d, timeout_ms, 0, 0);
   return pop_event(d);
 }
 

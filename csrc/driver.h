@@ -122,8 +122,12 @@ RLM_FN int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n);
 RLM_FN rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
 
 /* Runs the driver's loop until it has an event for rlm_driver_poll, or
- * timeout_ms pass (-1: no limit; 0: one look), without taking the event. */
-RLM_FN void rlm_driver_wait(rlm_driver *d, int timeout_ms);
+ * timeout_ms pass (-1: no limit; 0: one look), without taking the event.
+ * With `interruptible`, a SIGINT that the armed handler sees ends the wait
+ * too (csrc/interrupt.h), and so does one it saw since rlm_interrupt_count()
+ * was `seen`: returns 1 then, else 0. */
+RLM_FN int rlm_driver_wait(rlm_driver *d, int timeout_ms, int interruptible,
+                           unsigned seen);
 
 /* The event the driver holds already (a line read, a terminal event), or
  * NULL: rlm_driver_poll without looking at the pipes. */

@@ -10,6 +10,7 @@
 
 #include "cgroup.h"
 #include "framing.h"
+#include "interrupt.h"
 #include "uid.h"
 #include "watchdog.h"
 #include "workdir.h"
@@ -74,7 +75,8 @@ struct rlm_driver {
 
   unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, err_eof : 1,
       reading : 1, in_closed : 1, terminal_queued : 1, exit_queued : 1,
-      wait_expired : 1, deadline_hit : 1, paused : 1, grace_due : 1;
+      wait_expired : 1, deadline_hit : 1, paused : 1, grace_due : 1,
+      interrupted : 1;
   int64_t exit_status;
   int term_signal;
 
@@ -103,6 +105,7 @@ struct rlm_driver {
   atomic_int ctx_done;    /* the keeper is done with the caller's context */
   atomic_int start_state; /* START_ values */
   uv_async_t started;     /* the keeper's word that the start is over */
+  uv_async_t sigint;      /* SIGINT came during a wait (csrc/interrupt.h) */
   unsigned start_seen : 1, start_failed : 1, kill_pending : 1;
   char start_err[512];
 

@@ -9,6 +9,7 @@
 #include "driver.c" /* with keeper.c, spawn.c, inspect.c: driver_impl.h */
 #include "framing.c"
 #include "inspect.c"
+#include "interrupt.c"
 #include "keeper.c"
 #include "plan.c"
 #include "sandbox.c"

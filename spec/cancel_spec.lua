@@ -192,3 +192,104 @@ print("uv.run returned normally")
     assert.is_nil(out:find("rc=0", 1, true))
   end)
 end)
+
+-- Ctrl-C under run() in the standalone interpreter (docs/api.md, "SIGINT"):
+-- a real interpreter of its own, SIGINT while the REPL's code sleeps.
+describe("SIGINT under run()", function()
+  after_each(H.assert_clean)
+
+  local lua = os.getenv("RLM_SPEC_LUA") or (rawget(_G, "jit") and "luajit" or ("lua" .. _VERSION:match("%d+%.%d+")))
+  local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
+
+  -- The child: a session whose code sleeps 30 s. It says "started" on
+  -- stderr once the code runs, catches what run() raises, and reports:
+  -- the error, whether SIGINT still has a handler (lua.c's resets it to
+  -- SIG_DFL, which must stay), how long its sandbox took to go once run()
+  -- had raised (before any close()), and what step() gives then.
+  local CHILD = [[
+local H = require("helpers")
+local function sigint_caught()
+  local f = assert(io.open("/proc/self/status"))
+  local mask = f:read("*a"):match("SigCgt:%s*(%x+)")
+  f:close()
+  return tonumber(mask:sub(-1), 16) % 4 >= 2 -- bit 1: SIGINT (2)
+end
+local function sandbox_left()
+  local out = H.sh("for t in /proc/" .. H.pid() .. "/task/*; do cat $t/children; done; echo")
+  for pid in out:gmatch("%d+") do
+    local stat = H.sh("cat /proc/" .. pid .. "/stat 2>/dev/null")
+    if stat ~= "" and not stat:match("%) Z ") and not stat:match("%(sh%)") and not stat:match("%(cat%)") then
+      return true
+    end
+  end
+  return false
+end
+-- With "callback", the SIGINT comes while root_llm blocks in C for 1 s.
+local in_callback = arg[1] == "callback"
+local sleepy = H.fence("import time\ntime.sleep(30)")
+local s = H.session({ step_timeout_ms = 60000,
+  root_llm = function()
+    if in_callback then
+      io.stderr:write("caught before: ", tostring(sigint_caught()), "\nstarted\n")
+      local p = io.popen("sleep 1")
+      p:read("*a")
+      p:close()
+    end
+    return sleepy
+  end,
+  on_event = function(ev)
+    if ev.type == "root_response" and not in_callback then
+      io.stderr:write("caught before: ", tostring(sigint_caught()), "\nstarted\n")
+    end
+  end })
+local ok, e = pcall(s.run, s)
+print("raised: " .. tostring(not ok) .. " " .. tostring(e))
+print("sigint caught after: " .. tostring(sigint_caught()))
+local core = require("rlm.core")
+local t0 = core.now_ms()
+while sandbox_left() and core.now_ms() - t0 < 500 do
+  core.waitset():wait(10)
+end
+print("sandbox gone: " .. tostring(not sandbox_left()))
+local r, err = s:step()
+print("step: " .. tostring(r) .. " " .. tostring(err and err.kind) .. " " .. tostring(err and err.message))
+]]
+
+  local function interrupted(how)
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write(CHILD)
+    f:close()
+    local out = H.sh("python3 " .. root .. "/spec/helpers/sigint.py started " .. lua .. " " .. script .. " " .. how)
+    os.remove(script)
+    return require("cjson").decode(out)
+  end
+
+  it("ends the wait at once: the session is closed and the interpreter's 'interrupted!' is raised", function()
+    local r = interrupted("wait")
+    assert.is_true(r.started, r.stderr)
+    assert.matches("caught before: true", r.stderr) -- lua.c's handler is there
+    assert.is_true(r.exit_ms < 1000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stdout))
+    assert.matches("raised: true [^\n]*interrupted!\n", r.stdout)
+    assert.matches("sigint caught after: false", r.stdout) -- lua.c's SIG_DFL, not our handler back
+    assert.matches("sandbox gone: true", r.stdout)
+    assert.matches("step: nil cancelled interrupted %(SIGINT%)", r.stdout)
+    assert.are.equal(0, r.status, r.stderr)
+    assert.is_true(r.sandbox > 0)
+    assert.are.same({}, r.left)
+  end)
+
+  -- PUC Lua: the interpreter's hook is on the main thread, and the callback
+  -- runs in a coroutine, so it returns, and the wait that follows sees the
+  -- hook that came meanwhile. LuaJIT's hook is the state's: the callback
+  -- raises it, and the SIGINT that lua.c's handler left at SIG_DFL says so.
+  it("during a model callback that blocks in C, ends the run once it returns", function()
+    local r = interrupted("callback")
+    assert.is_true(r.started, r.stderr)
+    assert.is_true(r.exit_ms < 2000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stdout))
+    assert.matches("raised: true [^\n]*interrupted!\n", r.stdout)
+    assert.matches("step: nil cancelled interrupted %(SIGINT%)", r.stdout)
+    assert.matches("sandbox gone: true", r.stdout)
+    assert.are.same({}, r.left)
+  end)
+end)

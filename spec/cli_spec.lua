@@ -118,7 +118,7 @@ describe("bin/rlm", function()
       assert.matches("Usage: rlm %[options%] %-%-context FILE", out)
       for _, flag in ipairs({ "--context", "--base-url", "--model", "--sub-model", "--api-key-env", "--max-iterations",
         "--step-timeout-ms", "--max-sub-calls", "--max-cost-usd", "--max-depth", "--max-wall-ms", "--trace",
-        "--log", "rlm view",
+        "--log", "--verbatim", "rlm view",
         "RLM_BASE_URL", "RLM_MODEL", "RLM_SUB_MODEL", "RLM_API_KEY_ENV", "OPENAI_API_KEY" }) do
         assert.is_truthy(out:find(flag, 1, true), flag .. " is not in --help")
       end
@@ -326,6 +326,36 @@ describe("bin/rlm", function()
       assert.are.equal(SHOWN .. "\n", out)
     end)
 
+    -- Trojan Source: every bidirectional control, around text it reorders.
+    local BIDI_PY = [[a\u202eb\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061cz]]
+    local BIDI = "a\226\128\174b\226\128\170\226\128\171\226\128\172\226\128\173\226\129\166"
+      .. "\226\129\167\226\129\168\226\129\169\226\128\142\226\128\143\216\156z"
+    local BIDI_SHOWN = BIDI_PY -- the escapes Python reads are the ones shown
+
+    local function bidi_run()
+      srv:script({ { content = F.fence("print('" .. BIDI_PY .. "')\nFINAL('" .. BIDI_PY .. "')") } })
+    end
+
+    it("shows bidirectional controls as escapes in the answer on a terminal and in --trace", function()
+      bidi_run()
+      local code, out, err = rlm({ "--trace", "--context", context_file, "q" }, { tty = true })
+      assert.are.equal(0, code, err)
+      assert.are.equal(BIDI_SHOWN .. "\r\n", out)
+      assert.is_truthy(err:find("-- output:\n  " .. BIDI_SHOWN, 1, true), err)
+      assert.is_nil(err:find("\226\128\174", 1, true))
+    end)
+
+    it("writes the answer to a terminal verbatim with --verbatim, and to a pipe", function()
+      hostile_run()
+      local code, out, err = rlm({ "--verbatim", "--context", context_file, "q" }, { tty = true })
+      assert.are.equal(0, code, err)
+      assert.is_truthy(out:find("\27]52;c;ZXZpbA==\7", 1, true), out) -- the terminal got the OSC 52
+      bidi_run()
+      code, out, err = rlm({ "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.are.equal(BIDI .. "\n", out)
+    end)
+
     it("escapes them in an error on stderr", function()
       srv:script({ { status = 400, json = { error = { message = "bad " .. RAW } } } })
       local code, _, err = rlm({ "--context", context_file, "q" })
@@ -372,6 +402,38 @@ describe("bin/rlm", function()
       end)
     end
 
+    -- A real SIGINT (Ctrl-C) while the code sleeps 30 s, or while the root
+    -- model's HTTP reply is 1.5 s away (spec/helpers/sigint.py).
+    local function interrupted(reply, marker)
+      srv:script({ reply })
+      local words = { "--base-url", srv.url, "--model", "fake-root", "--api-key-env", "RLM_SPEC_SECRET", "--trace",
+        "--context", context_file, "q" }
+      for i, w in ipairs(words) do
+        words[i] = q(w)
+      end
+      local r = cjson.decode(H.sh(("TMPDIR=%s python3 %s/spec/helpers/sigint.py %s %s %s %s"):format(H.tmpdir, root,
+        q(marker), LUA, BIN, table.concat(words, " "))))
+      assert.is_true(r.started, r.stderr)
+      assert.are.equal(20, r.status, r.stderr)
+      assert.matches("\nrlm: cancelled: interrupted %(SIGINT%)\n$", r.stderr)
+      assert.is_nil(r.stderr:find("traceback", 1, true), r.stderr)
+      assert.is_nil(r.stderr:find("final answer", 1, true), r.stderr)
+      assert.are.equal("", r.stdout)
+      assert.are.same({}, r.left)
+      return r
+    end
+
+    it("20 for cancelled at once on SIGINT, with one line and no traceback", function()
+      local r = interrupted({ content = F.fence("import time\ntime.sleep(30)\nFINAL('late')") }, "-- root model")
+      assert.is_true(r.exit_ms < 1000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stderr))
+      assert.is_true(r.sandbox > 0)
+    end)
+
+    it("20 on SIGINT during the root model's call, once it returns", function()
+      local r = interrupted({ content = F.fence("FINAL('late')"), delay_ms = 1500 }, "== step 1")
+      assert.is_true(r.exit_ms < 2500, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stderr))
+    end)
+
     it("1 for a context file that cannot be read", function()
       local code, out, err = rlm({ "--context", "/nonexistent/file", "q" })
       assert.are.equal(1, code)
@@ -417,6 +479,21 @@ describe("bin/rlm", function()
       assert.are.equal(0, code, err)
       assert.matches("^%s*<!DOCTYPE html>", html)
       assert.matches("hello from the repl", html)
+    end)
+
+    it("rlm view escapes the page's hostile text on a terminal, and writes it verbatim to a pipe", function()
+      local f = assert(io.open(log_path, "wb"))
+      f:write(cjson.encode({ type = "session_start", depth = 0, t_ms = 0,
+        query = "osc \27]52;c;ZXZpbA==\7 bidi a\226\128\174b" }), "\n")
+      f:close()
+      local code, out = rlm({ "view", log_path }, { endpoint = false, tty = true })
+      assert.are.equal(0, code)
+      assert.is_truthy(out:find([[osc \x1b]52;c;ZXZpbA==\x07 bidi a<span class="ctl" title="a bidirectional control">\u202e</span>b]],
+        1, true), out)
+      assert.is_nil(out:find("\27", 1, true))
+      code, out = rlm({ "view", log_path }, { endpoint = false })
+      assert.are.equal(0, code)
+      assert.is_truthy(out:find("osc \27]52;c;ZXZpbA==\7 bidi", 1, true))
     end)
 
     it("fails with 1 when the log cannot be written", function()

@@ -152,6 +152,38 @@ describe("rlm.view.html", function()
     assert.is_true(count(page, "&lt;/script&gt;&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;") > 10)
   end)
 
+  -- Trojan Source: every bidirectional control, in every field and in an
+  -- attribute (the event type), shown as a marked escape, never as itself.
+  it("shows bidirectional controls as visible escapes, never as the controls", function()
+    local raw = { "\216\156", "\226\128\142", "\226\128\143", "\226\128\170", "\226\128\171",
+      "\226\128\172", "\226\128\173", "\226\128\174", "\226\129\166", "\226\129\167", "\226\129\168",
+      "\226\129\169" }
+    local shown = { "061c", "200e", "200f", "202a", "202b", "202c", "202d", "202e", "2066", "2067", "2068", "2069" }
+    local all = "if is_admin:" .. table.concat(raw, "x") .. "end"
+    local events = {}
+    for _, ev in ipairs(NESTED) do
+      local copy = {}
+      for k, v in pairs(ev) do
+        copy[k] = type(v) == "string" and k ~= "type" and (v .. all) or v
+      end
+      events[#events + 1] = copy
+    end
+    events[#events + 1] = { type = "odd" .. all, depth = 0, note = all }
+    local page = view.html(jsonl(events))
+    for i, c in ipairs(raw) do
+      assert.is_nil(page:find(c, 1, true), shown[i] .. " reached the page")
+      assert.is_true(count(page, '<span class="ctl" title="a bidirectional control">\\u' .. shown[i] .. "</span>") > 10,
+        shown[i])
+    end
+    assert.is_truthy(page:find('data-type="oddif is_admin:\\u061cx\\u200ex', 1, true))
+  end)
+
+  it("leaves other text alone (an em dash, accents, CJK)", function()
+    local text = "caf\195\169 \226\128\148 \230\188\162\229\173\151 \226\128\168"
+    local page = view.html(jsonl({ { type = "session_start", depth = 0, query = text, t_ms = 0 } }))
+    assert.is_truthy(page:find(text, 1, true))
+  end)
+
   it("keeps the page's own script and style to a per-page nonce", function()
     local page = view.html(jsonl(NESTED))
     local n = page:match("script%-src 'nonce%-(%w+)'")

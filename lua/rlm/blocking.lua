@@ -2,6 +2,7 @@
 -- rlm.dispatch that calls each callback at once (a yield passes through to
 -- whoever resumed run()) and, while the session waits, sleeps on its fd()
 -- until timeout(), as cqueues' loop is a Lua loop over step.
+local core = require("rlm.core")
 local dispatch = require("rlm.dispatch")
 local errors = require("rlm.errors")
 local util = require("rlm.util")
@@ -28,13 +29,32 @@ end
 local function drive(s, who, stop)
   dispatch.claim(s, who)
   s.inline = answer_inline
+  -- The hook as the run starts: one set later is an interrupt's (Ctrl-C),
+  -- which the session's waits end for (rlm.engine's _interrupted). It arms
+  -- rlm.core's SIGINT handler until the run ends (or the token is
+  -- collected: a run that yielded and was never resumed).
+  s.hook_token = core.hook_state()
   -- No pcall here: callbacks may yield through run() on PUC Lua 5.1 too.
   -- Nothing in the loop raises (poll() and util.invoke catch).
   while true do
     local ev = dispatch.next(s, call_now, stop)
     if ev then
-      s.inline = nil
+      local token = s.hook_token
+      s.inline, s.hook_token = nil, nil
       dispatch.release(s)
+      core.hook_release(token)
+      if not s.sigint and core.interrupted(token) then
+        s:_interrupted() -- after a callback that took the interrupt as its error (LuaJIT)
+      end
+      if s.sigint then
+        -- Closed by a SIGINT (rlm.engine's _interrupted): the interpreter's
+        -- "interrupted!" is raised from here, the sandbox gone already; or
+        -- ours, when its hook has been and gone.
+        s.sigint = nil
+        if not core.reraise_interrupt() then
+          error("interrupted!")
+        end
+      end
       return ev
     end
     local ms = s:timeout()

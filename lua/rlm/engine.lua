@@ -83,16 +83,30 @@ function M:_idle(quick)
     if ms ~= 0 then
       local d = self:_driver_alone()
       if d then
-        local kind, a, b, c = d:poll(ms, self.max_values, false, quick)
+        local kind, a, b, c = d:poll(ms, self.max_values, false, quick, self.hook_token)
         self.pumped_at = core.now_ms()
-        return kind, a, b, c
+        if kind ~= "interrupted" then
+          return kind, a, b, c
+        end
+        self:_interrupted()
+      else
+        self:_block(ms)
+        self.pumped_at = core.now_ms()
+        return
       end
-      self:_block(ms)
-      self.pumped_at = core.now_ms()
-      return
     end
   end
   coroutine.yield(IDLE)
+end
+
+-- A SIGINT asked the Lua state to stop during a wait of run() or step()
+-- (rlm.core's interruptible waits: the standalone interpreter's handler).
+-- The session ends as cancelled, its sandbox goes now, and rlm.blocking
+-- gives the interpreter its interrupt back as run() or step() returns.
+function M:_interrupted()
+  self.sigint = true -- for rlm.blocking, which raises it
+  self:_fail(errors.new("cancelled", "interrupted (SIGINT) before the run ended"))
+  self:close()
 end
 
 -- Resumes the engine until it has something for the outside or waits.
@@ -239,16 +253,21 @@ function M:_waitset()
   return self.waitset
 end
 
--- Waits, on the calling thread (rlm.blocking), until the session has work
--- or ms pass (-1: no limit). While its driver is all it watches (no probe,
--- no nested session), in the driver's own loop, which reads the line as it
--- wakes: one system call, not the set's and then the loop's.
+-- Waits, on the calling thread (rlm.blocking), until the session has work,
+-- ms pass (-1: no limit) or a SIGINT asks to stop (M:_interrupted). While
+-- its driver is all it watches (no probe, no nested session), in the
+-- driver's own loop, which reads the line as it wakes: one system call, not
+-- the set's and then the loop's.
 function M:_block(ms)
   local d = self:_driver_alone()
+  local woke
   if d then
-    d:wait(ms)
+    woke = d:wait(ms, self.hook_token)
   else
-    self:_waitset():wait(ms)
+    woke = self:_waitset():wait(ms, self.hook_token)
+  end
+  if woke == "interrupted" then
+    self:_interrupted()
   end
 end
 

@@ -39,9 +39,45 @@ local function as_text(v)
   return tostring(v)
 end
 
+-- The bidirectional controls (U+202A-U+202E, U+2066-U+2069, U+200E,
+-- U+200F, U+061C), as UTF-8: text that holds them reads in another order
+-- than it runs (Trojan Source: code that shows one thing and does another).
+-- On the page each is a visible escape, \u202e, never the control itself;
+-- in element content it is marked as well.
+local BIDI = { "\226\128[\142\143\170-\174]", "\226\129[\166-\169]", "\216\156" }
+
+local function code_point(c)
+  local b1, b2, b3 = c:byte(1, 3)
+  if b3 then
+    return (b1 - 0xE0) * 4096 + (b2 - 0x80) * 64 + (b3 - 0x80)
+  end
+  return (b1 - 0xC0) * 64 + (b2 - 0x80)
+end
+
+local function bidi_text(c)
+  return ("\\u%04x"):format(code_point(c))
+end
+
+local function bidi_marked(c)
+  return '<span class="ctl" title="a bidirectional control">' .. bidi_text(c) .. "</span>"
+end
+
+local function escaped(v, bidi)
+  local s = log.truncate(as_text(v), MAX_FIELD_CHARS):gsub("[&<>\"']", ESCAPES)
+  for _, pattern in ipairs(BIDI) do
+    s = s:gsub(pattern, bidi)
+  end
+  return s
+end
+
+-- For element content.
 local function esc(v)
-  local s = log.truncate(as_text(v), MAX_FIELD_CHARS)
-  return (s:gsub("[&<>\"']", ESCAPES))
+  return escaped(v, bidi_marked)
+end
+
+-- For a quoted attribute's value.
+local function attr(v)
+  return escaped(v, bidi_text)
 end
 
 local function num(v)
@@ -339,6 +375,7 @@ details.step[open] > summary { border-bottom: 1px solid var(--line); border-radi
 .badge.ok { color: var(--ok); background: var(--okbg); }
 .badge.info { color: var(--accent); border: 1px solid var(--line); }
 .muted { color: var(--muted); }
+.ctl { color: var(--err); background: var(--errbg); border-radius: 3px; padding: 0 2px; }
 pre { margin: 0; padding: 8px 10px; background: var(--code); border-radius: 5px; white-space: pre-wrap;
   word-break: break-word; max-height: 420px; overflow: auto;
   font: 12.5px/1.4 ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; }
@@ -492,7 +529,7 @@ function Page:other(ev)
     end
   end
   table.sort(keys)
-  self:add('<div class="event" data-type="', esc(ev.type), '"><h4>', esc("event " .. as_text(ev.type)),
+  self:add('<div class="event" data-type="', attr(ev.type), '"><h4>', esc("event " .. as_text(ev.type)),
     '</h4><dl class="fields">')
   for i = 1, math.min(#keys, MAX_EVENT_FIELDS) do
     local v = ev[keys[i]]
@@ -588,7 +625,7 @@ function Page:step(step)
   end
   local t0, t1 = num(ev.t_ms), step.last and num(step.last.t_ms)
   local took = (t0 and t1 and t1 >= t0) and fmt_ms(t1 - t0) or nil
-  self:add('<details class="step" data-step="', esc(step.no), '" data-depth="', esc(step.depth), '"',
+  self:add('<details class="step" data-step="', attr(step.no), '" data-depth="', attr(step.depth), '"',
     self.open_steps and " open" or "", "><summary>")
   self:add("<strong>Step ", esc(step.no), "</strong>")
   if step.depth > 0 then
@@ -611,7 +648,7 @@ function Page:step(step)
     if item.kind == "response" then
       self:pre("Root response", e.response)
     elseif item.kind == "block" then
-      self:add('<div class="block" data-block="', esc(e.block or ""), '">')
+      self:add('<div class="block" data-block="', attr(e.block or ""), '">')
       self:pre("Code, block " .. as_text(e.block or "?"), e.code, "code")
       self:calls(item.calls)
       self:pre("Output", e.stdout ~= "" and e.stdout or nil, "stdout")
@@ -634,7 +671,7 @@ end
 function Page:run(run)
   local f = run_figures(run)
   local child = run.depth > 0 or run.parent ~= nil
-  self:add('<section class="run', child and " child" or "", '" data-depth="', esc(run.depth), '">',
+  self:add('<section class="run', child and " child" or "", '" data-depth="', attr(run.depth), '">',
     '<div class="run-head">')
   self:add("<h2>", child and ("Child run · depth " .. esc(run.depth)) or ("Run " .. self.top_no), "</h2>")
   local finish = run.finish
