@@ -352,7 +352,7 @@ static void free_driver(rlm_driver *d) {
   if (d->in_reader >= 0)
     close(d->in_reader);
   if (d->uid_lock >= 0)
-    close(d->uid_lock);
+    rlm_uid_release(d->uid_lock, d->uid);
   for (size_t i = 0; i < sizeof(d->child_fds) / sizeof(int); i++)
     if (d->child_fds[i] >= 0)
       close(d->child_fds[i]);
