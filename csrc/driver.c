@@ -358,8 +358,10 @@ static void free_driver(rlm_driver *d) {
     close(d->pidfd);
   if (d->in_reader >= 0)
     close(d->in_reader);
+  if (d->in_hold >= 0)
+    close(d->in_hold);
   if (d->uid_lock >= 0)
-    close(d->uid_lock);
+    rlm_uid_release(d->uid_lock, d->uid);
   for (size_t i = 0; i < sizeof(d->child_fds) / sizeof(int); i++)
     if (d->child_fds[i] >= 0)
       close(d->child_fds[i]);
@@ -530,6 +532,7 @@ static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
   d->uid_lock = -1;
   d->pidfd = -1;
   d->in_reader = -1;
+  d->in_hold = -1;
   d->uid = (uint32_t)getuid();
   for (size_t i = 0; i < sizeof(d->child_fds) / sizeof(int); i++)
     d->child_fds[i] = -1;
@@ -932,6 +935,15 @@ void rlm_driver_close(rlm_driver *d) {
   while (d->ctx_busy)
     pthread_cond_wait(&d->cv, &d->mu);
   pthread_mutex_unlock(&d->mu);
+  /* At the end of its input the driver leaves at once, and bubblewrap's
+   * init follows it on its own, racing the launcher, which may exit
+   * before it has reaped the init: a zombie for the host's init to
+   * collect (start_gap_spec, under load). So no end of input comes from
+   * here: the keeper kills the init first, then lets the stdin go. */
+  uv_os_fd_t in_fd;
+  if (d->spawned && !d->exited &&
+      uv_fileno((const uv_handle_t *)&d->in, &in_fd) == 0)
+    d->in_hold = fcntl(in_fd, F_DUPFD_CLOEXEC, FD_BASE);
   stop_reading(d);
   close_loop(d); /* the pidfd's watch too: from here only the keeper reaps */
   teardowns_add(1);

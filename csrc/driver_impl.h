@@ -67,6 +67,8 @@ struct rlm_driver {
   int in_reader; /* a read end of the driver's stdin pipe, held so that a
                   * write there never meets a pipe without a reader: no
                   * SIGPIPE, without touching the host's signal mask */
+  int in_hold;   /* after close(): the driver's stdin, open until the keeper
+                  * has killed the namespace's init (keeper_teardown) */
   pid_t pid;
   unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
   uv_pipe_t in, out, err;

@@ -298,6 +298,29 @@ static int wait_launcher(rlm_driver *d, int ms) {
   return n != 0;
 }
 
+/* Kills the pid namespace's init and waits for the launcher to reap it
+ * and exit. Returns nonzero when it did. The wait is for the init's exit
+ * first, up to CLOSE_WAIT_MS (the kernel kills and reaps the whole
+ * namespace before the init is gone, which under load takes longer than
+ * LAUNCHER_GRACE_MS), then LAUNCHER_GRACE_MS for the launcher: a launcher
+ * killed while its init is still dying leaves the init unreaped, a zombie
+ * for the host's init to collect (start_gap_spec, under load). */
+static int kill_init(rlm_driver *d, pid_t init) {
+  int fd = (int)syscall(SYS_pidfd_open, init, 0);
+  if (kill(init, SIGKILL) != 0) {
+    if (fd >= 0)
+      close(fd);
+    return 0;
+  }
+  if (fd >= 0) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (poll(&p, 1, CLOSE_WAIT_MS) < 0 && errno == EINTR)
+      ;
+    close(fd);
+  }
+  return wait_launcher(d, LAUNCHER_GRACE_MS);
+}
+
 /* After close(): kill what still runs (the pid namespace's init, then the
  * launcher if it lingers), reap the launcher, remove the cgroup, let go of
  * the uid, and drop /session's pin only then (its tmpfs's teardown). */
@@ -307,9 +330,12 @@ static void keeper_teardown(rlm_driver *d) {
     if (d->max_files > 0)
       pin = rlm_workdir_pin(d->pid);
     pid_t pids[2];
-    if (!(rlm_tree_pids(d->pid, pids, 2) == 2 && kill(pids[1], SIGKILL) == 0 &&
-          wait_launcher(d, LAUNCHER_GRACE_MS)))
+    if (!(rlm_tree_pids(d->pid, pids, 2) == 2 && kill_init(d, pids[1])))
       kill_launcher(d);
+    if (d->in_hold >= 0) {
+      close(d->in_hold); /* the init is gone, or the launcher killed */
+      d->in_hold = -1;
+    }
     while (!wait_launcher(d, CLOSE_WAIT_MS))
       kill_launcher(d); /* a launcher that will not go: again, and wait */
     /* ECHILD: the host reaps children itself (SIGCHLD ignored, nginx). */

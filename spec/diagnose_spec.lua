@@ -10,6 +10,12 @@ describe("rlm.diagnose", function()
     { "bwrap: No permissions to creating new namespace, likely because the kernel does not allow "
       .. "non-privileged user namespaces.", "namespace" },
     { "bwrap: setting up uid map: Permission denied", "namespace" },
+    -- The errno, not the step, says what to change (issue 32): none of
+    -- these is a container's doing.
+    { "bwrap: setting up uid map: Invalid argument", "below 2%^31" },
+    { "bwrap: Creating new namespace failed: Resource temporarily unavailable", "RLIMIT_NPROC" },
+    { "starting the sandbox's keeper thread: Resource temporarily unavailable", "ulimit %-u" },
+    { "bwrap: Creating new namespace failed: No space left on device", "max_user_namespaces" },
   }
   for _, case in ipairs(cases) do
     it("explains " .. case[1]:sub(1, 50), function()
@@ -19,6 +25,17 @@ describe("rlm.diagnose", function()
       assert.are.equal(" (" .. why .. ")", diagnose.hint(case[1]))
     end)
   end
+
+  it("blames no container for an errno that is not a refusal", function()
+    for _, out in ipairs({ "bwrap: setting up uid map: Invalid argument",
+      "bwrap: Creating new namespace failed: Resource temporarily unavailable",
+      "spawning /usr/bin/bwrap: Resource temporarily unavailable" }) do
+      local why = diagnose.explain(out)
+      assert.is_string(why, out)
+      assert.is_nil(why:find("container", 1, true), why)
+      assert.is_nil(why:find("user namespaces are off", 1, true), why)
+    end
+  end)
 
   it("says nothing about output it does not know", function()
     assert.is_nil(diagnose.explain("python3: not found"))

@@ -78,8 +78,8 @@ local numeric = {
   max_rss_bytes = 2 ^ 44, rss_poll_interval_ms = 60000, max_sub_calls = 2 ^ 31 - 1,
   max_concurrent_sub_calls = 4096, max_depth = 32, max_live_sandboxes = 4096, max_wall_ms = 2 ^ 31 - 1,
   max_total_tokens = 2 ^ 50, max_sub_prompt_chars = 2 ^ 30, stdout_truncate_chars = 2 ^ 26,
-  workdir_max_bytes = 2 ^ 40, workdir_max_files = 2 ^ 31 - 1, sandbox_uid_first = 2 ^ 32 - 2,
-  sandbox_uid_count = 2 ^ 32 - 2, max_message_bytes = 2 ^ 30, max_total_cost_usd = false,
+  workdir_max_bytes = 2 ^ 40, workdir_max_files = 2 ^ 31 - 1, sandbox_uid_first = 2 ^ 31 - 1,
+  sandbox_uid_count = 2 ^ 31 - 1, max_message_bytes = 2 ^ 30, max_total_cost_usd = false,
 }
 local names = {}
 for name in pairs(numeric) do
@@ -117,6 +117,24 @@ describe("Session.new's numbers", function()
     refuses({ step_timeout_ms = 1e300 }, "option 'step_timeout_ms' must be a number of milliseconds > 0, up to 2^31 - 1 (24.8 days)")
     refuses({ max_iterations = 2 ^ 53 - 1 }, "option 'max_iterations' must be an integer from 1 to 1000000")
     refuses({ stdout_truncate_chars = 2 ^ 52 }, "option 'stdout_truncate_chars' must be an integer from 1 to 2^26")
+  end)
+
+  it("refuses a uid range past 2^31 - 1, what a uid map takes, naming the range (issue 32)", function()
+    -- Accepted before, then every session failed "setting up uid map:
+    -- Invalid argument", blamed on the container.
+    refuses({ sandbox_uid_first = 2 ^ 31, sandbox_uid_count = 1 },
+      "option 'sandbox_uid_first' must be an integer from 1 to 2^31 - 1")
+    refuses({ sandbox_uid_first = 2 ^ 32 - 2, sandbox_uid_count = 1 }, "from 1 to 2^31 - 1")
+    refuses({ sandbox_uid_first = 2 ^ 31 - 10, sandbox_uid_count = 11 },
+      "options 'sandbox_uid_first' + 'sandbox_uid_count' - 1 must be at most 2^31 - 1 (the uids 1 to 2^31 - 1 "
+      .. "are what a uid map takes), got 2147483638 + 11 - 1 = 2147483648")
+    local ok, err = pcall(rlm.Pool.new, { size = 1, sandbox_uid_first = 2 ^ 31 - 1, sandbox_uid_count = 2 })
+    assert.is_false(ok)
+    assert.matches("rlm.Pool.new: options 'sandbox_uid_first' + 'sandbox_uid_count' - 1 must be at most 2^31 - 1",
+      err, 1, true)
+    local o = base()
+    o.sandbox_uid_first, o.sandbox_uid_count = 2 ^ 31 - 10, 10
+    rlm.Session.new(o):close()
   end)
 
   it("refuses a max_message_bytes too small for stdout_truncate_chars, naming both", function()

@@ -352,6 +352,39 @@ out = '%s | %s | %s' % (context, fds, tried)
     assert.are.equal(1, pool:stats().dead)
   end)
 
+  -- Issue 32: the first take after bubblewrap came back got a sandbox
+  -- spawned during the outage, still alive with nothing said, and failed
+  -- "exited before the driver started: exit status 127" (1 run in 3).
+  it("skips a sandbox spawned while bubblewrap was missing, at the first take once it is back", function()
+    local bin = H.tmpdir .. "-outagebin"
+    -- 0777: on a root host the launcher runs as the sandbox's uid, and says it looked.
+    os.execute("mkdir -p " .. bin .. " && chmod 777 " .. bin)
+    local wrapper, down, seen = bin .. "/bwrap", bin .. "/down", bin .. "/seen"
+    -- While `down` is there: bubblewrap is not found, a second after the
+    -- spawn (so the take finds it alive, before any hello).
+    local f = assert(io.open(wrapper, "w"))
+    f:write("#!/bin/sh\nif [ -e ", down, " ]; then\n  : > ", seen, "\n  sleep 1\n",
+      "  exec /nonexistent/bwrap \"$@\"\nfi\nexec ", core.find_program("bwrap"), " \"$@\"\n")
+    f:close()
+    os.execute("chmod 755 " .. wrapper .. " && : > " .. down)
+    pool = new_pool(1, { bwrap = wrapper })
+    local t0 = core.now_ms()
+    while not io.open(seen) do -- the outage's sandbox has looked
+      assert(core.now_ms() - t0 < 10000, "the pool's sandbox never started its launcher")
+      sleep(10)
+    end
+    os.remove(down) -- bubblewrap is back
+    local result, err, ran, s = take_run(pool)
+    local st = pool:stats()
+    os.execute("rm -rf " .. bin)
+    assert.is_nil(err and err.message)
+    assert.are.equal("x", result.answer)
+    assert.is_true(ran)
+    assert.are.equal("cold", s.start)
+    assert.are.equal(1, st.dead)
+    assert.are.equal(0, st.taken)
+  end)
+
   it("gives a clear error, not a hang, when the sandbox dies as it is taken", function()
     pool = new_pool(1)
     settle(pool)

@@ -9,6 +9,14 @@ local IDLE = require("rlm.engine").IDLE
 
 local M = {}
 
+-- What _take_sandbox returns for a pooled sandbox that exited before it
+-- said a word: the take goes on to the next one, or a cold start.
+local SKIPPED = {}
+
+local function pack(...)
+  return { n = select("#", ...), ... }
+end
+
 -- The only places that start and stop a sandbox (core.spawn, drv:close):
 -- the start is below in _boot; _teardown ends the driver, the probe helper
 -- of a session that is still asking, the canaries of a start it cut short,
@@ -219,14 +227,19 @@ function M:_start()
   local pool = self.opts.pool
   if pool then
     local entry = pool:_take()
-    if entry then
+    while entry do
       self.start = "warm"
       -- The replacement is spawned once this session's first step is out
       -- (rlm.engine's poll) or it closes: a spawn costs the host's thread
       -- about as much as the whole warm start (bench/pool.lua).
       self.refill = pool
       self.canaries = entry.canaries
-      return self:_started(self:_take_sandbox(entry))
+      local ok, err = self:_take_sandbox(entry)
+      if ok ~= SKIPPED then
+        return self:_started(ok, err)
+      end
+      self.canaries = nil
+      entry = pool:_take()
     end
   end
   self.start = "cold"
@@ -269,6 +282,23 @@ function M:_take_sandbox(entry)
   if vetted and vetted.error then
     -- Its checks failed: no context goes into it.
     return self:_error(vetted.error[1], vetted.error[2], vetted.error[3])
+  end
+  if not vetted and not entry.events[1] then
+    -- Not a word from it yet: it may have been spawned while bubblewrap
+    -- could not start (an outage), and be dying now. Its first event
+    -- decides, before the context goes in: an exit or a failed start skips
+    -- it, as a sandbox that died idle (rlm.pool); anything else is what
+    -- the checks below read first.
+    self.booting = "hello"
+    self:_set_deadline(self.opts.start_timeout_ms)
+    local ev = pack(self:_wait(false))
+    if ev[1] == "exit" or ev[1] == "failed" then
+      self.driver = nil
+      self:_unwatch(entry.drv)
+      self.opts.pool:_skip(entry)
+      return SKIPPED
+    end
+    entry.events[1] = ev
   end
   if not vetted then
     self.pre_events = entry.events

@@ -146,6 +146,24 @@ function M.explain(out)
     return "the kernel refuses a new /proc here: the container masks parts of its /proc"
       .. " (Docker: --security-opt systempaths=unconfined; see docs/containers.md)"
   end
+  -- The errno decides, not the step that met it: EAGAIN from clone, fork
+  -- or a thread is RLIMIT_NPROC, EINVAL writing the uid map is the uid,
+  -- ENOSPC is the count of namespaces; only a refusal (EPERM, EACCES) is
+  -- the kernel's switches or a container's.
+  if out:find("Resource temporarily unavailable", 1, true) then
+    return "the process limit (RLIMIT_NPROC, ulimit -u) is reached: it counts every process and thread"
+      .. " of the uid, the host's too, and a root host's sandbox inherits it for its own uid; a session"
+      .. " needs a keeper thread and three processes: raise ulimit -u"
+  end
+  if out:find("uid map") and out:find("Invalid argument", 1, true) then
+    return "the kernel refused the sandbox's uid in a uid map: uids from 2^31 up (and ids the user"
+      .. " namespace cannot map) are refused; a root host takes its uids from sandbox_uid_first to"
+      .. " sandbox_uid_first + sandbox_uid_count - 1, which must stay below 2^31"
+  end
+  if out:find("[Cc]reating new namespace") and out:find("No space left on device", 1, true) then
+    return "the kernel's count of user namespaces is used up (user.max_user_namespaces,"
+      .. " or a parent namespace's): raise it, or end what holds them"
+  end
   if out:find("[Nn]o permissions to creat") or out:find("[Cc]reating new namespace")
     or out:find("uid map") or out:find("setting up uid") or out:find("[Oo]peration not permitted") then
     local blockers = M.userns_blockers()

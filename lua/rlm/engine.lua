@@ -289,6 +289,17 @@ function M:_watch(d)
   end
 end
 
+-- The driver d is no longer the session's (a pooled sandbox skipped at
+-- its take, rlm.boot).
+function M:_unwatch(d)
+  if self.parent then
+    return self.parent:_unwatch(d)
+  end
+  if self.waitset then
+    self.waitset:remove(d:fd())
+  end
+end
+
 -- The set behind fd() goes, once no loop watches it (rlm.dispatch).
 function M:_close_waitset()
   if self.waitset then

@@ -213,8 +213,9 @@ local schema = {
   tmpdir = { non_empty_string },
   workdir_max_bytes = { integer(4096, 2 ^ 40), 2 ^ 28 },
   workdir_max_files = { integer(1, 2 ^ 31 - 1), 10000 },
-  sandbox_uid_first = { integer(1, 2 ^ 32 - 2), 1879048192 },
-  sandbox_uid_count = { integer(1, 2 ^ 32 - 2), 65536 },
+  -- A uid map takes uids below 2^31 (the kernel says EINVAL above).
+  sandbox_uid_first = { integer(1, 2 ^ 31 - 1), 1879048192 },
+  sandbox_uid_count = { integer(1, 2 ^ 31 - 1), 65536 },
   bind_pth_paths = { boolean, false },
   max_message_bytes = { integer(12 + M.LINE_OVERHEAD, 2 ^ 30), 16 * 2 ^ 20 },
   tools = { require("rlm.tools").check },
@@ -226,6 +227,17 @@ local schema = {
     return getmetatable(v) == require("rlm.pool"), "an rlm.Pool"
   end },
 }
+
+-- The last uid of the range, sandbox_uid_first + sandbox_uid_count - 1, is
+-- below 2^31 too.
+local function check_uid_range(where, out)
+  local last = out.sandbox_uid_first + out.sandbox_uid_count - 1
+  if last > 2 ^ 31 - 1 then
+    error(("%s: options 'sandbox_uid_first' + 'sandbox_uid_count' - 1 must be at most 2^31 - 1 "
+      .. "(the uids 1 to 2^31 - 1 are what a uid map takes), got %.0f + %.0f - 1 = %.0f")
+      :format(where, out.sandbox_uid_first, out.sandbox_uid_count, last), 4)
+  end
+end
 
 -- The options that shape a sandbox or the pool-level configure: a pool
 -- (rlm.Pool.new) takes them, and a session from the pool gets them from it.
@@ -304,9 +316,7 @@ function M.check_pool(opts, max_size)
   for _, name in ipairs(M.POOL_OPTIONS) do
     out[name] = check_one(where, name, opts[name], 4)
   end
-  if out.sandbox_uid_first + out.sandbox_uid_count > 2 ^ 32 - 1 then
-    error(where .. ": options 'sandbox_uid_first' + 'sandbox_uid_count' must stay below 2^32 - 1", 3)
-  end
+  check_uid_range(where, out)
   out.tmpdir = out.tmpdir or os.getenv("TMPDIR") or "/tmp"
   out.allowed_modules = out.allowed_modules or {}
   return out, size
@@ -339,9 +349,7 @@ function M.check(opts)
     end
     out[name] = check_one("rlm.Session.new", name, v, 4)
   end
-  if out.sandbox_uid_first + out.sandbox_uid_count > 2 ^ 32 - 1 then
-    error("rlm.Session.new: options 'sandbox_uid_first' + 'sandbox_uid_count' must stay below 2^32 - 1", 3)
-  end
+  check_uid_range("rlm.Session.new", out)
   -- One exec_result line holds the output and the traceback, each up to
   -- stdout_truncate_chars characters of up to 6 bytes as JSON (\u0001),
   -- and the frame around them; a FINAL needs room beside the output.

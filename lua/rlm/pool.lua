@@ -169,6 +169,15 @@ function Pool:_take()
   return nil
 end
 
+-- A sandbox _take handed out that exited before it said a word (spawned
+-- while bubblewrap could not start): the session skips it (rlm.boot), and
+-- it counts as dead, not taken.
+function Pool:_skip(entry)
+  self.counts.taken = self.counts.taken - 1
+  self.counts.dead = self.counts.dead + 1
+  discard(entry)
+end
+
 -- Reads what every idle sandbox said since the last look (vetting those
 -- whose start is over); the dead and unfit ones are closed and counted.
 function Pool:_sweep()

@@ -100,7 +100,8 @@ local function run_probe(python, modules, wait, driver_dir)
   local argv = util.append({ python, "-I", "-S", script, "--driver", driver_dir }, modules)
   local helper, err = core.helper(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
   if not helper then
-    return unavailable(("asking %s about its installation: %s"):format(python, err))
+    return unavailable(("asking %s about its installation: %s%s"):format(python, err,
+      require("rlm.diagnose").hint(err)))
   end
   local out, status, problem = nil, nil, nil
   while not status and not problem do
@@ -119,7 +120,8 @@ local function run_probe(python, modules, wait, driver_dir)
   end
   helper:close()
   if problem then
-    return unavailable(("asking %s about its installation: %s"):format(python, problem))
+    return unavailable(("asking %s about its installation: %s%s"):format(python, problem,
+      require("rlm.diagnose").hint(problem)))
   end
   out = out or ""
   local ok, info = pcall(protocol.decode_probe, out)

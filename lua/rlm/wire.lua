@@ -111,7 +111,8 @@ function M:_driver_message(allowed, kind, a, b, c)
     return msg
   elseif kind == "failed" then
     -- The start (on rlm.core's thread) failed: nothing ran.
-    return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(a))
+    return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(a)
+      .. require("rlm.diagnose").hint(tostring(a)))
   elseif kind == "timeout" then
     return self:_timeout_error()
   elseif kind == "memory" then
