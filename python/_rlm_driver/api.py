@@ -106,17 +106,64 @@ def FINAL_VAR(name):
         text = codec.dumps(value)
     except Exception:
         finish({"kind": "var", "name": name, "value": safe_repr(value), "json": False})
-    problem, numbers = exactness_problem(value, state.current.int_bits)
+    int_bits = state.current.int_bits
+    try:
+        held = host_ints(value, int_bits)
+    except RecursionError:
+        raise ValueError(f"FINAL_VAR({name!r}): the final answer nests lists and dicts more than "
+                         f"{VALUE_DEPTH} deep; the host reads no deeper: answer with something flatter") from None
+    problem, numbers = exactness_problem(held, int_bits)
     if problem is not None:
         raise ValueError(f"FINAL_VAR({name!r}): {problem}")
     final = {"kind": "var", "name": name, "json": True}
-    if numbers == "mixed" and state.current.int_bits >= 64:
+    if held is not value:
+        # An int the host's number cannot hold exactly travels as its
+        # decimal string, and the answer is the value's JSON text, digits
+        # exact (without spaces, as the host writes it).
+        final["answer"] = codec.dumps_plain(codec.loads(text))
+        text = codec.dumps(held)
+    if numbers == "mixed" and int_bits >= 64:
         final["value_json"] = text  # ints and floats: the host decodes this text itself
     else:
         final["value"] = codec.loads(text)  # parsed back: frozen now
         if numbers:
             final["numbers"] = numbers
     finish(final, value)
+
+
+def host_ints(value, int_bits):
+    """`value` with each int that a Lua number of the host cannot hold
+    exactly made what it can (docs/protocol.md, "Numbers"): on Lua 5.1 and
+    LuaJIT (doubles) an int past 2**53 that a double holds exactly (2**62)
+    becomes that float, and one it does not (2**53 + 1) its decimal str; on
+    Lua 5.3+ an int past 64 bits its str. The value itself when none is;
+    else a copy (lists for tuples, the dict keys as they were). `value`
+    went through codec.dumps: JSON types only, no cycles."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
+        return value
+    if isinstance(value, int):
+        if int_bits >= 64:
+            if -2 ** 63 <= value < 2 ** 63:
+                return value
+            return int.__repr__(value)
+        if -2 ** 53 <= value <= 2 ** 53:
+            return value
+        try:
+            as_float = float(value)
+        except OverflowError:
+            return int.__repr__(value)
+        return as_float if int(as_float) == value else int.__repr__(value)
+    if isinstance(value, dict):
+        items = {key: host_ints(item, int_bits) for key, item in value.items()}
+        if all(items[key] is item for key, item in value.items()):
+            return value
+        return items
+    if isinstance(value, (list, tuple)):
+        items = [host_ints(item, int_bits) for item in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return items
+    return value
 
 
 def json_key(key):
