@@ -338,6 +338,23 @@ def rlm_query_batched(prompts, contexts=None):
                                "the rlm_query_batched prompts and contexts together")
 
 
+def SHOW_VARS():
+    """Prints the REPL's variables, a line each: name, type and size (the
+    reference's prompt advertises it)."""
+    namespace = state.current.namespace
+    defined = user_names(namespace)
+    if not defined:
+        print("(no variables yet; the REPL's own names: context, llm_query, llm_query_batched, "
+              "rlm_query, rlm_query_batched, FINAL, FINAL_VAR, answer)")
+    for key in defined:
+        value = namespace[key]
+        try:
+            size = f", len {len(value)}" if isinstance(value, (str, bytes, list, tuple, dict, set)) else ""
+        except Exception:
+            size = ""
+        print(f"{key}: {type(value).__name__}{size}")
+
+
 def names():
     """What a fresh REPL namespace holds."""
     return {
@@ -350,4 +367,5 @@ def names():
         "rlm_query": rlm_query,
         "rlm_query_batched": rlm_query_batched,
         "SubCallError": SubCallError,
+        "SHOW_VARS": SHOW_VARS,
     }

@@ -223,7 +223,12 @@ def run(code):
         sys.stdout = sys.stderr = output
         try:
             session.executing = True
+            compiled, echo = compiled
             exec(compiled, namespace)
+            if echo is not None:  # a bare last expression: its repr, as a notebook shows it
+                value = eval(echo, namespace)
+                if value is not None:
+                    output.write(f"{value!r}\n")
         finally:
             session.executing = False
             sys.stdout, sys.stderr = saved
@@ -232,7 +237,7 @@ def run(code):
     except GuardrailError as refusal:
         error = f"GuardrailError: {refusal}"
     except BaseException as exc:  # SystemExit too: the driver must live on
-        error, raised = describe_error(exc), exc
+        error, raised = describe_error(exc) + syntax_hint(exc), exc
     # Again: the one interrupt a step may raise can land inside the finally.
     session.executing = False
     sys.stdout, sys.stderr = saved
@@ -258,6 +263,60 @@ def run(code):
 
 
 FINAL_NAMES = ("FINAL", "FINAL_VAR")
+
+
+def syntax_hint(exc):
+    """What a notebook habit's SyntaxError adds: top-level await (and async
+    for/with) has no event loop here, and needs none."""
+    message = getattr(exc, "msg", None)
+    if not isinstance(exc, SyntaxError) or not isinstance(message, str) \
+            or ("await" not in message and "async" not in message):
+        return ""
+    return ("Hint: the REPL runs no event loop, and needs none: llm_query() blocks and returns "
+            "the answer, so write answer = llm_query(prompt) without await; for many prompts at "
+            "once, llm_query_batched([prompt, ...]) runs them concurrently and returns the answers "
+            "in order.\n")
+
+
+STATEMENT_WORDS = frozenset({"import", "from", "def", "class", "if", "elif", "else", "for", "while",
+                             "with", "try", "except", "finally", "return", "raise", "assert", "del",
+                             "pass", "break", "continue", "global", "nonlocal", "async"})
+
+
+def echo_candidate(code):
+    """Whether the code's last line could end a bare expression: a cheap
+    look, so that most steps (an assignment, a print, a statement last)
+    need no syntax tree, and the first keeps its quick compile; the tree
+    decides."""
+    end = len(code.rstrip())
+    line = code[code.rfind("\n", 0, end) + 1:end]
+    if not line or line[0] in " \t#@" or line.startswith(("print(", "FINAL(", "FINAL_VAR(")):
+        return False
+    if line.split(None, 1)[0].rstrip(":") in STATEMENT_WORDS:
+        return False
+    depth, quote = 0, None
+    for at, char in enumerate(line):  # an `=` outside brackets and quotes: an assignment
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "=" and depth <= 0 and line[at - 1:at] not in ("=", "!", "<", ">") \
+                and line[at + 1:at + 2] != "=":
+            return False
+    return True
+
+
+def split_echo(parsed, filename):
+    """(the module without a bare last expression, that expression's code
+    for eval, or None)."""
+    echo = None
+    if parsed.body and isinstance(parsed.body[-1], tree.Expr):
+        echo = compile(tree.Expression(body=parsed.body.pop().value), filename, "eval", dont_inherit=True)
+    return compile(parsed, filename, "exec", dont_inherit=True), echo
 
 
 def failed_in_final(code, filename, exc):
@@ -355,15 +414,19 @@ def quick_compile(code, filename):
 
 
 def compile_step(code, filename, guardrails):
+    """(the step's code object, a bare last expression's code or None)."""
     is_plain = plain(code)
     if not guardrails or is_plain:
+        if echo_candidate(code):
+            compiled_once[0] = True
+            return split_echo(compile(code, filename, "exec", tree.PyCF_ONLY_AST, dont_inherit=True), filename)
         code_object = quick_compile(code, filename) if is_plain and not compiled_once[0] else None
         compiled_once[0] = True
         if code_object is None:
             code_object = compile(code, filename, "exec", dont_inherit=True)
-        return code_object
+        return code_object, None
     compiled_once[0] = True
     parsed = compile(code, filename, "exec", tree.PyCF_ONLY_AST, dont_inherit=True)
     screen(parsed)
     parsed = tree.fix_missing_locations(RouteFormatting().visit(parsed))
-    return compile(parsed, filename, "exec", dont_inherit=True)
+    return split_echo(parsed, filename)
