@@ -78,3 +78,80 @@ describe("notebook habits", function()
       .. "(allowed_modules), but the sandbox's Python does not have it", result.history[1].error, 1, true)
   end)
 end)
+
+describe("other model families' forms", function()
+  local reply = require("rlm.reply")
+  local function xml(prefix, name, code, param)
+    return ("<%sfunction_calls>\n<%sinvoke name=\"%s\">\n<%sparameter name=\"%s\">%s</%sparameter>\n"
+      .. "</%sinvoke>\n</%sfunction_calls>"):format(prefix, prefix, name, prefix, param or "code", code, prefix,
+      prefix, prefix)
+  end
+
+  it("run an XML tool call's code (with and without antml:), strictly", function()
+    for _, prefix in ipairs({ "", "antml:" }) do
+      local r = reply.parse("Let me look.\n" .. xml(prefix, "repl", "\nx = '```'\nprint(x < 'b')\n") .. "\nDone.")
+      assert.are.same({ "x = '```'\nprint(x < 'b')" }, r.blocks)
+      assert.are.equal("Let me look.\n\nDone.", r.text)
+      assert.are.same({}, r.notes)
+    end
+    local two = reply.parse("<function_calls>\n<invoke name=\"python\">\n<parameter name=\"code\">a = 1</parameter>\n"
+      .. "</invoke>\n<invoke name=\"repl\">\n<parameter name=\"code\">b = 2</parameter>\n</invoke>\n</function_calls>")
+    assert.are.same({ "a = 1", "b = 2" }, two.blocks)
+    for _, bad in ipairs({ xml("", "bash", "ls"), xml("", "repl", "ls", "command"),
+      "<function_calls>\n<invoke name=\"repl\">\n<parameter name=\"code\">x = 1</parameter>\n"
+        .. "<parameter name=\"timeout\">5</parameter>\n</invoke>\n</function_calls>",
+      "<function_calls>\nprint(1)\n</function_calls>" }) do
+      local r = reply.parse(bad)
+      assert.are.same({}, r.blocks)
+      assert.matches("tool call did not run", r.notes[1], 1, true)
+    end
+    local unclosed = reply.parse("<function_calls>\n<invoke name=\"repl\">")
+    assert.are.same({}, unclosed.blocks)
+    assert.matches("was never closed", unclosed.notes[1], 1, true)
+    -- Inside a fence it is the block's text, not a call.
+    assert.are.same({ xml("", "repl", "x = 1") }, reply.parse("```repl\n" .. xml("", "repl", "x = 1") .. "\n```").blocks)
+  end)
+
+  it("run a Hermes/Qwen <tool_call>, strictly", function()
+    local r = reply.parse('<tool_call>\n{"name": "repl", "arguments": {"code": "print(1)"}}\n</tool_call>')
+    assert.are.same({ "print(1)" }, r.blocks)
+    local s = reply.parse('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"y = 2\\"}"}</tool_call>')
+    assert.are.same({ "y = 2" }, s.blocks)
+    for _, bad in ipairs({ '<tool_call>{"name": "search", "arguments": {"code": "x"}}</tool_call>',
+      '<tool_call>{"name": "repl", "arguments": {"code": "x", "lang": "py"}}</tool_call>',
+      "<tool_call>not json</tool_call>" }) do
+      local b = reply.parse(bad)
+      assert.are.same({}, b.blocks)
+      assert.matches("tool call did not run", b.notes[1], 1, true)
+    end
+  end)
+
+  it("read GLM's box and an <answer> element as a FINAL line", function()
+    assert.are.same({ { kind = "final", text = "42" } },
+      reply.parse("The total is <|begin_of_box|>FINAL(42)<|end_of_box|>").finals)
+    assert.are.same({ { kind = "final", text = [["svc-b\x0a\x28the \x22db\x22\x29"]] } },
+      reply.parse("<answer>\nsvc-b\n(the \"db\")\n</answer>").finals)
+    assert.are.same({ { kind = "var", text = "best" } }, reply.parse("<answer>FINAL_VAR(best)</answer>").finals)
+    -- Two answers are ambiguous: neither is taken.
+    assert.are.same({}, reply.parse("<answer>a</answer>\n<answer>b</answer>").finals)
+  end)
+
+  describe("under run()", function()
+    after_each(H.assert_clean)
+
+    it("answer through each form in the turns a fence would take", function()
+      local root = H.script({
+        xml("antml:", "repl", "rows = [3, 4]"),
+        '<tool_call>{"name": "repl", "arguments": {"code": "total = sum(rows)"}}</tool_call>',
+        "<|begin_of_box|>FINAL_VAR(total)<|end_of_box|>",
+      })
+      local result, err = H.run({ root_llm = root })
+      assert.is_nil(err)
+      assert.are.equal("7", result.answer)
+      assert.are.equal(3, result.iterations)
+      local answered = H.run({ root_llm = H.script({ "<answer>It is svc-b (from the logs).</answer>" }) })
+      assert.are.equal("It is svc-b (from the logs).", answered.answer)
+      assert.are.equal("prose", answered.answer_source)
+    end)
+  end)
+end)
