@@ -1,6 +1,7 @@
 -- Issue 28: what real models write, out of notebooks and other model
 -- families' formats, gets help or runs, instead of costing turns.
 local H = require("helpers")
+local L = require("helpers.luv")
 local fence = H.fence
 
 -- What the REPL told the model after its nth turn.
@@ -153,5 +154,78 @@ describe("other model families' forms", function()
       assert.are.equal("It is svc-b (from the logs).", answered.answer)
       assert.are.equal("prose", answered.answer_source)
     end)
+  end)
+end)
+
+-- Issue 28: a block that raised mid-loop lost every answer it had paid for.
+describe("a block that raised", function()
+  after_each(H.assert_clean)
+
+  local loop = "notes = []\nfor i in range(10):\n    notes.append(llm_query('chunk %d' % i))\n"
+    .. "    if i == 6 and not fixed:\n        raise KeyError('parse')\n"
+
+  local function rerun()
+    local root = H.script({ fence("fixed = False"), fence(loop), fence("fixed = True\n" .. loop .. "FINAL(len(notes))") })
+    return H.run({ root_llm = root })
+  end
+
+  it("keeps its llm_query answers for the next try, and names what it rolled back", function()
+    local result, err = rerun()
+    assert.is_nil(err)
+    assert.are.equal("10", result.answer)
+    assert.are.equal(7 + 3, result.sub_calls) -- 17 before: the 7 answers asked again
+    local e = result.history[2].error
+    assert.matches("KeyError: 'parse'", e, 1, true)
+    assert.matches("rolled back: notes, i are as before the block", e, 1, true)
+    assert.matches("Its 7 llm_query answers are kept", e, 1, true)
+  end)
+
+  it("gives each kept answer back once, batched too, and a block that succeeds keeps none", function()
+    local root = H.script({
+      fence("a = llm_query('p')\nb = llm_query('p')\nraise ValueError('x')"),
+      fence("r = llm_query_batched(['p', 'q', 'p'])\nprint(r)"),
+      fence("FINAL(llm_query('p'))"),
+    })
+    local result, err = H.run({ root_llm = root })
+    assert.is_nil(err)
+    assert.are.equal("['echo: p', 'echo: q', 'echo: p']\n", result.history[2].stdout)
+    assert.are.equal(2 + 1 + 1, result.sub_calls) -- the batch asked for 'q' alone
+  end)
+end)
+
+-- The same cases of issue 28 under an adapter: each its run() case's
+-- figure, through rlm.adapters.luv.
+H.describe_luv("issue 28's cases under the luv adapter", function()
+  local luv = require("rlm.adapters.luv")
+  after_each(H.assert_clean)
+
+  local function run(opts)
+    local out
+    luv.run(H.opts(opts), function(err, result)
+      out = { err = err, result = result }
+    end)
+    L.run_until(function()
+      return out ~= nil
+    end)
+    return out.result, out.err
+  end
+
+  it("answer a FINAL_VAR past 2^53, mark a last-chance answer partial, echo, read other forms, keep answers", function()
+    local big = run({ root_llm = H.script({ fence("v = [2**62, 2**53 + 1]\nFINAL_VAR('v')") }) })
+    assert.are.equal("[4611686018427387904,9007199254740993]", big.answer)
+    assert.are.equal(1, big.iterations)
+    local last = run({ root_llm = H.script({ fence("x = 1"), "FINAL(42 apples)" }), max_iterations = 1 })
+    assert.are.equal("42 apples", last.answer)
+    assert.is_true(last.partial)
+    local forms, err = run({ root_llm = H.script({
+      "<function_calls>\n<invoke name=\"repl\">\n<parameter name=\"code\">rows = [3, 4]\nsum(rows)</parameter>\n"
+        .. "</invoke>\n</function_calls>",
+      fence("a = llm_query('p')\nraise ValueError('x')"),
+      "<|begin_of_box|>FINAL(llm_query('p') + ' ' + str(sum(rows)))<|end_of_box|>",
+    }) })
+    assert.is_nil(err)
+    assert.are.equal("7\n", forms.history[1].stdout)
+    assert.are.equal("echo: p 7", forms.answer)
+    assert.are.equal(1, forms.sub_calls)
   end)
 end)

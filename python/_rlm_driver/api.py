@@ -285,16 +285,58 @@ def checked_llm_query(prompt, model=None):
 
 
 protocol.checked_llm_query = checked_llm_query
-llm_query = protocol.quick_call  # the common call, on its fast path
-llm_query.__name__ = llm_query.__qualname__ = "llm_query"
+quick_call = protocol.quick_call  # the common call, on its fast path
+
+# The answers a rolled-back block had received (step.run keeps them): the
+# same call in a later block gets one back, once, instead of a sub-call.
+MAX_KEPT = 1000
+
+
+def kept_answer(session, prompt, model):
+    texts = session.kept.get((prompt, model)) if type(prompt) is str else None
+    if not texts:
+        return None
+    session.kept_count -= 1
+    text = texts.pop(0)
+    if not texts:
+        del session.kept[(prompt, model)]
+    return text
+
+
+def keep_answers(session, paid):
+    """A rolled-back step's answers, kept for the next steps (at most
+    MAX_KEPT: past that the oldest go). Returns how many."""
+    for prompt, model, text in paid:
+        session.kept.setdefault((prompt, model), []).append(text)
+        session.kept_count += 1
+    while session.kept_count > MAX_KEPT:
+        key = next(iter(session.kept))
+        kept_answer(session, *key)
+    return len(paid)
+
+
+def llm_query(prompt, model=None):
+    session = state.current
+    text = kept_answer(session, prompt, model) if session.kept else None
+    if text is None:
+        text = quick_call(prompt, model)
+    session.paid.append((prompt, model, text))
+    return text
 
 
 def llm_query_batched(prompts, model=None):
     prompts = str_list(prompts, "llm_query_batched()")
-    request = with_model({"type": "llm_batch", "prompts": prompts}, model, "llm_query_batched()")
-    if not prompts:
-        return []
-    return protocol.call_batch(request, len(prompts), "the llm_query_batched prompts together")
+    session = state.current
+    answers = [kept_answer(session, p, model) if session.kept else None for p in prompts]
+    asked = [p for p, a in zip(prompts, answers) if a is None]
+    request = with_model({"type": "llm_batch", "prompts": asked}, model, "llm_query_batched()")
+    if asked:
+        fresh = iter(protocol.call_batch(request, len(asked), "the llm_query_batched prompts together"))
+        answers = [next(fresh) if a is None else a for a in answers]
+    for prompt, answer in zip(prompts, answers):
+        if isinstance(answer, str) and not isinstance(answer, SubCallError):
+            session.paid.append((prompt, model, answer))
+    return answers
 
 
 def sub_session(prompt, context, what):

@@ -207,6 +207,7 @@ def run(code):
     output = CappedWriter(session.stdout_limit)
     before = dict(namespace)  # shallow: names only, for the rollback
     session.final = None
+    session.paid = []
     session.interrupt_pending = session.interrupt_raised = False
     error = raised = None
     parsed = True
@@ -247,8 +248,12 @@ def run(code):
         kept = not isinstance(raised, KeyboardInterrupt) and failed_in_final(code, filename, raised)
         raised = None  # no frame cycle left
         if not kept:
+            rolled = [name for name, value in namespace.items() if not name.startswith("__")
+                      and (name not in before or before[name] is not value)]
             namespace.clear()
             namespace.update(before)
+            error += rollback_note(rolled, api.keep_answers(session, session.paid))
+    session.paid = []
     final = session.final
     if final is None:
         final, problem = answer_final(namespace)
@@ -263,6 +268,25 @@ def run(code):
 
 
 FINAL_NAMES = ("FINAL", "FINAL_VAR")
+
+
+def rollback_note(names, kept):
+    """What the model is told of a rolled-back block: the names it lost,
+    and the sub-call answers kept for its next try."""
+    if not names and not kept:
+        return ""
+    note = "\n[note: the block raised, so it was rolled back"
+    if names:
+        # At most 20 names of 40 characters: the line has 8 KiB of room
+        # beside the output and the traceback (options.LINE_OVERHEAD).
+        shown = ", ".join(n if len(n) <= 40 else n[:37] + "..." for n in names[:20]) \
+            + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        note += f": {shown} {'is' if len(names) == 1 else 'are'} as before the block"
+    if kept:
+        note += (f". Its {kept} llm_query answer{'' if kept == 1 else 's'} {'is' if kept == 1 else 'are'} "
+                 "kept: the same llm_query (or llm_query_batched) call, same prompt and model, in your next "
+                 f"block returns {'it' if kept == 1 else 'them'} at once, without a sub-call")
+    return note + "]\n"
 
 
 def syntax_hint(exc):
