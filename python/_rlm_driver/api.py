@@ -289,15 +289,16 @@ quick_call = protocol.quick_call  # the common call, on its fast path
 
 # The answers a rolled-back block had received (step.run keeps them): the
 # same call in a later block gets one back, once, instead of a sub-call.
-MAX_KEPT = 1000
+MAX_KEPT, MAX_KEPT_CHARS = 1000, 16 << 20
 
 
 def kept_answer(session, prompt, model):
     texts = session.kept.get((prompt, model)) if type(prompt) is str else None
     if not texts:
         return None
-    session.kept_count -= 1
     text = texts.pop(0)
+    session.kept_count -= 1
+    session.kept_chars -= len(text)
     if not texts:
         del session.kept[(prompt, model)]
     return text
@@ -305,11 +306,13 @@ def kept_answer(session, prompt, model):
 
 def keep_answers(session, paid):
     """A rolled-back step's answers, kept for the next steps (at most
-    MAX_KEPT: past that the oldest go). Returns how many."""
+    MAX_KEPT of MAX_KEPT_CHARS characters in all: past either the oldest
+    go; the sandbox's memory is the run's). Returns how many."""
     for prompt, model, text in paid:
         session.kept.setdefault((prompt, model), []).append(text)
         session.kept_count += 1
-    while session.kept_count > MAX_KEPT:
+        session.kept_chars += len(text)
+    while session.kept_count > MAX_KEPT or session.kept_chars > MAX_KEPT_CHARS:
         key = next(iter(session.kept))
         kept_answer(session, *key)
     return len(paid)
