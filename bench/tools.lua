@@ -44,8 +44,8 @@ function M.run(env)
   end
   local s = common.start(env, {
     answers = answers,
-    tools = { add = function(args)
-      return args[1] + args.y
+    tools = { add = function(x, kw)
+      return x + kw.y
     end },
     max_iterations = 2 * size.rounds + 2,
     max_sub_calls = size.calls * size.rounds,

@@ -271,6 +271,34 @@ describe("answers", function()
       assert.matches("no turns left", told(root, 2), 1, true)
     end)
 
+    -- Issue 28: an answer the model could not check was a plain success.
+    it("marks its answer partial (reason max_iterations), under run(), step() and the final event", function()
+      local evs = {}
+      local result = H.run({ root_llm = H.script({ fence("x = 1"), "FINAL(42 apples)" }), max_iterations = 1,
+        on_event = function(ev)
+          evs[#evs + 1] = ev
+        end })
+      assert.is_true(result.partial)
+      assert.are.equal("max_iterations", result.reason.kind)
+      assert.matches("after max_iterations (1)", result.reason.message, 1, true)
+      local final
+      for _, ev in ipairs(evs) do
+        final = ev.type == "final" and ev or final
+      end
+      assert.is_true(final.partial)
+      assert.are.equal("max_iterations", final.reason)
+      local text = H.run({ root_llm = H.script({ fence("x = 1"), "It is svc-b." }), max_iterations = 1 })
+      assert.is_true(text.partial)
+      local s = H.session({ root_llm = H.script({ fence("x = 1"), "FINAL_VAR(x)" }), max_iterations = 1 })
+      assert.is_nil(s:step().final)
+      local entry = s:step()
+      s:close()
+      assert.are.equal("1", entry.final.answer)
+      assert.is_true(entry.final.partial)
+      local within = H.run({ root_llm = H.script({ fence("x = 1"), "FINAL(42 apples)" }), max_iterations = 2 })
+      assert.is_nil(within.partial)
+    end)
+
     it("takes a prose FINAL_VAR(name)", function()
       local root = H.script({ fence("best = 'svc-b'"), "FINAL_VAR(best)" })
       local result = H.run({ root_llm = root, max_iterations = 1 })

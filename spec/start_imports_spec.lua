@@ -203,7 +203,7 @@ cases = {"x = 1\nprint(x + 1)": True, "def f(a):\n    return [a, 2.5]": True,
          "x = 1  # open": False, "print(vars())": False, "y = f.gi_frame": False,
          "\uff45val('1')": False, "x = 'caf\u00e9'": False}
 wrong = [code for code, plain in cases.items() if screen.plain(code) != plain]
-code = step.compile_step("x = 1\nprint(x + 1)", "<repl-1>", True)
+code, _ = step.compile_step("x = 1\nprint(x + 1)", "<repl-1>", True)
 plain_ast = "_ast" in sys.modules
 try:
     step.compile_step("x = eval('1')", "<repl-2>", True)

@@ -140,7 +140,7 @@ describe("numbers a hostile driver sends", function()
   local function hostile(line, opts)
     local o = {
       guardrails = false,
-      tools = { t = function(args) return args[1] or "ok" end },
+      tools = { t = function(first) return first or "ok" end },
       root_llm = H.script({ fence("import os, time\nos.write(1, " .. line .. " + b'\\n')\ntime.sleep(5)"),
         fence("FINAL('survived')") }),
     }
@@ -217,7 +217,7 @@ describe("what the code makes too deep or too big for the host", function()
   local function run(code, opts)
     local o = {
       guardrails = false,
-      tools = { t = function(args) return args[1] ~= nil and "ok" or "none" end },
+      tools = { t = function(first) return first ~= nil and "ok" or "none" end },
       root_llm = H.script({
         fence("kept = 41\n" .. [[
 def nest(n, leaf=0, d=False):

@@ -19,9 +19,9 @@ local function hostile(code, opts)
   calls = 0
   local o = {
     guardrails = false,
-    tools = { t = function(args)
+    tools = { t = function(first)
       calls = calls + 1
-      return args[1] or "ok"
+      return first or "ok"
     end },
     root_llm = H.script({ fence("import os, sys\n" .. code), fence("FINAL('survived')") }),
   }

@@ -18,11 +18,11 @@ describe("host tools in the log and the viewer", function()
     local path = H.tmpdir .. "-tools.jsonl"
     local result, err = H.run({
       on_event = log.jsonl(path),
-      tools = { kv = function(args)
-        if args[1] == "missing" then
+      tools = { kv = function(key)
+        if key == "missing" then
           error("no key missing")
         end
-        return { key = args[1], n = #args[1] }
+        return { key = key, n = #key }
       end },
       answer_schema = { type = "integer" },
       root_llm = H.script({

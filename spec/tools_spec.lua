@@ -29,9 +29,9 @@ describe("host tools", function()
   it("serves a session whose model calls a tool in a loop of 1,000 calls", function()
     local calls, evs = 0, {}
     local result, err = H.run({
-      tools = { add = { call = function(args)
+      tools = { add = { call = function(x, kw)
         calls = calls + 1
-        return args[1] + (args.y or 0)
+        return x + (kw and kw.y or 0)
       end, doc = "add(x, y=0): x + y" } },
       on_event = function(ev)
         evs[#evs + 1] = ev
@@ -50,8 +50,8 @@ describe("host tools", function()
 
   it("raises a tool's error in the REPL as ToolError, which the code catches", function()
     local result, err = H.run({
-      tools = { lookup = function(args)
-        error("no such key: " .. args[1])
+      tools = { lookup = function(key)
+        error("no such key: " .. key)
       end, soft = function()
         return nil, "not today"
       end },
@@ -77,9 +77,9 @@ FINAL("ok")]]) }),
   it("passes arguments and results as JSON values", function()
     local seen
     local result, err = H.run({
-      tools = { echo = function(args)
-        seen = args
-        return { list = { 1, 2.5, "x", true, rlm.null }, big = 2 ^ 40, none = rlm.null, args = args }
+      tools = { echo = function(...)
+        seen = { n = select("#", ...), ... }
+        return { list = { 1, 2.5, "x", true, rlm.null }, big = 2 ^ 40, none = rlm.null, args = seen[3] }
       end },
       root_llm = H.script({ fence([[
 r = echo([1, {"a": None}], "s", flag=False, n=-3)
@@ -87,11 +87,12 @@ print(sorted(r), r["list"], r["big"], r["none"], r["args"]["flag"], r["args"]["n
 FINAL_VAR("r")]]) }),
     })
     assert.is_nil(err)
+    assert.are.equal(3, seen.n) -- two positional arguments, then the keywords' table
     assert.are.equal(1, seen[1][1])
     assert.are.equal(rlm.null, seen[1][2].a)
     assert.are.equal("s", seen[2])
-    assert.is_false(seen.flag)
-    assert.are.equal(-3, seen.n)
+    assert.is_false(seen[3].flag)
+    assert.are.equal(-3, seen[3].n)
     assert.matches("['args', 'big', 'list', 'none'] [1, 2.5, 'x', True, None] 1099511627776 None False -3",
       stdout_of(result), 1, true)
     assert.are.same({ 1, 2.5, "x", true, rlm.null }, result.value.list)
@@ -225,8 +226,8 @@ FINAL("ok")]]) }),
 
   it("serves tools under run() in a coroutine, whose tool yields to the scheduler", function()
     local s = H.session({
-      tools = { later = function(args)
-        return coroutine.yield({ resume_with = args[1] * 2 })
+      tools = { later = function(n)
+        return coroutine.yield({ resume_with = n * 2 })
       end },
       root_llm = H.script({ fence("FINAL(later(21) + later(1))") }),
     })
@@ -293,15 +294,15 @@ H.describe_luv("host tools under the luv adapter", function()
 
   it("takes a tool's answer later, through done()", function()
     local result, err = run({
-      tools = { later = function(args, done)
+      tools = { later = { async = true, call = function(done, key)
         L.after(20, function()
-          done({ got = args[1] })
+          done({ got = key })
         end)
-      end, fails_later = function(_, done)
+      end }, fails_later = { async = true, call = function(done)
         L.after(5, function()
           done(nil, "the cache is down")
         end)
-      end },
+      end } },
       root_llm = function(_, done)
         done(fence("try:\n    fails_later()\nexcept ToolError as e:\n    print(e)\nFINAL(later('k')['got'])"))
       end,
@@ -313,9 +314,9 @@ H.describe_luv("host tools under the luv adapter", function()
 
   it("takes a tool's answer after it yields until a timer resumes it", function()
     local result, err = run({
-      tools = { nap = function(args)
+      tools = { nap = function(i)
         L.sleep(10)
-        return args[1] + 1
+        return i + 1
       end },
       root_llm = function()
         return fence("FINAL(sum(nap(i) for i in range(5)))")
@@ -334,5 +335,59 @@ H.describe_luv("host tools under the luv adapter", function()
     assert.is_nil(err)
     assert.are.equal("after", result.answer)
     assert.matches("KeyboardInterrupt", result.history[1].error, 1, true)
+  end)
+end)
+
+-- Issue 28: tools = { add = function(a, b) return a + b end } failed with
+-- "attempt to perform arithmetic on a table value".
+describe("host tools' arguments", function()
+  after_each(H.assert_clean)
+
+  it("are the tool's Lua arguments, keywords one table after them only when given", function()
+    local seen = {}
+    local result, err = H.run({
+      tools = { add = function(a, b) return a + b end,
+        shape = { doc = "shape(...): what it got", call = function(...)
+          seen[#seen + 1] = { n = select("#", ...), ... }
+          return select("#", ...)
+        end } },
+      root_llm = H.script({ fence("print(add(2, 3), shape(), shape(None, 1), shape(1, k='v'))\nFINAL(add(40, 2))") }),
+    })
+    assert.is_nil(err)
+    assert.are.equal("42", result.answer)
+    assert.are.equal("5 0 2 2\n", result.history[1].stdout)
+    assert.are.same({ n = 0 }, seen[1])
+    assert.are.same({ n = 2, rlm.null, 1 }, seen[2])
+    assert.are.same({ n = 2, 1, { k = "v" } }, seen[3])
+  end)
+
+  it("refuse an async field that is not a boolean", function()
+    local ok, e = pcall(rlm.Session.new, H.opts({ tools = { t = { call = function() end, async = "yes" } } }))
+    assert.is_false(ok)
+    assert.matches("tool \"t\": async must be a boolean", e, 1, true)
+  end)
+end)
+
+H.describe_luv("host tools' arguments under the luv adapter", function()
+  local luv = require("rlm.adapters.luv")
+  after_each(H.assert_clean)
+
+  it("are the tool's Lua arguments, and an async tool gets done first", function()
+    local out
+    luv.run(H.opts({
+      tools = { add = function(a, b) return a + b end, later = { async = true, call = function(done, a, kw)
+        L.after(5, function()
+          done(a * kw.times)
+        end)
+      end } },
+      root_llm = H.script({ fence("FINAL(add(2, 3) + later(6, times=6))") }),
+    }), function(err, result)
+      out = { err = err, result = result }
+    end)
+    L.run_until(function()
+      return out ~= nil
+    end)
+    assert.is_nil(out.err)
+    assert.are.equal("41", out.result.answer)
   end)
 end)

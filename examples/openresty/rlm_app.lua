@@ -63,8 +63,8 @@ end
 M.tools = {
   kv_get = {
     doc = "kv_get(key): the value stored under key in the server's cache (a str), or None",
-    call = function(args)
-      local key = args[1] or args.key
+    call = function(key, kw)
+      key = key or kw and kw.key
       if type(key) ~= "string" then
         error("kv_get(key) takes a str key", 0)
       end

@@ -19,7 +19,7 @@ local S = M.methods
 -- engine's protocol_error), never an answer of tostring's "table: 0x...".
 function M.final_of(f)
   if f.kind == "var" then
-    local answer = f.value
+    local answer = f.answer or f.value -- the driver's text where an int came as a string
     if type(answer) ~= "string" then
       answer = json.encode(f.value)
     end
@@ -134,6 +134,9 @@ function S:_last_chance()
   end
   final = entry.final
   if final then
+    -- Given without a turn to check it: partial, as a fallback answer is.
+    final.partial, final.reason = true, { kind = "max_iterations", message = ("the answer was given "
+      .. "after max_iterations (%d) root turns, without code"):format(self.opts.max_iterations) }
     local ok
     ok, err = self:_record(entry, nil)
     if not ok then

@@ -211,8 +211,8 @@ M.buffer_tools = {
   read_buffer = {
     doc = "read_buffer(name): the text of an open buffer, by its name or the end of its path "
       .. "(e.g. 'main.c'), as a str",
-    call = function(args)
-      local want = args[1] or args.name
+    call = function(want, kw)
+      want = want or kw and kw.name
       if type(want) ~= "string" or want == "" then
         error("read_buffer(name) takes a buffer's name as a str", 0)
       end

@@ -118,6 +118,10 @@ local validators = {
     if f.numbers ~= nil and f.numbers ~= "ints" and f.numbers ~= "floats" and f.numbers ~= "mixed" then
       return false
     end
+    -- The answer's text, when an int the host cannot hold came as a string.
+    if f.answer ~= nil and (type(f.answer) ~= "string" or not f.json) then
+      return false
+    end
     if f.value_json ~= nil then
       return f.json and type(f.value_json) == "string"
     end

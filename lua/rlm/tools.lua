@@ -56,7 +56,7 @@ end
 
 -- The option check (rlm.options): ok, or false and what was wanted.
 function M.check(tools)
-  local want = "a table of name = function or { call = function, doc = string }"
+  local want = "a table of name = function or { call = function, doc = string, async = boolean }"
   if type(tools) ~= "table" then
     return false, want
   end
@@ -69,10 +69,12 @@ function M.check(tools)
         problem = ("tool %q is neither a function nor a table with a function `call`"):format(name)
       elseif t.doc ~= nil and (type(t.doc) ~= "string" or #t.doc > M.MAX_DOC) then
         problem = ("tool %q: doc must be a string of at most %d bytes"):format(name, M.MAX_DOC)
+      elseif t.async ~= nil and type(t.async) ~= "boolean" then
+        problem = ("tool %q: async must be a boolean"):format(name)
       else
         for k in pairs(t) do
-          if k ~= "call" and k ~= "doc" then
-            problem = ("tool %q: unknown field %s (call, doc)"):format(name, tostring(k))
+          if k ~= "call" and k ~= "doc" and k ~= "async" then
+            problem = ("tool %q: unknown field %s (call, doc, async)"):format(name, tostring(k))
           end
         end
       end
@@ -139,11 +141,31 @@ local function call_of(o, name)
   return t.call
 end
 
+local unpack = rawget(table, "unpack") or rawget(_G, "unpack")
+
 -- Starts the tool for request ev (rlm.dispatch): start(fn, args, settle)
--- as for llm_query. A tool answers a value (rlm.null for None), nil and a
--- message, or raises.
+-- as for llm_query. The tool gets the code's positional arguments as its
+-- Lua arguments, then its keyword arguments as one table when it gave any
+-- (docs/api.md, "Tools"); an async tool gets done first. It answers a
+-- value (rlm.null for None), nil and a message, or raises.
 function M.start(s, ev, start)
-  start(call_of(s.opts, ev.name), ev.args, function(ok, value, message)
+  local fn, t = call_of(s.opts, ev.name), s.opts.tools[ev.name]
+  local async = type(t) == "table" and not util.is_callable(t) and t.async
+  local function call(_, done)
+    local argv, n = {}, 0
+    if async then
+      argv[1], n = done, 1
+    end
+    for i = 1, ev.argc do
+      argv[n + i] = ev.positional[i]
+    end
+    n = n + ev.argc
+    if ev.kwargs then
+      argv[n + 1], n = ev.kwargs, n + 1
+    end
+    return fn(unpack(argv, 1, n))
+  end
+  start(call, nil, function(ok, value, message)
     if not ok then
       s:reply(ev.id, nil, tostring(value))
     elseif value == nil then
@@ -189,12 +211,18 @@ function S:_tool_call(msg)
     return nil, err
   end
   tree.tool_calls = tree.tool_calls + 1
-  local args = msg.args or {}
-  for k, v in pairs(msg.kwargs or {}) do
+  local positional, args = msg.args or {}, {}
+  for i, v in ipairs(positional) do
+    args[i] = v
+  end
+  local kwargs = msg.kwargs and next(msg.kwargs) ~= nil and msg.kwargs or nil
+  for k, v in pairs(kwargs or {}) do
     args[k] = v
   end
-  self:_request({ type = "tool_call", name = msg.name, args = args, depth = self.depth,
-    driver_id = msg.id, exec_id = self.next_exec_id, index = tree.tool_calls })
+  -- args (positional at 1..n, keywords by name) for poll() and the event;
+  -- positional, argc and kwargs for the call.
+  self:_request({ type = "tool_call", name = msg.name, args = args, positional = positional, argc = #positional,
+    kwargs = kwargs, depth = self.depth, driver_id = msg.id, exec_id = self.next_exec_id, index = tree.tool_calls })
   return true
 end
 

@@ -215,7 +215,8 @@ function M:_record(entry, feedback)
   if entry.final then
     self.final = entry.final
     return self:_emit({ type = "final", step = self.iterations, answer = entry.final.answer,
-      kind = entry.final.kind, source = entry.final.source })
+      kind = entry.final.kind, source = entry.final.source, partial = entry.final.partial,
+      reason = entry.final.reason and entry.final.reason.kind })
   end
   return true
 end
@@ -275,6 +276,8 @@ function M:_result(final)
     kind = final.kind,
     var = final.var,
     answer_source = final.source,
+    partial = final.partial,
+    reason = final.reason,
     iterations = self.iterations,
     sub_calls = self.tree.sub_calls,
     tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },

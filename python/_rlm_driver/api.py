@@ -106,17 +106,64 @@ def FINAL_VAR(name):
         text = codec.dumps(value)
     except Exception:
         finish({"kind": "var", "name": name, "value": safe_repr(value), "json": False})
-    problem, numbers = exactness_problem(value, state.current.int_bits)
+    int_bits = state.current.int_bits
+    try:
+        held = host_ints(value, int_bits)
+    except RecursionError:
+        raise ValueError(f"FINAL_VAR({name!r}): the final answer nests lists and dicts more than "
+                         f"{VALUE_DEPTH} deep; the host reads no deeper: answer with something flatter") from None
+    problem, numbers = exactness_problem(held, int_bits)
     if problem is not None:
         raise ValueError(f"FINAL_VAR({name!r}): {problem}")
     final = {"kind": "var", "name": name, "json": True}
-    if numbers == "mixed" and state.current.int_bits >= 64:
+    if held is not value:
+        # An int the host's number cannot hold exactly travels as its
+        # decimal string, and the answer is the value's JSON text, digits
+        # exact (without spaces, as the host writes it).
+        final["answer"] = codec.dumps_plain(codec.loads(text))
+        text = codec.dumps(held)
+    if numbers == "mixed" and int_bits >= 64:
         final["value_json"] = text  # ints and floats: the host decodes this text itself
     else:
         final["value"] = codec.loads(text)  # parsed back: frozen now
         if numbers:
             final["numbers"] = numbers
     finish(final, value)
+
+
+def host_ints(value, int_bits):
+    """`value` with each int that a Lua number of the host cannot hold
+    exactly made what it can (docs/protocol.md, "Numbers"): on Lua 5.1 and
+    LuaJIT (doubles) an int past 2**53 that a double holds exactly (2**62)
+    becomes that float, and one it does not (2**53 + 1) its decimal str; on
+    Lua 5.3+ an int past 64 bits its str. The value itself when none is;
+    else a copy (lists for tuples, the dict keys as they were). `value`
+    went through codec.dumps: JSON types only, no cycles."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
+        return value
+    if isinstance(value, int):
+        if int_bits >= 64:
+            if -2 ** 63 <= value < 2 ** 63:
+                return value
+            return int.__repr__(value)
+        if -2 ** 53 <= value <= 2 ** 53:
+            return value
+        try:
+            as_float = float(value)
+        except OverflowError:
+            return int.__repr__(value)
+        return as_float if int(as_float) == value else int.__repr__(value)
+    if isinstance(value, dict):
+        items = {key: host_ints(item, int_bits) for key, item in value.items()}
+        if all(items[key] is item for key, item in value.items()):
+            return value
+        return items
+    if isinstance(value, (list, tuple)):
+        items = [host_ints(item, int_bits) for item in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return items
+    return value
 
 
 def json_key(key):
@@ -238,16 +285,61 @@ def checked_llm_query(prompt, model=None):
 
 
 protocol.checked_llm_query = checked_llm_query
-llm_query = protocol.quick_call  # the common call, on its fast path
-llm_query.__name__ = llm_query.__qualname__ = "llm_query"
+quick_call = protocol.quick_call  # the common call, on its fast path
+
+# The answers a rolled-back block had received (step.run keeps them): the
+# same call in a later block gets one back, once, instead of a sub-call.
+MAX_KEPT, MAX_KEPT_CHARS = 1000, 16 << 20
+
+
+def kept_answer(session, prompt, model):
+    texts = session.kept.get((prompt, model)) if type(prompt) is str else None
+    if not texts:
+        return None
+    text = texts.pop(0)
+    session.kept_count -= 1
+    session.kept_chars -= len(text)
+    if not texts:
+        del session.kept[(prompt, model)]
+    return text
+
+
+def keep_answers(session, paid):
+    """A rolled-back step's answers, kept for the next steps (at most
+    MAX_KEPT of MAX_KEPT_CHARS characters in all: past either the oldest
+    go; the sandbox's memory is the run's). Returns how many."""
+    for prompt, model, text in paid:
+        session.kept.setdefault((prompt, model), []).append(text)
+        session.kept_count += 1
+        session.kept_chars += len(text)
+    while session.kept_count > MAX_KEPT or session.kept_chars > MAX_KEPT_CHARS:
+        key = next(iter(session.kept))
+        kept_answer(session, *key)
+    return len(paid)
+
+
+def llm_query(prompt, model=None):
+    session = state.current
+    text = kept_answer(session, prompt, model) if session.kept else None
+    if text is None:
+        text = quick_call(prompt, model)
+    session.paid.append((prompt, model, text))
+    return text
 
 
 def llm_query_batched(prompts, model=None):
     prompts = str_list(prompts, "llm_query_batched()")
-    request = with_model({"type": "llm_batch", "prompts": prompts}, model, "llm_query_batched()")
-    if not prompts:
-        return []
-    return protocol.call_batch(request, len(prompts), "the llm_query_batched prompts together")
+    session = state.current
+    answers = [kept_answer(session, p, model) if session.kept else None for p in prompts]
+    asked = [p for p, a in zip(prompts, answers) if a is None]
+    request = with_model({"type": "llm_batch", "prompts": asked}, model, "llm_query_batched()")
+    if asked:
+        fresh = iter(protocol.call_batch(request, len(asked), "the llm_query_batched prompts together"))
+        answers = [next(fresh) if a is None else a for a in answers]
+    for prompt, answer in zip(prompts, answers):
+        if isinstance(answer, str) and not isinstance(answer, SubCallError):
+            session.paid.append((prompt, model, answer))
+    return answers
 
 
 def sub_session(prompt, context, what):
@@ -291,6 +383,23 @@ def rlm_query_batched(prompts, contexts=None):
                                "the rlm_query_batched prompts and contexts together")
 
 
+def SHOW_VARS():
+    """Prints the REPL's variables, a line each: name, type and size (the
+    reference's prompt advertises it)."""
+    namespace = state.current.namespace
+    defined = user_names(namespace)
+    if not defined:
+        print("(no variables yet; the REPL's own names: context, llm_query, llm_query_batched, "
+              "rlm_query, rlm_query_batched, FINAL, FINAL_VAR, answer)")
+    for key in defined:
+        value = namespace[key]
+        try:
+            size = f", len {len(value)}" if isinstance(value, (str, bytes, list, tuple, dict, set)) else ""
+        except Exception:
+            size = ""
+        print(f"{key}: {type(value).__name__}{size}")
+
+
 def names():
     """What a fresh REPL namespace holds."""
     return {
@@ -303,4 +412,5 @@ def names():
         "rlm_query": rlm_query,
         "rlm_query_batched": rlm_query_batched,
         "SubCallError": SubCallError,
+        "SHOW_VARS": SHOW_VARS,
     }

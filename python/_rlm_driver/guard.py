@@ -28,10 +28,17 @@ def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
     parts = name.split(".")
     if parts[0] not in allowed:
         raise ImportError(f"import of {name!r} is refused by the REPL guardrails; "
-                          f"allowed modules: {', '.join(sorted(allowed))}")
+                          f"allowed modules: {', '.join(sorted(allowed))}.{refusal_hint(parts[0])}")
     if any(part.startswith("_") for part in parts):
         raise ImportError(f"import of private module {name!r} is refused by the REPL guardrails")
-    module = REAL_IMPORT(name, None, None, fromlist, 0)
+    try:
+        module = REAL_IMPORT(name, None, None, fromlist, 0)
+    except ModuleNotFoundError as missing:
+        if missing.name != parts[0]:
+            raise
+        raise ModuleNotFoundError(f"No module named {parts[0]!r}: the host allows it "
+                                  f"(allowed_modules), but the sandbox's Python does not have it. "
+                                  f"{WHAT_IS_BOUND}", name=parts[0]) from None
     shield.shield_modules()
     # Checked here: for a missing attribute, `from m import x` would fall
     # back to sys.modules["m.x"] and hand out the raw module.
@@ -40,6 +47,25 @@ def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
             raise ImportError(f"cannot import name {item!r} from {name!r} "
                               "(missing, or hidden by the REPL guardrails)")
     return view_of(module)
+
+
+# Modules that do what the REPL does another way: the sub-calls block, and
+# llm_query_batched runs prompts side by side.
+CONCURRENCY = frozenset({"asyncio", "concurrent", "threading", "multiprocessing", "trio", "anyio"})
+WHAT_IS_BOUND = ("The sandbox binds, read-only, the directories of that interpreter's sys.path "
+                 "(its standard library and site-packages): a module must be installed there.")
+
+
+def refusal_hint(top):
+    """What a refused import's message adds: the way to do without it."""
+    if top in CONCURRENCY:
+        return (" The REPL runs no event loop, and needs none: llm_query() blocks and returns "
+                "the answer (no await); for many prompts at once call "
+                "llm_query_batched([prompt, ...]), which runs them concurrently and returns the "
+                "answers in order.")
+    return (f" A host enables another module with Session.new's allowed_modules option (e.g. "
+            f"allowed_modules = {{\"{top}\"}}). {WHAT_IS_BOUND} Here, do without it "
+            "(plain Python, and the modules above).")
 
 
 def import_for_c(name):

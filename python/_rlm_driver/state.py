@@ -24,6 +24,9 @@ class State:
         self.interrupt_pending = False  # SIGINT came while it could not raise
         self.interrupt_raised = False  # this step's interrupt was raised
         self.originals = None  # the REPL's own names' values (step.restore_names)
+        self.paid = []  # this step's llm_query answers: (prompt, model, text)
+        self.kept = {}  # answers of rolled-back steps, (prompt, model) -> [text, ...] (api.kept_answer)
+        self.kept_count = self.kept_chars = 0
         self.context_data = None  # the context's descriptor (4), until load_context
         # The REPL's namespace is a module of its own, registered as
         # __main__: typing and dataclasses look up the globals of a class's

@@ -207,6 +207,7 @@ def run(code):
     output = CappedWriter(session.stdout_limit)
     before = dict(namespace)  # shallow: names only, for the rollback
     session.final = None
+    session.paid = []
     session.interrupt_pending = session.interrupt_raised = False
     error = raised = None
     parsed = True
@@ -223,7 +224,12 @@ def run(code):
         sys.stdout = sys.stderr = output
         try:
             session.executing = True
+            compiled, echo = compiled
             exec(compiled, namespace)
+            if echo is not None:  # a bare last expression: its repr, as a notebook shows it
+                value = eval(echo, namespace)
+                if value is not None:
+                    output.write(f"{value!r}\n")
         finally:
             session.executing = False
             sys.stdout, sys.stderr = saved
@@ -232,7 +238,7 @@ def run(code):
     except GuardrailError as refusal:
         error = f"GuardrailError: {refusal}"
     except BaseException as exc:  # SystemExit too: the driver must live on
-        error, raised = describe_error(exc), exc
+        error, raised = describe_error(exc) + syntax_hint(exc), exc
     # Again: the one interrupt a step may raise can land inside the finally.
     session.executing = False
     sys.stdout, sys.stderr = saved
@@ -242,8 +248,12 @@ def run(code):
         kept = not isinstance(raised, KeyboardInterrupt) and failed_in_final(code, filename, raised)
         raised = None  # no frame cycle left
         if not kept:
+            rolled = [name for name, value in namespace.items() if not name.startswith("__")
+                      and (name not in before or before[name] is not value)]
             namespace.clear()
             namespace.update(before)
+            error += rollback_note(rolled, api.keep_answers(session, session.paid))
+    session.paid = []
     final = session.final
     if final is None:
         final, problem = answer_final(namespace)
@@ -258,6 +268,79 @@ def run(code):
 
 
 FINAL_NAMES = ("FINAL", "FINAL_VAR")
+
+
+def rollback_note(names, kept):
+    """What the model is told of a rolled-back block: the names it lost,
+    and the sub-call answers kept for its next try."""
+    if not names and not kept:
+        return ""
+    note = "\n[note: the block raised, so it was rolled back"
+    if names:
+        # At most 20 names of 40 characters: the line has 8 KiB of room
+        # beside the output and the traceback (options.LINE_OVERHEAD).
+        shown = ", ".join(n if len(n) <= 40 else n[:37] + "..." for n in names[:20]) \
+            + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        note += f": {shown} {'is' if len(names) == 1 else 'are'} as before the block"
+    if kept:
+        note += (f". Its {kept} llm_query answer{'' if kept == 1 else 's'} {'is' if kept == 1 else 'are'} "
+                 "kept: the same llm_query (or llm_query_batched) call, same prompt and model, in your next "
+                 f"block returns {'it' if kept == 1 else 'them'} at once, without a sub-call")
+    return note + "]\n"
+
+
+def syntax_hint(exc):
+    """What a notebook habit's SyntaxError adds: top-level await (and async
+    for/with) has no event loop here, and needs none."""
+    message = getattr(exc, "msg", None)
+    if not isinstance(exc, SyntaxError) or not isinstance(message, str) \
+            or ("await" not in message and "async" not in message):
+        return ""
+    return ("Hint: the REPL runs no event loop, and needs none: llm_query() blocks and returns "
+            "the answer, so write answer = llm_query(prompt) without await; for many prompts at "
+            "once, llm_query_batched([prompt, ...]) runs them concurrently and returns the answers "
+            "in order.\n")
+
+
+STATEMENT_WORDS = frozenset({"import", "from", "def", "class", "if", "elif", "else", "for", "while",
+                             "with", "try", "except", "finally", "return", "raise", "assert", "del",
+                             "pass", "break", "continue", "global", "nonlocal", "async"})
+
+
+def echo_candidate(code):
+    """Whether the code's last line could end a bare expression: a cheap
+    look, so that most steps (an assignment, a print, a statement last)
+    need no syntax tree, and the first keeps its quick compile; the tree
+    decides."""
+    end = len(code.rstrip())
+    line = code[code.rfind("\n", 0, end) + 1:end]
+    if not line or line[0] in " \t#@" or line.startswith(("print(", "FINAL(", "FINAL_VAR(")):
+        return False
+    if line.split(None, 1)[0].rstrip(":") in STATEMENT_WORDS:
+        return False
+    depth, quote = 0, None
+    for at, char in enumerate(line):  # an `=` outside brackets and quotes: an assignment
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "=" and depth <= 0 and line[at - 1:at] not in ("=", "!", "<", ">") \
+                and line[at + 1:at + 2] != "=":
+            return False
+    return True
+
+
+def split_echo(parsed, filename):
+    """(the module without a bare last expression, that expression's code
+    for eval, or None)."""
+    echo = None
+    if parsed.body and isinstance(parsed.body[-1], tree.Expr):
+        echo = compile(tree.Expression(body=parsed.body.pop().value), filename, "eval", dont_inherit=True)
+    return compile(parsed, filename, "exec", dont_inherit=True), echo
 
 
 def failed_in_final(code, filename, exc):
@@ -355,15 +438,19 @@ def quick_compile(code, filename):
 
 
 def compile_step(code, filename, guardrails):
+    """(the step's code object, a bare last expression's code or None)."""
     is_plain = plain(code)
     if not guardrails or is_plain:
+        if echo_candidate(code):
+            compiled_once[0] = True
+            return split_echo(compile(code, filename, "exec", tree.PyCF_ONLY_AST, dont_inherit=True), filename)
         code_object = quick_compile(code, filename) if is_plain and not compiled_once[0] else None
         compiled_once[0] = True
         if code_object is None:
             code_object = compile(code, filename, "exec", dont_inherit=True)
-        return code_object
+        return code_object, None
     compiled_once[0] = True
     parsed = compile(code, filename, "exec", tree.PyCF_ONLY_AST, dont_inherit=True)
     screen(parsed)
     parsed = tree.fix_missing_locations(RouteFormatting().visit(parsed))
-    return compile(parsed, filename, "exec", dont_inherit=True)
+    return split_echo(parsed, filename)

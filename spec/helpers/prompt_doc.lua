@@ -34,6 +34,8 @@ function M.blocks()
   local parse_notes = reply.parse("```bash\nls\n```\n```repl\nprint(1)\n```\n```\nprint(2)\n```\n"
     .. "FINAL(never closed\n\n```repl\nprint(3)\n").notes
   parse_notes[#parse_notes + 1] = reply.parse("FINAL(see\n```repl\nx = ')'\n```\n").notes[1]
+  parse_notes[#parse_notes + 1] = reply.parse("<function_calls>\n<invoke name=\"bash\">\n<parameter name=\"code\">"
+    .. "ls</parameter>\n</invoke>\n</function_calls>").notes[1]
   return {
     { "system", prompt.default_system(o, "a str of 1,234,567 characters", 0) },
     { "nested", prompt.default_system(defaults({ max_depth = 2 }), "a str of 1,234,567 characters", 0)

@@ -66,27 +66,27 @@ function M.tools()
     tmpdir = tmpdir,
     step_timeout_ms = 30000,
     tools = {
-      shared_get = function(args)
-        local v = dict:get(args[1])
+      shared_get = function(key)
+        local v = dict:get(key)
         if v == nil then
           return require("rlm").null
         end
         return v
       end,
-      slow_double = function(args)
+      slow_double = function(n)
         ngx.sleep(0.05)
-        return args[1] * 2
+        return n * 2
       end,
-      later = function(args, done)
+      later = { async = true, call = function(done, text)
         assert(ngx.timer.at(0.05, function()
-          done(args[1] .. "!")
+          done(text .. "!")
         end))
-      end,
-      fails_later = function(_, done)
+      end },
+      fails_later = { async = true, call = function(done)
         assert(ngx.timer.at(0.02, function()
           done(nil, "the cache is cold")
         end))
-      end,
+      end },
     },
     root_llm = function()
       return fence("try:\n    fails_later()\nexcept ToolError as e:\n    print(e)\n"

@@ -374,16 +374,16 @@ cases[#cases + 1] = function(next_case)
   for k, v in pairs(require("rlm.nvim").buffer_tools) do
     tools[k] = v
   end
-  tools.later = function(args, done)
+  tools.later = { async = true, call = function(done, n)
     vim.defer_fn(function()
-      done(args[1] * 2)
+      done(n * 2)
     end, 50)
-  end
-  tools.fails_later = function(_, done)
+  end }
+  tools.fails_later = { async = true, call = function(done)
     vim.defer_fn(function()
       done(nil, "the index is busy")
     end, 20)
-  end
+  end }
   adapter.run({
     context = "x",
     tmpdir = tmpdir,
