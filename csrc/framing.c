@@ -61,8 +61,6 @@ int rlm_framer_overflowed(const rlm_framer *f) {
   return f->scan == used(f) && used(f) > f->max;
 }
 
-size_t rlm_framer_held(const rlm_framer *f) { return f->cap; }
-
 char *rlm_framer_space(rlm_framer *f, size_t want, size_t *len) {
   *len = 0;
   if (want == 0)

@@ -42,9 +42,6 @@ RLM_FN int rlm_framer_ready(rlm_framer *f);
 /* Whether the partial line has passed max: the stream is broken. */
 RLM_FN int rlm_framer_overflowed(const rlm_framer *f);
 
-/* Bytes held (what was allocated), for accounting. */
-RLM_FN size_t rlm_framer_held(const rlm_framer *f);
-
 /* Gives a large buffer back when it holds little (after a long line was
  * taken and copied), moving what it holds to a small one. Invalidates the
  * last line's view. */
