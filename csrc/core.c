@@ -369,24 +369,6 @@ static int helper_env(lua_State *L) {
   return lua_gettop(L);
 }
 
-/* core.macos_argv{sandbox_exec=, profile=, python=, python_prefix=,
- *                 driver=, workdir=} -> {argv...} | nil, message */
-static int core_macos_argv(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  rlm_macos_spec spec;
-  spec.sandbox_exec = opt_string(L, 1, "sandbox_exec");
-  spec.profile = opt_string(L, 1, "profile");
-  spec.python = opt_string(L, 1, "python");
-  spec.python_prefix = opt_string(L, 1, "python_prefix");
-  spec.driver = opt_string(L, 1, "driver");
-  spec.workdir = opt_string(L, 1, "workdir");
-  rlm_argv argv = {0};
-  char err[256];
-  if (rlm_macos_argv(&spec, &argv, err, sizeof(err)) != 0)
-    return fail(L, err);
-  return push_argv(L, &argv);
-}
-
 /* core.helper(argv, timeout_ms, max_bytes) -> Driver | nil, message
  * Starts a trusted helper (the interpreter probe) outside the sandbox, with
  * the host's environment, as a Driver to poll like any other: its lines,
@@ -1283,7 +1265,6 @@ static const luaL_Reg driver_methods[] = {
 static const luaL_Reg core_functions[] = {
     {"spawn", core_spawn},
     {"sandbox_argv", core_sandbox_argv},
-    {"macos_argv", core_macos_argv},
     {"helper", core_helper},
     {"waitset", core_waitset},
     {"find_program", core_find_program},
