@@ -10,6 +10,7 @@
 #include "framing.c"
 #include "inspect.c"
 #include "interrupt.c"
+#include "jsonscan.c"
 #include "keeper.c"
 #include "plan.c"
 #include "sandbox.c"
