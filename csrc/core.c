@@ -164,46 +164,14 @@ static const luaL_Reg core_functions[] = {
 };
 
 __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
-  luaL_newmetatable(L, DRIVER_MT);
-  luaL_newlib(L, driver_methods);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, driver_close);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, driver_close);
-  lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, driver_tostring);
-  lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
-  luaL_newmetatable(L, CANARIES_MT);
-  luaL_newlib(L, canaries_methods);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, canaries_remove);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
+  open_driver(L);
+  open_canaries(L);
   luaL_newmetatable(L, SEALED_MT);
   lua_pushcfunction(L, blob_gc);
   lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
-  luaL_newmetatable(L, HOOK_MT);
-  lua_pushcfunction(L, core_hook_release);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
-  luaL_newmetatable(L, WAITSET_MT);
-  luaL_newlib(L, waitset_methods);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, waitset_close);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
-#if LUA_VERSION_NUM < 502
-  /* The thread a SIGINT handler sets its hook on (hook_thread), when this
-   * is it: PUC 5.1 has no other way to it. */
-  if (lua_pushthread(L)) {
-    lua_pushlightuserdata(L, (void *)&MAIN_THREAD_KEY);
-    lua_insert(L, -2);
-    lua_rawset(L, LUA_REGISTRYINDEX);
-  } else
-    lua_pop(L, 1);
-#endif
+  open_hook(L);
+  open_waitset(L);
   luaL_newlib(L, core_functions);
   lua_pushliteral(L, "rlm.core 0.1");
   lua_setfield(L, -2, "_VERSION");

@@ -1,8 +1,9 @@
 /* core.h: what the binding files of rlm.core share (core.c, the module
  * table and its stateless functions; core_driver.c and core_spawn.c, the
  * Driver userdata and what makes one; core_hook.c, the SIGINT token;
- * core_canaries.c; core_waitset.c): the userdata's metatable names, the
- * Driver's state, and the few helpers more than one of them calls. */
+ * core_canaries.c; core_waitset.c): the Driver's metatable name and
+ * state, each userdata's metatable maker, and the few helpers more than one
+ * of them calls. */
 #ifndef RLM_CORE_H
 #define RLM_CORE_H
 
@@ -11,8 +12,7 @@
 #include "unit.h"
 
 #define DRIVER_MT "rlm.core.Driver"
-#define CANARIES_MT "rlm.core.Canaries"
-#define WAITSET_MT "rlm.core.Waitset"
+
 typedef struct driver_ud {
   rlm_driver *d;
   int ctx_ref; /* the context string, in the registry while the driver's
@@ -30,8 +30,16 @@ typedef struct hook_state hook_state;
 RLM_FN int fail(lua_State *L, const char *msg);
 /* Closes *fd if it is open, and makes it -1. */
 RLM_FN void close_fd(int *fd);
-/* See core_hook.c. */
+/* Non-zero when a SIGINT asked the state to stop since the token `before`
+ * was taken (core_hook.c says how it is told); the token at index i, or
+ * NULL (the wait is not interruptible). */
 RLM_FN int interrupt_asked(lua_State *L, const hook_state *before);
 RLM_FN const hook_state *opt_hook_token(lua_State *L, int i);
+
+/* Each userdata's metatable, made once at luaopen_rlm_core. */
+RLM_FN void open_driver(lua_State *L);
+RLM_FN void open_hook(lua_State *L);
+RLM_FN void open_canaries(lua_State *L);
+RLM_FN void open_waitset(lua_State *L);
 
 #endif

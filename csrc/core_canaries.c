@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#define CANARIES_MT "rlm.core.Canaries"
+
 /* core.plant_canaries(home, dir) -> Canaries: see canary.h. */
 static int core_plant_canaries(lua_State *L) {
   const char *home = luaL_optstring(L, 1, NULL);
@@ -15,6 +17,10 @@ static int core_plant_canaries(lua_State *L) {
   luaL_getmetatable(L, CANARIES_MT);
   lua_setmetatable(L, -2);
   return 1;
+}
+
+static rlm_canaries *check_canaries(lua_State *L) {
+  return luaL_checkudata(L, 1, CANARIES_MT);
 }
 
 static void set_string(lua_State *L, const char *key, const char *value) {
@@ -34,7 +40,7 @@ static void set_int(lua_State *L, const char *key, int value) {
 /* c:info() -> { secret=, home_file=, tcp_port=, unix_path=, abstract=,
  *               leaked_fd=, host_pid= }: what the self-test tries. */
 static int canaries_info(lua_State *L) {
-  rlm_canaries *c = luaL_checkudata(L, 1, CANARIES_MT);
+  rlm_canaries *c = check_canaries(L);
   lua_newtable(L);
   set_string(L, "secret", c->secret);
   set_string(L, "home_file", c->home_file);
@@ -47,12 +53,12 @@ static int canaries_info(lua_State *L) {
 }
 
 static int canaries_close_leaked(lua_State *L) {
-  rlm_canaries_close_leaked(luaL_checkudata(L, 1, CANARIES_MT));
+  rlm_canaries_close_leaked(check_canaries(L));
   return 0;
 }
 
 static int canaries_remove(lua_State *L) {
-  rlm_canaries_remove(luaL_checkudata(L, 1, CANARIES_MT));
+  rlm_canaries_remove(check_canaries(L));
   return 0;
 }
 
@@ -62,3 +68,12 @@ static const luaL_Reg canaries_methods[] = {
     {"remove", canaries_remove},
     {NULL, NULL},
 };
+
+void open_canaries(lua_State *L) {
+  luaL_newmetatable(L, CANARIES_MT);
+  luaL_newlib(L, canaries_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, canaries_remove);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+}

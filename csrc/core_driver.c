@@ -544,3 +544,16 @@ static const luaL_Reg driver_methods[] = {
     {"close", driver_close},
     {NULL, NULL},
 };
+
+void open_driver(lua_State *L) {
+  luaL_newmetatable(L, DRIVER_MT);
+  luaL_newlib(L, driver_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, driver_close);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, driver_close);
+  lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, driver_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+}

@@ -38,6 +38,10 @@ typedef struct hook_state {
 static const char MAIN_THREAD_KEY = 0;  /* PUC 5.1: the main thread */
 static const char STASHED_HOOK_KEY = 0; /* the hook taken off, a hook_state */
 
+static hook_state *check_hook(lua_State *L) {
+  return luaL_checkudata(L, 1, HOOK_MT);
+}
+
 /* The thread whose hook a SIGINT handler sets: the main thread (LuaJIT's
  * hook is the state's, whichever thread asks). */
 static lua_State *hook_thread(lua_State *L) {
@@ -111,7 +115,7 @@ static int core_hook_state(lua_State *L) {
 
 /* core.hook_release(token): disarms what the token armed; also its __gc. */
 static int core_hook_release(lua_State *L) {
-  hook_state *h = luaL_checkudata(L, 1, HOOK_MT);
+  hook_state *h = check_hook(L);
   if (h->armed) {
     h->armed = 0;
     rlm_interrupt_disarm();
@@ -123,7 +127,7 @@ static int core_hook_release(lua_State *L) {
  * to stop since the token was taken (the hook, if there, is stashed as a
  * wait's is). */
 static int core_interrupted(lua_State *L) {
-  const hook_state *before = luaL_checkudata(L, 1, HOOK_MT);
+  const hook_state *before = check_hook(L);
   lua_pushboolean(L, interrupt_asked(L, before) != 0);
   return 1;
 }
@@ -151,4 +155,21 @@ static int core_reraise_interrupt(lua_State *L) {
   lua_sethook(h.thread, h.hook, h.mask, h.count);
   lua_pushboolean(L, 1);
   return 1;
+}
+
+void open_hook(lua_State *L) {
+  luaL_newmetatable(L, HOOK_MT);
+  lua_pushcfunction(L, core_hook_release);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+#if LUA_VERSION_NUM < 502
+  /* The thread a SIGINT handler sets its hook on (hook_thread), when this
+   * is it: PUC 5.1 has no other way to it. */
+  if (lua_pushthread(L)) {
+    lua_pushlightuserdata(L, (void *)&MAIN_THREAD_KEY);
+    lua_insert(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+  } else
+    lua_pop(L, 1);
+#endif
 }

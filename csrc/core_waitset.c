@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#define WAITSET_MT "rlm.core.Waitset"
+
 /* core.waitset() -> Waitset | nil, message: see waitset.h. */
 static int core_waitset(lua_State *L) {
   int *fd = lua_newuserdata(L, sizeof(*fd));
@@ -83,3 +85,12 @@ static const luaL_Reg waitset_methods[] = {
     {"remove", waitset_remove}, {"wait", waitset_wait},
     {"close", waitset_close},   {NULL, NULL},
 };
+
+void open_waitset(lua_State *L) {
+  luaL_newmetatable(L, WAITSET_MT);
+  luaL_newlib(L, waitset_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, waitset_close);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+}
