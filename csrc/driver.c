@@ -833,11 +833,6 @@ int rlm_driver_wait(rlm_driver *d, int timeout_ms, int interruptible,
 
 rlm_event *rlm_driver_take(rlm_driver *d) { return pop_event(d); }
 
-rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms) {
-  rlm_driver_wait(d, timeout_ms, 0, 0);
-  return pop_event(d);
-}
-
 void rlm_driver_line_taken(rlm_driver *d) { rlm_framer_trim(&d->framer); }
 
 void rlm_driver_kill(rlm_driver *d) {

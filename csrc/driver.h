@@ -116,12 +116,7 @@ RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
  * the newline. */
 RLM_FN int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n);
 
-/* Waits up to timeout_ms (0: do not wait, <0: no limit) for the next event.
- * Returns it (free with rlm_event_free), or NULL when none came. A line is
- * a view into the driver's framing buffer, good until the next call. */
-RLM_FN rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
-
-/* Runs the driver's loop until it has an event for rlm_driver_poll, or
+/* Runs the driver's loop until it has an event for rlm_driver_take, or
  * timeout_ms pass (-1: no limit; 0: one look), without taking the event.
  * With `interruptible`, a SIGINT that the armed handler sees ends the wait
  * too (csrc/interrupt.h), and so does one it saw since rlm_interrupt_count()
@@ -129,8 +124,10 @@ RLM_FN rlm_event *rlm_driver_poll(rlm_driver *d, int timeout_ms);
 RLM_FN int rlm_driver_wait(rlm_driver *d, int timeout_ms, int interruptible,
                            unsigned seen);
 
-/* The event the driver holds already (a line read, a terminal event), or
- * NULL: rlm_driver_poll without looking at the pipes. */
+/* The event the driver holds already (a line read, a terminal event),
+ * without looking at the pipes: free it with rlm_event_free. NULL when none
+ * is held. A line is a view into the driver's framing buffer, good until
+ * the next call. */
 RLM_FN rlm_event *rlm_driver_take(rlm_driver *d);
 RLM_FN void rlm_event_free(rlm_event *ev);
 

@@ -10,6 +10,7 @@
 #include "framing.c"
 #include "inspect.c"
 #include "interrupt.c"
+#include "jsonscan.c"
 #include "keeper.c"
 #include "plan.c"
 #include "sandbox.c"
@@ -22,4 +23,11 @@
 #include "watchdog.c"
 #include "workdir.c"
 
-#include "core.c" /* the Lua module, last: luaopen_rlm_core */
+/* The Lua bindings (core.h), the module itself last: luaopen_rlm_core. */
+#include "core_canaries.c"
+#include "core_driver.c"
+#include "core_hook.c"
+#include "core_spawn.c"
+#include "core_waitset.c"
+
+#include "core.c"

@@ -555,39 +555,6 @@ fail:
   return -1;
 }
 
-int rlm_macos_argv(const rlm_macos_spec *spec, rlm_argv *out, char *err,
-                   size_t errlen) {
-  const char *params[][2] = {
-      {"PYTHON", spec->python},
-      {"PYTHON_PREFIX", spec->python_prefix},
-      {"DRIVER", spec->driver},
-      {"WORKDIR", spec->workdir},
-  };
-  char def[PATH_MAX + 32];
-  int failed = rlm_argv_push(out, spec->sandbox_exec);
-  for (size_t i = 0; i < sizeof(params) / sizeof(params[0]) && !failed; i++) {
-    /* A profile parameter is one argv item: no quoting to get wrong, but a
-     * path must not be empty or relative. */
-    if (params[i][1] == NULL || params[i][1][0] != '/') {
-      snprintf(err, errlen, "%s must be an absolute path", params[i][0]);
-      rlm_argv_free(out);
-      return -1;
-    }
-    snprintf(def, sizeof(def), "%s=%s", params[i][0], params[i][1]);
-    failed = rlm_argv_push(out, "-D") || rlm_argv_push(out, def);
-  }
-  const char *tail[] = {"-f", spec->profile, spec->python, "-I",
-                        "-S", "-B",          spec->driver, NULL};
-  for (const char **p = tail; *p != NULL && !failed; p++)
-    failed = rlm_argv_push(out, *p);
-  if (failed) {
-    snprintf(err, errlen, "out of memory building the sandbox command line");
-    rlm_argv_free(out);
-    return -1;
-  }
-  return 0;
-}
-
 static int is_executable_file(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;

@@ -67,18 +67,6 @@ RLM_FN void rlm_argv_free(rlm_argv *a);
 RLM_FN int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out,
                             char *err, size_t errlen);
 
-/* The macOS command: sandbox-exec with the profile sandbox/macos.sb and its
- * parameters, then the interpreter and the driver. Untested on macOS (the
- * rest of the C core is Linux-only for now); built and checked everywhere. */
-typedef struct rlm_macos_spec {
-  const char *sandbox_exec; /* /usr/bin/sandbox-exec */
-  const char *profile;      /* path of macos.sb */
-  const char *python, *python_prefix, *driver, *workdir;
-} rlm_macos_spec;
-
-RLM_FN int rlm_macos_argv(const rlm_macos_spec *spec, rlm_argv *out, char *err,
-                          size_t errlen);
-
 /* Finds an executable: an absolute or relative path is checked as given, a
  * bare name is looked up on the host's PATH. Returns 0 and the absolute path
  * in out, or -1. */

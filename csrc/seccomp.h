@@ -16,7 +16,4 @@ RLM_FN int rlm_seccomp_fd(char *err, size_t errlen);
  * kept open; or -1 with a message in err. Thread-safe. */
 RLM_FN int rlm_seccomp_open(char *err, size_t errlen);
 
-/* The filter itself, for tests: its length in instructions. */
-RLM_FN size_t rlm_seccomp_program(const void **prog);
-
 #endif

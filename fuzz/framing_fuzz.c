@@ -1,16 +1,19 @@
 /* framing_fuzz.c: libFuzzer harness for what the host does with the bytes a
  * hostile driver writes: the C framer (csrc/framing.c) as the driver uses
  * it (reads into its free end, lines taken as views, reading paused while a
- * line waits), the JSON value bound (rlm_json_values), then each complete
- * line through the Lua protocol decoder (lua/rlm/protocol.lua, lua-cjson),
- * in a Lua 5.4 state of its own. A crash, a leak, a line past the cap, a
- * lost or invented byte, a buffer past max + 1 bytes, a value count below
- * what cjson built, or a Lua error escaping the decoder (instead of its
- * nil, reason) is a finding. So is a lone llm_query line the host reads
- * itself (rlm_quick_query) that the decoder reads otherwise, and an escaped
- * prompt (rlm_json_escape) that lua-cjson does not read back as it was. */
-/* framing.c is one of rlm.core's static units (csrc/unit.h): take it whole. */
+ * line waits), the JSON value bound (rlm_json_values, csrc/jsonscan.c),
+ * then each complete line through the Lua protocol decoder
+ * (lua/rlm/protocol.lua, lua-cjson), in a Lua 5.4 state of its own. A
+ * crash, a leak, a line past the cap, a lost or invented byte, a buffer
+ * past max + 1 bytes, a value count below what cjson built, or a Lua error
+ * escaping the decoder (instead of its nil, reason) is a finding. So is a
+ * lone llm_query line the host reads itself (rlm_quick_query) that the
+ * decoder reads otherwise, and an escaped prompt (rlm_json_escape) that
+ * lua-cjson does not read back as it was. */
+/* framing.c and jsonscan.c are two of rlm.core's static units
+ * (csrc/unit.h): take them whole. */
 #include "../csrc/framing.c"
+#include "../csrc/jsonscan.c"
 
 #include <lauxlib.h>
 #include <lua.h>

@@ -20,7 +20,7 @@ VALUE_DEPTH = LINE_DEPTH - 2
 
 def shape(value, limit, depth_limit):
     """(JSON values, lists and dicts nested) in `value` as the host counts
-    them (csrc/framing.c: an empty list or dict counts 2; a tuple is the
+    them (csrc/jsonscan.c: an empty list or dict counts 2; a tuple is the
     list json.dumps writes), stopping past either limit: a level at a time."""
     count, depth, level = 0, 0, [value]
     while level and count <= limit and depth <= depth_limit:

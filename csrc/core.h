@@ -1,0 +1,45 @@
+/* core.h: what the binding files of rlm.core share (core.c, the module
+ * table and its stateless functions; core_driver.c and core_spawn.c, the
+ * Driver userdata and what makes one; core_hook.c, the SIGINT token;
+ * core_canaries.c; core_waitset.c): the Driver's metatable name and
+ * state, each userdata's metatable maker, and the few helpers more than one
+ * of them calls. */
+#ifndef RLM_CORE_H
+#define RLM_CORE_H
+
+#include "compat.h"
+#include "driver.h"
+#include "unit.h"
+
+#define DRIVER_MT "rlm.core.Driver"
+
+typedef struct driver_ud {
+  rlm_driver *d;
+  int ctx_ref; /* the context string, in the registry while the driver's
+                  keeper may read it; LUA_NOREF */
+  int late_fd; /* late_context: the writable end of the child's empty
+                  context memfd, until write_context seals it; -1 */
+  struct late_writer *writer; /* a large late context being written off
+                                 the Lua thread; NULL */
+} driver_ud;
+
+/* A hook_state is core.hook_state()'s token (core_hook.c). */
+typedef struct hook_state hook_state;
+
+/* nil, msg: a runtime failure's two results. */
+RLM_FN int fail(lua_State *L, const char *msg);
+/* Closes *fd if it is open, and makes it -1. */
+RLM_FN void close_fd(int *fd);
+/* Non-zero when a SIGINT asked the state to stop since the token `before`
+ * was taken (core_hook.c says how it is told); the token at index i, or
+ * NULL (the wait is not interruptible). */
+RLM_FN int interrupt_asked(lua_State *L, const hook_state *before);
+RLM_FN const hook_state *opt_hook_token(lua_State *L, int i);
+
+/* Each userdata's metatable, made once at luaopen_rlm_core. */
+RLM_FN void open_driver(lua_State *L);
+RLM_FN void open_hook(lua_State *L);
+RLM_FN void open_canaries(lua_State *L);
+RLM_FN void open_waitset(lua_State *L);
+
+#endif
