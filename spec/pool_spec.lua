@@ -449,7 +449,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     for i, ev in ipairs(entry.events) do
       lines[i] = ev[2]
     end
-    local boot = require("rlm.boot")
+    local boot = require("rlm.engine.boot")
     -- The real driver, seen through a stand-in that lies about one thing.
     local function seen(overrides)
       return setmetatable({}, { __index = function(_, k)

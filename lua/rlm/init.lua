@@ -8,15 +8,15 @@
 -- from an event loop. This file is the public API; the jobs live in
 -- rlm.session, rlm.boot, rlm.wire, rlm.limits, rlm.subcalls, rlm.nested,
 -- rlm.turn, rlm.engine and rlm.blocking.
-local dispatch = require("rlm.dispatch")
-local options = require("rlm.options")
-local prompt = require("rlm.prompt")
-local json = require("rlm.json")
-local Session = require("rlm.session")
+local dispatch = require("rlm.drive.dispatch")
+local options = require("rlm.engine.options")
+local prompt = require("rlm.engine.prompt")
+local json = require("rlm.base.json")
+local Session = require("rlm.engine.session")
 
 local rlm = { _VERSION = "rlm 0.2.0", null = json.null }
 rlm.Session = Session
-rlm.Pool = require("rlm.pool")
+rlm.Pool = require("rlm.engine.pool")
 
 function Session.new(opts)
   local o = options.check(opts)

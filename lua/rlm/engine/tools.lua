@@ -4,10 +4,10 @@
 -- out through poll() like an llm_query, and sends the tool's value (or its
 -- error) back as a tool_result.
 local core = require("rlm.core")
-local json = require("rlm.json")
-local textlib = require("rlm.text")
+local json = require("rlm.base.json")
+local textlib = require("rlm.base.text")
 
-local util = require("rlm.util")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -3,11 +3,11 @@
 -- other modules (boot, wire, limits, subcalls, nested, turn, finals,
 -- engine) are mixed into the one Session class here; rlm (init.lua) adds
 -- the public API.
-local errors = require("rlm.errors")
-local prompt = require("rlm.prompt")
-local protocol = require("rlm.protocol")
-local tools = require("rlm.tools")
-local util = require("rlm.util")
+local errors = require("rlm.base.errors")
+local prompt = require("rlm.engine.prompt")
+local protocol = require("rlm.base.protocol")
+local tools = require("rlm.engine.tools")
+local util = require("rlm.base.util")
 
 local Session = {}
 Session.__index = Session
@@ -70,7 +70,7 @@ local function new_session(o, parent, context_data, context_format, description)
   end
   self.messages = {
     -- The tools and the answer's schema are told whatever the prompt is.
-    { role = "system", content = system .. tools.prompt(o) .. require("rlm.answer").prompt(o) },
+    { role = "system", content = system .. tools.prompt(o) .. require("rlm.engine.answer").prompt(o) },
     { role = "user", content = prompt.first_user(o.query) },
   }
   return self
@@ -134,14 +134,16 @@ end
 
 Session.new_session = new_session
 
-for _, methods in ipairs({ tools.methods, require("rlm.answer").methods, require("rlm.finals").methods }) do
+for _, methods in ipairs({ tools.methods, require("rlm.engine.answer").methods,
+  require("rlm.engine.finals").methods }) do
   for k, fn in pairs(methods) do
     assert(Session[k] == nil, k)
     Session[k] = fn
   end
 end
 
-for _, name in ipairs({ "wire", "boot", "limits", "subcalls", "nested", "turn", "engine", "blocking" }) do
+for _, name in ipairs({ "engine.wire", "engine.boot", "engine.limits", "engine.subcalls", "engine.nested",
+  "engine.turn", "engine.loop", "drive.blocking" }) do
   for k, fn in pairs(require("rlm." .. name)) do
     assert(Session[k] == nil, k)
     Session[k] = fn

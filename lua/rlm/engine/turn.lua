@@ -1,12 +1,12 @@
 -- Root turns: ask the root model, run its code, record the output; the
--- engine's body. Reading the final answer is lua/rlm/finals.lua's.
+-- engine's body. Reading the final answer is lua/rlm/engine/finals.lua's.
 local core = require("rlm.core")
-local errors = require("rlm.errors")
-local finals = require("rlm.finals")
-local prompt = require("rlm.prompt")
-local reply_parser = require("rlm.reply")
-local textlib = require("rlm.text")
-local IDLE = require("rlm.engine").IDLE
+local errors = require("rlm.base.errors")
+local finals = require("rlm.engine.finals")
+local prompt = require("rlm.engine.prompt")
+local reply_parser = require("rlm.engine.reply")
+local textlib = require("rlm.base.text")
+local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
 
@@ -297,7 +297,7 @@ end
 -- "step" event marks the end of each turn; the engine goes on only when
 -- polled again, so step() can stop between turns.
 function M:_main()
-  local ev = require("rlm.fallback").after(self, self:_run_turns())
+  local ev = require("rlm.engine.fallback").after(self, self:_run_turns())
   local r, e = ev.result, ev.err
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,

@@ -2,9 +2,9 @@
 -- rlm.dispatch that calls each callback at once (a yield passes through to
 -- whoever resumed run()) and, while the session waits, sleeps on its fd()
 -- until timeout(), as cqueues' loop is a Lua loop over step.
-local dispatch = require("rlm.dispatch")
-local errors = require("rlm.errors")
-local util = require("rlm.util")
+local dispatch = require("rlm.drive.dispatch")
+local errors = require("rlm.base.errors")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -1,6 +1,6 @@
 -- Nested sessions (rlm_query): children pumped inside their parent.
 local core = require("rlm.core")
-local textlib = require("rlm.text")
+local textlib = require("rlm.base.text")
 
 local M = {}
 

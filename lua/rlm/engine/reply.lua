@@ -1,5 +1,5 @@
 -- What the root model writes: the code and the answers in its responses
--- (parse), split from lua/rlm/prompt.lua, which makes what the model reads.
+-- (parse), split from lua/rlm/engine/prompt.lua, which makes what the model reads.
 -- docs/prompt.md shows the notes this file makes.
 local M = {}
 

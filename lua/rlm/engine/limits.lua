@@ -1,7 +1,7 @@
 -- Deadlines and budgets: the step deadline, max_wall_ms, tokens and cost,
 -- and the host's room for nested sessions.
 local core = require("rlm.core")
-local util = require("rlm.util")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -2,9 +2,9 @@
 -- of the interpreter's installation the sandbox must show, spawn, and check
 -- the sandbox before any model-written code runs.
 local core = require("rlm.core")
-local errors = require("rlm.errors")
-local protocol = require("rlm.protocol")
-local util = require("rlm.util")
+local errors = require("rlm.base.errors")
+local protocol = require("rlm.base.protocol")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -1,5 +1,5 @@
 -- Option checking for Session.new. Misuse raises, naming the option.
-local util = require("rlm.util")
+local util = require("rlm.base.util")
 
 local M = {}
 
@@ -217,13 +217,13 @@ local schema = {
   sandbox_uid_count = { integer(1, 2 ^ 32 - 2), 65536 },
   bind_pth_paths = { boolean, false },
   max_message_bytes = { integer(12 + M.LINE_OVERHEAD, 2 ^ 30), 16 * 2 ^ 20 },
-  tools = { require("rlm.tools").check },
+  tools = { require("rlm.engine.tools").check },
   max_tool_calls = { integer(0, 2 ^ 31 - 1), 1000 },
   validate = { callable },
-  answer_schema = { require("rlm.answer").check_schema },
+  answer_schema = { require("rlm.engine.answer").check_schema },
   fallback = { boolean, true },
   pool = { function(v)
-    return getmetatable(v) == require("rlm.pool"), "an rlm.Pool"
+    return getmetatable(v) == require("rlm.engine.pool"), "an rlm.Pool"
   end },
 }
 

@@ -2,7 +2,7 @@
 -- driver is hostile: a line that is not what the protocol allows at that
 -- point is an error, never a guess.
 local cjson = require("cjson")
-local json = require("rlm.json")
+local json = require("rlm.base.json")
 
 local M = {}
 
@@ -144,7 +144,7 @@ local validators = {
     return true
   end,
   tool_call = function(m)
-    return is_int(m.id) and require("rlm.tools").valid_call(m)
+    return is_int(m.id) and require("rlm.engine.tools").valid_call(m)
   end,
   fatal = function(m)
     return opt_string(m.message)

@@ -1,11 +1,11 @@
 -- Starting a session's sandbox: the spawn, the driver's hello, and the
 -- checks that run before any model-written code (self-test, rlimits, uids).
 local core = require("rlm.core")
-local protocol = require("rlm.protocol")
-local json = require("rlm.json")
-local sandbox = require("rlm.sandbox")
-local selftest = require("rlm.selftest")
-local IDLE = require("rlm.engine").IDLE
+local protocol = require("rlm.base.protocol")
+local json = require("rlm.base.json")
+local sandbox = require("rlm.sandbox.bwrap")
+local selftest = require("rlm.sandbox.selftest")
+local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
 
@@ -209,7 +209,7 @@ function M:_load_context_message(context_bytes)
   local o = self.opts
   return { type = "load_context", format = self.context_format, stdout_limit = o.stdout_truncate_chars,
     rlimits = selftest.session_rlimits(o, context_bytes),
-    tools = require("rlm.tools").specs(o) }
+    tools = require("rlm.engine.tools").specs(o) }
 end
 
 function M:_start()

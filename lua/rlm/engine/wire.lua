@@ -1,9 +1,9 @@
 -- The session's side of the wire: waiting for the driver (or a reply),
 -- turning what it sends into messages or errors, and sending to it.
-local protocol = require("rlm.protocol")
-local json = require("rlm.json")
-local IDLE = require("rlm.engine").IDLE
-local unpack = require("rlm.util").unpack
+local protocol = require("rlm.base.protocol")
+local json = require("rlm.base.json")
+local IDLE = require("rlm.engine.loop").IDLE
+local unpack = require("rlm.base.util").unpack
 
 local M = {}
 

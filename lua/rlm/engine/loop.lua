@@ -2,8 +2,8 @@
 -- poll() and takes answers through reply(); fd() and timeout() say when to
 -- poll again.
 local core = require("rlm.core")
-local errors = require("rlm.errors")
-local util = require("rlm.util")
+local errors = require("rlm.base.errors")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -1,11 +1,11 @@
 -- Reading the final answer: a FINAL or FINAL_VAR the REPL ran, or one
 -- written in prose; when the turns run out, the last-chance call and the
--- partial answer. Split from lua/rlm/turn.lua, which runs the turns.
-local errors = require("rlm.errors")
-local prompt = require("rlm.prompt")
-local json = require("rlm.json")
-local reply_parser = require("rlm.reply")
-local util = require("rlm.util")
+-- partial answer. Split from lua/rlm/engine/turn.lua, which runs the turns.
+local errors = require("rlm.base.errors")
+local prompt = require("rlm.engine.prompt")
+local json = require("rlm.base.json")
+local reply_parser = require("rlm.engine.reply")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -9,11 +9,11 @@
 -- load_context, and runs the checks that must follow it (rlm.boot). One
 -- sandbox, one session: a sandbox taken is the session's, and never comes
 -- back.
-local boot = require("rlm.boot")
+local boot = require("rlm.engine.boot")
 local core = require("rlm.core")
-local options = require("rlm.options")
-local protocol = require("rlm.protocol")
-local sandbox = require("rlm.sandbox")
+local options = require("rlm.engine.options")
+local protocol = require("rlm.base.protocol")
+local sandbox = require("rlm.sandbox.bwrap")
 
 local Pool = {}
 Pool.__index = Pool
