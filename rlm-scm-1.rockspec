@@ -33,6 +33,7 @@ build = {
     ["rlm.adapters.nvim"] = "lua/rlm/adapters/nvim.lua",
     ["rlm.adapters.resty"] = "lua/rlm/adapters/resty.lua",
     ["rlm.async"] = "lua/rlm/async.lua",
+    ["rlm.base.checks"] = "lua/rlm/base/checks.lua",
     ["rlm.base.errors"] = "lua/rlm/base/errors.lua",
     ["rlm.base.json"] = "lua/rlm/base/json.lua",
     ["rlm.base.protocol"] = "lua/rlm/base/protocol.lua",

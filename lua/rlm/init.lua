@@ -1,13 +1,13 @@
 -- rlm: Recursive Language Model sessions for Lua. The root model writes
 -- Python that runs in a sandboxed REPL holding `context`; see docs/api.md.
 --
--- A session is an engine (a coroutine of ours, rlm.engine) that never calls
--- a model itself: it hands out requests through poll() and takes the
+-- A session is an engine (a coroutine of ours, rlm.engine.loop) that never
+-- calls a model itself: it hands out requests through poll() and takes the
 -- answers back through reply(). run() and step() are small loops over
--- poll() (rlm.blocking); the adapters in rlm.adapters drive the same engine
--- from an event loop. This file is the public API; the jobs live in
--- rlm.session, rlm.boot, rlm.wire, rlm.limits, rlm.subcalls, rlm.nested,
--- rlm.turn, rlm.engine and rlm.blocking.
+-- poll() (rlm.drive.blocking); the adapters in rlm.adapters drive the same
+-- engine from an event loop. This file is the public API; the jobs live in
+-- lua/rlm/engine/ (session, boot, wire, limits, subcalls, nested, turn,
+-- loop) and rlm.drive.blocking. docs/architecture.md shows the layers.
 local dispatch = require("rlm.drive.dispatch")
 local options = require("rlm.engine.options")
 local prompt = require("rlm.engine.prompt")
@@ -16,6 +16,11 @@ local Session = require("rlm.engine.session")
 
 local rlm = { _VERSION = "rlm 0.2.0", null = json.null }
 rlm.Session = Session
+-- run() and step(): the loops over poll() on the calling thread.
+for k, fn in pairs(require("rlm.drive.blocking")) do
+  assert(Session[k] == nil, k)
+  Session[k] = fn
+end
 rlm.Pool = require("rlm.engine.pool")
 
 function Session.new(opts)

@@ -1,8 +1,8 @@
 -- A session's state: what one session and the nested sessions it starts
 -- share (the tree), its own fields, and how it fails. The methods of the
 -- other modules (boot, wire, limits, subcalls, nested, turn, finals,
--- engine) are mixed into the one Session class here; rlm (init.lua) adds
--- the public API.
+-- loop) are mixed into the one Session class here; rlm (init.lua) adds
+-- the public API and run()/step() (rlm.drive.blocking).
 local errors = require("rlm.base.errors")
 local prompt = require("rlm.engine.prompt")
 local protocol = require("rlm.base.protocol")
@@ -142,9 +142,8 @@ for _, methods in ipairs({ tools.methods, require("rlm.engine.answer").methods,
   end
 end
 
-for _, name in ipairs({ "engine.wire", "engine.boot", "engine.limits", "engine.subcalls", "engine.nested",
-  "engine.turn", "engine.loop", "drive.blocking" }) do
-  for k, fn in pairs(require("rlm." .. name)) do
+for _, name in ipairs({ "wire", "boot", "limits", "subcalls", "nested", "turn", "loop" }) do
+  for k, fn in pairs(require("rlm.engine." .. name)) do
     assert(Session[k] == nil, k)
     Session[k] = fn
   end

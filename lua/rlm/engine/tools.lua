@@ -156,12 +156,6 @@ end
 
 M.NOTHING = "the tool returned nothing (a tool returns a JSON value; rlm.null is Python's None)"
 
--- The protocol's check of a tool_call line (rlm.protocol's validators).
-function M.valid_call(m)
-  return type(m.name) == "string" and (m.args == nil or util.is_json_array(m.args))
-    and (m.kwargs == nil or util.is_json_object(m.kwargs))
-end
-
 -- The code called a tool: check it, count it, hand it out through poll().
 -- A name the host never gave is a hostile driver: protocol_error. A call
 -- past max_tool_calls is not made: the code gets a ToolError.

@@ -1,0 +1,158 @@
+-- The layers of lua/rlm/ (docs/architecture.md): each module requires only
+-- modules of its own layer or of a layer it is allowed to use, so that a
+-- newcomer can read a layer knowing only those below it. And the model
+-- client is usable without the compiled core.
+
+-- name = { uses = the layers below it that it may require, core = whether
+-- it may require rlm.core (the C module, under every layer) }.
+local LAYERS = {
+  base = { uses = {}, core = true },
+  llm = { uses = { "base" }, core = false },
+  tools = { uses = { "base" }, core = false },
+  sandbox = { uses = { "base" }, core = true },
+  engine = { uses = { "base", "sandbox" }, core = true },
+  drive = { uses = { "base", "sandbox", "engine" }, core = true },
+  api = { uses = { "base", "sandbox", "engine", "drive", "llm", "tools" }, core = true },
+}
+
+-- A folder's modules are its layer's; the public modules at the top of
+-- lua/rlm/ each name theirs.
+local FOLDERS = {
+  base = "base", llm = "llm", tools = "tools", sandbox = "sandbox", engine = "engine",
+  drive = "drive", adapters = "api",
+}
+local TOP = {
+  rlm = "api", ["rlm.nvim"] = "api", ["rlm.health"] = "api",
+  ["rlm.async"] = "drive", ["rlm.diagnose"] = "sandbox", ["rlm.log"] = "tools", ["rlm.view"] = "tools",
+}
+
+local function layer_of(name)
+  if TOP[name] then
+    return TOP[name]
+  end
+  local folder = name:match("^rlm%.([%w_]+)%.")
+  return folder and FOLDERS[folder]
+end
+
+local function lua_files()
+  local out = {}
+  local p = assert(io.popen("cd lua && find rlm -name '*.lua' | sort"))
+  for path in p:lines() do
+    out[#out + 1] = path
+  end
+  p:close()
+  return out
+end
+
+local function module_name(path)
+  local name = path:gsub("%.lua$", ""):gsub("/", ".")
+  return (name:gsub("%.init$", ""))
+end
+
+-- The rlm modules a file requires: literal names, and for a name built at
+-- run time (require("rlm.engine." .. name)) the literal prefix, which
+-- names the folder.
+local function requires(path)
+  local f = assert(io.open("lua/" .. path, "rb"))
+  local src = f:read("*a")
+  f:close()
+  local out = {}
+  for q, name, rest in src:gmatch("require%s*%(?%s*([\"'])(rlm[%w_.]*)%1%s*(%.?%.?)") do
+    assert(q)
+    out[#out + 1] = rest == ".." and name .. "x" or name
+  end
+  return out
+end
+
+local function allowed(from, to)
+  if from == to then
+    return true
+  end
+  for _, l in ipairs(LAYERS[from].uses) do
+    if l == to then
+      return true
+    end
+  end
+  return false
+end
+
+describe("the layers of lua/rlm", function()
+  it("give every module a layer", function()
+    local missing = {}
+    for _, path in ipairs(lua_files()) do
+      local name = module_name(path)
+      if not layer_of(name) then
+        missing[#missing + 1] = name
+      end
+    end
+    assert.are.same({}, missing)
+  end)
+
+  it("have each module require only its own layer or one it may use", function()
+    local wrong = {}
+    local edges = 0
+    for _, path in ipairs(lua_files()) do
+      local name = module_name(path)
+      local from = layer_of(name)
+      for _, dep in ipairs(requires(path)) do
+        edges = edges + 1
+        if dep == "rlm.core" then
+          if not LAYERS[from].core then
+            wrong[#wrong + 1] = ("%s (%s) requires rlm.core"):format(name, from)
+          end
+        else
+          local to = layer_of(dep)
+          if not to then
+            wrong[#wrong + 1] = ("%s (%s) requires %s, which is in no layer"):format(name, from, dep)
+          elseif not allowed(from, to) then
+            wrong[#wrong + 1] = ("%s (%s) requires %s (%s)"):format(name, from, dep, to)
+          end
+        end
+      end
+    end
+    assert.are.same({}, wrong)
+    assert.is_true(edges > 50) -- the parser found the requires
+  end)
+
+  it("read a require the layers would refuse", function()
+    -- The check itself: an engine module that reached up into drive/.
+    assert.is_false(allowed("engine", "drive"))
+    assert.is_false(allowed("base", "engine"))
+    assert.is_false(allowed("llm", "engine"))
+    assert.are.equal("drive", layer_of("rlm.drive.blocking"))
+    assert.are.equal("engine", layer_of("rlm.engine.x"))
+  end)
+
+  it("let rlm.llm.openai load and make a client where rlm.core is unavailable", function()
+    local lua = os.getenv("RLM_SPEC_LUA") or "lua5.4"
+    -- A cpath with no rlm/core.so on it (the system's, for lua-cjson), and
+    -- a searcher that refuses rlm.core should one be installed there.
+    local empty = os.tmpname()
+    os.remove(empty)
+    assert.is_truthy(os.execute("mkdir " .. empty))
+    local script = empty .. "/client.lua"
+    local f = assert(io.open(script, "wb"))
+    f:write([[
+      table.insert(package.searchers or package.loaders, 1, function(name)
+        if name == "rlm.core" then
+          error("rlm.core is unavailable in this process")
+        end
+      end)
+      assert(not pcall(require, "rlm.core"), "rlm.core loaded")
+      local openai = require("rlm.llm.openai")
+      local c = openai.new({ model = "m", api_key_env = "HOME", base_url = "http://127.0.0.1:1/v1",
+        transport = function() return 200, '{"choices":[{"message":{"content":"hi"}}]}', {} end })
+      assert(c.root_llm({ { role = "user", content = "q" } }) == "hi")
+      assert(package.loaded["rlm.core"] == nil)
+      print("loaded without the core")
+    ]])
+    f:close()
+    local p = assert(io.popen(("cd lua && env LUA_PATH='./?.lua;./?/init.lua;;' LUA_CPATH='%s/?.so;;' %s %s 2>&1")
+      :format(empty, lua, script)))
+    local out = p:read("*a")
+    p:close()
+    os.remove(script)
+    os.remove(empty)
+    assert.are.equal("loaded without the core\n", out)
+  end)
+end)
