@@ -66,14 +66,18 @@ function Session:ask(question)
   return self:run()
 end
 
--- Kills the sandbox (its /session goes with it). Safe to call more than once.
-function Session:close()
+-- Kills the sandbox (its /session goes with it). Safe to call more than
+-- once. From a finalizer (collected) it starts no process: the pool is owed
+-- the sandbox this session took, and its next take starts it (rlm.engine.pool).
+local function close(self, collected)
   self.closed = true
   if self.live_counted then -- a nested session: rlm.nested counted it
     self.live_counted = nil
     self.tree.live_children = self.tree.live_children - 1
   end
-  if self.refill then
+  if self.refill and collected then
+    self.refill.owed, self.refill = true, nil
+  elseif self.refill then
     self:_refill_pool()
   end
   self:_end_children()
@@ -92,10 +96,16 @@ function Session:close()
   end
 end
 
+function Session:close()
+  close(self, false)
+end
+
 -- A handle's usual name for it (vim.system's kill, resty.run's handle).
 Session.cancel = Session.close
 
 Session.__close = Session.close
-Session.__gc = Session.close
+function Session.__gc(self)
+  close(self, true)
+end
 
 return rlm

@@ -150,6 +150,12 @@ end
 -- The next idle sandbox that is still alive, or nil (the session starts
 -- cold). Dead ones are closed and counted.
 function Pool:_take()
+  if self.owed then
+    -- A session collected with its refill undone (rlm's close): its
+    -- replacement, started here rather than in the finalizer.
+    self.owed = nil
+    self:_fill()
+  end
   while not self.closed do
     local entry = table.remove(self.idle, 1)
     if not entry then
