@@ -156,3 +156,48 @@ describe("the layers of lua/rlm", function()
     assert.are.equal("loaded without the core\n", out)
   end)
 end)
+
+describe("the sandbox seam (rlm.sandbox.backend)", function()
+  it("is what the bubblewrap backend implements, every function of it", function()
+    local backend = require("rlm.sandbox.backend")
+    local bwrap = require("rlm.sandbox.bwrap")
+    assert.are.same({}, backend.missing(bwrap))
+    assert.are.equal(bwrap, backend.for_options({}))
+    -- The check itself: a backend short of one function is told so.
+    local short = {}
+    for k, v in pairs(bwrap) do
+      short[k] = v
+    end
+    short.check_ready = nil
+    assert.are.same({ "check_ready" }, backend.missing(short))
+  end)
+
+  -- What only a backend may do: spawn, or look at a sandbox's processes
+  -- from outside (/proc, the pids, their uids and descriptors).
+  local BACKEND_ONLY = {
+    "rlm%.sandbox%.bwrap", "core%.spawn", "core%.helper", "/proc", ":tree%(", ":uid%(", ":foreign_fds%(",
+    ":adopt%(", ":interpreter_runs%(", "check_uids", "check_rlimits",
+  }
+
+  it("is the only way the engine, the drivers and the hosts reach a sandbox", function()
+    local wrong = {}
+    for _, path in ipairs(lua_files()) do
+      local layer = layer_of(module_name(path))
+      if layer == "engine" or layer == "drive" or layer == "api" then
+        local f = assert(io.open("lua/" .. path, "rb"))
+        local n = 0
+        for line in f:lines() do
+          n = n + 1
+          local code = line:gsub("%-%-.*$", "")
+          for _, pattern in ipairs(BACKEND_ONLY) do
+            if code:find(pattern) then
+              wrong[#wrong + 1] = ("%s:%d: %s"):format(path, n, line:match("^%s*(.-)%s*$"))
+            end
+          end
+        end
+        f:close()
+      end
+    end
+    assert.are.same({}, wrong)
+  end)
+end)

@@ -484,7 +484,8 @@ out = '%s | %s | %s' % (context, fds, tried)
     for i, ev in ipairs(entry.events) do
       lines[i] = ev[2]
     end
-    local boot = require("rlm.engine.boot")
+    local start = require("rlm.engine.start")
+    local bwrap = require("rlm.sandbox.bwrap")
     -- The real driver, seen through a stand-in that lies about one thing.
     local function seen(overrides)
       return setmetatable({}, { __index = function(_, k)
@@ -498,17 +499,17 @@ out = '%s | %s | %s' % (context, fds, tried)
         end
       end })
     end
-    local v = boot.vet(seen({}), lines, pool.max_values)
+    local v = start.vet(bwrap, seen({}), lines, pool.max_values)
     assert.is_table(v.tree)
-    v = boot.vet(seen({ uid = entry.drv:uid() + 1 }), lines, pool.max_values)
+    v = start.vet(bwrap, seen({ uid = entry.drv:uid() + 1 }), lines, pool.max_values)
     assert.are.equal("sandbox_violation", v.error[1])
     assert.matches("wrong uid", v.error[2], 1, true)
-    v = boot.vet(seen({ adopt = false }), lines, pool.max_values)
+    v = start.vet(bwrap, seen({ adopt = false }), lines, pool.max_values)
     assert.are.equal("sandbox_violation", v.error[1])
     assert.matches("memory cgroup", v.error[2], 1, true)
     -- A hello of another protocol.
     local other = { (lines[1]:gsub('"protocol":%s*%d+', '"protocol": 999')), lines[2], lines[3] }
-    v = boot.vet(seen({}), other, pool.max_values)
+    v = start.vet(bwrap, seen({}), other, pool.max_values)
     assert.are.equal("protocol_error", v.error[1])
   end)
 

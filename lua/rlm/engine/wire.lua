@@ -141,7 +141,7 @@ function M:_driver_message(allowed, kind, a, b, c)
     if not self.started then
       -- Bubblewrap's own words say why; diagnose names what to change.
       return self:_error("sandbox_unavailable", "the sandbox exited before the driver started: "
-        .. exit_message(a, b, c) .. require("rlm.diagnose").hint(c))
+        .. exit_message(a, b, c) .. require("rlm.sandbox.backend").for_options(self.opts).exit_hint(c))
     end
     return self:_error("driver_exited", "the driver exited: " .. exit_message(a, b, c),
       { status = a, signal = b, stderr = c })
