@@ -201,3 +201,96 @@ describe("the sandbox seam (rlm.sandbox.backend)", function()
     assert.are.same({}, wrong)
   end)
 end)
+
+describe("the session's fields", function()
+  -- The modules whose code sets a session's fields (`self`, or the session
+  -- under another name), and the names they give it.
+  local SESSION_NAMES = { self = true, s = true, session = true, child = true }
+  local NOT_SESSION = {
+    ["rlm/engine/pool.lua"] = true, ["rlm/engine/start.lua"] = true, ["rlm/engine/options.lua"] = true,
+    ["rlm/engine/prompt.lua"] = true, ["rlm/engine/reply.lua"] = true,
+  }
+
+  local function declared()
+    local f = assert(io.open("lua/rlm/engine/session.lua", "rb"))
+    local out = {}
+    for line in f:lines() do
+      local name = line:match("^%-%-%-@field ([%w_]+) ")
+      if name then
+        out[name] = true
+      end
+    end
+    f:close()
+    return out
+  end
+
+  -- The fields set by one line: the targets of an assignment that are a
+  -- session's fields (a plain name beside them is a local).
+  local function set_by(line)
+    local code = line:gsub("%-%-.*$", "")
+    local lhs = code:match("^%s*([%w_.,%s]-)%s*=[^=]")
+    local out = {}
+    if not lhs or lhs:find("^local") then
+      return out
+    end
+    for item in (lhs .. ","):gmatch("([^,]*),") do
+      local obj, name = item:match("^%s*([%w_]+)%.([%w_]+)%s*$")
+      if obj and SESSION_NAMES[obj] then
+        out[#out + 1] = name
+      end
+    end
+    return out
+  end
+
+  local function fields_set()
+    local out = {}
+    local p = assert(io.popen("cd lua && ls rlm/engine/*.lua rlm/drive/*.lua rlm/init.lua"))
+    for path in p:lines() do
+      if not NOT_SESSION[path] then
+        local f = assert(io.open("lua/" .. path, "rb"))
+        local n = 0
+        for line in f:lines() do
+          n = n + 1
+          for _, name in ipairs(set_by(line)) do
+            out[name] = out[name] or ("%s:%d"):format(path, n)
+          end
+        end
+        f:close()
+      end
+    end
+    -- The constructor's table.
+    local f = assert(io.open("lua/rlm/engine/session.lua", "rb"))
+    local src = f:read("*a")
+    f:close()
+    local ctor = assert(src:match("local self = setmetatable%((%b{}), Session%)"))
+    for name in ctor:gmatch("\n%s+([%w_]+) = ") do
+      out[name] = out[name] or "rlm/engine/session.lua (new_session)"
+    end
+    return out
+  end
+
+  it("are declared in one place, session.lua's ---@class Session, and nowhere else set", function()
+    local decl, set = declared(), fields_set()
+    local undeclared, unused = {}, {}
+    for name, where in pairs(set) do
+      if not decl[name] then
+        undeclared[#undeclared + 1] = name .. " (" .. where .. ")"
+      end
+    end
+    for name in pairs(decl) do
+      if not set[name] then
+        unused[#unused + 1] = name
+      end
+    end
+    table.sort(undeclared)
+    table.sort(unused)
+    assert.are.same({}, undeclared)
+    assert.are.same({}, unused)
+    -- The scan itself: it sees a multiple assignment and skips locals.
+    assert.are.same({ "a", "b" }, set_by("  self.a, s.b = 1, 2 -- x"))
+    assert.are.same({ "c" }, set_by("  self.c, text, entry.d = 1, 2, 3"))
+    assert.are.same({}, set_by("  local x, y = self.a, 2"))
+    assert.are.same({}, set_by("  if self.a == 1 then"))
+    assert.is_true(next(decl) ~= nil)
+  end)
+end)

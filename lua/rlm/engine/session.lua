@@ -9,6 +9,77 @@ local protocol = require("rlm.base.protocol")
 local tools = require("rlm.engine.tools")
 local util = require("rlm.base.util")
 
+-- Every field of a session, in one place (spec/layers_spec.lua checks that
+-- the engine sets no other), grouped by the job that owns it: the groups
+-- are the collaborators the session is being split into (issue 26).
+---@class Session
+-- Who it is
+---@field opts table the checked options (rlm.engine.options)
+---@field parent Session|nil the session whose code started it (rlm_query)
+---@field depth integer 0 for the root
+---@field session_id string "1", "1.2", ...: names it in its events
+---@field tree table shared with its nested sessions: budgets, in-flight counts, the live children
+---@field tokens table tree.tokens: input, output, total
+---@field system_problem string|nil why its system_prompt function failed (a nested session ends with it)
+-- The sandbox (rlm.engine.boot, rlm.engine.wire; the backend: rlm.sandbox.backend)
+---@field driver userdata|nil the backend's handle
+---@field helper userdata|nil the probe's helper process while it runs
+---@field canaries userdata|nil the self-test's canaries until the first exec
+---@field context_data string|nil the context until it is in the sandbox
+---@field context_format string "text" or "json"
+---@field context_writing boolean|nil a large context is being written on a thread of rlm.core's
+---@field start string|nil "cold" or "warm" (from the pool)
+---@field start_times table|nil when each part of the start happened (bench/)
+---@field booting string|nil "hello", "boot" while the start is checked
+---@field started boolean|nil the driver has said hello
+---@field pre_events table|nil what a pooled sandbox said before it was taken, read first
+---@field refill table|nil the pool that gets a replacement after the first step
+---@field pool_swept boolean|nil the close looked at the pool's idle sandboxes
+---@field max_values integer the most JSON values one line may hold
+---@field sent boolean|nil a line just went to the driver (wire's poll skips a look at the pipe)
+-- The engine's coroutine and its queues (rlm.engine.loop, rlm.engine.subcalls)
+---@field engine thread|nil the coroutine that runs the session
+---@field waitset userdata|nil the set behind fd()
+---@field pumped_at number|nil when the engine last ran (others wait for its probe meanwhile)
+---@field stepped boolean|nil its first step is out
+---@field outbox table requests and events not yet handed out by poll()
+---@field inbox table replies not yet taken by the engine
+---@field pending table id -> request handed out and not yet answered
+---@field routes table id -> { child =, id = } for a request passed on from a child
+---@field next_request_id integer
+---@field inline function|nil under run()/step(): answers a request at once (rlm.drive.blocking)
+---@field open_slots integer answers the driver still waits for, for its current call
+---@field open_call integer|nil the id of the driver's current call
+---@field open_tool boolean|nil that call is a tool's
+-- The conversation and its turns (rlm.engine.turn, finals, answer; rlm's ask)
+---@field messages table the root model's conversation
+---@field history table the steps so far (err.history, result.history)
+---@field iterations integer turns taken
+---@field next_exec_id integer
+---@field interrupted boolean|nil the current exec ran out of time
+---@field final table|nil the answer, once given
+---@field terminal table|nil the run's end: { type = "done" | "error", ... }
+---@field failed table|nil the error it ended with; every later call returns it
+---@field closed boolean|nil close() was called
+---@field turns_over boolean|nil max_iterations is spent
+---@field more_turns boolean|nil step() after the answer goes on (ask)
+---@field asked table|nil the earlier questions and answers of ask()
+---@field question string|nil the current follow-up question
+---@field history_mark integer|nil where the current question's steps begin
+---@field turn_base integer|nil the turns taken before the current question
+-- Its deadlines (rlm.engine.limits)
+---@field deadline_at number|nil when the driver's deadline fires
+---@field wall_cut boolean|nil that deadline is max_wall_ms's, not the step's
+---@field soft table|nil the soft deadline: { kind = "root" | "interrupt", at = }
+---@field soft_left number|nil what was left of it while paused
+---@field paused_left number|nil what was left of the driver's deadline while paused
+-- Its nested sessions (rlm.engine.nested)
+---@field children table the nested sessions running for the current exec
+---@field queued table nested sessions asked for past max_concurrent_sub_calls
+---@field finished table nested sessions that ended, their sandboxes kept till their call is answered
+---@field started_children integer how many it started (their session_id)
+---@field call table|nil of a nested session: the rlm_query it answers
+---@field live_counted boolean|nil of a nested session: counted in tree.live_children
 local Session = {}
 Session.__index = Session
 
