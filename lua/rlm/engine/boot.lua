@@ -136,7 +136,7 @@ function M:_checks_taken(vetted, context_bytes)
   end
   self.started = true
   self.booting = "boot"
-  self:_set_deadline(self:_boot_timeout_ms())
+  self.clock:set(self.driver, self:_boot_timeout_ms())
   local msg, err = self:_expect({ ready = true, fatal = true })
   if not msg then
     return nil, err
@@ -177,7 +177,7 @@ end
 function M:_checks(canaries, context_bytes)
   local o, drv, times = self.opts, self.driver, self.start_times
   self.booting = "hello"
-  self:_set_deadline(o.start_timeout_ms)
+  self.clock:set(self.driver, o.start_timeout_ms)
   local hello, err = self:_expect({ hello = true, fatal = true })
   -- It only had to be there to leak into the spawn, which runs on the
   -- driver's own thread and is over once the driver speaks.
@@ -192,7 +192,7 @@ function M:_checks(canaries, context_bytes)
   end
   self.started = true
   self.booting = "boot"
-  self:_set_deadline(self:_boot_timeout_ms())
+  self.clock:set(self.driver, self:_boot_timeout_ms())
   -- The driver says hello before it imports its package: this and the
   -- messages below overlap its imports.
   local adopted, died = backends.for_options(o).adopt(drv)
@@ -248,7 +248,7 @@ function M:_ready(msg, rlimits, vetted_tree)
   end
   times.checked = core.now_ms()
   self.booting = nil
-  self:_set_deadline(0)
+  self.clock:set(self.driver, 0)
   return true
 end
 return M

@@ -296,7 +296,7 @@ function M:timeout()
     return CONTEXT_WAIT_MS
   end
   local d = self.driver or self.helper
-  local ms = self:_soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
+  local ms = self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
   local children = self.children
   for i = 1, #children do
     local c = children[i]:timeout()

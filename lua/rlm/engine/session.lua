@@ -3,6 +3,7 @@
 -- other modules (boot, wire, limits, subcalls, nested, turn, finals,
 -- loop) are mixed into the one Session class here; rlm (init.lua) adds
 -- the public API and run()/step() (rlm.drive.blocking).
+local clock = require("rlm.engine.clock")
 local errors = require("rlm.base.errors")
 local prompt = require("rlm.engine.prompt")
 local protocol = require("rlm.base.protocol")
@@ -67,12 +68,8 @@ local util = require("rlm.base.util")
 ---@field question string|nil the current follow-up question
 ---@field history_mark integer|nil where the current question's steps begin
 ---@field turn_base integer|nil the turns taken before the current question
--- Its deadlines (rlm.engine.limits)
----@field deadline_at number|nil when the driver's deadline fires
----@field wall_cut boolean|nil that deadline is max_wall_ms's, not the step's
----@field soft table|nil the soft deadline: { kind = "root" | "interrupt", at = }
----@field soft_left number|nil what was left of it while paused
----@field paused_left number|nil what was left of the driver's deadline while paused
+-- Its deadlines
+---@field clock Clock its deadlines (rlm.engine.clock)
 -- Its nested sessions (rlm.engine.nested)
 ---@field children table the nested sessions running for the current exec
 ---@field queued table nested sessions asked for past max_concurrent_sub_calls
@@ -130,6 +127,9 @@ local function new_session(o, parent, context_data, context_format, description)
     self.session_id = "1"
   end
   self.tokens = self.tree.tokens
+  self.clock = clock.new(o, function()
+    return self:_wall_left()
+  end)
   -- A system_prompt function that fails: misuse at Session.new for the
   -- root; a nested session ends with callback_error when it starts.
   local system, problem = prompt.system(o, description, self.depth)

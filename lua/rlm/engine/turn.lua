@@ -58,7 +58,9 @@ function M:_exec_done(msg, id)
   self.open_slots = 0
   self:_drop_held()
   self:_end_children()
-  self:_resume_deadline()
+  if not self.children[1] and self.driver then
+    self.clock:resume(self.driver)
+  end
   local limit = self.opts.stdout_truncate_chars
   msg.stdout = textlib.cut(msg.stdout, limit, false)
   msg.error = msg.error and textlib.cut(msg.error, limit, true) or nil
@@ -235,17 +237,17 @@ function M:_turn()
   if not ok then
     return nil, err
   end
-  self:_arm_root_deadline()
+  self.clock:arm_root(self.driver)
   local response
   response, err = self:_call_root(self.messages)
   if not response then
     if err.resumable then
-      self:_disarm_deadlines()
+      self.clock:disarm(self.driver)
       self.iterations = self.iterations - 1 -- the turn is asked again
     end
     return nil, err
   end
-  self:_arm_step_deadline()
+  self.clock:arm_step(self.driver)
   local entry, texts = self:_act(response)
   self:_remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
   if not entry then
@@ -259,7 +261,7 @@ function M:_turn()
   if complaint ~= "" then
     texts[#texts + 1] = complaint
   end
-  self:_disarm_deadlines()
+  self.clock:disarm(self.driver)
   texts[#texts + 1] = self:_status()
   ok, err = self:_record(entry, table.concat(texts, "\n\n"))
   if not ok then

@@ -38,7 +38,7 @@ function M:_wait(accept_replies, quick)
     if accept_replies and #self.inbox > 0 then
       return "reply", table.remove(self.inbox, 1)
     end
-    local due = self:_soft_due()
+    local due = self.clock:soft_due()
     if due then
       return "soft", due
     end
