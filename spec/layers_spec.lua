@@ -296,3 +296,18 @@ describe("the session's fields", function()
     assert.is_true(next(decl) ~= nil)
   end)
 end)
+
+describe("rlm.Session", function()
+  it("shows only what docs/api.md documents; the rest is private (_name) or a metamethod", function()
+    local DOCUMENTED = { "ask", "cancel", "close", "fd", "follow_up", "new", "poll", "reply", "run", "step",
+      "timeout" }
+    local public = {}
+    for k in pairs(require("rlm").Session) do
+      if type(k) == "string" and not k:find("^_") then
+        public[#public + 1] = k
+      end
+    end
+    table.sort(public)
+    assert.are.same(DOCUMENTED, public)
+  end)
+end)

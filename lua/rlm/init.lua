@@ -12,7 +12,8 @@ local dispatch = require("rlm.drive.dispatch")
 local options = require("rlm.engine.options")
 local prompt = require("rlm.engine.prompt")
 local json = require("rlm.base.json")
-local Session = require("rlm.engine.session")
+local session = require("rlm.engine.session")
+local Session, new_session = session.Session, session.new_session
 
 local rlm = { _VERSION = "rlm 0.2.0", null = json.null }
 rlm.Session = Session
@@ -26,13 +27,13 @@ rlm.Pool = require("rlm.engine.pool")
 function Session.new(opts)
   local o = options.check(opts)
   if type(o.context) == "string" then
-    return Session.new_session(o, nil, o.context, "text", prompt.describe(o.context))
+    return new_session(o, nil, o.context, "text", prompt.describe(o.context))
   end
   local ok, encoded = pcall(json.encode, o.context)
   if not ok then
     error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
   end
-  return Session.new_session(o, nil, encoded, "json", prompt.describe(o.context))
+  return new_session(o, nil, encoded, "json", prompt.describe(o.context))
 end
 
 -- How much of an earlier answer the summary of a follow-up shows.

@@ -203,8 +203,6 @@ function Session:_emit(ev)
   return true
 end
 
-Session.new_session = new_session
-
 for _, methods in ipairs({ tools.methods, require("rlm.engine.answer").methods,
   require("rlm.engine.finals").methods }) do
   for k, fn in pairs(methods) do
@@ -215,9 +213,13 @@ end
 
 for _, name in ipairs({ "wire", "boot", "limits", "subcalls", "nested", "turn", "loop" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
-    assert(Session[k] == nil, k)
-    Session[k] = fn
+    if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
+      assert(Session[k] == nil, k)
+      Session[k] = fn
+    end
   end
 end
 
-return Session
+-- The class (rlm adds its public API to it) and the constructor, which is
+-- not a method: rlm.Session holds only what docs/api.md documents.
+return { Session = Session, new_session = new_session }
