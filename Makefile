@@ -95,7 +95,7 @@ soak: deps
 # make install [PREFIX=/usr/local] [DESTDIR=]: the Lua modules for every Lua
 # ABI (LuaJIT reads the 5.1 tree) with the driver (repl_driver.py and its
 # package _rlm_driver/), the probe and the macOS profile beside them
-# (rlm.sandbox looks next to its own file), core.so, and bin/rlm.
+# (rlm.sandbox.bwrap looks next to the modules), core.so, and bin/rlm.
 PREFIX ?= /usr/local
 LUA_MODULES = $(shell cd lua && find rlm -name '*.lua' | sort)
 DRIVER_MODULES = $(shell cd python && find _rlm_driver -name '*.py' | sort)

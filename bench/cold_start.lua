@@ -6,7 +6,7 @@
 -- the spawn to its answer to one line.
 --
 -- Beside it, the start's phases (medians), each beside the floor's part
--- where the floor has one: the session's own stamps (rlm.boot's
+-- where the floor has one: the session's own stamps (rlm.engine.boot's
 -- start_times: the host's clock, bubblewrap's exec from the keeper, and the
 -- driver's monotonic stamps in its replies), the floor's from
 -- floor_pingpong's `phases` mode. The driver says hello before it imports

@@ -289,7 +289,7 @@ local ECHO_FD = 5
 function M.sandbox_echo_argv(env, workdir)
   if not env.sandbox_ro then
     -- The same probe, with the modules the real one imports.
-    local sandbox = require("rlm.sandbox")
+    local sandbox = require("rlm.sandbox.bwrap")
     local argv = { env.python, "-I", env.root .. "/python/probe.py" }
     for _, m in ipairs(sandbox.default_modules) do
       argv[#argv + 1] = m

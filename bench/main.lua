@@ -92,7 +92,7 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    once the last one's sandbox is reaped, as each of the floor's does (its
    helper reaps a child before the next); the back-to-back figure, each
    start right after the last one's close, is shown beside it. The phases (medians of
-   the same samples): rlm.boot's `start_times` (the host's clock around the
+   the same samples): rlm.engine.boot's `start_times` (the host's clock around the
    spawn and each reply, bubblewrap's exec from the keeper thread, and the
    driver's `CLOCK_MONOTONIC` stamps in its hello, `configured`,
    `self_test_result` and `ready`); beside each, the floor's part where the

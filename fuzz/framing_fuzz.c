@@ -3,7 +3,7 @@
  * it (reads into its free end, lines taken as views, reading paused while a
  * line waits), the JSON value bound (rlm_json_values, csrc/jsonscan.c),
  * then each complete line through the Lua protocol decoder
- * (lua/rlm/protocol.lua, lua-cjson), in a Lua 5.4 state of its own. A
+ * (lua/rlm/base/protocol.lua, lua-cjson), in a Lua 5.4 state of its own. A
  * crash, a leak, a line past the cap, a lost or invented byte, a buffer
  * past max + 1 bytes, a value count below what cjson built, or a Lua error
  * escaping the decoder (instead of its nil, reason) is a finding. So is a
@@ -34,7 +34,7 @@ static void setup(void) {
   if (luaL_dostring(
           L,
           "package.path = 'lua/?.lua;' .. package.path\n"
-          "local p = require('rlm.protocol')\n"
+          "local p = require('rlm.base.protocol')\n"
           "local all = {}\n"
           "for _, t in ipairs({'hello', 'configured', 'self_test_result', "
           "'ready',\n"

@@ -1,7 +1,7 @@
 -- Typed answers: answer_schema (a subset of JSON Schema, checked in Lua)
 -- and validate. A refused answer goes back to the model and costs a turn.
 local H = require("helpers")
-local answer = require("rlm.answer")
+local answer = require("rlm.engine.answer")
 local rlm = require("rlm")
 local fence = H.fence
 

@@ -395,7 +395,7 @@ describe("answers", function()
       local core = require("rlm.core")
       local reply = ("FINAL(never closed (\n"):rep(20000)
       local t0 = core.now_ms()
-      local parsed = require("rlm.reply").parse(reply)
+      local parsed = require("rlm.engine.reply").parse(reply)
       -- A scan from each line to the end would read 4 GB here.
       assert.is_true(core.now_ms() - t0 < 2000, "took " .. (core.now_ms() - t0) .. " ms")
       assert.are.equal(0, #parsed.finals)

@@ -6,7 +6,7 @@
 -- result or a structured err, never a raise or a hang.
 local H = require("helpers")
 local core = require("rlm.core")
-local errors = require("rlm.errors")
+local errors = require("rlm.base.errors")
 local fence = H.fence
 
 local function sh(cmd)

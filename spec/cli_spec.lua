@@ -2,7 +2,7 @@
 -- OpenAI-compatible server (spec/helpers/fake_openai.py).
 local H = require("helpers")
 local F = require("helpers.fake_openai")
-local errors = require("rlm.errors")
+local errors = require("rlm.base.errors")
 local cjson = require("cjson")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."

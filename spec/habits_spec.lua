@@ -81,7 +81,7 @@ describe("notebook habits", function()
 end)
 
 describe("other model families' forms", function()
-  local reply = require("rlm.reply")
+  local reply = require("rlm.engine.reply")
   local function xml(prefix, name, code, param)
     return ("<%sfunction_calls>\n<%sinvoke name=\"%s\">\n<%sparameter name=\"%s\">%s</%sparameter>\n"
       .. "</%sinvoke>\n</%sfunction_calls>"):format(prefix, prefix, name, prefix, param or "code", code, prefix,

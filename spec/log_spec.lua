@@ -339,15 +339,15 @@ describe("rlm.log.jsonl", function()
     it("gives the same cuts without rlm.core (pure Lua)", function()
       -- rlm.logline does the cutting: it loads again too, without core.
       local saved_core, saved_log = package.loaded["rlm.core"], package.loaded["rlm.log"]
-      local saved_line = package.loaded["rlm.logline"]
-      package.loaded["rlm.core"], package.loaded["rlm.log"], package.loaded["rlm.logline"] = nil, nil, nil
+      local saved_line = package.loaded["rlm.tools.logline"]
+      package.loaded["rlm.core"], package.loaded["rlm.log"], package.loaded["rlm.tools.logline"] = nil, nil, nil
       package.preload["rlm.core"] = function()
         error("no core here")
       end
       local ok, pure = pcall(require, "rlm.log")
       package.preload["rlm.core"] = nil
       package.loaded["rlm.core"], package.loaded["rlm.log"] = saved_core, saved_log
-      package.loaded["rlm.logline"] = saved_line
+      package.loaded["rlm.tools.logline"] = saved_line
       assert.is_true(ok, tostring(pure))
       assert.are_not.equal(log, pure)
       for _, case in ipairs(cases) do

@@ -1,7 +1,7 @@
 -- The prompt: what docs/prompt.md shows is what prompt.lua makes; the
 -- context described by characters and item lengths; option system_prompt.
 local H = require("helpers")
-local prompt = require("rlm.prompt")
+local prompt = require("rlm.engine.prompt")
 local prompt_doc = require("helpers.prompt_doc")
 local rlm = require("rlm")
 local fence = H.fence

@@ -69,7 +69,7 @@ describe("the protocol", function()
   end
 
   it("turns an error raised while handling the driver's input into protocol_error", function()
-    local protocol = require("rlm.protocol")
+    local protocol = require("rlm.base.protocol")
     local decode = protocol.decode
     local calls = 0
     protocol.decode = function(...)

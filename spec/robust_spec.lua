@@ -402,8 +402,8 @@ describe("numbers", function()
 end)
 
 describe("the host's reading of a FINAL_VAR value (a hostile driver)", function()
-  local protocol = require("rlm.protocol")
-  local json = require("rlm.json")
+  local protocol = require("rlm.base.protocol")
+  local json = require("rlm.base.json")
   local allowed = { exec_result = true }
   local function line(value_json, numbers)
     return json.encode({ type = "exec_result", id = 1, stdout = "",

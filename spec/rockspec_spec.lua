@@ -144,7 +144,7 @@ print(ok and "openai.new without a transport worked" or tostring(err):match("^[^
 
   it("hands the sandbox every file of the driver's package (rlm.sandbox.driver_modules)", function()
     local modules = {}
-    for _, m in ipairs(require("rlm.sandbox").driver_modules) do
+    for _, m in ipairs(require("rlm.sandbox.bwrap").driver_modules) do
       modules[#modules + 1] = "python/" .. m
     end
     table.sort(modules)

@@ -5,8 +5,8 @@
 -- end of the run (issue 32). Runs under every Lua: number decoding
 -- (1e999, integers past 2^53 or 2^63) differs between 5.1/LuaJIT and 5.3+.
 local H = require("helpers")
-local textlib = require("rlm.text")
-local finals = require("rlm.finals")
+local textlib = require("rlm.base.text")
+local finals = require("rlm.engine.finals")
 local fence = H.fence
 
 local load_chunk = rawget(_G, "loadstring") or load
@@ -184,7 +184,7 @@ describe("numbers a hostile driver sends", function()
   end
 
   it("refuses 1e999 in the start's stamps, which only a driver's start can send", function()
-    local protocol = require("rlm.protocol")
+    local protocol = require("rlm.base.protocol")
     local msg, why = protocol.decode('{"type":"hello","protocol":1,"python":"3","t":[1e999,1]}', { hello = true })
     assert.is_nil(msg)
     assert.matches("past a double's range", why, 1, true)

@@ -3,8 +3,8 @@
 -- timeout() say when to poll again. This module runs the user's callbacks
 -- the asynchronous way and keeps polling; the adapters in rlm.adapters only
 -- say how their loop watches a descriptor, runs a timer and defers a call.
-local dispatch = require("rlm.dispatch")
-local util = require("rlm.util")
+local dispatch = require("rlm.drive.dispatch")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -1,33 +1,39 @@
 -- rlm: Recursive Language Model sessions for Lua. The root model writes
 -- Python that runs in a sandboxed REPL holding `context`; see docs/api.md.
 --
--- A session is an engine (a coroutine of ours, rlm.engine) that never calls
--- a model itself: it hands out requests through poll() and takes the
+-- A session is an engine (a coroutine of ours, rlm.engine.loop) that never
+-- calls a model itself: it hands out requests through poll() and takes the
 -- answers back through reply(). run() and step() are small loops over
--- poll() (rlm.blocking); the adapters in rlm.adapters drive the same engine
--- from an event loop. This file is the public API; the jobs live in
--- rlm.session, rlm.boot, rlm.wire, rlm.limits, rlm.subcalls, rlm.nested,
--- rlm.turn, rlm.engine and rlm.blocking.
-local dispatch = require("rlm.dispatch")
-local options = require("rlm.options")
-local prompt = require("rlm.prompt")
-local json = require("rlm.json")
-local Session = require("rlm.session")
+-- poll() (rlm.drive.blocking); the adapters in rlm.adapters drive the same
+-- engine from an event loop. This file is the public API; the jobs live in
+-- lua/rlm/engine/ (session, boot, wire, limits, subcalls, nested, turn,
+-- loop) and rlm.drive.blocking. docs/architecture.md shows the layers.
+local dispatch = require("rlm.drive.dispatch")
+local options = require("rlm.engine.options")
+local prompt = require("rlm.engine.prompt")
+local json = require("rlm.base.json")
+local session = require("rlm.engine.session")
+local Session, new_session = session.Session, session.new_session
 
 local rlm = { _VERSION = "rlm 0.2.0", null = json.null }
 rlm.Session = Session
-rlm.Pool = require("rlm.pool")
+-- run() and step(): the loops over poll() on the calling thread.
+for k, fn in pairs(require("rlm.drive.blocking")) do
+  assert(Session[k] == nil, k)
+  Session[k] = fn
+end
+rlm.Pool = require("rlm.engine.pool")
 
 function Session.new(opts)
   local o = options.check(opts)
   if type(o.context) == "string" then
-    return Session.new_session(o, nil, o.context, "text", prompt.describe(o.context))
+    return new_session(o, nil, o.context, "text", prompt.describe(o.context))
   end
   local ok, encoded = pcall(json.encode, o.context)
   if not ok then
     error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
   end
-  return Session.new_session(o, nil, encoded, "json", prompt.describe(o.context))
+  return new_session(o, nil, encoded, "json", prompt.describe(o.context))
 end
 
 -- How much of an earlier answer the summary of a follow-up shows.
@@ -61,14 +67,18 @@ function Session:ask(question)
   return self:run()
 end
 
--- Kills the sandbox (its /session goes with it). Safe to call more than once.
-function Session:close()
+-- Kills the sandbox (its /session goes with it). Safe to call more than
+-- once. From a finalizer (collected) it starts no process: the pool is owed
+-- the sandbox this session took, and its next take starts it (rlm.engine.pool).
+local function close(self, collected)
   self.closed = true
   if self.live_counted then -- a nested session: rlm.nested counted it
     self.live_counted = nil
     self.tree.live_children = self.tree.live_children - 1
   end
-  if self.refill then
+  if self.refill and collected then
+    self.refill.owed, self.refill = true, nil
+  elseif self.refill then
     self:_refill_pool()
   end
   self:_end_children()
@@ -87,10 +97,16 @@ function Session:close()
   end
 end
 
+function Session:close()
+  close(self, false)
+end
+
 -- A handle's usual name for it (vim.system's kill, resty.run's handle).
 Session.cancel = Session.close
 
 Session.__close = Session.close
-Session.__gc = Session.close
+function Session.__gc(self)
+  close(self, true)
+end
 
 return rlm

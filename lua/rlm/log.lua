@@ -1,11 +1,11 @@
 -- rlm.log: trajectory logs. jsonl() returns an on_event callback that writes
 -- each event as one JSON line, bounded, valid UTF-8, flushed at once; see
 -- docs/log.md.
-local logline = require("rlm.logline")
+local logline = require("rlm.tools.logline")
 
 local M = {}
 
--- rlm.log.truncate(s, limit): see lua/rlm/logline.lua.
+-- rlm.log.truncate(s, limit): see lua/rlm/tools/logline.lua.
 M.truncate = logline.truncate
 
 local DEFAULTS = {

@@ -12,7 +12,7 @@ class FinalSignal(BaseException):
 
 
 # The deepest a line may nest, lists and dicts: the host's decoder
-# (lua-cjson's decode_max_depth in lua/rlm/json.lua) refuses more, and that
+# (lua-cjson's decode_max_depth in lua/rlm/base/json.lua) refuses more, and that
 # ends the session. A message and its field take two of them.
 LINE_DEPTH = 200
 VALUE_DEPTH = LINE_DEPTH - 2

@@ -1,11 +1,11 @@
--- The texts docs/prompt.md shows, made by lua/rlm/prompt.lua and
--- lua/rlm/reply.lua themselves:
+-- The texts docs/prompt.md shows, made by lua/rlm/engine/prompt.lua and
+-- lua/rlm/engine/reply.lua themselves:
 -- spec/prompt_spec.lua checks that the document still says them, and
 --   lua5.4 spec/helpers/prompt_doc.lua docs/prompt.md
 -- (with the LUA_PATH/LUA_CPATH of make test) writes them into it again.
-local options = require("rlm.options")
-local prompt = require("rlm.prompt")
-local reply = require("rlm.reply")
+local options = require("rlm.engine.options")
+local prompt = require("rlm.engine.prompt")
+local reply = require("rlm.engine.reply")
 
 local M = {}
 

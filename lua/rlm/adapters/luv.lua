@@ -7,7 +7,7 @@
 -- resumes them, or call done(text[, usage]) later: see rlm.util.invoke.
 local async = require("rlm.async")
 local rlm = require("rlm")
-local util = require("rlm.util")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -16,7 +16,7 @@
 local async = require("rlm.async")
 local luv = require("rlm.adapters.luv")
 local rlm = require("rlm")
-local util = require("rlm.util")
+local util = require("rlm.base.util")
 
 local M = {}
 

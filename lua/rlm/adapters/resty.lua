@@ -17,9 +17,9 @@
 -- or timer of the same worker (see rlm.util.invoke). on_event and cost_usd
 -- run inside the pump and must not yield.
 -- luacheck: read globals ngx
-local util = require("rlm.util")
-local dispatch = require("rlm.dispatch")
-local errors = require("rlm.errors")
+local util = require("rlm.base.util")
+local dispatch = require("rlm.drive.dispatch")
+local errors = require("rlm.base.errors")
 local rlm = require("rlm")
 
 local M = {}

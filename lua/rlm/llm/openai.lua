@@ -29,7 +29,7 @@ local EXCERPT_CHARS = 300
 local NAME = "rlm.llm.openai"
 
 local config = require("rlm.llm.openai_config")
-local callable = require("rlm.options").checks.callable
+local callable = require("rlm.base.checks").callable
 
 M.options = config.names
 

@@ -5,7 +5,7 @@ local M = {}
 
 local NAME = "rlm.llm.openai"
 
-local checks = require("rlm.options").checks
+local checks = require("rlm.base.checks")
 local callable, integer, non_empty_string = checks.callable, checks.integer, checks.non_empty_string
 local positive_number, non_negative_number = checks.positive_number, checks.non_negative_number
 

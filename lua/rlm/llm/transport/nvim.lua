@@ -11,7 +11,7 @@
 -- its command line, where other users' `ps` would see them; the body goes
 -- through a file in Neovim's private temporary directory (mode 0700).
 -- luacheck: read globals vim
-local unpack = require("rlm.util").unpack
+local unpack = require("rlm.base.util").unpack
 
 local M = {}
 

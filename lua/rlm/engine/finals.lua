@@ -1,11 +1,11 @@
 -- Reading the final answer: a FINAL or FINAL_VAR the REPL ran, or one
 -- written in prose; when the turns run out, the last-chance call and the
--- partial answer. Split from lua/rlm/turn.lua, which runs the turns.
-local errors = require("rlm.errors")
-local prompt = require("rlm.prompt")
-local json = require("rlm.json")
-local reply_parser = require("rlm.reply")
-local util = require("rlm.util")
+-- partial answer. Split from lua/rlm/engine/turn.lua, which runs the turns.
+local errors = require("rlm.base.errors")
+local prompt = require("rlm.engine.prompt")
+local json = require("rlm.base.json")
+local reply_parser = require("rlm.engine.reply")
+local util = require("rlm.base.util")
 
 local M = {}
 
@@ -104,12 +104,12 @@ end
 -- but the final lines.
 function S:_last_chance()
   self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
-  self:_arm_root_deadline()
+  self.clock:arm_root(self.driver)
   local response, err = self:_call_root(self.messages)
   if not response then
     return nil, err
   end
-  self:_arm_step_deadline()
+  self.clock:arm_step(self.driver)
   local reply = reply_parser.parse(response)
   local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
   local final
@@ -125,7 +125,7 @@ function S:_last_chance()
   if not final and reply.text ~= "" then
     final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
   end
-  self:_disarm_deadlines()
+  self.clock:disarm(self.driver)
   entry.final = final
   local checked
   checked, err = self:_check_answer(entry, "") -- rlm.answer

@@ -1,12 +1,12 @@
 -- Root turns: ask the root model, run its code, record the output; the
--- engine's body. Reading the final answer is lua/rlm/finals.lua's.
+-- engine's body. Reading the final answer is lua/rlm/engine/finals.lua's.
 local core = require("rlm.core")
-local errors = require("rlm.errors")
-local finals = require("rlm.finals")
-local prompt = require("rlm.prompt")
-local reply_parser = require("rlm.reply")
-local textlib = require("rlm.text")
-local IDLE = require("rlm.engine").IDLE
+local errors = require("rlm.base.errors")
+local finals = require("rlm.engine.finals")
+local prompt = require("rlm.engine.prompt")
+local reply_parser = require("rlm.engine.reply")
+local textlib = require("rlm.base.text")
+local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
 
@@ -58,7 +58,9 @@ function M:_exec_done(msg, id)
   self.open_slots = 0
   self:_drop_held()
   self:_end_children()
-  self:_resume_deadline()
+  if not self.children[1] and self.driver then
+    self.clock:resume(self.driver)
+  end
   local limit = self.opts.stdout_truncate_chars
   msg.stdout = textlib.cut(msg.stdout, limit, false)
   msg.error = msg.error and textlib.cut(msg.error, limit, true) or nil
@@ -236,17 +238,17 @@ function M:_turn()
   if not ok then
     return nil, err
   end
-  self:_arm_root_deadline()
+  self.clock:arm_root(self.driver)
   local response
   response, err = self:_call_root(self.messages)
   if not response then
     if err.resumable then
-      self:_disarm_deadlines()
+      self.clock:disarm(self.driver)
       self.iterations = self.iterations - 1 -- the turn is asked again
     end
     return nil, err
   end
-  self:_arm_step_deadline()
+  self.clock:arm_step(self.driver)
   local entry, texts = self:_act(response)
   self:_remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
   if not entry then
@@ -260,7 +262,7 @@ function M:_turn()
   if complaint ~= "" then
     texts[#texts + 1] = complaint
   end
-  self:_disarm_deadlines()
+  self.clock:disarm(self.driver)
   texts[#texts + 1] = self:_status()
   ok, err = self:_record(entry, table.concat(texts, "\n\n"))
   if not ok then
@@ -300,7 +302,7 @@ end
 -- "step" event marks the end of each turn; the engine goes on only when
 -- polled again, so step() can stop between turns.
 function M:_main()
-  local ev = require("rlm.fallback").after(self, self:_run_turns())
+  local ev = require("rlm.engine.fallback").after(self, self:_run_turns())
   local r, e = ev.result, ev.err
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,

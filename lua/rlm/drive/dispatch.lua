@@ -4,9 +4,9 @@
 -- run. How a callback is started (at once, in a coroutine of its own, in a
 -- light thread) and how the host waits between polls is the host's: see
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
-local errors = require("rlm.errors")
-local tools = require("rlm.tools")
-local util = require("rlm.util")
+local errors = require("rlm.base.errors")
+local tools = require("rlm.engine.tools")
+local util = require("rlm.base.util")
 
 local M = {}
 

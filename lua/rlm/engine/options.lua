@@ -1,64 +1,11 @@
 -- Option checking for Session.new. Misuse raises, naming the option.
-local util = require("rlm.util")
+local checks = require("rlm.base.checks")
+local integer, non_negative_number = checks.integer, checks.non_negative_number
+local milliseconds, callable, string_ = checks.milliseconds, checks.callable, checks.string
+local non_empty_string, text_or_callable, boolean = checks.non_empty_string, checks.text_or_callable,
+  checks.boolean
 
 local M = {}
-
--- How a bound reads in a message: 2^31 - 1, not 2147483647.
-local function show(n)
-  for e = 10, 62 do
-    if n == 2 ^ e then
-      return "2^" .. e
-    elseif n == 2 ^ e - 1 then
-      return "2^" .. e .. " - 1"
-    end
-  end
-  return ("%.0f"):format(n)
-end
-
--- An integer from min to max (default: below 2^53). NaN and the infinities
--- fail every comparison or the floor test.
-local function integer(min, max)
-  local want = max and ("an integer from %s to %s"):format(show(min), show(max)) or "an integer >= " .. min
-  max = max or 2 ^ 53 - 1
-  return function(v)
-    return type(v) == "number" and v == math.floor(v) and v >= min and v <= max, want
-  end
-end
-
-local function positive_number(v)
-  return type(v) == "number" and v > 0 and v < math.huge, "a number > 0"
-end
-
-local function non_negative_number(v)
-  return type(v) == "number" and v >= 0 and v < math.huge, "a number >= 0"
-end
-
--- Milliseconds, finite and at most 2^31 - 1 (24.8 days): what a deadline,
--- a CPU rlimit and a C int can all hold.
-local MAX_MS = 2 ^ 31 - 1
-local function milliseconds(v)
-  return type(v) == "number" and v > 0 and v <= MAX_MS, "a number of milliseconds > 0, up to 2^31 - 1 (24.8 days)"
-end
-
-local function callable(v)
-  return util.is_callable(v), "a function (or a callable table)"
-end
-
-local function string_(v)
-  return type(v) == "string", "a string"
-end
-
-local function non_empty_string(v)
-  return type(v) == "string" and v ~= "", "a non-empty string"
-end
-
-local function text_or_callable(v)
-  return type(v) == "string" or util.is_callable(v), "a string or a function(default, info) returning one"
-end
-
-local function boolean(v)
-  return type(v) == "boolean", "a boolean"
-end
 
 -- The deepest a JSON context may nest: what the protocol decodes
 -- (json.lua's decode_max_depth), well below where the sandbox's
@@ -165,15 +112,8 @@ local function module_list(v)
   return true
 end
 
--- The checks, for other modules' option tables (rlm.llm.openai): each
--- returns ok, "what was wanted".
-M.checks = {
-  integer = integer,
-  positive_number = positive_number,
-  non_negative_number = non_negative_number,
-  callable = callable,
-  non_empty_string = non_empty_string,
-}
+-- The checks, for other modules' option tables: rlm.base.checks.
+M.checks = checks
 
 -- What one driver line needs besides the output and the traceback: the
 -- JSON around them, the truncation markers, and a short final answer.
@@ -218,13 +158,13 @@ local schema = {
   sandbox_uid_count = { integer(1, 2 ^ 31 - 1), 65536 },
   bind_pth_paths = { boolean, false },
   max_message_bytes = { integer(12 + M.LINE_OVERHEAD, 2 ^ 30), 16 * 2 ^ 20 },
-  tools = { require("rlm.tools").check },
+  tools = { require("rlm.engine.tools").check },
   max_tool_calls = { integer(0, 2 ^ 31 - 1), 1000 },
   validate = { callable },
-  answer_schema = { require("rlm.answer").check_schema },
+  answer_schema = { require("rlm.engine.answer").check_schema },
   fallback = { boolean, true },
   pool = { function(v)
-    return getmetatable(v) == require("rlm.pool"), "an rlm.Pool"
+    return getmetatable(v) == require("rlm.engine.pool"), "an rlm.Pool"
   end },
 }
 

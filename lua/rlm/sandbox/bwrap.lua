@@ -1,10 +1,13 @@
--- Starting the driver: find bubblewrap and the interpreter, learn once what
--- of the interpreter's installation the sandbox must show, spawn, and check
--- the sandbox before any model-written code runs.
+-- The bubblewrap backend (the contract: rlm.sandbox.backend). Starting the
+-- driver: find bubblewrap and the interpreter, learn once what of the
+-- interpreter's installation the sandbox must show, spawn; and what the
+-- host checks of a running sandbox from outside (/proc: its processes'
+-- uids, rlimits and descriptors; its memory cgroup).
 local core = require("rlm.core")
-local errors = require("rlm.errors")
-local protocol = require("rlm.protocol")
-local util = require("rlm.util")
+local errors = require("rlm.base.errors")
+local protocol = require("rlm.base.protocol")
+local selftest = require("rlm.sandbox.selftest")
+local util = require("rlm.base.util")
 
 local M = {}
 
@@ -177,7 +180,7 @@ local function probe(python, modules, wait, owner, driver_dir)
 end
 
 -- A session that goes away while it probes lets the others ask.
-function M.forget_probe(owner)
+function M.forget(owner)
   for key, entry in pairs(probe_cache) do
     if entry.owner == owner then
       probe_cache[key] = nil
@@ -282,6 +285,108 @@ function M.prepare(opts, context_data, wait, owner)
     absent[#absent + 1] = here or nil
   end
   return spec, { sys_path = M.sys_path(info, opts.bind_pth_paths), absent = absent }
+end
+
+
+-- rlm.core's spawn (csrc/spawn.c: bubblewrap around the driver), then the
+-- given lines at once: they wait in the pipe while bubblewrap and the
+-- interpreter start. Returns drv | nil, message.
+function M.start(spec, lines)
+  local drv, err = core.spawn(spec)
+  if not drv then
+    return nil, err
+  end
+  for _, line in ipairs(lines) do
+    if not drv:send(line) then
+      drv:close()
+      return nil, "the driver took no input"
+    end
+  end
+  return drv
+end
+
+-- Moves every sandbox process into its memory cgroup: true, or false and
+-- whether the sandbox died meanwhile (else the kernel refused the move).
+function M.adopt(drv)
+  if drv:adopt() then
+    return true
+  end
+  return false, not drv:interpreter_runs()
+end
+
+local function uid_error(tree, uid)
+  local problem = selftest.check_uids(tree, uid)
+  if problem then
+    return "sandbox_violation", "the sandbox runs as the wrong uid: " .. problem
+  end
+end
+
+local function fd_error(foreign)
+  if #foreign > 0 then
+    return "sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; ")
+  end
+end
+
+-- The uids of every process (a uid cannot change without a capability no
+-- sandbox process holds, so a tree that is the same later runs as checked
+-- here), and the descriptors of bubblewrap's processes: they hold what
+-- they will hold (it opens nothing once the driver runs); the interpreter
+-- is checked again after ready (check_ready), once it has let go of its
+-- context's memfd. Returns the pids, or nil (it died), or nil, kind,
+-- message.
+function M.vet_processes(drv)
+  local tree = drv:tree()
+  if #tree == 0 then
+    return nil
+  end
+  local kind, message = uid_error(tree, drv:uid())
+  if kind then
+    return nil, kind, message
+  end
+  local foreign = {}
+  for i = 1, #tree - 1 do
+    for _, f in ipairs(drv:foreign_fds(tree[i])) do
+      foreign[#foreign + 1] = f
+    end
+  end
+  kind, message = fd_error(foreign)
+  if kind then
+    return nil, kind, message
+  end
+  return tree
+end
+
+-- The checks after ready, read from /proc: the driver's rlimits, and every
+-- process runs as the sandbox's uid or, for a sandbox vetted before
+-- (`vetted_tree`), is one of the processes vetted; then no descriptor but
+-- the session's pipes reaches the sandbox. nil, or kind, message.
+function M.check_ready(drv, rlimits, vetted_tree)
+  local tree = drv:tree()
+  if vetted_tree and table.concat(tree, " ") ~= table.concat(vetted_tree, " ") then
+    return "sandbox_violation", ("the sandbox's processes changed since the pool checked them "
+      .. "(pids %s, now %s)"):format(table.concat(vetted_tree, " "), table.concat(tree, " "))
+  end
+  local problem = "the sandbox has no processes"
+  if #tree > 0 then
+    problem = selftest.check_rlimits(tree[#tree], rlimits)
+  end
+  if problem then
+    return "sandbox_violation", "the driver's rlimits are not set: " .. problem
+  end
+  if not vetted_tree then
+    local kind, message = uid_error(tree, drv:uid())
+    if kind then
+      return kind, message
+    end
+  end
+  -- After ready: a pooled driver holds its context's memfd until then.
+  -- (Of a vetted sandbox, bubblewrap's processes were checked before.)
+  return fd_error(drv:foreign_fds(vetted_tree and tree[#tree] or nil))
+end
+
+-- Bubblewrap's own words on a failed start: what to change (rlm.diagnose).
+function M.exit_hint(output)
+  return require("rlm.diagnose").hint(output)
 end
 
 return M

@@ -1,6 +1,6 @@
 -- Nested sessions (rlm_query): children pumped inside their parent.
 local core = require("rlm.core")
-local textlib = require("rlm.text")
+local textlib = require("rlm.base.text")
 
 local M = {}
 
@@ -29,7 +29,7 @@ function M:_queue_child(call)
   call.t0 = core.now_ms()
   self:_root():_waitset() -- fd() covers its processes from now on
   self.children[#self.children + 1] = child
-  self:_pause_deadline()
+  self.clock:pause(self.driver)
   return true
 end
 
@@ -88,7 +88,9 @@ function M:_child_done(child, ev)
   if next_call then
     self:_queue_child(next_call)
   end
-  self:_resume_deadline()
+  if not self.children[1] and self.driver then
+    self.clock:resume(self.driver)
+  end
   local text, problem
   if ev.type == "done" then
     text = ev.result.answer
@@ -127,6 +129,6 @@ function M:_end_children()
     child:close()
   end
   self.children, self.queued = {}, {}
-  self.paused_left = nil
+  self.clock:drop_pause()
 end
 return M

@@ -2,7 +2,8 @@
 -- driver is hostile: a line that is not what the protocol allows at that
 -- point is an error, never a guess.
 local cjson = require("cjson")
-local json = require("rlm.json")
+local json = require("rlm.base.json")
+local util = require("rlm.base.util")
 
 local M = {}
 
@@ -72,6 +73,13 @@ end
 
 local function is_list(v)
   return type(v) == "table" and #v >= 1 and next(v, #v) == nil
+end
+
+-- A tool_call line's name and arguments (the tool table, rlm.engine.tools,
+-- checks the name against the host's tools).
+local function valid_call(m)
+  return type(m.name) == "string" and (m.args == nil or util.is_json_array(m.args))
+    and (m.kwargs == nil or util.is_json_object(m.kwargs))
 end
 
 local validators = {
@@ -148,7 +156,7 @@ local validators = {
     return true
   end,
   tool_call = function(m)
-    return is_int(m.id) and require("rlm.tools").valid_call(m)
+    return is_int(m.id) and valid_call(m)
   end,
   fatal = function(m)
     return opt_string(m.message)

@@ -2,8 +2,8 @@
 -- poll() and takes answers through reply(); fd() and timeout() say when to
 -- poll again.
 local core = require("rlm.core")
-local errors = require("rlm.errors")
-local util = require("rlm.util")
+local errors = require("rlm.base.errors")
+local util = require("rlm.base.util")
 
 local M = {}
 
@@ -326,7 +326,7 @@ function M:timeout()
     return CONTEXT_WAIT_MS
   end
   local d = self.driver or self.helper
-  local ms = self:_soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
+  local ms = self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
   local children = self.children
   for i = 1, #children do
     local c = children[i]:timeout()

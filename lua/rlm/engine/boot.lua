@@ -1,11 +1,10 @@
 -- Starting a session's sandbox: the spawn, the driver's hello, and the
 -- checks that run before any model-written code (self-test, rlimits, uids).
 local core = require("rlm.core")
-local protocol = require("rlm.protocol")
-local json = require("rlm.json")
-local sandbox = require("rlm.sandbox")
-local selftest = require("rlm.selftest")
-local IDLE = require("rlm.engine").IDLE
+local backends = require("rlm.sandbox.backend")
+local selftest = require("rlm.sandbox.selftest")
+local start = require("rlm.engine.start")
+local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
 
@@ -17,8 +16,8 @@ local function pack(...)
   return { n = select("#", ...), ... }
 end
 
--- The only places that start and stop a sandbox (core.spawn, drv:close):
--- the start is below in _boot; _teardown ends the driver, the probe helper
+-- The only places that start and stop a sandbox (the backend's start,
+-- drv:close): the start is below in _boot; _teardown ends the driver, the probe helper
 -- of a session that is still asking, the canaries of a start it cut short,
 -- and nothing else.
 function M:_teardown()
@@ -27,7 +26,7 @@ function M:_teardown()
   -- far off.
   self:_remove_canaries()
   if self.helper then
-    sandbox.forget_probe(self)
+    backends.for_options(self.opts).forget(self)
     self.helper:close()
     self.helper = nil
   end
@@ -38,186 +37,11 @@ function M:_teardown()
   end
 end
 
-local function checks_failed(checks)
-  local bad, n = {}, 0
-  for name, c in pairs(checks) do
-    n = n + 1
-    if not c.ok then
-      bad[#bad + 1] = name .. " (" .. tostring(c.detail) .. ")"
-    end
-  end
-  table.sort(bad)
-  if n == 0 then
-    bad[1] = "no checks were reported"
-  end
-  return bad
-end
-
--- The checks a cold start and the pool's vet make alike, each as nil or
--- the error (kind, message, extra) it ends the session with.
-local CGROUP_REFUSED = "a sandbox process could not be moved into its memory cgroup"
-
-local function self_test_error(result)
-  local bad = checks_failed(result.checks)
-  if #bad > 0 then
-    return "sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
-      { checks = result.checks }
-  end
-end
-
-local function uid_error(tree, uid)
-  local problem = selftest.check_uids(tree, uid)
-  if problem then
-    return "sandbox_violation", "the sandbox runs as the wrong uid: " .. problem
-  end
-end
-
-local function fd_error(foreign)
-  if #foreign > 0 then
-    return "sandbox_violation", "descriptors reach the sandbox: " .. table.concat(foreign, "; ")
-  end
-end
-
--- The driver's own stamps (seconds on CLOCK_MONOTONIC): diagnostics for
--- bench/ only, never trusted for anything else.
-local function driver_stamps(t)
-  if type(t) ~= "table" or type(t[1]) ~= "number" or type(t[2]) ~= "number" then
-    return nil
-  end
-  return { t[1] * 1000, t[2] * 1000 }
-end
-
--- A hello the host can talk to: nil, or why not (protocol_error).
-local function hello_problem(hello)
-  if hello.protocol ~= protocol.VERSION then
-    return ("the driver speaks protocol %s, the host %d"):format(tostring(hello.protocol), protocol.VERSION)
-  end
-end
-
--- What a line of a pooled sandbox's start says: its message, or nil and
--- why it is a protocol_error (as wire's _driver_message words it).
-local function line_message(line, allowed, max_values)
-  local msg, why = protocol.decode(line, allowed, max_values)
-  if not msg then
-    return nil, "the driver sent " .. why
-  end
-  if msg.type == "fatal" then
-    return nil, "the driver gave up: " .. tostring(msg.message)
-  end
-  return msg
-end
-
--- The checks of a start that hold whatever session takes the sandbox, run
--- by rlm.pool as soon as a pooled sandbox has said its three lines (hello,
--- configured, self_test_result), so that its take does not pay for them:
--- the hello's protocol, the move of every sandbox process into its memory
--- cgroup, the self-test's result, the uids of every process, and the
--- descriptors of bubblewrap's. `lines`
--- are those three lines. Returns
---   { tree = pids, times = ... }        all passed; the take checks that
---                                        the tree is still the same
---   { error = { kind, message, extra } } a check failed: the session that
---                                        takes it fails with this error
---   false                                it died meanwhile (not fit)
-function M.vet(drv, lines, max_values)
-  local function failed(kind, message, extra)
-    return { error = { kind, message, extra } }
-  end
-  local hello, err = line_message(lines[1], { hello = true, fatal = true }, max_values)
-  if not hello then
-    return failed("protocol_error", err)
-  end
-  local problem = hello_problem(hello)
-  if problem then
-    return failed("protocol_error", problem)
-  end
-  if not drv:adopt() then
-    if not drv:interpreter_runs() then
-      return false
-    end
-    return failed("sandbox_violation", CGROUP_REFUSED)
-  end
-  local configured
-  configured, err = line_message(lines[2], { configured = true, fatal = true }, max_values)
-  if not configured then
-    return failed("protocol_error", err)
-  end
-  local result
-  result, err = line_message(lines[3], { self_test_result = true, fatal = true }, max_values)
-  if not result then
-    return failed("protocol_error", err)
-  end
-  local kind, message, extra = self_test_error(result)
-  if kind then
-    return failed(kind, message, extra)
-  end
-  -- A uid cannot change without a capability no sandbox process holds, so
-  -- a tree that is the same at the take runs as checked here.
-  local tree = drv:tree()
-  if #tree == 0 then
-    return false
-  end
-  kind, message = uid_error(tree, drv:uid())
-  if kind then
-    return failed(kind, message)
-  end
-  -- Bubblewrap's processes hold what they will hold (it opens nothing once
-  -- the driver runs); the interpreter is checked again after ready, once
-  -- it has let go of its context's memfd.
-  local foreign = {}
-  for i = 1, #tree - 1 do
-    for _, f in ipairs(drv:foreign_fds(tree[i])) do
-      foreign[#foreign + 1] = f
-    end
-  end
-  kind, message = fd_error(foreign)
-  if kind then
-    return failed(kind, message)
-  end
-  return { tree = tree, times = { exec = drv:exec_ms(), interpreter = driver_stamps(hello.t),
-    configure = driver_stamps(configured.t), self_test = driver_stamps(result.t) } }
-end
-
--- The messages of a start, the same for a cold start and a pooled one
--- (docs/protocol.md): `configure` and `self_test` are the pool-level part,
--- sent right at the spawn; `load_context` carries the session-level part
--- (the output cap, the tools, the rlimits that depend on the session),
--- sent at once by a cold start and when a session takes a pooled sandbox.
-
-function M.configure_message(o, info)
-  return { type = "configure",
-    max_message_bytes = o.max_message_bytes, max_message_values = protocol.max_values(o.max_message_bytes),
-    guardrails = o.guardrails,
-    int_bits = json.INT_BITS,
-    allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
-    sys_path = info.sys_path, rlimits = selftest.pool_rlimits() }
-end
-
-function M.self_test_message(info, canaries)
-  return { type = "self_test", absent = info.absent, canaries = canaries:info() }
-end
-
--- core.spawn, then the pool-level messages at once: they wait in the pipe
--- while bubblewrap and the interpreter start, so the driver configures and
--- tests itself with nobody reading. Returns drv | nil, message.
-function M.spawn_sandbox(o, spec, info, canaries)
-  local drv, err = core.spawn(spec)
-  if not drv then
-    return nil, err
-  end
-  if not (drv:send(json.encode(M.configure_message(o, info)))
-      and drv:send(json.encode(M.self_test_message(info, canaries)))) then
-    drv:close()
-    return nil, "the driver took no input"
-  end
-  return drv
-end
-
 function M:_load_context_message(context_bytes)
   local o = self.opts
   return { type = "load_context", format = self.context_format, stdout_limit = o.stdout_truncate_chars,
     rlimits = selftest.session_rlimits(o, context_bytes),
-    tools = require("rlm.tools").specs(o) }
+    tools = require("rlm.engine.tools").specs(o) }
 end
 
 function M:_start()
@@ -290,7 +114,7 @@ function M:_take_sandbox(entry)
     -- it, as a sandbox that died idle (rlm.pool); anything else is what
     -- the checks below read first.
     self.booting = "hello"
-    self:_set_deadline(self.opts.start_timeout_ms)
+    self.clock:set(self.driver, self.opts.start_timeout_ms)
     local ev = pack(self:_wait(false))
     if ev[1] == "exit" or ev[1] == "failed" then
       self.driver = nil
@@ -342,7 +166,7 @@ function M:_checks_taken(vetted, context_bytes)
   end
   self.started = true
   self.booting = "boot"
-  self:_set_deadline(self:_boot_timeout_ms())
+  self.clock:set(self.driver, self:_boot_timeout_ms())
   local msg, err = self:_expect({ ready = true, fatal = true })
   if not msg then
     return nil, err
@@ -354,14 +178,15 @@ end
 function M:_boot(canaries)
   local o = self.opts
   local context_bytes = #self.context_data
-  local spec, info = sandbox.prepare(o, self.context_data, function(helper)
+  local backend = backends.for_options(o)
+  local spec, info = backend.prepare(o, self.context_data, function(helper)
     return self:_wait_helper(helper)
   end, self)
   if not spec then
     return self:_fail(info)
   end
   self.start_times.spawn = core.now_ms()
-  local drv, serr = M.spawn_sandbox(o, spec, info, canaries)
+  local drv, serr = start.spawn(backend, o, spec, info, canaries)
   if not drv then
     return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(serr))
   end
@@ -382,7 +207,7 @@ end
 function M:_checks(canaries, context_bytes)
   local o, drv, times = self.opts, self.driver, self.start_times
   self.booting = "hello"
-  self:_set_deadline(o.start_timeout_ms)
+  self.clock:set(self.driver, o.start_timeout_ms)
   local hello, err = self:_expect({ hello = true, fatal = true })
   -- It only had to be there to leak into the spawn, which runs on the
   -- driver's own thread and is over once the driver speaks.
@@ -390,18 +215,19 @@ function M:_checks(canaries, context_bytes)
   if not hello then
     return nil, err
   end
-  times.hello, times.exec, times.interpreter = core.now_ms(), drv:exec_ms(), driver_stamps(hello.t)
-  local problem = hello_problem(hello)
+  times.hello, times.exec, times.interpreter = core.now_ms(), drv:exec_ms(), start.driver_stamps(hello.t)
+  local problem = start.hello_problem(hello)
   if problem then
     return self:_error("protocol_error", problem)
   end
   self.started = true
   self.booting = "boot"
-  self:_set_deadline(self:_boot_timeout_ms())
+  self.clock:set(self.driver, self:_boot_timeout_ms())
   -- The driver says hello before it imports its package: this and the
   -- messages below overlap its imports.
-  if not drv:adopt() then
-    if not drv:interpreter_runs() then
+  local adopted, died = backends.for_options(o).adopt(drv)
+  if not adopted then
+    if died then
       -- It died (a pooled sandbox killed while idle): its exit says so,
       -- after what it said before.
       local kind, a, b, c
@@ -410,20 +236,20 @@ function M:_checks(canaries, context_bytes)
       until kind ~= "line"
       return self:_driver_message({}, kind, a, b, c)
     end
-    return self:_error("sandbox_violation", CGROUP_REFUSED)
+    return self:_error("sandbox_violation", start.CGROUP_REFUSED)
   end
   local msg
   msg, err = self:_expect({ configured = true, fatal = true })
   if not msg then
     return nil, err
   end
-  times.configure = driver_stamps(msg.t)
+  times.configure = start.driver_stamps(msg.t)
   msg, err = self:_expect({ self_test_result = true, fatal = true })
   if not msg then
     return nil, err
   end
-  times.self_test = driver_stamps(msg.t)
-  local kind, message, extra = self_test_error(msg)
+  times.self_test = start.driver_stamps(msg.t)
+  local kind, message, extra = start.self_test_error(msg)
   if kind then
     return self:_error(kind, message, extra)
   end
@@ -441,38 +267,18 @@ end
 -- processes it checked (`tree`); then no descriptor but the session's
 -- pipes reaches the sandbox.
 function M:_ready(msg, rlimits, vetted_tree)
-  local drv, times = self.driver, self.start_times
+  local times = self.start_times
   if msg.error then
     return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
   end
-  times.context, times.ready = driver_stamps(msg.t), core.now_ms()
-  local tree = drv:tree()
-  if vetted_tree and table.concat(tree, " ") ~= table.concat(vetted_tree, " ") then
-    return self:_error("sandbox_violation", ("the sandbox's processes changed since the pool checked them "
-      .. "(pids %s, now %s)"):format(table.concat(vetted_tree, " "), table.concat(tree, " ")))
-  end
-  local problem = "the sandbox has no processes"
-  if #tree > 0 then
-    problem = selftest.check_rlimits(tree[#tree], rlimits)
-  end
-  if problem then
-    return self:_error("sandbox_violation", "the driver's rlimits are not set: " .. problem)
-  end
-  if not vetted_tree then
-    local kind, message = uid_error(tree, drv:uid())
-    if kind then
-      return self:_error(kind, message)
-    end
-  end
-  -- After ready: a pooled driver holds its context's memfd until then.
-  -- (Of a vetted sandbox, bubblewrap's processes were checked by the pool.)
-  local kind, message = fd_error(drv:foreign_fds(vetted_tree and tree[#tree] or nil))
+  times.context, times.ready = start.driver_stamps(msg.t), core.now_ms()
+  local kind, message = backends.for_options(self.opts).check_ready(self.driver, rlimits, vetted_tree)
   if kind then
     return self:_error(kind, message)
   end
   times.checked = core.now_ms()
   self.booting = nil
-  self:_set_deadline(0)
+  self.clock:set(self.driver, 0)
   return true
 end
 return M

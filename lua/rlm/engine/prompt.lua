@@ -1,10 +1,10 @@
 -- What the root model reads: the system prompt, the first user message, the
--- REPL output messages (lua/rlm/reply.lua reads what it writes).
+-- REPL output messages (lua/rlm/engine/reply.lua reads what it writes).
 -- docs/prompt.md shows every text this file makes; a spec
 -- (spec/prompt_spec.lua) checks that it does not drift.
 local cjson_safe = require("cjson.safe")
-local json = require("rlm.json")
-local textlib = require("rlm.text")
+local json = require("rlm.base.json")
+local textlib = require("rlm.base.text")
 
 local M = {}
 

@@ -1,7 +1,8 @@
--- Deadlines and budgets: the step deadline, max_wall_ms, tokens and cost,
--- and the host's room for nested sessions.
+-- Deadlines and budgets: the step deadline's end (the deadlines
+-- themselves: the session's clock, rlm.engine.clock), max_wall_ms, tokens
+-- and cost, and the host's room for nested sessions.
 local core = require("rlm.core")
-local util = require("rlm.util")
+local util = require("rlm.base.util")
 
 local M = {}
 
@@ -21,98 +22,6 @@ function M:_deadline_check()
   return true
 end
 
--- Arms the driver's deadline ms from now (0: none), or sooner when
--- max_wall_ms ends first.
-function M:_set_deadline(ms)
-  local left = self:_wall_left()
-  self.wall_cut = ms > 0 and left ~= nil and left < ms
-  if self.wall_cut then
-    ms = math.max(left, 1)
-  end
-  self.deadline_at = ms > 0 and core.now_ms() + ms or nil
-  self.driver:set_deadline(ms)
-end
-
--- The clocks of one turn. The root call has root_timeout_ms, a soft
--- deadline: past it the call is given up and the turn can be run again
--- (the REPL is not touched). The REPL's work (its blocks and their
--- sub-calls) has step_timeout_ms: past it the driver is interrupted (a
--- KeyboardInterrupt in the code, the block rolled back), and only past
--- interrupt_grace_ms more is the sandbox killed. The kill is the driver's
--- hard deadline, which its keeper thread enforces even while a blocking
--- callback holds the host; the soft ones need the engine to be polled.
-
--- The root call's clocks: root_timeout_ms (soft), and max_wall_ms (hard)
--- when it is set.
-function M:_arm_root_deadline()
-  local left = self:_wall_left()
-  self.wall_cut = left ~= nil
-  self.paused_left, self.soft_left = nil, nil
-  self.deadline_at = left and core.now_ms() + math.max(left, 1) or nil
-  self.driver:set_deadline(left and math.max(left, 1) or 0)
-  self.soft = { kind = "root", at = core.now_ms() + self.opts.root_timeout_ms }
-end
-
--- The REPL's clocks for one turn: the interrupt at step_timeout_ms, the
--- kill interrupt_grace_ms later (or at max_wall_ms, when that is sooner).
-function M:_arm_step_deadline()
-  local o = self.opts
-  self.paused_left, self.soft_left = nil, nil
-  self:_set_deadline(o.step_timeout_ms + o.interrupt_grace_ms)
-  self.soft = { kind = "interrupt", at = core.now_ms() + o.step_timeout_ms }
-end
-
-function M:_disarm_deadlines()
-  self.soft, self.soft_left = nil, nil
-  self:_set_deadline(0)
-end
-
--- The soft deadline that has passed ("root" or "interrupt"), once; or nil.
-function M:_soft_due()
-  local soft = self.soft
-  if soft and core.now_ms() >= soft.at then
-    self.soft = nil
-    return soft.kind
-  end
-  return nil
-end
-
--- Milliseconds until the soft deadline (-1: none), or ms when that is sooner.
-function M:_soft_timeout(ms)
-  local soft = self.soft
-  if not soft then
-    return ms
-  end
-  local left = math.max(math.ceil(soft.at - core.now_ms()), 0)
-  if ms < 0 or left < ms then
-    return left
-  end
-  return ms
-end
-
--- While a step waits on nested sessions its clock stops: they have their
--- own steps and deadlines, and max_wall_ms bounds the whole.
-function M:_pause_deadline()
-  if self.deadline_at and not self.paused_left then
-    self.paused_left = math.max(self.deadline_at - core.now_ms(), 1)
-    if self.soft then
-      self.soft_left, self.soft = math.max(self.soft.at - core.now_ms(), 0), nil
-    end
-    self:_set_deadline(0)
-  end
-end
-
-function M:_resume_deadline()
-  if self.paused_left and not self.children[1] and self.driver then
-    local left, soft_left = self.paused_left, self.soft_left
-    self.paused_left, self.soft_left = nil, nil
-    self:_set_deadline(left)
-    if soft_left then
-      self.soft = { kind = "interrupt", at = core.now_ms() + soft_left }
-    end
-  end
-end
-
 -- What the model is told after an interrupted block.
 function M:_interrupt_note()
   return ("[the step ran past step_timeout_ms (%.0f ms) and was interrupted: this block's changes were rolled "
@@ -128,10 +37,7 @@ function M:_interrupt()
   self.interrupted = true
   self:_drop_held()
   self:_end_children()
-  self.paused_left, self.soft_left = nil, nil
-  if self.deadline_at == nil then -- paused for nested sessions: the grace starts now
-    self:_set_deadline(self.opts.interrupt_grace_ms)
-  end
+  self.clock:interrupted(self.driver)
   self.driver:interrupt()
   local ok, err = self:_emit({ type = "interrupt", step = self.iterations,
     timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
@@ -159,7 +65,7 @@ function M:_wall_error()
 end
 
 function M:_timeout_error()
-  if self.wall_cut then
+  if self.clock.wall_cut then
     return self:_wall_error()
   end
   if self.booting == "hello" then

@@ -1,5 +1,5 @@
 -- What the root model writes: the code and the answers in its responses
--- (parse), split from lua/rlm/prompt.lua, which makes what the model reads.
+-- (parse), split from lua/rlm/engine/prompt.lua, which makes what the model reads.
 -- docs/prompt.md shows the notes this file makes.
 local M = {}
 
@@ -236,13 +236,13 @@ end
 
 -- <tool_call>{json}</tool_call>: the block into out, or a note.
 local function json_call(inner, out)
-  local ok, call = pcall(require("rlm.json").decode, inner)
+  local ok, call = pcall(require("rlm.base.json").decode, inner)
   if not ok or type(call) ~= "table" or type(call.name) ~= "string" then
     return M.CALL_NOT_RUN:format("<tool_call>", "it is not a JSON object with a \"name\"")
   end
   local args = call.arguments
   if type(args) == "string" then
-    args = select(2, pcall(require("rlm.json").decode, args))
+    args = select(2, pcall(require("rlm.base.json").decode, args))
   end
   if not CALL_NAMES[call.name] then
     return M.CALL_NOT_RUN:format("<tool_call>", ("it calls %q, which is no tool here"):format(call.name:sub(1, 40)))

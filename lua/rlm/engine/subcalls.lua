@@ -1,8 +1,8 @@
 -- The code's llm_query calls: budgets, the in-flight cap over the tree of
 -- sessions, requests handed out through poll() and the answers back.
 local core = require("rlm.core")
-local textlib = require("rlm.text")
-local util = require("rlm.util")
+local textlib = require("rlm.base.text")
+local util = require("rlm.base.util")
 
 local M = {}
 

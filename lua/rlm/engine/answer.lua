@@ -3,8 +3,8 @@
 -- fails either goes back to the model with the complaint, and the turn is
 -- spent (docs/api.md, "Typed answers").
 local cjson = require("cjson")
-local textlib = require("rlm.text")
-local util = require("rlm.util")
+local textlib = require("rlm.base.text")
+local util = require("rlm.base.util")
 
 local M = {}
 M.methods = {}

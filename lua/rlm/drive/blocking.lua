@@ -3,9 +3,9 @@
 -- whoever resumed run()) and, while the session waits, sleeps on its fd()
 -- until timeout(), as cqueues' loop is a Lua loop over step.
 local core = require("rlm.core")
-local dispatch = require("rlm.dispatch")
-local errors = require("rlm.errors")
-local util = require("rlm.util")
+local dispatch = require("rlm.drive.dispatch")
+local errors = require("rlm.base.errors")
+local util = require("rlm.base.util")
 
 local M = {}
 

@@ -4,16 +4,16 @@
 -- configures and tests itself while nobody reads it. Once the pool sees it
 -- has said so (at stats(), at the refill after a take, or at the close of
 -- a root session that has the pool), it runs the checks that do not
--- depend on the session (rlm.boot's vet: hello, cgroup, self-test result,
--- uids); the session that takes it writes and seals its context, sends
+-- depend on the session (rlm.engine.start's vet: hello, cgroup, self-test
+-- result, uids); the session that takes it writes and seals its context, sends
 -- load_context, and runs the checks that must follow it (rlm.boot). One
 -- sandbox, one session: a sandbox taken is the session's, and never comes
 -- back.
-local boot = require("rlm.boot")
 local core = require("rlm.core")
-local options = require("rlm.options")
-local protocol = require("rlm.protocol")
-local sandbox = require("rlm.sandbox")
+local backends = require("rlm.sandbox.backend")
+local options = require("rlm.engine.options")
+local protocol = require("rlm.base.protocol")
+local start = require("rlm.engine.start")
 
 local Pool = {}
 Pool.__index = Pool
@@ -51,12 +51,13 @@ function Pool.new(opts)
   local o, size = options.check_pool(opts, Pool.MAX_SIZE)
   local self = setmetatable({ opts = o, size = size, idle = {},
     counts = { spawned = 0, taken = 0, cold = 0, dead = 0, failed = 0 } }, Pool)
-  local spec, info = sandbox.prepare(o, nil, blocking_wait, self)
+  local backend = backends.for_options(o)
+  local spec, info = backend.prepare(o, nil, blocking_wait, self)
   if not spec then
     return nil, info
   end
   spec.context, spec.late_context = nil, true
-  self.spec, self.info = spec, info
+  self.backend, self.spec, self.info = backend, spec, info
   self.max_values = protocol.max_values(o.max_message_bytes)
   -- Lua 5.1 and LuaJIT run no __gc for a table: a proxy's does it there.
   local proxy = rawget(_G, "newproxy")
@@ -75,7 +76,7 @@ end
 function Pool:_spawn()
   local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
   local at = core.now_ms()
-  local drv = boot.spawn_sandbox(self.opts, self.spec, self.info, canaries)
+  local drv = start.spawn(self.backend, self.opts, self.spec, self.info, canaries)
   if not drv then
     canaries:remove()
     self.counts.failed = self.counts.failed + 1
@@ -139,7 +140,7 @@ function Pool:_vet(entry)
   for i, ev in ipairs(entry.events) do
     lines[i] = ev[2]
   end
-  entry.vetted = boot.vet(entry.drv, lines, self.max_values)
+  entry.vetted = start.vet(self.backend, entry.drv, lines, self.max_values)
   if not entry.vetted then
     return false
   end
@@ -150,6 +151,12 @@ end
 -- The next idle sandbox that is still alive, or nil (the session starts
 -- cold). Dead ones are closed and counted.
 function Pool:_take()
+  if self.owed then
+    -- A session collected with its refill undone (rlm's close): its
+    -- replacement, started here rather than in the finalizer.
+    self.owed = nil
+    self:_fill()
+  end
   while not self.closed do
     local entry = table.remove(self.idle, 1)
     if not entry then

@@ -1,9 +1,9 @@
 -- The session's side of the wire: waiting for the driver (or a reply),
 -- turning what it sends into messages or errors, and sending to it.
-local protocol = require("rlm.protocol")
-local json = require("rlm.json")
-local IDLE = require("rlm.engine").IDLE
-local unpack = require("rlm.util").unpack
+local protocol = require("rlm.base.protocol")
+local json = require("rlm.base.json")
+local IDLE = require("rlm.engine.loop").IDLE
+local unpack = require("rlm.base.util").unpack
 
 local M = {}
 
@@ -38,7 +38,7 @@ function M:_wait(accept_replies, quick)
     if accept_replies and #self.inbox > 0 then
       return "reply", table.remove(self.inbox, 1)
     end
-    local due = self:_soft_due()
+    local due = self.clock:soft_due()
     if due then
       return "soft", due
     end
@@ -142,7 +142,7 @@ function M:_driver_message(allowed, kind, a, b, c)
     if not self.started then
       -- Bubblewrap's own words say why; diagnose names what to change.
       return self:_error("sandbox_unavailable", "the sandbox exited before the driver started: "
-        .. exit_message(a, b, c) .. require("rlm.diagnose").hint(c))
+        .. exit_message(a, b, c) .. require("rlm.sandbox.backend").for_options(self.opts).exit_hint(c))
     end
     return self:_error("driver_exited", "the driver exited: " .. exit_message(a, b, c),
       { status = a, signal = b, stderr = c })

@@ -290,10 +290,12 @@ function M.append(dst, ...)
   return dst
 end
 
--- Where this file lives, so the driver can be found next to the modules.
+-- Where the rlm modules live (this file is rlm/base/util.lua), so the
+-- driver can be found next to them.
 function M.module_dir()
   local source = debug.getinfo(1, "S").source
-  return (source:sub(1, 1) == "@" and source:sub(2) or source):match("^(.*)/[^/]*$") or "."
+  local path = source:sub(1, 1) == "@" and source:sub(2) or source
+  return path:match("^(.*)/[^/]*/[^/]*$") or (path:find("/") and "." or "..")
 end
 
 -- true, or false and why when the reason is not that the file is missing

@@ -4,10 +4,10 @@
 -- out through poll() like an llm_query, and sends the tool's value (or its
 -- error) back as a tool_result.
 local core = require("rlm.core")
-local json = require("rlm.json")
-local textlib = require("rlm.text")
+local json = require("rlm.base.json")
+local textlib = require("rlm.base.text")
 
-local util = require("rlm.util")
+local util = require("rlm.base.util")
 
 local M = {}
 
@@ -177,12 +177,6 @@ function M.start(s, ev, start)
 end
 
 M.NOTHING = "the tool returned nothing (a tool returns a JSON value; rlm.null is Python's None)"
-
--- The protocol's check of a tool_call line (rlm.protocol's validators).
-function M.valid_call(m)
-  return type(m.name) == "string" and (m.args == nil or util.is_json_array(m.args))
-    and (m.kwargs == nil or util.is_json_object(m.kwargs))
-end
 
 -- The code called a tool: check it, count it, hand it out through poll().
 -- A name the host never gave is a hostile driver: protocol_error. A call

@@ -4,8 +4,8 @@
 -- of the error (docs/api.md, "The fallback answer"). Off with
 -- `fallback = false`.
 local core = require("rlm.core")
-local answer = require("rlm.answer")
-local IDLE = require("rlm.engine").IDLE
+local answer = require("rlm.engine.answer")
+local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
 

@@ -1,0 +1,227 @@
+-- A session's state: what one session and the nested sessions it starts
+-- share (the tree), its own fields, and how it fails. The methods of the
+-- other modules (boot, wire, limits, subcalls, nested, turn, finals,
+-- loop) are mixed into the one Session class here; rlm (init.lua) adds
+-- the public API and run()/step() (rlm.drive.blocking).
+local clock = require("rlm.engine.clock")
+local errors = require("rlm.base.errors")
+local prompt = require("rlm.engine.prompt")
+local protocol = require("rlm.base.protocol")
+local tools = require("rlm.engine.tools")
+local util = require("rlm.base.util")
+
+-- Every field of a session, in one place (spec/layers_spec.lua checks that
+-- the engine sets no other), grouped by the job that owns it: the groups
+-- are the collaborators the session is being split into (issue 26).
+---@class Session
+-- Who it is
+---@field opts table the checked options (rlm.engine.options)
+---@field parent Session|nil the session whose code started it (rlm_query)
+---@field depth integer 0 for the root
+---@field session_id string "1", "1.2", ...: names it in its events
+---@field tree table shared with its nested sessions: budgets, in-flight counts, the live children
+---@field tokens table tree.tokens: input, output, total
+---@field system_problem string|nil why its system_prompt function failed (a nested session ends with it)
+-- The sandbox (rlm.engine.boot, rlm.engine.wire; the backend: rlm.sandbox.backend)
+---@field driver userdata|nil the backend's handle
+---@field helper userdata|nil the probe's helper process while it runs
+---@field canaries userdata|nil the self-test's canaries until the first exec
+---@field context_data string|nil the context until it is in the sandbox
+---@field context_format string "text" or "json"
+---@field context_writing boolean|nil a large context is being written on a thread of rlm.core's
+---@field start string|nil "cold" or "warm" (from the pool)
+---@field start_times table|nil when each part of the start happened (bench/)
+---@field booting string|nil "hello", "boot" while the start is checked
+---@field started boolean|nil the driver has said hello
+---@field pre_events table|nil what a pooled sandbox said before it was taken, read first
+---@field refill table|nil the pool that gets a replacement after the first step
+---@field pool_swept boolean|nil the close looked at the pool's idle sandboxes
+---@field max_values integer the most JSON values one line may hold
+---@field sent boolean|nil a line just went to the driver (wire's poll skips a look at the pipe)
+-- The engine's coroutine and its queues (rlm.engine.loop, rlm.engine.subcalls)
+---@field engine thread|nil the coroutine that runs the session
+---@field waitset userdata|nil the set behind fd()
+---@field pumped_at number|nil when the engine last ran (others wait for its probe meanwhile)
+---@field stepped boolean|nil its first step is out
+---@field outbox table requests and events not yet handed out by poll()
+---@field inbox table replies not yet taken by the engine
+---@field pending table id -> request handed out and not yet answered
+---@field routes table id -> { child =, id = } for a request passed on from a child
+---@field next_request_id integer
+---@field inline function|nil under run()/step(): answers a request at once (rlm.drive.blocking)
+---@field hook_token userdata|nil under run()/step(): the hook as the run started, and the SIGINT handler armed (rlm.drive.blocking)
+---@field sigint boolean|nil closed by a SIGINT: run()/step() raise the interpreter's "interrupted!" (rlm.drive.blocking)
+---@field open_slots integer answers the driver still waits for, for its current call
+---@field open_call integer|nil the id of the driver's current call
+---@field open_tool boolean|nil that call is a tool's
+-- The conversation and its turns (rlm.engine.turn, finals, answer; rlm's ask)
+---@field messages table the root model's conversation
+---@field history table the steps so far (err.history, result.history)
+---@field iterations integer turns taken
+---@field next_exec_id integer
+---@field interrupted boolean|nil the current exec ran out of time
+---@field final table|nil the answer, once given
+---@field terminal table|nil the run's end: { type = "done" | "error", ... }
+---@field failed table|nil the error it ended with; every later call returns it
+---@field closed boolean|nil close() was called
+---@field turns_over boolean|nil max_iterations is spent
+---@field more_turns boolean|nil step() after the answer goes on (ask)
+---@field asked table|nil the earlier questions and answers of ask()
+---@field question string|nil the current follow-up question
+---@field history_mark integer|nil where the current question's steps begin
+---@field turn_base integer|nil the turns taken before the current question
+-- Its deadlines
+---@field clock Clock its deadlines (rlm.engine.clock)
+-- Its nested sessions (rlm.engine.nested)
+---@field children table the nested sessions running for the current exec
+---@field queued table nested sessions asked for past max_concurrent_sub_calls
+---@field finished table nested sessions that ended, their sandboxes kept till their call is answered
+---@field started_children integer how many it started (their session_id)
+---@field call table|nil of a nested session: the rlm_query it answers
+---@field live_counted boolean|nil of a nested session: counted in tree.live_children
+local Session = {}
+Session.__index = Session
+
+-- What a session and the nested sessions it starts share: one budget, one
+-- cap on the sub-calls in flight, and the clock of the run.
+local function new_tree()
+  return {
+    sub_calls = 0,
+    tokens = { input = 0, output = 0, total = 0 },
+    in_flight = 0, -- sub-calls handed out and not yet answered
+    held = {}, -- { session =, req = }: past max_concurrent_sub_calls, not yet handed out
+    batches = 0,
+    live_children = 0, -- nested sessions made and not yet closed (max_live_sandboxes)
+  }
+end
+
+-- A session over context_data (text, or a JSON document); parent is the
+-- session whose code started it with rlm_query, or nil.
+local function new_session(o, parent, context_data, context_format, description)
+  local self = setmetatable({
+    opts = o,
+    parent = parent,
+    depth = parent and parent.depth + 1 or 0,
+    tree = parent and parent.tree or new_tree(),
+    context_data = context_data,
+    context_format = context_format,
+    history = {},
+    iterations = 0,
+    next_exec_id = 0,
+    next_request_id = 0,
+    outbox = {}, -- requests and events not yet handed out by poll()
+    inbox = {}, -- replies not yet taken by the engine
+    pending = {}, -- id -> request handed out and not yet answered
+    routes = {}, -- id -> { child =, id = } for a request passed on from a child
+    children = {}, -- nested sessions running for the current exec
+    queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
+    finished = {}, -- nested sessions that ended, their sandboxes kept till their call is answered
+    started_children = 0,
+    open_slots = 0, -- answers the driver still waits for, for its current call
+    max_values = protocol.max_values(o.max_message_bytes), -- JSON values in one line
+  }, Session)
+  -- Names the session in its events: "1" for the root, "1.2" for the second
+  -- session its code started, and so on.
+  if parent then
+    parent.started_children = parent.started_children + 1
+    self.session_id = parent.session_id .. "." .. parent.started_children
+  else
+    self.session_id = "1"
+  end
+  self.tokens = self.tree.tokens
+  self.clock = clock.new(o, function()
+    return self:_wall_left()
+  end)
+  -- A system_prompt function that fails: misuse at Session.new for the
+  -- root; a nested session ends with callback_error when it starts.
+  local system, problem = prompt.system(o, description, self.depth)
+  if not system then
+    if not parent then
+      error("rlm.Session.new: " .. problem, 3)
+    end
+    self.system_problem, system = problem, ""
+  end
+  self.messages = {
+    -- The tools and the answer's schema are told whatever the prompt is.
+    { role = "system", content = system .. tools.prompt(o) .. require("rlm.engine.answer").prompt(o) },
+    { role = "user", content = prompt.first_user(o.query) },
+  }
+  return self
+end
+
+
+-- The nested session for one rlm_query: the same options and callbacks, the
+-- prompt as its question, and the given context (or the prompt) as its own.
+function Session:_new_child(call)
+  local o = {}
+  for k, v in pairs(self.opts) do
+    o[k] = v
+  end
+  o.query, o.context = call.prompt, nil
+  if call.context and call.format == "json" then
+    return new_session(o, self, call.context, "json", prompt.describe_json(call.context))
+  end
+  local text = call.context or call.prompt
+  return new_session(o, self, text, "text", prompt.describe(text))
+end
+
+-- Ends the session with err: the sandbox is torn down, and every later
+-- call returns the same err.
+function Session:_fail(err)
+  if self.closed and not self.failed and err.kind ~= "cancelled" then
+    return self:_cancelled()
+  end
+  err.history = self.history
+  self.failed = self.failed or err
+  self:_end_children()
+  self:_teardown()
+  return nil, self.failed
+end
+
+-- The run ends because close() was called (from a callback, on_event, or
+-- another coroutine).
+function Session:_cancelled()
+  return self:_fail(errors.new("cancelled", "the session was closed (close() or a cancel) before the run ended"))
+end
+
+function Session:_error(kind, message, fields)
+  return self:_fail(errors.new(kind, message, fields))
+end
+
+function Session:_emit(ev)
+  local cb = self.opts.on_event
+  if not cb then
+    return true
+  end
+  ev.depth = ev.depth or self.depth
+  ev.session = self.session_id
+  local ok, e = util.call_protected(cb, ev)
+  if self.closed then
+    return self:_cancelled()
+  end
+  if not ok then
+    return self:_error("callback_error", "on_event raised: " .. tostring(e))
+  end
+  return true
+end
+
+for _, methods in ipairs({ tools.methods, require("rlm.engine.answer").methods,
+  require("rlm.engine.finals").methods }) do
+  for k, fn in pairs(methods) do
+    assert(Session[k] == nil, k)
+    Session[k] = fn
+  end
+end
+
+for _, name in ipairs({ "wire", "boot", "limits", "subcalls", "nested", "turn", "loop" }) do
+  for k, fn in pairs(require("rlm.engine." .. name)) do
+    if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
+      assert(Session[k] == nil, k)
+      Session[k] = fn
+    end
+  end
+end
+
+-- The class (rlm adds its public API to it) and the constructor, which is
+-- not a method: rlm.Session holds only what docs/api.md documents.
+return { Session = Session, new_session = new_session }
