@@ -196,19 +196,8 @@ end)
 -- The same cases of issue 28 under an adapter: each its run() case's
 -- figure, through rlm.adapters.luv.
 H.describe_luv("issue 28's cases under the luv adapter", function()
-  local luv = require("rlm.adapters.luv")
   after_each(H.assert_clean)
-
-  local function run(opts)
-    local out
-    luv.run(H.opts(opts), function(err, result)
-      out = { err = err, result = result }
-    end)
-    L.run_until(function()
-      return out ~= nil
-    end)
-    return out.result, out.err
-  end
+  local run = L.run_session
 
   it("answer a FINAL_VAR past 2^53, mark a last-chance answer partial, echo, read other forms, keep answers", function()
     local big = run({ root_llm = H.script({ fence("v = [2**62, 2**53 + 1]\nFINAL_VAR('v')") }) })

@@ -11,12 +11,7 @@
 -- prints those figures beside the ones taken before the session.
 local H = require("helpers")
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("*a")
-  p:close()
-  return (out:gsub("%s+$", ""))
-end
+local sh = H.sh
 
 local function meminfo()
   local f = assert(io.open("/proc/meminfo", "r"))

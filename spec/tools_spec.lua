@@ -278,19 +278,8 @@ FINAL("ok")]]) }),
 end)
 
 H.describe_luv("host tools under the luv adapter", function()
-  local luv = require("rlm.adapters.luv")
   after_each(H.assert_clean)
-
-  local function run(opts)
-    local out
-    luv.run(H.opts(opts), function(err, result)
-      out = { err = err, result = result }
-    end)
-    L.run_until(function()
-      return out ~= nil
-    end)
-    return out.result, out.err
-  end
+  local run = L.run_session
 
   it("takes a tool's answer later, through done()", function()
     local result, err = run({

@@ -36,4 +36,18 @@ function L.sleep(ms)
   coroutine.yield()
 end
 
+-- Runs a session with the spec's options (H.opts) through
+-- rlm.adapters.luv to its end; returns its result and its err.
+function L.run_session(opts)
+  local H = require("helpers")
+  local out
+  require("rlm.adapters.luv").run(H.opts(opts), function(err, result)
+    out = { err = err, result = result }
+  end)
+  L.run_until(function()
+    return out ~= nil
+  end)
+  return out.result, out.err
+end
+
 return L
