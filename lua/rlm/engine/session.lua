@@ -49,8 +49,8 @@ local util = require("rlm.base.util")
 ---@field routes table id -> { child =, id = } for a request passed on from a child
 ---@field next_request_id integer
 ---@field inline function|nil under run()/step(): answers a request at once (rlm.drive.blocking)
----@field hook_token userdata|nil under run()/step(): the hook as the run started, and the SIGINT handler armed (rlm.drive.blocking)
----@field sigint boolean|nil closed by a SIGINT: run()/step() raise the interpreter's "interrupted!" (rlm.drive.blocking)
+---@field hook_token userdata|nil under run()/step(): the hook as it started; SIGINT armed (rlm.drive.blocking)
+---@field sigint boolean|nil closed by a SIGINT: run()/step() raise "interrupted!" (rlm.drive.blocking)
 ---@field open_slots integer answers the driver still waits for, for its current call
 ---@field open_call integer|nil the id of the driver's current call
 ---@field open_tool boolean|nil that call is a tool's
