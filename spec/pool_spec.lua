@@ -63,6 +63,17 @@ local function alive(pid)
   return H.sh("test -d /proc/" .. pid .. " && echo yes || echo no") == "yes"
 end
 
+-- Each of pids gone, moments after its keeper let go of it (up to 5 s).
+local function assert_gone(pids)
+  for _, p in ipairs(pids) do
+    assert.is_false(H.settled(function()
+      return alive(p)
+    end, function(up)
+      return not up
+    end), "pid " .. p)
+  end
+end
+
 local function pool_pids(pool)
   local pids = {}
   for _, e in ipairs(pool.idle) do
@@ -345,13 +356,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     getmetatable(s).__gc(s)
     assert.is_nil(s.driver)
     assert.are.same({}, H.settled_children())
-    for _, p in ipairs(pids) do
-      local t0 = core.now_ms()
-      while alive(p) and core.now_ms() - t0 < 5000 do
-        sleep(10)
-      end
-      assert.is_false(alive(p), "pid " .. p)
-    end
+    assert_gone(pids)
     assert.are.equal(1, pool:stats().spawned)
     assert.are.equal(0, #pool.idle)
     -- The take after it starts the replacement and hands it out.
@@ -581,13 +586,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     assert.are.same({}, H.settled_children())
     -- A launcher the keeper had to kill itself takes its namespace's
     -- processes down after it (--die-with-parent): moments later.
-    for _, p in ipairs(pids) do
-      local t0 = core.now_ms()
-      while alive(p) and core.now_ms() - t0 < 5000 do
-        sleep(10)
-      end
-      assert.is_false(alive(p), "pid " .. p)
-    end
+    assert_gone(pids)
     -- A session given a closed pool starts cold.
     local s = pooled(pool, "out = 'cold'")
     assert.are.equal("cold", (assert(s:run())).answer)

@@ -87,16 +87,19 @@ function H.fds()
   return fds
 end
 
-local function same_list(a, b)
-  if #a ~= #b then
-    return false
+-- read() again every 10 ms until done(its value) holds, for up to 5 s:
+-- what close() hands to the keepers is over moments later. Returns the
+-- last value read.
+function H.settled(read, done)
+  local core = require("rlm.core")
+  local t0, v = core.now_ms(), read()
+  while not done(v) and core.now_ms() - t0 < 5000 do
+    local w = assert(core.waitset())
+    w:wait(10)
+    w:close()
+    v = read()
   end
-  for i = 1, #a do
-    if a[i] ~= b[i] then
-      return false
-    end
-  end
-  return true
+  return v
 end
 
 -- Runs f and asserts that it leaves no descriptor, child or workdir behind.
@@ -110,15 +113,10 @@ function H.assert_no_leaks(f)
   -- close() hands each sandbox to its keeper thread, which lets go of the
   -- session's descriptors once the sandbox is gone: on a loaded machine the
   -- last ones may still be at it (up to 5 s here).
-  local core = require("rlm.core")
-  local t0, now = core.now_ms(), H.fds()
-  while not same_list(before, now) and core.now_ms() - t0 < 5000 do
-    local w = assert(core.waitset())
-    w:wait(10)
-    w:close()
-    now = H.fds()
-  end
-  assert.are.same(before, now)
+  local deepcompare = require("luassert.util").deepcompare
+  assert.are.same(before, H.settled(H.fds, function(now)
+    return deepcompare(before, now)
+  end))
   assert.are.same({}, H.settled_children())
   assert.are.same({}, H.workdirs())
 end
@@ -168,15 +166,9 @@ end
 -- rlm.core's thread are over: waits up to 5 s for at most `max` (default 0).
 -- That thread kills the sandbox at once and reaps it as soon as it exits.
 function H.settled_children(max)
-  local core = require("rlm.core")
-  local t0, kids = core.now_ms(), H.children()
-  while #kids > (max or 0) and core.now_ms() - t0 < 5000 do
-    local w = assert(core.waitset())
-    w:wait(10)
-    w:close()
-    kids = H.children()
-  end
-  return kids
+  return H.settled(H.children, function(kids)
+    return #kids <= (max or 0)
+  end)
 end
 
 -- after_each: no child process and no workdir may outlive a test.
