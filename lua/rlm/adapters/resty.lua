@@ -121,7 +121,10 @@ local function loop(s)
       if ms > 0 then
         wake:wait(ms / 1000)
       else
-        ngx.sleep(0) -- "poll again now": still let the worker run its other events first
+        -- "Poll again now", letting the worker run its other events first:
+        -- 1 ms, since ngx.sleep(0) warns in error.log on an nginx without
+        -- OpenResty's delayed-events patch (Debian's).
+        ngx.sleep(0.001)
       end
       wait_ms = math.min(wait_ms * 2, M.MAX_WAIT_MS)
     else
@@ -207,11 +210,29 @@ Handle.close = Handle.cancel
 -- goes away cancels the run (ngx.on_abort) instead of leaving it to spend
 -- tokens, and the sandbox is killed then and there; with it off (nginx's
 -- default) the run goes on to its end. A request that registered its own
--- ngx.on_abort first keeps it: call h:cancel() from there.
+-- ngx.on_abort first keeps it: call h:cancel() from there. nginx sees a
+-- client go away only once the request's body is read, and read in a phase
+-- before the one that waits (`lua_need_request_body on;` does it): start
+-- says so in error.log, once per worker, when the body is unread.
+local warned_body = false
+local function warn_unread_body()
+  if warned_body or ngx.req.get_body_data() or ngx.req.get_body_file() then
+    return
+  end
+  local h = ngx.req.get_headers()
+  local length = tonumber(h["content-length"])
+  if (length and length > 0) or h["transfer-encoding"] then
+    warned_body = true
+    ngx.log(ngx.WARN, "rlm: the request body is unread, so nginx cannot see this client go away ",
+      "(lua_check_client_abort): set `lua_need_request_body on;` in the location")
+  end
+end
+
 function M.start(opts)
   check_phase("start")
   local s = rlm.Session.new(opts)
   if ngx.get_phase() ~= "timer" then
+    warn_unread_body()
     pcall(ngx.on_abort, function()
       s:close()
     end)
