@@ -61,14 +61,15 @@ local function default_client()
   local openai = require("rlm.llm.openai")
   local transport = require("rlm.llm.transport.nvim")
   local c = M.config
+  local request, stop = transport.new()
   return openai.new({
     base_url = c.base_url or os.getenv("RLM_BASE_URL") or "https://api.openai.com/v1",
     model = c.model or os.getenv("RLM_ROOT_MODEL") or "gpt-4o",
     sub_model = c.sub_model or os.getenv("RLM_SUB_MODEL") or "gpt-4o-mini",
     api_key_env = c.api_key_env or "RLM_API_KEY",
-    transport = transport.new(),
+    transport = request,
     sleep = transport.sleep,
-  })
+  }), stop
 end
 
 -- Progress: one line of text, shown in a floating window or left for the
@@ -159,6 +160,9 @@ function M.cancel()
   M.cancelled = true
   finished()
   s:close()
+  if M.stop_requests then
+    M.stop_requests() -- the model call in flight, if any: its curl goes now
+  end
   vim.notify("rlm: cancelled", vim.log.levels.WARN)
   return true
 end
@@ -249,9 +253,10 @@ function M.ask(question, context, what)
       opts[k] = v
     end
   end
+  M.stop_requests = nil
   if not (opts.root_llm and opts.llm_query) then
-    local client = default_client()
-    M.client = client
+    local client, stop = default_client()
+    M.client, M.stop_requests = client, stop
     opts.root_llm = opts.root_llm or client.root_llm
     opts.llm_query = opts.llm_query or client.llm_query
   end

@@ -363,6 +363,64 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
+-- 4b. :RlmCancel while the plugin's root model call is in flight (a reply
+-- the stand-in server holds for 5 s): the session ends and its curl is gone
+-- within 0.5 s, not at the reply's end.
+cases[#cases + 1] = function(next_case)
+  local plugin = require("rlm_ask")
+  local port
+  local server = vim.fn.jobstart({ "python3", root .. "/spec/helpers/fake_openai.py" }, {
+    on_stdout = function(_, data)
+      port = port or tonumber((data[1] or ""):match("^(%d+)"))
+    end,
+  })
+  local function curls()
+    local n = 0
+    for _, pid in ipairs(children()) do
+      if (read_all("/proc/" .. pid .. "/comm") or ""):match("^curl") then
+        n = n + 1
+      end
+    end
+    return n
+  end
+  wait_for(function()
+    return port ~= nil
+  end, 10000, function()
+    if not port then
+      vim.fn.jobstop(server)
+      report(false, ":RlmCancel ends the model call in flight", "the stand-in server did not start")
+      return next_case()
+    end
+    local base = ("http://127.0.0.1:%d"):format(port)
+    vim.fn.system({ "curl", "-sS", base .. "/_control/script", "--data-binary",
+      vim.json.encode({ replies = { { content = fence("FINAL('late')"), delay_ms = 5000 } } }) })
+    vim.env.RLM_BASE_URL, vim.env.RLM_API_KEY = base .. "/v1", "sk-rlm-nvim-cancel"
+    plugin.last_answer, plugin.last_error = nil, nil
+    plugin.setup({ tmpdir = tmpdir, on_event = function() end })
+    vim.cmd("RlmAsk what does it say?")
+    wait_for(function()
+      return curls() > 0
+    end, 10000, function()
+      local before = curls()
+      local t0 = now_ms()
+      local notify = vim.notify
+      vim.notify = function() end -- its "rlm: cancelled" would land on the report's line
+      vim.cmd("RlmCancel")
+      vim.notify = notify
+      wait_for(function()
+        return curls() == 0
+      end, 3000, function()
+        local ms = now_ms() - t0
+        vim.fn.jobstop(server)
+        report(before > 0 and curls() == 0 and ms < 500 and plugin.last_answer == nil,
+          ":RlmCancel ends the model call in flight (its curl gone within 0.5 s)",
+          ("%d curl before, %d after %.0f ms; answer %s"):format(before, curls(), ms, tostring(plugin.last_answer)))
+        next_case()
+      end)
+    end)
+  end)
+end
+
 -- 5. Host tools under the Neovim adapter: a tool that answers later
 -- (done() from vim.defer_fn), one that fails later, and rlm.nvim's
 -- read_buffer, which reads another buffer by name through the editor's API.

@@ -85,13 +85,26 @@ local function suspend(start)
   return unpack(results, 1, results.n)
 end
 
--- new([opts]) -> transport(request): status, body, headers | nil, message.
+-- new([opts]) -> transport(request): status, body, headers | nil, message;
+-- and stop(), which ends the requests in flight (their curl is killed, each
+-- fails with "cancelled") and fails every later one: a cancelled session's
+-- model call must not run on to its end.
 -- opts.curl: the curl binary (default "curl"); opts.max_body_bytes.
 function M.new(opts)
   opts = opts or {}
   local curl = opts.curl or "curl"
   local max_body = opts.max_body_bytes or M.DEFAULT_MAX_BODY_BYTES
-  return function(request)
+  local jobs, stopped = {}, false
+  local function stop()
+    stopped = true
+    for job in pairs(jobs) do
+      vim.fn.jobstop(job)
+    end
+  end
+  local function transport(request)
+    if stopped then
+      return nil, "cancelled"
+    end
     local base = vim.fn.tempname()
     local body_in, body_out, head_out = base .. ".req", base .. ".body", base .. ".head"
     local function cleanup()
@@ -121,7 +134,12 @@ function M.new(opts)
         on_stderr = function(_, data)
           stderr = data
         end,
-        on_exit = function(_, code)
+        on_exit = function(job, code)
+          jobs[job] = nil
+          if stopped then
+            cleanup()
+            return finish(nil, "cancelled")
+          end
           local status = tonumber(table.concat(stdout, ""))
           if code ~= 0 or not status or status == 0 then
             cleanup()
@@ -142,10 +160,12 @@ function M.new(opts)
         cleanup()
         return finish(nil, ("could not start %s (jobstart returned %d)"):format(curl, job))
       end
+      jobs[job] = true
       vim.fn.chansend(job, table.concat(config, "\n") .. "\n")
       vim.fn.chanclose(job, "stdin")
     end)
   end
+  return transport, stop
 end
 
 -- A sleep for rlm.llm.openai's retries that yields to the editor.
