@@ -300,12 +300,10 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
--- 4. The example plugin's own models: rlm.llm.openai over
--- rlm.llm.transport.nvim (curl through jobstart()) against a stand-in OpenAI
--- server: the key on curl's stdin, never its argv; a 429 waited out on a
--- timer; the usage counted.
-cases[#cases + 1] = function(next_case)
-  local plugin = require("rlm_ask")
+-- Starts spec/helpers/fake_openai.py and, once it says its port, calls
+-- k(base, server) (base: "http://127.0.0.1:<port>"; the caller stops the
+-- server). If it never does, reports case as failed and goes on.
+local function with_stand_in(case, next_case, k)
   local port
   local server = vim.fn.jobstart({ "python3", root .. "/spec/helpers/fake_openai.py" }, {
     on_stdout = function(_, data)
@@ -317,10 +315,20 @@ cases[#cases + 1] = function(next_case)
   end, 10000, function()
     if not port then
       vim.fn.jobstop(server)
-      report(false, ":RlmAsk with the plugin's curl models", "the stand-in server did not start")
+      report(false, case, "the stand-in server did not start")
       return next_case()
     end
-    local base = ("http://127.0.0.1:%d"):format(port)
+    k(("http://127.0.0.1:%d"):format(port), server)
+  end)
+end
+
+-- 4. The example plugin's own models: rlm.llm.openai over
+-- rlm.llm.transport.nvim (curl through jobstart()) against a stand-in OpenAI
+-- server: the key on curl's stdin, never its argv; a 429 waited out on a
+-- timer; the usage counted.
+cases[#cases + 1] = function(next_case)
+  local plugin = require("rlm_ask")
+  with_stand_in(":RlmAsk with the plugin's curl models", next_case, function(base, server)
     local function control(path, body)
       local argv = { "curl", "-sS", base .. path }
       if body then
@@ -368,12 +376,6 @@ end
 -- within 0.5 s, not at the reply's end.
 cases[#cases + 1] = function(next_case)
   local plugin = require("rlm_ask")
-  local port
-  local server = vim.fn.jobstart({ "python3", root .. "/spec/helpers/fake_openai.py" }, {
-    on_stdout = function(_, data)
-      port = port or tonumber((data[1] or ""):match("^(%d+)"))
-    end,
-  })
   local function curls()
     local n = 0
     for _, pid in ipairs(children()) do
@@ -383,15 +385,7 @@ cases[#cases + 1] = function(next_case)
     end
     return n
   end
-  wait_for(function()
-    return port ~= nil
-  end, 10000, function()
-    if not port then
-      vim.fn.jobstop(server)
-      report(false, ":RlmCancel ends the model call in flight", "the stand-in server did not start")
-      return next_case()
-    end
-    local base = ("http://127.0.0.1:%d"):format(port)
+  with_stand_in(":RlmCancel ends the model call in flight", next_case, function(base, server)
     vim.fn.system({ "curl", "-sS", base .. "/_control/script", "--data-binary",
       vim.json.encode({ replies = { { content = fence("FINAL('late')"), delay_ms = 5000 } } }) })
     vim.env.RLM_BASE_URL, vim.env.RLM_API_KEY = base .. "/v1", "sk-rlm-nvim-cancel"
