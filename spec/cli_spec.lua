@@ -192,6 +192,8 @@ describe("bin/rlm", function()
       { { "--context-file", "CTX", "q" }, {}, "unknown flag --context-file; did you mean --context?" },
       { { "-model", "m", "--context", "CTX", "q" }, {}, "unknown flag -model; did you mean --model?" },
       { { "--verbose", "--context", "CTX", "q" }, {}, "unknown flag --verbose\n" },
+      { { "--max-rss-bytes", "10", "--context", "CTX", "q" }, {}, "rlm: --context cannot fit --max-rss-bytes (10 bytes): "
+        .. "its 37 bytes take at least 37 bytes of the sandbox's memory as Python objects; raise --max-rss-bytes" },
       { { "--context" }, {}, "--context wants a value" },
       { { "--trace=yes", "--context", "CTX", "q" }, {}, "--trace takes no value" },
       { { "--price", "fake-root=cheap", "--context", "CTX", "q" }, {}, "--price wants MODEL=IN:OUT" },
