@@ -460,3 +460,51 @@ describe("the page in headless Chromium", function()
     assert.is_true(#png > 20000, #png)
   end)
 end)
+
+describe("rlm.tools.highlight.python", function()
+  local highlight = require("rlm.tools.highlight")
+
+  local function joined(code)
+    local out = {}
+    for i, piece in ipairs(highlight.python(code)) do
+      out[i] = piece[2]
+    end
+    return table.concat(out)
+  end
+
+  it("cuts any text into pieces that join up to it, bytes that are not UTF-8 included", function()
+    local alphabet = { "a", "_", "1", ".", "#", "'", '"', "'''", '"""', "\\", "\n", " ", "@", "r", "b", "f",
+      "def", "\255", "\195\169", "\226\128\174", "(", "e", "-", "\t" }
+    math.randomseed(31)
+    for _ = 1, 500 do
+      local parts = {}
+      for i = 1, math.random(0, 60) do
+        parts[i] = alphabet[math.random(#alphabet)]
+      end
+      local code = table.concat(parts)
+      assert.are.equal(code, joined(code))
+    end
+  end)
+
+  -- one row a case: code, the pieces with a class ({ class, text })
+  local cases = {
+    { "def f(): pass", { { "k", "def" }, { "k", "pass" } } },
+    { "x = 'a # b' # c", { { "s", "'a # b'" }, { "c", "# c" } } },
+    { "s = rb'\\'' + f\"{x}\"", { { "s", "rb'\\''" }, { "s", "f\"{x}\"" } } },
+    { "t = '''a\nb''' + 1e-3", { { "s", "'''a\nb'''" }, { "n", "1e" }, { "n", "3" } } },
+    { "@cache\ndef g(a @ b): return FINAL_VAR('x')",
+      { { "d", "@cache" }, { "k", "def" }, { "k", "return" }, { "b", "FINAL_VAR" }, { "s", "'x'" } } },
+    { "u = 'open\nv = 2", { { "s", "'open" }, { "n", "2" } } },
+  }
+  for _, case in ipairs(cases) do
+    it(("classes %q"):format(case[1]), function()
+      local got = {}
+      for _, piece in ipairs(highlight.python(case[1])) do
+        if piece[1] then
+          got[#got + 1] = piece
+        end
+      end
+      assert.are.same(case[2], got)
+    end)
+  end
+end)
