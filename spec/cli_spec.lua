@@ -143,10 +143,20 @@ describe("bin/rlm", function()
       assert.matches("Usage: rlm %[options%] %-%-context FILE", out)
       for _, flag in ipairs({ "--context", "--base-url", "--model", "--sub-model", "--api-key-env", "--max-iterations",
         "--step-timeout-ms", "--max-sub-calls", "--max-cost-usd", "--max-depth", "--max-wall-ms", "--trace",
-        "--log", "--verbatim", "rlm view",
+        "--log", "--verbatim", "--quiet", "rlm view",
         "RLM_BASE_URL", "RLM_MODEL", "RLM_SUB_MODEL", "RLM_API_KEY_ENV", "OPENAI_API_KEY" }) do
         assert.is_truthy(out:find(flag, 1, true), flag .. " is not in --help")
       end
+    end)
+
+    -- docs/api.md: step_timeout_ms counts the code and its sub-calls, not the
+    -- root model's reply (--help said "model calls included").
+    it("says what the step timeout counts, as docs/api.md does", function()
+      local _, out = rlm({ "--help" }, { endpoint = false })
+      local line = out:match("%-%-step%-timeout%-ms N[^\n]*\n[^\n]*")
+      assert.matches("one step's code and the sub%-calls it makes, not the%s+root model's reply", line)
+      assert.is_nil(out:find("model calls included", 1, true))
+      assert.matches("every sub%-call it makes %(not the root model's reply", slurp(root .. "/docs/api.md"))
     end)
 
     it("lists one distinct exit status per error kind, as docs/cli.md does", function()
@@ -599,6 +609,12 @@ describe("bin/rlm", function()
       assert.are.equal(1, code)
       assert.are.equal("", out)
       assert.matches("cannot read /nonexistent/file: No such file or directory", err)
+    end)
+
+    it("finds the clone's modules when run as bin/rlm from the clone's top", function()
+      local out = H.sh(("cd %s && env -u LUA_PATH -u LUA_CPATH %s bin/rlm --model m --context /nonexistent/file q "
+        .. "2>&1; echo \"exit $?\""):format(q(root), LUA))
+      assert.are.equal("rlm: cannot read /nonexistent/file: No such file or directory\nexit 1", out)
     end)
 
     it("1 for a directory as --context, saying so", function()
