@@ -71,7 +71,9 @@ build = {
     ["rlm.sandbox.backend"] = "lua/rlm/sandbox/backend.lua",
     ["rlm.sandbox.bwrap"] = "lua/rlm/sandbox/bwrap.lua",
     ["rlm.sandbox.selftest"] = "lua/rlm/sandbox/selftest.lua",
+    ["rlm.tools.highlight"] = "lua/rlm/tools/highlight.lua",
     ["rlm.tools.logline"] = "lua/rlm/tools/logline.lua",
+    ["rlm.tools.status"] = "lua/rlm/tools/status.lua",
     ["rlm.view"] = "lua/rlm/view.lua",
     ["rlm.core"] = {
       -- One unit that includes every other C file: its functions are all

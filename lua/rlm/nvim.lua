@@ -27,9 +27,33 @@
 -- end of its path), bounded by max_context_bytes. buffer_tools = false
 -- leaves them out; tools of your own (setup{ tools = ... }) come beside them.
 -- luacheck: read globals vim
-local adapter = require("rlm.adapters.nvim")
-
 local M = { config = {} }
+
+-- rlm.core is built by `make nvim` (the plugin manager's build step). When
+-- it is missing, require("rlm.nvim") and setup() still succeed, so that an
+-- init.lua goes on; setup() says so once (vim.notify), and each command
+-- says it again when used. Returns the adapter, or nil, the message.
+-- The first failure is kept: under Lua 5.1 a second require of a module
+-- that raised says only "loop or previous error loading module".
+local load_problem
+local function load_adapter()
+  if load_problem then
+    return nil, load_problem
+  end
+  local ok, adapter = pcall(require, "rlm.adapters.nvim")
+  if ok then
+    return adapter
+  end
+  local why = tostring(adapter)
+  if why:find("rlm.core", 1, true) then
+    local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/lua/rlm/nvim%.lua$") or "the plugin's directory"
+    why = ("rlm: the C core (lua/rlm/core.so) is not built: run `make nvim` in %s (lazy.nvim: build = "
+      .. "\"make nvim\", then :Lazy build rlm, and restart Neovim); :checkhealth rlm says what else is missing")
+      :format(here)
+  end
+  load_problem = why
+  return nil, why
+end
 
 -- setup() keys of the plugin itself; the others are session options.
 local PLUGIN_KEYS = {
@@ -302,6 +326,10 @@ function M.ask(question, context, what)
     old:close()
   end
   local session
+  local adapter, why = load_adapter()
+  if not adapter then
+    error(why, 0)
+  end
   session = adapter.run(opts, function(err, result)
     if M.session ~= session then
       return -- cancelled, or superseded by a later question
@@ -361,6 +389,11 @@ end
 function M.setup(config)
   M.config = config or {}
   M.commands()
+  local _, why = load_adapter()
+  if why and not M.warned then
+    M.warned = true
+    vim.notify(why, vim.log.levels.ERROR)
+  end
   return M
 end
 
