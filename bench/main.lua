@@ -163,12 +163,17 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    between requests); target ≤ 2 ms median, shown with its p90
    beside the cold start of figure 1 measured in the same run and figure
    1's floor. Then nested sessions drawing from the pool, timed in the REPL:
-   one `rlm_query`, and `rlm_query_batched` of 8 from one exec against it
-   (target ≤ 2×); the batch's note prints its CPU time (the host's thread,
-   the nested sandboxes, the root's) and the least time the machine's CPUs
-   allow for it. Last, the same one and 8 with each nested session's code
-   sleeping 20 ms in its sandbox before its answer (no target): with work
-   that does not need the CPUs, the batch's sessions run side by side.
+   one `rlm_query`, and `rlm_query_batched` of 8 from one exec. The batch's
+   floor is the least time the machine's CPUs allow for it: its CPU time
+   (medians: the host's thread from the root model's answer to the step's
+   end less the pool's refill, the 8 nested sandboxes from their take to
+   their close, the root's sandbox) as max(the host's thread, all of it /
+   the CPUs), since the host's thread serves the 8 one after another;
+   target ≤ 1.5x that floor (the note gives it against one nested session
+   too). Last, the same one and 8 with each nested session's code sleeping
+   20 ms in its sandbox before its answer: with work that does not need the
+   CPUs, the batch's sessions run side by side; target ≤ 1.3x one such
+   nested session.
 ]]
 
 -- One row of RESULTS.md's table.
