@@ -191,6 +191,18 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    overlapping the sandbox's start. The note gives the sum start + latency +
    step, what an engine that starts the sandbox before it calls the model
    costs.
+12. **What the root model reads**: one run of a fixed scripted task
+   (`bench/tokens.lua`: 600 support tickets as a list of dicts, the
+   question which product has the most refund requests; 5 root turns: look,
+   filter with code, `llm_query_batched` over the hits in batches of 50
+   answered by a stand-in sub-model, count, `FINAL`), counting what the
+   root model is sent: the contents of every message (system prompt and
+   history) of every root call, summed, in bytes and in words (runs of
+   characters that are not white space; no tokenizer). Beside it our system
+   prompt alone, and the reference implementation's (alexzhang13/rlm's
+   `rlm/utils/prompts.py`, as its `build_rlm_system_prompt` sends it by
+   default), counted the same way once from the commit the note names (its
+   text is not in this repository). The counts are deterministic: n = 1.
 ]]
 
 -- One row of RESULTS.md's table.
