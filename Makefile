@@ -157,9 +157,11 @@ nvim-deps:
 # uid 10001. sandbox/image/build makes the root filesystem with mmdebstrap
 # (as root; Debian's archive is all the network it needs) into
 # $(IMAGE_TAR), reproducibly (the same packages give the same bytes), and
-# Podman imports it as $(IMAGE_TAG). Also $(BUILD)/rlm-seccomp.json: Podman's
-# seccomp profile with what bubblewrap needs inside the container allowed
-# (sandbox/image/seccomp.py says why that gives the container nothing).
+# sandbox/image/import has Podman import it as $(IMAGE_TAG), with the
+# image's configuration (its user, and rlm-keeper as its command). Also
+# $(BUILD)/rlm-seccomp.json: Podman's seccomp profile with what bubblewrap
+# needs inside the container allowed (sandbox/image/seccomp.py says why
+# that gives the container nothing).
 # rlm-keeper is $(BUILD)/rlm-keeper, built by its own rule (csrc/rlm_keeper.c,
 # issue 27's other half); while that file does not exist, the image is
 # built without it (the driver, python3 and bubblewrap, no keeper, no CMD).
@@ -170,20 +172,9 @@ IMAGE_KEEPER = $(if $(wildcard csrc/rlm_keeper.c),$(BUILD)/rlm-keeper)
 IMAGE_PKGS = mmdebstrap podman runc uidmap
 IMAGE_INPUTS = sandbox/image/build python/repl_driver.py python/probe.py \
   $(wildcard python/_rlm_driver/*.py) lua/rlm/sandbox/bwrap.lua
-IMAGE_CHANGES = --change 'USER=10001:10001' --change 'WORKDIR=/home/rlm' \
-  --change 'LABEL=org.opencontainers.image.title=rlm-sandbox' \
-  --change 'LABEL=org.opencontainers.image.version=$(IMAGE_VERSION)' \
-  $(if $(IMAGE_KEEPER),--change 'ENV=RLM_KEEPER_CACHE=/var/cache/rlm-keeper' \
-    --change 'CMD=["/usr/local/bin/rlm-keeper"]')
 .PHONY: image image-deps
 image: image-deps $(IMAGE_TAR) $(BUILD)/rlm-seccomp.json
-	@sum=$$(sha256sum $(IMAGE_TAR) | cut -c1-64); \
-	if [ "$$(podman image inspect --format '{{index .Labels "rlm.rootfs.sha256"}}' $(IMAGE_TAG) 2>/dev/null)" = "$$sum" ]; then \
-	  echo "$(IMAGE_TAG) is $(IMAGE_TAR) already"; \
-	else \
-	  podman import -q $(IMAGE_CHANGES) --change "LABEL=rlm.rootfs.sha256=$$sum" $(IMAGE_TAR) $(IMAGE_TAG) >/dev/null && \
-	  echo "imported $(IMAGE_TAR) as $(IMAGE_TAG)"; \
-	fi
+	@sandbox/image/import $(IMAGE_TAR) $(IMAGE_TAG)
 image-deps:
 	@missing=$$(for p in $(IMAGE_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
