@@ -121,10 +121,13 @@ function engine.setup()
   end
 end
 
--- `make check` preloads the sanitizers' runtime into the Lua: not into
--- Podman.
+-- Podman runs in the spec's own directory: Debian 12's conmon (2.1.6)
+-- leaves an empty file "oom" in its working directory when a container is
+-- OOM-killed (containers/conmon#504). `make check` preloads the
+-- sanitizers' runtime into the Lua: not into Podman.
 function engine.cmd(args)
-  return "env -u LD_PRELOAD " .. words({ engine.podman }) .. " " .. words(engine.global) .. " " .. words(args)
+  return "cd " .. q(engine.dir) .. " && exec env -u LD_PRELOAD " .. words({ engine.podman }) .. " "
+    .. words(engine.global) .. " " .. words(args)
 end
 
 -- The arguments of `podman run`: the boundary's flags unless bare, then
@@ -212,9 +215,10 @@ local function bwrap_flags()
   return { "--security-opt", "unmask=/proc/*", "--security-opt", "seccomp=" .. engine.seccomp }
 end
 
--- The whole argv of a container that runs the image's command (rlm-keeper).
+-- The whole argv of a container that runs the image's command
+-- (rlm-keeper), from the spec's directory (engine.cmd says why).
 local function keeper_argv()
-  local argv = { engine.podman }
+  local argv = { "/bin/sh", "-c", 'cd "$0" && exec "$@"', engine.dir, engine.podman }
   for _, w in ipairs(engine.global) do
     argv[#argv + 1] = w
   end
@@ -334,8 +338,8 @@ except OSError as e:
 
   it_engine("ends the container when its stdin ends", function()
     local t0 = os.time()
-    local out, rc = run("printf 'line\\n' | " .. engine.cmd(engine.run_args({}, { "python3", "-I", "-c",
-      "import sys; print('read', len(sys.stdin.read()))" })))
+    local out, rc = run("printf 'line\\n' | (" .. engine.cmd(engine.run_args({}, { "python3", "-I", "-c",
+      "import sys; print('read', len(sys.stdin.read()))" })) .. ")")
     assert.equals(0, rc, out)
     assert.equals("read 5", out)
     assert.is_true(os.time() - t0 < 20)
@@ -343,8 +347,9 @@ except OSError as e:
 
   it_engine("ends the container when the podman client is killed (conmon closes its stdin)", function()
     local pidfile, outfile = engine.dir .. "/client.pid", engine.dir .. "/client.out"
-    -- The shell writes its pid, then becomes podman: io.popen holds its stdin.
-    local client = assert(io.popen("echo $$ > " .. q(pidfile) .. "; exec " .. engine.cmd(engine.run_args({},
+    -- The shell writes its pid, then becomes podman (engine.cmd execs it):
+    -- io.popen holds its stdin.
+    local client = assert(io.popen("echo $$ > " .. q(pidfile) .. "; " .. engine.cmd(engine.run_args({},
       { "python3", "-I", "-c", "import sys; print('up', flush=True); sys.stdin.read(); print('eof')" }))
       .. " > " .. q(outfile) .. " 2>&1", "w"))
     local up = H.settled(function()
