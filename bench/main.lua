@@ -169,6 +169,16 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    allow for it. Last, the same one and 8 with each nested session's code
    sleeping 20 ms in its sandbox before its answer (no target): with work
    that does not need the CPUs, the batch's sessions run side by side.
+11. **The container** (`make image`; docs/backends.md): `podman run -i --rm`
+   of the sandbox image with the boundary's flags, each sample a new
+   container, from the spawn of podman to the first line its process
+   writes (`floor_pingpong hello`; the container is ended and reaped before
+   the next sample, untimed): python3 running the echo driver, and
+   rlm-keeper (with bubblewrap's flags) where the image holds it, each
+   beside the same program started on the host; and `podman run true` to
+   its exit (the engine's whole cost, `--rm`'s removal too) beside
+   `/bin/true`. No target: the figure says what a container costs a cold
+   start.
 ]]
 
 -- One row of RESULTS.md's table.

@@ -12,6 +12,7 @@
 -- with the reason; under CI (CI=true) both are failures: .ci/run runs
 -- `make image`, which installs Podman.
 local H = require("helpers")
+local P = require("helpers.podman")
 local rlm = require("rlm")
 
 local sh = H.sh
@@ -56,23 +57,21 @@ end
 -- host needs to start anything (docs/backends.md, "What this host needs").
 local engine = { why = nil }
 
-local function hybrid_cgroups()
-  local f = io.open("/proc/self/mountinfo", "r")
-  local text = f and f:read("*a") or ""
-  if f then
-    f:close()
-  end
-  return text:find(" %- cgroup2 ") ~= nil and text:find(" %- cgroup ") ~= nil
-end
-
 function engine.setup()
-  local podman = sh("command -v podman || true")
-  if podman == "" then
+  local podman = P.find()
+  if not podman then
     engine.why = "podman is not installed (make image installs it)"
     return
   end
-  if not io.open(TAR, "rb") then
+  local tar = io.open(TAR, "rb")
+  if not tar then
     engine.why = TAR .. " is missing (make image builds it)"
+    return
+  end
+  tar:close()
+  local host, why = P.global_flags()
+  if not host then
+    engine.why = why
     return
   end
   engine.podman = podman
@@ -81,20 +80,9 @@ function engine.setup()
   local d = engine.dir
   engine.global = { "--root", d .. "/root", "--runroot", d .. "/run", "--tmpdir", d .. "/tmp",
     "--storage-driver", "overlay" }
-  -- crun (Podman's default runtime here) refuses a host whose cgroup v2
-  -- hierarchy holds controllers beside v1 ones; runc takes it.
-  if hybrid_cgroups() then
-    if sh("command -v runc || true") == "" then
-      engine.why = "this host mixes cgroup v1 and v2, which crun refuses, and runc is not installed"
-      return
-    end
-    engine.global[#engine.global + 1] = "--runtime"
-    engine.global[#engine.global + 1] = "runc"
+  for _, w in ipairs(host) do
+    engine.global[#engine.global + 1] = w
   end
-  -- Podman asks for RLIMIT_NOFILE 1048576 and a large RLIMIT_NPROC by
-  -- default; where the hard limits are lower (and CAP_SYS_RESOURCE is not
-  -- there to raise them) the runtime's setrlimit fails.
-  engine.ulimits = { nofile = 1024, nproc = 1024 }
   -- The image as make image imports it: its user, its command.
   local out, rc = run("env -u LD_PRELOAD sandbox/image/import " .. words({ TAR, IMAGE, engine.podman }) .. " "
     .. words(engine.global))
@@ -131,24 +119,20 @@ function engine.cmd(args)
 end
 
 -- The arguments of `podman run`: the boundary's flags unless bare, then
--- extra, the image and the command. ulimits overrides engine.ulimits' (a
--- second --ulimit of the same name does not replace the first).
+-- extra, the image and the command. ulimits overrides P.ULIMITS' (a second
+-- --ulimit of the same name does not replace the first).
 function engine.run_args(extra, command, bare, ulimits)
   local a = { "run", "-i", "--rm" }
-  for _, name in ipairs({ "nofile", "nproc" }) do
-    local n = (ulimits or {})[name] or engine.ulimits[name]
-    a[#a + 1] = "--ulimit"
-    a[#a + 1] = ("%s=%d:%d"):format(name, n, n)
-  end
-  if not bare then
-    for _, w in ipairs({ "--network=none", "--read-only", "--memory", tostring(MEMORY), "--pids-limit",
-      tostring(PIDS), "--cap-drop=ALL", "--security-opt", "no-new-privileges" }) do
+  local function add(list)
+    for _, w in ipairs(list) do
       a[#a + 1] = w
     end
   end
-  for _, w in ipairs(extra) do
-    a[#a + 1] = w
+  add(P.ulimit_flags(ulimits))
+  if not bare then
+    add(P.boundary_flags(MEMORY, PIDS))
   end
+  add(extra)
   a[#a + 1] = IMAGE
   for _, w in ipairs(command) do
     a[#a + 1] = w
@@ -207,12 +191,8 @@ local function no_containers()
   return ids
 end
 
--- The flags bubblewrap needs inside the container (docs/backends.md):
--- /proc unmasked (the kernel mounts a new procfs in a user namespace only
--- where no part of the container's is covered), and the seccomp profile
--- with sethostname allowed.
 local function bwrap_flags()
-  return { "--security-opt", "unmask=/proc/*", "--security-opt", "seccomp=" .. engine.seccomp }
+  return P.bwrap_flags(engine.seccomp)
 end
 
 -- The whole argv of a container that runs the image's command
