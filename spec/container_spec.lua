@@ -237,6 +237,32 @@ describe("the sandbox image under Podman", function()
     assert.equals("10001 10001", out)
   end)
 
+  it_engine("has no capability, and gains none by exec", function()
+    local out, rc = python("print(*[l.split()[1] for l in open('/proc/self/status') "
+      .. "if l.startswith(('CapEff', 'CapBnd', 'NoNewPrivs'))])")
+    assert.equals(0, rc, out)
+    assert.equals("0000000000000000 0000000000000000 1", out)
+  end)
+
+  -- What unmask=/proc/* (which bubblewrap needs) shows is still guarded by
+  -- the kernel's own permissions: uid 10001 without capabilities writes no
+  -- sysctl and reads no kernel memory.
+  it_engine("gives uid 10001 nothing to write in an unmasked /proc", function()
+    local out, rc = python([[
+for path, mode in (('/proc/sys/vm/drop_caches', 'w'), ('/proc/sys/kernel/core_pattern', 'w'),
+                   ('/proc/sys/kernel/panic', 'w'), ('/proc/sysrq-trigger', 'w'), ('/proc/kcore', 'rb')):
+    try:
+        open(path, mode)
+        print(path, 'opened')
+    except OSError as e:
+        print(path, 'refused' if e.strerror in ('Permission denied', 'No such file or directory',
+                                                'Read-only file system') else e.strerror)
+]], bwrap_flags())
+    assert.equals(0, rc, out)
+    assert.equals(table.concat({ "/proc/sys/vm/drop_caches refused", "/proc/sys/kernel/core_pattern refused",
+      "/proc/sys/kernel/panic refused", "/proc/sysrq-trigger refused", "/proc/kcore refused" }, "\n"), out)
+  end)
+
   it_engine("has no network: no interface but lo, no route", function()
     local out, rc = python("import re; dev = open('/proc/net/dev').read().splitlines()[2:]; "
       .. "print(sorted(l.split(':')[0].strip() for l in dev), len(open('/proc/net/route').read().splitlines()))")
@@ -303,6 +329,7 @@ except OSError as e:
     assert.equals(0, rc, out)
     local n = tonumber(out:match("refused after (%d+) Resource temporarily unavailable"))
     assert.is_number(n, out)
+    print(("\n# --pids-limit %d: %d forks, then EAGAIN"):format(PIDS, n))
     assert.is_true(n < PIDS, out) -- python itself is one of the PIDS
   end)
 
@@ -313,6 +340,7 @@ except OSError as e:
     assert.equals(0, rc, out)
     local n = tonumber(out:match("refused after (%d+) Resource temporarily unavailable"))
     assert.is_number(n, out)
+    print(("\n# --ulimit nproc=24: %d forks, then EAGAIN"):format(n))
     assert.is_true(n < 24, out)
   end)
 
