@@ -360,21 +360,24 @@ except OSError as e:
     local client = assert(io.popen("echo $$ > " .. q(pidfile) .. "; " .. engine.cmd(engine.run_args({},
       { "python3", "-I", "-c", "import sys; print('up', flush=True); sys.stdin.read(); print('eof')" }))
       .. " > " .. q(outfile) .. " 2>&1", "w"))
-    local up = H.settled(function()
+    -- Whatever fails below, the client's stdin ends and it is reaped.
+    finally(function()
+      client:close()
+    end)
+    local core = require("rlm.core")
+    local t0, up = core.now_ms(), ""
+    while not up:find("up") and core.now_ms() - t0 < 20000 do
+      sh("sleep 0.05")
       local f = io.open(outfile, "r")
-      local s = f and f:read("*a") or ""
+      up = f and f:read("*a") or ""
       if f then
         f:close()
       end
-      return s
-    end, function(s)
-      return s:find("up") ~= nil
-    end)
+    end
     assert.truthy(up:find("up"), up)
     assert.are_not.equals("", engine.containers())
     local pid = assert(tonumber(H.read_file(pidfile):match("%d+")))
     sh("kill -9 " .. pid)
-    client:close()
     assert.equals("", no_containers())
   end)
 
@@ -422,6 +425,11 @@ except OSError as e:
     local core = require("rlm.core")
     local cjson = require("cjson")
     local k = assert(core.helper(keeper_argv(), 60000, 64 * 2 ^ 20))
+    -- The container's stdin ends: the keeper ends, --rm removes it (after_each
+    -- looks), whatever fails below.
+    finally(function()
+      k:close()
+    end)
     local function next_line()
       local t0 = core.now_ms()
       while core.now_ms() - t0 < 30000 do
@@ -474,7 +482,6 @@ except OSError as e:
       result = next_line()
     until result:find('^D{"type": "exec_result"')
     assert.equals("1000\n", cjson.decode(result:sub(2)).stdout)
-    k:close() -- the container's stdin ends: the keeper ends, --rm removes it
   end)
 
   -- The same through the exec backend: a real Session whose sandbox is
