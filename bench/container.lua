@@ -64,8 +64,8 @@ function M.run(env)
   local seccomp = env.root .. "/build/rlm-seccomp.json"
   if not common.read_file(seccomp) then
     seccomp = env.scratch .. "/rlm-seccomp.json"
-    common.capture({ "python3", env.root .. "/sandbox/image/seccomp.py", "/usr/share/containers/seccomp.json",
-      seccomp })
+    common.capture({ "env", "-u", "LD_PRELOAD", "python3", env.root .. "/sandbox/image/seccomp.py",
+      "/usr/share/containers/seccomp.json", seccomp })
   end
   -- floor_pingpong gives its children PATH and no more: rootless Podman
   -- needs HOME too.

@@ -103,7 +103,8 @@ function engine.setup()
   engine.keeper = sh(engine.cmd({ "image", "inspect", "--format", "{{.Config.Cmd}}", IMAGE }) .. " 2>&1")
     :find("rlm-keeper", 1, true) ~= nil
   engine.seccomp = d .. "/seccomp.json"
-  out, rc = run("python3 sandbox/image/seccomp.py /usr/share/containers/seccomp.json " .. q(engine.seccomp))
+  out, rc = run("env -u LD_PRELOAD python3 sandbox/image/seccomp.py /usr/share/containers/seccomp.json "
+    .. q(engine.seccomp))
   if rc ~= 0 then
     engine.why = "sandbox/image/seccomp.py failed: " .. out
   end
