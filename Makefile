@@ -167,5 +167,44 @@ nvim-deps:
 	echo "installing:" $$missing; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
 
+# make image: the sandbox image for the container backends
+# (docs/backends.md): Debian's essential set, python3, bubblewrap, libuv1,
+# the driver's files in /usr/local/share/rlm-keeper/ and rlm-keeper, run as
+# uid 10001. sandbox/image/build makes the root filesystem with mmdebstrap
+# (as root; Debian's archive is all the network it needs) into
+# $(IMAGE_TAR), reproducibly (the same packages give the same bytes), and
+# sandbox/image/import has Podman import it as $(IMAGE_TAG), with the
+# image's configuration (its user, and rlm-keeper as its command). Also
+# $(BUILD)/rlm-seccomp.json: Podman's seccomp profile with what bubblewrap
+# needs inside the container allowed (sandbox/image/seccomp.py says why
+# that gives the container nothing).
+# rlm-keeper is $(BUILD)/rlm-keeper, built by its own rule (csrc/rlm_keeper.c,
+# issue 27's other half); while that file does not exist, the image is
+# built without it (the driver, python3 and bubblewrap, no keeper, no CMD).
+IMAGE_VERSION := $(shell sed -n 's/.*_VERSION = "rlm \([^"]*\)".*/\1/p' lua/rlm/init.lua)
+IMAGE_TAG ?= localhost/rlm-sandbox:$(IMAGE_VERSION)
+IMAGE_TAR = $(BUILD)/rlm-sandbox-$(IMAGE_VERSION).tar
+IMAGE_KEEPER = $(if $(wildcard csrc/rlm_keeper.c),$(BUILD)/rlm-keeper)
+IMAGE_PKGS = mmdebstrap podman runc uidmap
+IMAGE_INPUTS = sandbox/image/build python/repl_driver.py python/probe.py \
+  $(wildcard python/_rlm_driver/*.py) lua/rlm/sandbox/bwrap.lua
+.PHONY: image image-deps
+image: image-deps $(IMAGE_TAR) $(BUILD)/rlm-seccomp.json
+	@sandbox/image/import $(IMAGE_TAR) $(IMAGE_TAG)
+image-deps:
+	@missing=$$(for p in $(IMAGE_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+$(IMAGE_TAR): $(IMAGE_INPUTS) $(IMAGE_KEEPER)
+	@mkdir -p $(dir $@)
+	sandbox/image/build $@.part $(IMAGE_KEEPER)
+	@mv $@.part $@
+	@echo "$@: $$(du -m $@ | cut -f1) MB"
+$(BUILD)/rlm-seccomp.json: sandbox/image/seccomp.py
+	@mkdir -p $(dir $@)
+	python3 sandbox/image/seccomp.py /usr/share/containers/seccomp.json $@
+
 clean:
 	rm -rf build build-asan lua/rlm/core.so

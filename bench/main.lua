@@ -203,6 +203,16 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    `rlm/utils/prompts.py`, as its `build_rlm_system_prompt` sends it by
    default), counted the same way once from the commit the note names (its
    text is not in this repository). The counts are deterministic: n = 1.
+13. **The container** (`make image`; docs/backends.md): `podman run -i --rm`
+   of the sandbox image with the boundary's flags, each sample a new
+   container, from the spawn of podman to the first line its process
+   writes (`floor_pingpong hello`; the container is ended and reaped before
+   the next sample, untimed): python3 running the echo driver, and
+   rlm-keeper (with bubblewrap's flags) where the image holds it, each
+   beside the same program started on the host; and `podman run true` to
+   its exit (the engine's whole cost, `--rm`'s removal too) beside
+   `/bin/true`. No target: the figure says what a container costs a cold
+   start.
 ]]
 
 -- One row of RESULTS.md's table.
