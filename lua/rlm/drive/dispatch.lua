@@ -88,17 +88,23 @@ local function answer(s, ev, start)
     for _, r in ipairs(s:_batch_rest(ev)) do
       reqs[#reqs + 1], prompts[#prompts + 1] = r, r.prompt
     end
-    -- A list of answers in order; a slot that is not a string is that
-    -- sub-call's error; a raise fails every slot.
+    -- A list of answers in order: a string, or { text =, usage = }, or
+    -- { error = "message" }; any other slot is that sub-call's error; a
+    -- raise fails every slot.
     return start(with_info(o.llm_query_batch, ev), prompts, function(ok, answers)
       if ok and type(answers) ~= "table" then
         ok, answers = false, "llm_query_batch returned " .. type(answers) .. ", not a list"
       end
       for i, r in ipairs(reqs) do
-        if ok then
-          s:reply(r.id, answers[i])
-        else
+        local slot = ok and answers[i]
+        if not ok then
           s:reply(r.id, nil, tostring(answers))
+        elseif type(slot) == "table" and type(slot.text) == "string" then
+          s:reply(r.id, slot.text, slot.usage)
+        elseif type(slot) == "table" and type(slot.error) == "string" then
+          s:reply(r.id, nil, slot.error)
+        else
+          s:reply(r.id, slot)
         end
       end
     end)
