@@ -169,6 +169,9 @@ def watch_parent(parent):
 
 
 def main():
+    # A batch's calls connect together: a backlog of 5 (socketserver's
+    # default) would drop SYNs and stall them a second.
+    ThreadingHTTPServer.request_queue_size = 256
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     if len(sys.argv) == 4 and sys.argv[1] == "--tls":

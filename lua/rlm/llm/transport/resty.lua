@@ -16,56 +16,20 @@
 --                                name with the `resolve` option)
 -- luacheck: globals ngx
 local checks = require("rlm.base.checks")
+local http1 = require("rlm.llm.transport.http1")
 
 local M = {}
 
 -- The largest reply body kept; a longer one fails the request.
 M.DEFAULT_MAX_BODY_BYTES = 32 * 2 ^ 20
 -- The status line and headers of a reply, together.
-M.MAX_HEAD_BYTES = 64 * 1024
+M.MAX_HEAD_BYTES = http1.MAX_HEAD_BYTES
 M.DEFAULT_CONNECT_TIMEOUT_MS = 10000
 M.DEFAULT_KEEPALIVE_MS = 60000
 M.DEFAULT_POOL_SIZE = 16
 
 local NAME = "rlm.llm.transport.resty"
 local CHUNK = 64 * 1024
-
--- scheme, host, port, target of an http(s) URL; nil, message otherwise.
-local function parse_url(url)
-  local scheme, authority, target = url:match("^(%a+)://([^/?#]+)([^#]*)")
-  scheme = scheme and scheme:lower()
-  if scheme ~= "http" and scheme ~= "https" then
-    return nil, "unsupported URL (http:// or https:// only): " .. url
-  end
-  if authority:find("@", 1, true) then
-    return nil, "a URL with user information is not supported: " .. url
-  end
-  local host, port = authority:match("^%[([%x:.]+)%]:?(%d*)$") -- [IPv6]:port
-  if not host then
-    host, port = authority:match("^([^:]+):?(%d*)$")
-  end
-  if not host then
-    return nil, "a URL whose host cannot be read: " .. url
-  end
-  port = tonumber(port) or (scheme == "https" and 443 or 80)
-  if port < 1 or port > 65535 then
-    return nil, "a URL whose port is out of range: " .. url
-  end
-  if target == "" then
-    target = "/"
-  elseif target:sub(1, 1) == "?" then
-    target = "/" .. target
-  end
-  return scheme, host:lower(), port, target
-end
-
-local function header_line(name, value)
-  value = tostring(value)
-  if name:find("[%c:]") or value:find("[\r\n%z]") then
-    return nil, "a header name or value holds a line break or a control character: " .. name
-  end
-  return name .. ": " .. value .. "\r\n"
-end
 
 -- Reads up to and without the delimiter, at most max bytes; nil, message
 -- past that (a peer cannot make the worker hold more).
@@ -96,18 +60,11 @@ local function read_head(sock)
     if not head then
       return nil, err
     end
-    local version, status = head:match("^HTTP/(%d%.%d) (%d%d%d)")
+    local status, headers, version = http1.parse_head(head)
     if not status then
-      return nil, "the reply is not HTTP: " .. head:sub(1, 80)
+      return nil, headers
     end
-    status = tonumber(status)
     if status >= 200 or status < 100 then
-      local headers = {}
-      for name, value in head:gmatch("\r\n([^:\r\n]+):[ \t]*([^\r\n]*)") do
-        name = name:lower()
-        value = value:gsub("[ \t]+$", "")
-        headers[name] = headers[name] and (headers[name] .. ", " .. value) or value
-      end
       return status, headers, version
     end
   end
@@ -267,30 +224,12 @@ function M.new(opts)
     end
     sock:settimeouts(math.min(connect_ms, ms), ms, ms)
 
-    local body = request.body or ""
-    local lines = { ("%s %s HTTP/1.1\r\n"):format(request.method or "POST", request.target) }
-    local default_port = (scheme == "https" and 443) or 80
-    local host_header = host:find(":", 1, true) and ("[" .. host .. "]") or host
-    local fixed = {
-      host = port == default_port and host_header or (host_header .. ":" .. port),
-      ["user-agent"] = "rlm (OpenResty cosocket)",
-      ["content-length"] = tostring(#body),
-    }
-    for name, value in pairs(request.headers or {}) do
-      if not fixed[name:lower()] then
-        local line, herr = header_line(name, value)
-        if not line then
-          sock:close()
-          return nil, herr
-        end
-        lines[#lines + 1] = line
-      end
+    local lines, herr = http1.request_lines(request, scheme, host, port, request.target,
+      "rlm (OpenResty cosocket)")
+    if not lines then
+      sock:close()
+      return nil, herr
     end
-    for name, value in pairs(fixed) do
-      lines[#lines + 1] = name .. ": " .. value .. "\r\n"
-    end
-    lines[#lines + 1] = "\r\n"
-    lines[#lines + 1] = body
     local sent
     sent, err = sock:send(lines)
     if not sent then
@@ -346,7 +285,7 @@ function M.new(opts)
   end
 
   return function(request)
-    local scheme, host, port, target = parse_url(request.url or "")
+    local scheme, host, port, target = http1.parse_url(request.url or "")
     if not scheme then
       return nil, host
     end
