@@ -413,6 +413,70 @@ for _, P in ipairs(PROVIDERS) do
       end)
     end)
 
+    describe("in a session with stream = true", function()
+      it("emits the root model's text as root_delta events as it comes", function()
+        local reply = F.fence("FINAL('42')")
+        srv:script({ { content = reply, pieces = { reply:sub(1, 5), reply:sub(6, 12), reply:sub(13) },
+          usage = { 10, 5 } } })
+        local c = client({ stream = true })
+        local deltas, responses = {}, {}
+        local result, err = H.run({ root_llm = c.root_llm, llm_query = c.llm_query, on_event = function(ev)
+          if ev.type == "root_delta" then
+            deltas[#deltas + 1] = ev
+          elseif ev.type == "root_response" then
+            responses[#responses + 1] = ev
+          end
+        end })
+        assert.is_nil(err)
+        assert.are.equal("42", result.answer)
+        assert.are.equal(3, #deltas)
+        local text = {}
+        for i, d in ipairs(deltas) do
+          text[i] = d.text
+          assert.are.equal(1, d.step)
+          assert.are.equal(0, d.depth)
+          assert.are.equal("1", d.session)
+        end
+        assert.are.equal(responses[1].response, table.concat(text))
+        assert.are.equal(15, result.tokens.total)
+      end)
+
+      it("emits a nested session's deltas from that session", function()
+        local root1 = F.fence("r = rlm_query('the sub-question', 'some context')")
+        local child = F.fence("FINAL('from the child')")
+        local root2 = F.fence("FINAL(r)")
+        srv:script({ { content = root1 }, { content = child }, { content = root2 } })
+        local c = client({ stream = true })
+        local by_session = {}
+        local result, err = H.run({ max_depth = 2, root_llm = c.root_llm, llm_query = c.llm_query,
+          on_event = function(ev)
+            if ev.type == "root_delta" then
+              local t = by_session[ev.session .. "@" .. ev.depth] or {}
+              t[#t + 1] = ev.text
+              by_session[ev.session .. "@" .. ev.depth] = t
+            end
+          end })
+        assert.is_nil(err)
+        assert.are.equal("from the child", result.answer)
+        assert.are.equal(root1 .. root2, table.concat(by_session["1@0"]))
+        assert.are.equal(child, table.concat(by_session["1.1@1"]))
+      end)
+
+      it("stops the stream and fails the run when on_event raises on a delta", function()
+        srv:script({ { content = "abcdef", pieces = { "ab", "cd", "ef" }, event_delay_ms = 100 } })
+        local c = client({ stream = true })
+        local result, err = H.run({ root_llm = c.root_llm, llm_query = c.llm_query, on_event = function(ev)
+          if ev.type == "root_delta" then
+            error("the display broke")
+          end
+        end })
+        assert.is_nil(result)
+        assert.are.equal("callback_error", err.kind)
+        assert.matches("on_event raised: .*the display broke", err.message)
+        assert.are.equal(1, #srv:requests())
+      end)
+    end)
+
     describe("llm_query_batch", function()
       it("runs 8 calls of 1 s side by side in about 1 s", function()
         local replies, prompts = {}, {}

@@ -57,7 +57,7 @@ local function argument(ev)
 end
 
 -- The callback with its second argument, info = { depth =, model = }: the
--- session's depth and llm_query's model= hint. Under an adapter the second
+-- session's depth and llm_query's model= hint (and a root call's delta). Under an adapter the second
 -- argument was done(text[, usage]); info is then callable and does what
 -- done does, so fn(arg, done) callbacks work as before. A Lua closure, so
 -- that a yield inside fn passes through it on every Lua.
@@ -67,9 +67,40 @@ local callable_info = { __call = function(info, ...)
   return dones[info](...)
 end }
 
-local function with_info(fn, ev)
+-- The session that asked for request id of s: a nested session's requests
+-- come out through its parents' (their routes).
+local function origin(s, id)
+  local route = s.routes[id]
+  while route do
+    s, id = route.child, route.id
+    route = s.routes[id]
+  end
+  return s
+end
+
+-- A root call's info.delta(text): a piece of the reply as it comes, emitted
+-- as a root_delta event by the session that asked. It returns false once
+-- the reply is no longer wanted (answered, given up, the session closed or
+-- failed: a raising on_event fails it), and the client may stop reading.
+local function delta_of(s, ev)
+  return function(text)
+    if not s:_wants(ev.id) then
+      return false
+    end
+    if type(text) ~= "string" or text == "" then
+      return true
+    end
+    local from = origin(s, ev.id)
+    return from:_emit({ type = "root_delta", step = from.iterations, text = text }) == true
+  end
+end
+
+local function with_info(fn, ev, s)
   return function(arg, done)
     local info = { depth = ev.depth or 0, model = ev.model }
+    if ev.type == "root_llm" then
+      info.delta = delta_of(s, ev)
+    end
     if done then
       dones[info] = done
       setmetatable(info, callable_info)
@@ -91,7 +122,7 @@ local function answer(s, ev, start)
     -- A list of answers in order: a string, or { text =, usage = }, or
     -- { error = "message" }; any other slot is that sub-call's error; a
     -- raise fails every slot.
-    return start(with_info(o.llm_query_batch, ev), prompts, function(ok, answers)
+    return start(with_info(o.llm_query_batch, ev, s), prompts, function(ok, answers)
       if ok and type(answers) ~= "table" then
         ok, answers = false, "llm_query_batch returned " .. type(answers) .. ", not a list"
       end
@@ -109,7 +140,7 @@ local function answer(s, ev, start)
       end
     end)
   end
-  start(with_info(o[ev.type], ev), argument(ev), function(ok, text, usage)
+  start(with_info(o[ev.type], ev, s), argument(ev), function(ok, text, usage)
     if ok then
       s:reply(ev.id, text, usage)
     else
