@@ -85,7 +85,7 @@ end
 -- status, headers (lower-case names; repeated ones joined with ", "),
 -- version of a head (without its blank line), or nil, message.
 function M.parse_head(head)
-  local version, status = head:match("^HTTP/(%d%.%d) (%d%d%d)")
+  local version, status = head:match("^HTTP/(%d[%.%d]*) (%d%d%d)") -- "HTTP/2 200" from curl -i too
   if not status then
     return nil, "the reply is not HTTP: " .. head:sub(1, 80)
   end
@@ -104,14 +104,21 @@ local Reader = {}
 Reader.__index = Reader
 
 function M.reader(source)
-  return setmetatable({ source = source, data = "", from = 1 }, Reader)
+  return setmetatable({ source = source, data = "", from = 1, got = 0 }, Reader)
 end
 
+-- More bytes into the buffer: true, or nil, message; "closed" alone only
+-- when the peer closed before sending a byte (a pooled connection it had
+-- dropped: the request may go again on a new one).
 function Reader:_fill()
   local s, err = self.source(M.CHUNK)
   if not s then
+    if err == "closed" and self.got > 0 then
+      return nil, "the connection closed mid-reply"
+    end
     return nil, err
   end
+  self.got = self.got + #s
   self.data = self.data:sub(self.from) .. s
   self.from = 1
   return true
@@ -133,7 +140,7 @@ function Reader:until_(delimiter, max)
     end
     local ok, err = self:_fill()
     if not ok then
-      return nil, err == "closed" and "the connection closed mid-reply" or err
+      return nil, err
     end
   end
 end
@@ -144,7 +151,7 @@ function Reader:take(n, emit)
     if self.from > #self.data then
       local ok, err = self:_fill()
       if not ok then
-        return nil, err == "closed" and "the connection closed mid-reply" or err
+        return nil, err
       end
     end
     local piece = self.data:sub(self.from, self.from + n - 1)
@@ -171,7 +178,7 @@ function Reader:to_close(emit)
     end
     local ok, err = self:_fill()
     if not ok then
-      if err == "closed" then
+      if err == "closed" or err == "the connection closed mid-reply" then
         return true
       end
       return nil, err

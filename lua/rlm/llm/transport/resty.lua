@@ -29,111 +29,6 @@ M.DEFAULT_KEEPALIVE_MS = 60000
 M.DEFAULT_POOL_SIZE = 16
 
 local NAME = "rlm.llm.transport.resty"
-local CHUNK = 64 * 1024
-
--- Reads up to and without the delimiter, at most max bytes; nil, message
--- past that (a peer cannot make the worker hold more).
-local function read_until(sock, delimiter, max)
-  local reader = sock:receiveuntil(delimiter)
-  local parts, size = {}, 0
-  while true do
-    local data, err = reader(4096)
-    if err then
-      return nil, err
-    end
-    if not data then
-      return table.concat(parts)
-    end
-    size = size + #data
-    if size > max then
-      return nil, ("a reply line or head longer than %d bytes"):format(max)
-    end
-    parts[#parts + 1] = data
-  end
-end
-
--- The status and headers (lower-case names; repeated ones joined with ", ")
--- of the next reply; 1xx interim replies are skipped.
-local function read_head(sock)
-  while true do
-    local head, err = read_until(sock, "\r\n\r\n", M.MAX_HEAD_BYTES)
-    if not head then
-      return nil, err
-    end
-    local status, headers, version = http1.parse_head(head)
-    if not status then
-      return nil, headers
-    end
-    if status >= 200 or status < 100 then
-      return status, headers, version
-    end
-  end
-end
-
--- The body of a chunked reply, at most max bytes; trailers are read and
--- dropped.
-local function read_chunked(sock, max)
-  local parts, size = {}, 0
-  while true do
-    local line, err = read_until(sock, "\r\n", 1024)
-    if not line then
-      return nil, err
-    end
-    local n = tonumber(line:match("^%s*(%x+)") or "", 16)
-    if not n then
-      return nil, "a malformed chunk size: " .. line:sub(1, 40)
-    end
-    if n == 0 then
-      -- Trailer lines, dropped, up to the empty line that ends the reply.
-      for _ = 1, 100 do
-        local trailer
-        trailer, err = read_until(sock, "\r\n", 8192)
-        if not trailer then
-          return nil, err
-        elseif trailer == "" then
-          return table.concat(parts)
-        end
-      end
-      return nil, "too many trailer lines"
-    end
-    size = size + n
-    if size > max then
-      return nil, ("the reply is longer than %d bytes"):format(max)
-    end
-    local data
-    data, err = sock:receive(n)
-    if not data then
-      return nil, err
-    end
-    parts[#parts + 1] = data
-    local crlf
-    crlf, err = sock:receive(2)
-    if crlf ~= "\r\n" then
-      return nil, err or "a chunk without its CRLF"
-    end
-  end
-end
-
--- The body up to the peer's close, at most max bytes.
-local function read_to_close(sock, max)
-  local parts, size = {}, 0
-  while true do
-    local data, err, partial = sock:receive(CHUNK)
-    data = data or partial
-    if data and #data > 0 then
-      size = size + #data
-      if size > max then
-        return nil, ("the reply is longer than %d bytes"):format(max)
-      end
-      parts[#parts + 1] = data
-    end
-    if err == "closed" then
-      return table.concat(parts)
-    elseif err then
-      return nil, err
-    end
-  end
-end
 
 local function host_map(v)
   if type(v) ~= "table" then
@@ -237,46 +132,18 @@ function M.new(opts)
       return nil, "sending the request: " .. tostring(err), reused
     end
 
-    local status, headers, version = read_head(sock)
+    -- The reply, read by rlm.llm.transport.http1 from what each
+    -- receiveany brings (a streamed body goes on as it comes).
+    local reader = http1.reader(function(n)
+      return sock:receiveany(n)
+    end)
+    local status, reply, headers, keep = http1.read_reply(reader, request, max_body)
     if not status then
       sock:close()
-      err = headers
+      err = reply
       return nil, "reading the reply: " .. tostring(err), reused and err == "closed"
     end
-    local reply
-    local length = headers["content-length"]
-    local chunked = (headers["transfer-encoding"] or ""):lower():find("chunked", 1, true)
-    local delimited = true
-    if status == 204 or status == 304 or request.method == "HEAD" then
-      reply = ""
-    elseif chunked then
-      reply, err = read_chunked(sock, max_body)
-    elseif length then
-      local n = tonumber(length:match("^%s*(%d+)%s*$") or "")
-      if not n then
-        sock:close()
-        return nil, "a malformed Content-Length: " .. length:sub(1, 40)
-      elseif n > max_body then
-        sock:close()
-        return nil, ("the reply is %d bytes, more than %d"):format(n, max_body)
-      end
-      reply = ""
-      if n > 0 then
-        reply, err = sock:receive(n)
-        if not reply then
-          err = "reading the reply body: " .. tostring(err)
-        end
-      end
-    else
-      delimited = false
-      reply, err = read_to_close(sock, max_body)
-    end
-    if not reply then
-      sock:close()
-      return nil, err
-    end
-    local close = (headers.connection or ""):lower():find("close", 1, true) or version == "1.0"
-    if delimited and not close then
+    if keep then
       sock:setkeepalive(keepalive_ms, pool_size)
     else
       sock:close()
@@ -291,7 +158,7 @@ function M.new(opts)
     end
     local deadline = ngx.now() + (request.timeout_ms or 60000) / 1000
     local req = { method = request.method, headers = request.headers, body = request.body,
-      target = target }
+      target = target, on_chunk = request.on_chunk }
     local status, body, headers = exchange(scheme, host, port, req, deadline)
     if not status and headers == true then
       -- The pooled connection was stale: once more on a new one.
