@@ -14,7 +14,9 @@ Control (JSON bodies):
                            replies and forgets the requests recorded so far
   GET  /_control/requests  the requests recorded so far, in order
 
-Every other POST takes the next reply off the queue (a 400 when it is empty).
+Every other POST takes the next reply off the queue (a 400 when it is empty,
+unless started with --reply TEXT: then TEXT, with usage [10, 5], in the
+shape the request's API takes, streamed if it asked for a stream).
 Each is recorded with, when it carries a bearer token, "argv_hits": the pids
 of the processes whose command line holds that token, looked up while the
 request is in flight (a key must reach the server in a header, never argv).
@@ -53,6 +55,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATE = {"replies": [], "requests": []}
+DEFAULT_REPLY = None  # --reply TEXT
 LOCK = threading.Lock()
 
 
@@ -295,6 +298,8 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             STATE["requests"].append(record)
             reply = STATE["replies"].pop(0) if STATE["replies"] else None
+        if reply is None and DEFAULT_REPLY is not None:
+            reply = {"content": DEFAULT_REPLY, "usage": [10, 5]}
         if reply is None:
             self.send(400, b'{"error": {"message": "fake_openai: no scripted reply left"}}')
             return
@@ -335,6 +340,12 @@ def watch_parent(parent):
 
 
 def main():
+    global DEFAULT_REPLY
+    args = sys.argv[1:]
+    if len(args) >= 2 and args[0] == "--reply":
+        DEFAULT_REPLY = args[1]
+        args = args[2:]
+    sys.argv[1:] = args
     # A batch's calls connect together: a backlog of 5 (socketserver's
     # default) would drop SYNs and stall them a second.
     ThreadingHTTPServer.request_queue_size = 256
