@@ -345,14 +345,15 @@ for _, P in ipairs(PROVIDERS) do
       end)
 
       it("stops reading when the delta says the reply is no longer wanted", function()
-        srv:script({ { content = "abc", pieces = { "a", "b", "c" }, event_delay_ms = 200 } })
-        local events = ({ openai = 5, anthropic = 9, gemini = 3 })[P.name] -- of three pieces of text
+        srv:script({ { content = "abcdef", pieces = { "a", "b", "c", "d", "e", "f" }, event_delay_ms = 300 } })
+        local events = ({ openai = 8, anthropic = 12, gemini = 6 })[P.name] -- of six pieces of text
         local t0 = socket.gettime()
         raises("no longer wants this reply", streamed().root_llm, user("q"), { delta = function()
           return false
         end })
         local secs = socket.gettime() - t0
-        assert.is_true(secs < events * 0.2 - 0.15, ("%.2f s of %.2f"):format(secs, events * 0.2))
+        -- it stops at the first piece: 0.3 s in (Anthropic's: 1.2 s), of a stream of 1.8 to 3.6 s
+        assert.is_true(secs < events * 0.3 - 0.9, ("%.2f s of %.2f"):format(secs, events * 0.3))
         assert.are.equal(1, #srv:requests())
       end)
 
@@ -496,6 +497,75 @@ for _, P in ipairs(PROVIDERS) do
     end)
   end)
 end
+
+describe("a hostile server", function()
+  local stream = require("rlm.llm.stream")
+  local openai = require("rlm.llm.openai")
+
+  setup(function()
+    srv = F.start()
+  end)
+
+  teardown(function()
+    srv:stop()
+  end)
+
+  local function post(transport, on_chunk)
+    return transport({ url = srv.url .. "/chat/completions", method = "POST", headers = {},
+      body = '{"stream":true}', timeout_ms = 5000, on_chunk = on_chunk })
+  end
+
+  local OK = "HTTP/1.1 200 OK\r\n"
+  -- one row a case: the raw reply, a tail written 1,000 times after it,
+  -- the error
+  local cases = {
+    { OK .. "X-Endless: ", ("a"):rep(1000), "a reply line or head longer than 65536 bytes",
+      "a head that never ends" },
+    { OK .. "Transfer-Encoding: chunked\r\n\r\n" .. ("f"):rep(2000) .. "\r\n", "",
+      "a reply line or head longer than 1024 bytes", "a chunk size line of 2000 bytes" },
+    { OK .. "Transfer-Encoding: chunked\r\n\r\nzz\r\n", "", "a malformed chunk size", "a chunk size not in hex" },
+    { OK .. "Content-Length: 10\r\n\r\nabc", "", "closed mid%-reply", "a body shorter than its Content-Length" },
+    { "SSH-2.0-OpenSSH\r\n\r\n", "", "the reply is not HTTP", "a reply that is not HTTP" },
+  }
+  for _, case in ipairs(cases) do
+    it("fails the request, bounded, for " .. case[4], function()
+      srv:script({ { raw = case[1], raw_tail = case[2], raw_repeat = 1000 } })
+      local status, err = post(luasocket.new())
+      assert.is_nil(status)
+      assert.matches(case[3], err)
+    end)
+  end
+
+  it("fails a body past max_body_bytes while it comes, never holding it", function()
+    srv:script({ { raw = OK .. "\r\n" .. ("x"):rep(10000) } }) -- to the close
+    local status, err = luasocket.new({ max_body_bytes = 4096 })({ url = srv.url .. "/chat/completions",
+      method = "POST", headers = {}, body = "{}", timeout_ms = 5000 })
+    assert.is_nil(status)
+    assert.matches("longer than 4096 bytes", err)
+  end)
+
+  it("stops a stream past the client's bound, and never retries it", function()
+    local saved = stream.MAX_STREAM_BYTES
+    stream.MAX_STREAM_BYTES = 5000
+    local event = 'data: {"choices":[{"delta":{"content":"xxxxxxxxxx"}}]}\n\n'
+    srv:script({ { raw = OK .. "Content-Type: text/event-stream\r\n\r\n" .. event:rep(200) } })
+    local c = openai.new({ base_url = srv.url, model = "m", stream = true, sleep = function() end })
+    local ok, err = pcall(c.root_llm, user("q"), { delta = function() end })
+    stream.MAX_STREAM_BYTES = saved
+    assert.is_false(ok)
+    assert.matches("the streamed reply is longer than 5000 bytes", tostring(err))
+    assert.are.equal(1, #srv:requests())
+  end)
+
+  it("bounds an event of the stream that never ends", function()
+    srv:script({ { raw = OK .. "Content-Type: text/event-stream\r\n\r\ndata: ", raw_tail = ("y"):rep(100000),
+      raw_repeat = 50 } })
+    local c = openai.new({ base_url = srv.url, model = "m", stream = true, retries = 0 })
+    local ok, err = pcall(c.root_llm, user("q"), { delta = function() end })
+    assert.is_false(ok)
+    assert.matches("an event of the stream is longer than 4194304 bytes", tostring(err))
+  end)
+end)
 
 describe("the LuaSocket transport's on_chunk", function()
   setup(function()

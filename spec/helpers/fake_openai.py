@@ -30,6 +30,9 @@ A reply is an object; every field is optional:
   delay_ms  wait this long before answering
   chunked   send the body with chunked transfer encoding
   hangup    close the connection without answering
+  raw       write these bytes (latin-1) to the socket as the whole reply,
+            HTTP head included, then close: a hostile server
+  raw_tail, raw_repeat  with raw: then write raw_tail raw_repeat times
   keepalive keep the connection open after the reply (no "Connection: close")
   cache     [cache_creation, cache_read] input tokens (Anthropic's usage
             fields; cache_read is OpenAI's cached_tokens and Gemini's
@@ -307,6 +310,15 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(reply["delay_ms"] / 1000)
         if reply.get("hangup"):
             self.close_connection = True
+            return
+        if "raw" in reply:
+            self.close_connection = True
+            try:
+                self.wfile.write(reply["raw"].encode("latin-1"))
+                for _ in range(reply.get("raw_repeat", 0)):
+                    self.wfile.write(reply["raw_tail"].encode("latin-1"))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up, as it should
             return
         api = api_of(self.path)
         model = parsed.get("model", "?") if isinstance(parsed, dict) else "?"
