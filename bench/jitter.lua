@@ -89,9 +89,12 @@ local function batch(srv, size, jitter)
 end
 
 -- The floor: capacity calls at once, at the start of each of the server's
--- windows (its clock read once, here), the best a client can do.
+-- windows (its clock read once, here), the best a client can do. On a
+-- loaded machine a call may still land in the next window and be refused:
+-- it is asked again a window later (its requests show it).
 local function paced(srv, size)
-  local client = openai.new({ base_url = srv.url, model = "m", retries = 0 })
+  local client = openai.new({ base_url = srv.url, model = "m", retries = 5, retry_base_ms = size.window_ms,
+    jitter = false })
   srv.reset()
   local before = socket.gettime()
   local server_ms = srv.stats().now_ms
