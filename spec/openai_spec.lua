@@ -622,6 +622,24 @@ describe("rlm.llm.openai", function()
       assert.matches("over tls", body)
     end)
 
+    it("runs a batch side by side over TLS too (LuaSec's handshake and reads, non-blocking)", function()
+      local c, k = cert("good", "IP:127.0.0.1")
+      tls_srv = F.start(c, k)
+      local replies = {}
+      for i = 1, 4 do
+        replies[i] = { content = "t" .. i, delay_ms = 1000 }
+      end
+      tls_srv:script(replies)
+      local cl = openai.new({ base_url = tls_srv.url, model = "m", retries = 0, transport = luasocket.new({ cafile = c }) })
+      local t0 = socket.gettime()
+      local answers = cl.llm_query_batch({ "a", "b", "c", "d" })
+      local secs = socket.gettime() - t0
+      for i = 1, 4 do
+        assert.is_string(answers[i].text, answers[i].error)
+      end
+      assert.is_true(secs < 2.5, ("took %.2f s"):format(secs))
+    end)
+
     it("refuses a certificate no trusted CA signed, before sending anything", function()
       local c, k = cert("selfsigned", "IP:127.0.0.1")
       tls_srv = F.start(c, k)
