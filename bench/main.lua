@@ -213,6 +213,17 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    its exit (the engine's whole cost, `--rm`'s removal too) beside
    `/bin/true`. No target: the figure says what a container costs a cold
    start.
+14. **A batch under 429s** (`bench/jitter.lua`): 64 calls in one
+   `llm_query_batch` of `rlm.llm.openai` over LuaSocket, all side by side,
+   against `bench/rate_limited.py`, which answers 8 requests per 100 ms
+   window and a 429 without `Retry-After` to the rest, so the client's
+   backoff (retry_base_ms 100) decides when they come back: with full jitter
+   (the default) and without (`jitter = false`), median of 3. Beside each:
+   the requests sent, and the most that reached the server within 10 ms
+   after the first 64 (which go at once either way). Floor: the same 64
+   paced by a client that reads the server's clock once and sends 8 at the
+   start of each window, never refused. No target: the figure is the
+   difference between the two rows.
 ]]
 
 -- One row of RESULTS.md's table.

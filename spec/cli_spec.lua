@@ -4,6 +4,7 @@ local H = require("helpers")
 local F = require("helpers.fake_openai")
 local errors = require("rlm.base.errors")
 local cjson = require("cjson")
+local socket = require("socket")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
 local BIN = root .. "/bin/rlm"
@@ -89,7 +90,7 @@ local function rlm(args, opts)
   end
   local out, err = os.tmpname(), os.tmpname()
   local env = { "env", "-u", "RLM_BASE_URL", "-u", "RLM_MODEL", "-u", "RLM_SUB_MODEL", "-u", "RLM_API_KEY_ENV",
-    "TMPDIR=" .. H.tmpdir }
+    "-u", "RLM_PROVIDER", "TMPDIR=" .. H.tmpdir }
   for _, e in ipairs(opts.env or {}) do
     env[#env + 1] = q(e)
   end
@@ -211,6 +212,7 @@ describe("bin/rlm", function()
       { { "--context", "CTX", "--context", "CTX", "q" }, {}, "is given twice" },
       { { "--max-cost-usd", "1", "--context", "CTX", "q" }, {}, "needs a price for model fake-root" },
       { { "--context", "CTX", "q" }, { endpoint = false }, "no model: give --model NAME or set RLM_MODEL" },
+      { { "--provider", "claude", "--context", "CTX", "q" }, {}, "--provider wants openai, anthropic or gemini" },
       { { "view" }, { endpoint = false }, "rlm view wants one log file" },
     }
     for _, case in ipairs(cases) do
@@ -291,6 +293,41 @@ describe("bin/rlm", function()
       assert.is_nil(srv:requests()[1].headers.authorization)
     end)
 
+    -- one row a case: the provider, its base URL on the fake, the path it
+    -- posts to, its key's default variable and header
+    local providers = {
+      { "anthropic", "", "/v1/messages", "ANTHROPIC_API_KEY", "x-api-key" },
+      { "gemini", "/v1beta", "/v1beta/models/m:generateContent", "GEMINI_API_KEY", "x-goog-api-key" },
+    }
+    for _, p in ipairs(providers) do
+      it(("asks %s with --provider %s, the key from $%s by default"):format(p[3], p[1], p[4]), function()
+        final_run("FINAL('from " .. p[1] .. "')")
+        local code, out, err = rlm({ "--provider", p[1], "--base-url", (srv.url:gsub("/v1$", p[2])),
+          "--model", "m", "--context", context_file, "q" }, { endpoint = false, env = { p[4] .. "=sk-fake-" .. p[1] } })
+        assert.are.equal(0, code, err)
+        assert.are.equal("from " .. p[1] .. "\n", out)
+        local req = srv:requests()[1]
+        assert.are.equal(p[3], req.path)
+        assert.are.equal("sk-fake-" .. p[1], req.headers[p[5]])
+        assert.is_nil(req.headers.authorization)
+      end)
+    end
+
+    it("runs a batch's sub-calls side by side: 8 of 1 s in about 1 s", function()
+      local replies = { { content = F.fence("r = llm_query_batched(['p%d' % i for i in range(8)])\n"
+        .. "FINAL(','.join(r))") } }
+      for _ = 1, 8 do
+        replies[#replies + 1] = { content = "a", delay_ms = 1000 }
+      end
+      srv:script(replies)
+      local t0 = socket.gettime()
+      local code, out, err = rlm({ "--context", context_file, "q" })
+      local secs = socket.gettime() - t0
+      assert.are.equal(0, code, err)
+      assert.are.equal("a,a,a,a,a,a,a,a\n", out)
+      assert.is_true(secs < 3.5, ("took %.2f s (one by one: 8 s and more)"):format(secs))
+    end)
+
     it("sees several --context files as a dict keyed by their names", function()
       final_run("import json\nFINAL(json.dumps(context, sort_keys=True))")
       local code, out, err = rlm({ "--context", context_file, "--context", "-", "q" }, { stdin = "from stdin" })
@@ -315,6 +352,11 @@ describe("bin/rlm", function()
       local code, out, err = rlm({ "--trace", "--context", context_file, "q" })
       assert.are.equal(0, code, err)
       assert.are.equal("traced\n", out)
+      -- the root calls streamed, their text shown once, as it came
+      local reqs = srv:requests()
+      assert.are.same({ true, false, true }, { reqs[1].json.stream, reqs[2].json.stream, reqs[3].json.stream })
+      assert.are.equal(1, select(2, err:gsub("```repl\n  FINAL%('traced'%)", "")), err)
+      assert.matches("%-%- root model:\n  ```repl\n  print%('looking'%)", err)
       assert.matches("== step 1", err)
       assert.matches("print%('looking'%)", err)
       assert.matches("%-%- output:\n  looking", err)

@@ -178,6 +178,20 @@ describe("rlm.view.html", function()
     assert.matches('<span class="b">llm_query</span>(<span class="s">&quot;sum up&quot;</span>)', page, 1, true)
   end)
 
+  it("shows a streamed root call's time to first token, not its pieces", function()
+    local page = view.html(jsonl({
+      { type = "session_start", depth = 0, query = "q", t_ms = 0 },
+      { type = "step_start", depth = 0, step = 1, t_ms = 100 },
+      { type = "root_delta", depth = 0, step = 1, text = "PIECE-ONE", t_ms = 450 },
+      { type = "root_delta", depth = 0, step = 1, text = "PIECE-TWO", t_ms = 900 },
+      { type = "root_response", depth = 0, step = 1, response = "the whole reply", latency_ms = 1000, t_ms = 1101 },
+      { type = "run_end", depth = 0, ok = true, answer = "a", iterations = 1, sub_calls = 0, t_ms = 1200 },
+    }))
+    assert.matches("first token 349 ms", page, 1, true) -- 450 - (1101 - 1000)
+    assert.matches('<pre class="text">the whole reply</pre>', page, 1, true)
+    assert.is_nil(page:find("PIECE", 1, true))
+  end)
+
   it("shows events of unknown types, as text", function()
     local page = view.html(jsonl(NESTED))
     assert.matches('data-type="from_the_future"', page, 1, true)

@@ -245,8 +245,14 @@ local function build(events)
       run.ended = true
     elseif t == "session_start" or t == "step_start" then -- luacheck: ignore 542
       -- the run or step is made above
+    elseif t == "root_delta" then
+      -- a streamed root call: only when its first piece came is kept
+      if step and not step.delta_at then
+        step.delta_at = num(ev.t_ms)
+      end
     elseif step and t == "root_response" then
-      step.items[#step.items + 1] = { kind = "response", ev = ev }
+      step.items[#step.items + 1] = { kind = "response", ev = ev, first_delta = step.delta_at }
+      step.delta_at = nil
     elseif step and t == "exec_result" then
       step.items[#step.items + 1] = { kind = "block", ev = ev, calls = take_pending(step) }
     elseif t == "sub_query" then
@@ -680,7 +686,7 @@ end
 
 function Page:step(step)
   local ev = step.first
-  local blocks, subs, errs, root_ms, tokens = 0, 0, 0, nil, nil
+  local blocks, subs, errs, root_ms, tokens, first_token = 0, 0, 0, nil, nil, nil
   for _, item in ipairs(step.items) do
     if item.kind == "block" then
       blocks = blocks + 1
@@ -691,6 +697,10 @@ function Page:step(step)
     elseif item.kind == "response" then
       root_ms = (root_ms or 0) + (num(item.ev.latency_ms) or 0)
       tokens = usage_of(item.ev.usage) or tokens
+      local t, ms = num(item.ev.t_ms), num(item.ev.latency_ms)
+      if item.first_delta and t and ms and not first_token then
+        first_token = math.max(0, item.first_delta - (t - ms)) -- from the call's start
+      end
     end
   end
   local t0, t1 = num(ev.t_ms), step.last and num(step.last.t_ms)
@@ -704,7 +714,8 @@ function Page:step(step)
   self:add(' <span class="muted">', esc(joined(
     ("%d block%s"):format(blocks, blocks == 1 and "" or "s"),
     subs > 0 and ("%d sub-call%s"):format(subs, subs == 1 and "" or "s") or nil,
-    took, root_ms and ("root " .. fmt_ms(root_ms)) or nil, fmt_tokens(tokens)
+    took, root_ms and ("root " .. fmt_ms(root_ms)) or nil,
+    first_token and ("first token " .. fmt_ms(first_token)) or nil, fmt_tokens(tokens)
   )), "</span>")
   if errs > 0 then
     self:badge("err", errs == 1 and "error" or (errs .. " errors"))

@@ -9,6 +9,8 @@
 --   st.phase("root")       -- a model call starts ("root" or "sub")
 --   st.clear()             -- before anything else is written to the terminal
 --   st.draw()              -- after it
+--   st.pause(), st.resume() -- around text written a piece at a time (a
+--                             streamed reply): cleared, and not drawn between
 local M = {}
 
 -- "\r" back to the line's start, "ESC [ K" clears to its end: the line is
@@ -30,6 +32,7 @@ function M.new(o)
   local started = o.clock()
   local state = { step = 0, sub_calls = 0, tools = 0, doing = "starting the sandbox" }
   local shown = nil -- the line on the terminal now
+  local paused = false
   local width = math.max(20, (o.width or 80) - 1)
   local st = {}
 
@@ -57,6 +60,9 @@ function M.new(o)
   end
 
   function st.draw()
+    if paused then
+      return
+    end
     local line = st.line()
     if line ~= shown then
       o.write(CLEAR .. line)
@@ -69,6 +75,16 @@ function M.new(o)
       o.write(CLEAR)
       shown = nil
     end
+  end
+
+  function st.pause()
+    st.clear()
+    paused = true
+  end
+
+  function st.resume()
+    paused = false
+    st.draw()
   end
 
   -- A model call starts: "root" or "sub"; drawn at once.
