@@ -1,6 +1,11 @@
 -- rlm.adapters.luv and the life of luv's loop: the loop a session is driven
--- on outlives a reload of the luv module.
+-- on outlives a reload of the luv module, and the session's descriptor
+-- outlives the poll handle that watches it.
 local H = require("helpers")
+local fence = H.fence
+
+local L = require("helpers.luv")
+local luv_adapter = L and require("rlm.adapters.luv")
 
 -- Two spec files in one Lua state, as busted runs them: each loads luv and
 -- drives sessions on it, and between them every module the first loaded is
@@ -86,4 +91,35 @@ H.describe_luv("rlm.adapters.luv and luv's loop", function()
       os.remove(path)
       assert.are.equal("first: done\nsecond: cancelled\nthird: again\nexit 0", out)
     end)
+
+  -- libuv's rule: a poll handle's descriptor stays open until the handle
+  -- is stopped. A session closed while the adapter watches fd() keeps it
+  -- until the loop has let go (rlm.drive.dispatch.closing); had close()
+  -- closed it at once, the next descriptor would take its number while
+  -- libuv still held the old handle there (uv_poll_init: EEXIST).
+  it("keeps fd() open until its poll handle is closed, when the session is closed mid-run", function()
+    local uv = L.uv
+    local s, open_after_close, err, over, answer, over2
+    s = luv_adapter.run(H.opts({
+      root_llm = H.script({ fence("import time\ntime.sleep(30)") }),
+    }), function(e)
+      err, over = e, true
+    end)
+    L.after(300, function()
+      local fd = s:fd()
+      s:close()
+      open_after_close = uv.fs_fstat(fd) ~= nil
+      -- A new session in the same loop turn: its descriptor and poll handle
+      -- are made while the closed one's are still there.
+      luv_adapter.run(H.opts({}), function(_, r)
+        answer, over2 = r and r.answer, true
+      end)
+    end)
+    L.run_until(function()
+      return over and over2
+    end)
+    assert.are.equal("cancelled", err.kind)
+    assert.is_true(open_after_close)
+    assert.are.equal("done", answer)
+  end)
 end)
