@@ -6,6 +6,13 @@ if not ok then
 end
 local core = require("rlm.core")
 
+-- One luv for the whole busted process: busted drops package.loaded between
+-- spec files, and luv frees its loop with the first module table while the
+-- next require("luv") goes on using it (rlm.adapters.luv says more). Held
+-- in the registry, that table and its loop stay, as in a host that loads
+-- luv once.
+debug.getregistry()["rlm spec: luv"] = debug.getregistry()["rlm spec: luv"] or uv
+
 local L = { uv = uv }
 
 -- Runs the loop until cond() holds (or the limit passes).

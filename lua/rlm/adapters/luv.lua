@@ -11,8 +11,27 @@ local util = require("rlm.base.util")
 
 local M = {}
 
+-- luv (1.44 in Debian 12, still so in 1.52.1) keeps the loop it makes alive
+-- through its first module table only (the _loop field). Once that table is
+-- collected the loop is closed and freed, yet require("luv") after
+-- package.loaded.luv was dropped (busted's insulation between spec files, a
+-- module reloader) returns a table over that loop, and the next handle is a
+-- use after free: EEXIST or a segfault in the host (luvit/luv#819; #821,
+-- in no release yet, leaves a NULL loop instead). A module a session is
+-- driven on is held in the registry, which no reloader clears, for the Lua
+-- state's life.
+local KEPT = "rlm.adapters.luv: the luv modules sessions ran on"
+
+local function keep(uv)
+  local registry = debug.getregistry()
+  local kept = registry[KEPT] or {}
+  registry[KEPT] = kept
+  kept[uv] = true
+end
+
 -- The host interface of rlm.async over a luv module (luv, or vim.loop).
 function M.host(uv)
+  keep(uv)
   return {
     watch = function(fd, fn)
       local p = assert(uv.new_poll(fd))
