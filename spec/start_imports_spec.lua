@@ -124,9 +124,12 @@ describe("the driver's start", function()
     local python = sandboxed_start().python
     local dir = packed_driver(python, code, true)
     -- With a pause, the driver is idle between its self-test and its
-    -- session, as a pooled sandbox is.
-    local feed = pause and ("(head -n 2 %s/in; sleep %s; tail -n 2 %s/in)"):format(quote(dir), pause, quote(dir))
-      or ("cat %s/in"):format(quote(dir))
+    -- session, as a pooled sandbox is: the pause starts once its
+    -- self_test_result is out (up to 20 s: a loaded machine may take a
+    -- while to start the interpreter, which a pause from the spawn lost).
+    local feed = pause and ("(head -n 2 %s/in; i=0; while ! grep -q self_test_result %s/out && [ $i -lt 400 ]; "
+      .. "do sleep 0.05; i=$((i+1)); done; sleep %s; tail -n 2 %s/in)"):format(quote(dir), quote(dir), pause,
+      quote(dir)) or ("cat %s/in"):format(quote(dir))
     -- One file for both, in the order written: the replies and the imports.
     H.sh(("%s | %s -I -S -B -X importtime %s/repl_driver.py > %s/out 2>&1"):format(
       feed, py(python), quote(dir), quote(dir)))
