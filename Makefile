@@ -23,11 +23,20 @@ DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
 
 .PHONY: all deps test check demo clean install bench fuzz soak lint
 BUILD ?= build
-all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so)
+all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so) $(BUILD)/rlm-keeper
 
 $(BUILD)/%/rlm/core.so: $(SRC) $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -I$(INC_$*) -shared -o $@ $(SRC) $(LDFLAGS) $(LDLIBS)
+
+# rlm-keeper, the far side of the exec backend (docs/protocol.md, "The
+# stream"): the same units as rlm.core, without Lua, as a program. The
+# shared units have functions it does not call (the Lua bindings' own), so
+# -Wunused-function is off here; rlm.core's build keeps it on for all.
+KEEPER_SRC = csrc/rlm_keeper.c
+$(BUILD)/rlm-keeper: $(KEEPER_SRC) $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -Wno-unused-function $(CFLAGS) $(XCFLAGS) -o $@ $(KEEPER_SRC) $(LDFLAGS) $(LDLIBS)
 
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -81,9 +90,13 @@ fuzz: deps
 	@mkdir -p build/fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -I$(INC_5.4) -o build/fuzz/framing_fuzz \
 	  fuzz/framing_fuzz.c -llua5.4
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -o build/fuzz/jsonread_fuzz fuzz/jsonread_fuzz.c
 	cp -r fuzz/corpus build/fuzz/corpus-run
 	LUA_CPATH="/usr/lib/x86_64-linux-gnu/lua/5.4/?.so;;" build/fuzz/framing_fuzz \
 	  -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 build/fuzz/corpus-run fuzz/corpus
+	mkdir -p build/fuzz/jsonread-run
+	build/fuzz/jsonread_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	  build/fuzz/jsonread-run fuzz/jsonread_corpus
 
 # 1,000 sessions with random faults; the host's fds, children, RSS and
 # workdirs must come back to where they started.
@@ -109,6 +122,11 @@ install: all
 	  echo "installed $$share/rlm and $$lib/rlm/core.so"; \
 	done
 	install -D -m 755 bin/rlm $(DESTDIR)$(PREFIX)/bin/rlm
+	install -D -m 755 $(BUILD)/rlm-keeper $(DESTDIR)$(PREFIX)/bin/rlm-keeper
+	@set -e; k=$(DESTDIR)$(PREFIX)/share/rlm-keeper; \
+	  install -D -m 644 python/repl_driver.py python/probe.py -t $$k; \
+	  for m in $(DRIVER_MODULES); do install -D -m 644 python/$$m $$k/$$m; done; \
+	  echo "installed $(DESTDIR)$(PREFIX)/bin/rlm-keeper and $$k"
 
 # Sessions driven from inside real hosts: headless Neovim and nginx with the
 # Lua module (spec/hosts/). spec/hosts/deps installs neovim and nginx-core

@@ -12,6 +12,9 @@
 #include "unit.h"
 
 #define DRIVER_MT "rlm.core.Driver"
+#define SEALED_MT "rlm.core.Sealed"
+#define ZIP_CACHE "rlm.core.zip"     /* { zip string, Sealed } */
+#define ENTRY_CACHE "rlm.core.entry" /* { bytecode string, Sealed } */
 
 typedef struct driver_ud {
   rlm_driver *d;
@@ -35,6 +38,10 @@ RLM_FN void close_fd(int *fd);
  * NULL (the wait is not interruptible). */
 RLM_FN int interrupt_asked(lua_State *L, const hook_state *before);
 RLM_FN const hook_state *opt_hook_token(lua_State *L, int i);
+
+/* The Sealed userdata's __gc (core_spawn.c): a shared sealed memfd of
+ * plan.h's, the driver's zip or its entry's bytecode. */
+RLM_FN int blob_gc(lua_State *L);
 
 /* Each userdata's metatable, made once at luaopen_rlm_core. */
 RLM_FN void open_driver(lua_State *L);

@@ -16,11 +16,7 @@
 
 #define MAX_RO_PATHS 4096
 
-/* The driver sees a fixed environment: nothing of the host's. */
-static char *const sandbox_env[] = {
-    "PATH=/usr/bin:/bin",        "LANG=C.UTF-8", "PYTHONUTF8=1",
-    "HOME=" RLM_SANDBOX_WORKDIR, NULL,
-};
+static char *const sandbox_env[] = RLM_SANDBOX_ENV;
 
 static const char *opt_string(lua_State *L, int t, const char *key) {
   lua_getfield(L, t, key);
@@ -96,6 +92,61 @@ static void read_spec(lua_State *L, rlm_sandbox_spec *spec) {
     spec->modules = mods;
     spec->n_modules = n;
   }
+}
+
+/* The Sealed userdata's __gc (core.c makes its metatable). */
+int blob_gc(lua_State *L) {
+  sealed_blob **b = luaL_checkudata(L, 1, SEALED_MT);
+  blob_unref(*b);
+  *b = NULL;
+  return 0;
+}
+
+/* The sealed memfd of the string at index i, with a reference for the
+ * caller: the Lua state's last one under the registry key `cache` when it
+ * is the same string (a probe's zip and entry are one string each for its
+ * whole life), else a new one that replaces it. NULL with a message that
+ * names `what`. */
+static sealed_blob *cached_blob(lua_State *L, int i, const char *cache,
+                                const char *what, char *err, size_t errlen) {
+  lua_getfield(L, LUA_REGISTRYINDEX, cache);
+  if (lua_istable(L, -1)) {
+    lua_rawgeti(L, -1, 1);
+    int same = lua_rawequal(L, -1, i);
+    lua_pop(L, 1);
+    if (same) {
+      lua_rawgeti(L, -1, 2);
+      sealed_blob **b = luaL_checkudata(L, -1, SEALED_MT);
+      sealed_blob *blob = *b;
+      lua_pop(L, 2);
+      if (blob != NULL) {
+        atomic_fetch_add(&blob->refs, 1);
+        return blob;
+      }
+      lua_pushnil(L);
+    }
+  }
+  lua_pop(L, 1);
+  size_t len;
+  const char *data = lua_tolstring(L, i, &len);
+  sealed_blob **b = lua_newuserdata(L, sizeof(*b));
+  *b = NULL;
+  luaL_getmetatable(L, SEALED_MT);
+  lua_setmetatable(L, -2);
+  if ((*b = blob_new(data, len, 2)) == NULL) { /* the cache's, the caller's */
+    snprintf(err, errlen, "%s: %s", what, strerror(errno));
+    lua_pop(L, 1);
+    return NULL;
+  }
+  sealed_blob *blob = *b;
+  lua_createtable(L, 2, 0);
+  lua_pushvalue(L, i);
+  lua_rawseti(L, -2, 1);
+  lua_pushvalue(L, -2);
+  lua_rawseti(L, -2, 2);
+  lua_setfield(L, LUA_REGISTRYINDEX, cache);
+  lua_pop(L, 1);
+  return blob;
 }
 
 /* Pushes argv as a list and frees it. */

@@ -472,8 +472,12 @@ static char **copy_strings(char *const *v, size_t n) {
 }
 
 /* Keeps this library loaded for the life of the process: the keeper may
- * outlive the Lua state, which unloads it on close. */
+ * outlive the Lua state, which unloads it on close. A program (rlm-keeper,
+ * RLM_PROGRAM) is never unloaded. */
 static int pin_library(void) {
+#ifdef RLM_PROGRAM
+  return 0;
+#endif
   Dl_info self;
   return dladdr((void *)keeper_main, &self) != 0 && self.dli_fname != NULL &&
                  dlopen(self.dli_fname,
