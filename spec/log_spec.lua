@@ -546,15 +546,16 @@ print(("held=%d held_partial=%s lines=%d dropped=%d good=%d bad=%d after=%d firs
     -- { opts or target, message }
     local cases = {
       { { bogus = 1 }, "unknown option 'bogus'" },
+      { { max_item = 5 }, "unknown option 'max_item' (did you mean 'max_items'?" },
       { { mode = "w" }, "option 'mode' must be \"append\" or \"truncate\"" },
-      { { mode = 1 }, "option 'mode' must be a string" },
+      { { mode = 1 }, "option 'mode' must be \"append\" or \"truncate\", got 1" },
       { { max_field_chars = 0 }, "option 'max_field_chars' must be an integer >= 1" },
       { { max_items = 1.5 }, "option 'max_items' must be an integer >= 1" },
       { { max_event_bytes = 1000 }, "option 'max_event_bytes' must be an integer >= 1024" },
       { { max_run_bytes = 0 }, "option 'max_run_bytes' must be an integer >= 1" },
-      { { max_run_bytes = "1" }, "option 'max_run_bytes' must be a number" },
+      { { max_run_bytes = "1" }, "option 'max_run_bytes' must be an integer >= 1, got \"1\"" },
       { { cost_usd = 3 }, "option 'cost_usd' must be a function" },
-      { "opts", "opts must be a table" },
+      { "opts", "expected a table of options, got string" },
     }
     for _, case in ipairs(cases) do
       it("raises: " .. case[2], function()

@@ -93,7 +93,8 @@ describe("rlm.llm.openai", function()
       { { base_url = "http://x/v1" }, "option 'model' is required" },
       { with("base_url", "ftp://x/v1"), "option 'base_url' must be an http:// or https:// URL" },
       { with("model", ""), "option 'model' must be a model name, a list of names %(one per depth%), or a function" },
-      { with("sub_model", 7), "option 'sub_model' must be a model name.*, got number" },
+      { with("sub_model", 7), "option 'sub_model' must be a model name.*, got 7" },
+      { with("sub_modle", "m"), "unknown option 'sub_modle' %(did you mean 'sub_model'%?" },
       { with("temperature", "hot"), "option 'temperature' must be a number from 0 to 2" },
       { with("temperature", 3), "option 'temperature'" },
       { with("max_tokens", 1.5), "option 'max_tokens' must be an integer >= 1" },
@@ -461,7 +462,7 @@ describe("rlm.llm.openai", function()
 
     it("raises misuse of luasocket.new naming the option", function()
       raises("unknown option 'verify'", luasocket.new, { verify = false })
-      raises("option 'cafile' must be a string", luasocket.new, { cafile = 1 })
+      raises("option 'cafile' must be a non%-empty string, got 1", luasocket.new, { cafile = 1 })
     end)
   end)
 

@@ -8,6 +8,8 @@ end
 local cases = {
   -- option, value, message pattern
   { "bogus", 1, "unknown option 'bogus'" },
+  { "max_iteration", 5, "unknown option 'max_iteration' %(did you mean 'max_iterations'%? known: " },
+  { "stdout_truncate", 5, "unknown option 'stdout_truncate' %(did you mean 'stdout_truncate_chars'%?" },
   { "max_iterations", 0, "option 'max_iterations' must be an integer from 1 to 1000000" },
   { "max_iterations", 2.5, "option 'max_iterations'" },
   { "max_iterations", "10", "option 'max_iterations'" },

@@ -1,6 +1,7 @@
 -- rlm.log: trajectory logs. jsonl() returns an on_event callback that writes
 -- each event as one JSON line, bounded, valid UTF-8, flushed at once; see
 -- docs/log.md.
+local checks = require("rlm.base.checks")
 local logline = require("rlm.tools.logline")
 
 local M = {}
@@ -46,51 +47,23 @@ local function wall_clock(mono)
   end
 end
 
-local OPTION_TYPES = {
-  mode = "string",
-  cost_usd = "function",
-  max_field_chars = "number",
-  max_key_chars = "number",
-  max_items = "number",
-  max_depth = "number",
-  max_event_bytes = "number",
-  max_run_bytes = "number",
-  clock = "function",
+local function mode(v)
+  return v == "append" or v == "truncate", '"append" or "truncate"'
+end
+
+local integer, callable = checks.integer, checks.callable
+local SCHEMA = {
+  mode = { mode, "append" },
+  cost_usd = { callable },
+  clock = { callable },
+  max_event_bytes = { integer(MIN_EVENT_BYTES), DEFAULTS.max_event_bytes },
 }
+for name, default in pairs(DEFAULTS) do
+  SCHEMA[name] = SCHEMA[name] or { integer(1), default }
+end
 
 local function check_options(opts)
-  if opts == nil then
-    opts = {}
-  end
-  if type(opts) ~= "table" then
-    error("rlm.log.jsonl: opts must be a table, not " .. type(opts), 3)
-  end
-  local o = {}
-  for k, v in pairs(opts) do
-    local want = OPTION_TYPES[k]
-    if not want then
-      error("rlm.log.jsonl: unknown option '" .. tostring(k) .. "'", 3)
-    end
-    if type(v) ~= want then
-      error(("rlm.log.jsonl: option '%s' must be a %s, not %s"):format(k, want, type(v)), 3)
-    end
-    o[k] = v
-  end
-  for k, v in pairs(DEFAULTS) do
-    if o[k] == nil then
-      o[k] = v
-    else
-      local least = k == "max_event_bytes" and MIN_EVENT_BYTES or 1
-      if o[k] < least or o[k] % 1 ~= 0 then
-        error(("rlm.log.jsonl: option '%s' must be an integer >= %d"):format(k, least), 3)
-      end
-    end
-  end
-  o.mode = o.mode or "append"
-  if o.mode ~= "append" and o.mode ~= "truncate" then
-    error("rlm.log.jsonl: option 'mode' must be \"append\" or \"truncate\", not " .. ("%q"):format(o.mode), 3)
-  end
-  return o
+  return checks.options("rlm.log.jsonl", opts, SCHEMA, nil, 3)
 end
 
 local Writer = {}

@@ -63,4 +63,128 @@ function M.boolean(v)
   return type(v) == "boolean", "a boolean"
 end
 
+-- How a value reads in a message: a string quoted, a number as it is,
+-- anything else by its type. A secret (an API key given in place of the
+-- name of its variable) is never echoed.
+function M.describe(v, secret)
+  if type(v) == "string" and not secret then
+    return ("%q"):format(v)
+  elseif type(v) == "number" then
+    return tostring(v)
+  end
+  return type(v)
+end
+
+-- The edit distance of a and b (insertions, deletions, substitutions,
+-- and swaps of two neighbours), counted up to limit + 1.
+local function distance(a, b, limit)
+  if math.abs(#a - #b) > limit then
+    return limit + 1
+  end
+  local prev2, prev = {}, {}
+  for j = 0, #b do
+    prev[j] = j
+  end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    local least = i
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      local d = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      if i > 1 and j > 1 and a:byte(i) == b:byte(j - 1) and a:byte(i - 1) == b:byte(j) then
+        d = math.min(d, prev2[j - 2] + 1)
+      end
+      cur[j] = d
+      least = math.min(least, d)
+    end
+    if least > limit then
+      return limit + 1
+    end
+    prev2, prev = prev, cur
+  end
+  return prev[#b]
+end
+
+-- The name among names that a misspelt one most likely meant, or nil:
+-- the nearest within two edits (one for names of four characters or
+-- fewer), or the only one it is a prefix of.
+function M.suggest(name, names)
+  if type(name) ~= "string" or name == "" then
+    return nil
+  end
+  local limit = #name <= 4 and 1 or 2
+  local best, best_d, prefixed, n_prefixed = nil, limit + 1, nil, 0
+  for _, candidate in ipairs(names) do
+    local d = distance(name:lower(), candidate:lower(), limit)
+    if d < best_d then
+      best, best_d = candidate, d
+    end
+    if #name >= 3 and candidate:sub(1, #name) == name then
+      prefixed, n_prefixed = candidate, n_prefixed + 1
+    end
+  end
+  return best or (n_prefixed == 1 and prefixed or nil)
+end
+
+-- The sorted names of a schema (below).
+function M.names(schema)
+  local names = {}
+  for name in pairs(schema) do
+    names[#names + 1] = name
+  end
+  table.sort(names)
+  return names
+end
+
+-- One option's value, checked or defaulted. rule = { check, default,
+-- required = bool, secret = bool }; check(v) returns ok, what was wanted,
+-- and, for a value wrong in a way worth saying, why. Raises "<where>:
+-- option 'name' ..." at level: the level the caller would give error()
+-- for the same place.
+function M.option(where, name, rule, v, level)
+  if v == nil then
+    if rule.required then
+      error(("%s: option '%s' is required"):format(where, name), level + 1)
+    end
+    return rule[2]
+  end
+  local ok, want, why = rule[1](v)
+  if why then
+    error(("%s: option '%s' %s"):format(where, name, why), level + 1)
+  elseif not ok then
+    error(("%s: option '%s' must be %s, got %s"):format(where, name, want, M.describe(v, rule.secret)),
+      level + 1)
+  end
+  return v
+end
+
+-- The one option validator: opts checked against schema (name -> rule, as
+-- for M.option), unknown names refused with the nearest known one, and a
+-- new table returned with every option of the schema set or defaulted
+-- (opts itself is left as it was). nil opts is an empty table. names is
+-- M.names(schema), when the caller keeps it. level is the level the caller
+-- would give error() for the same place (default 2: the caller of a new()
+-- that calls this itself).
+function M.options(where, opts, schema, names, level)
+  level = (level or 2) + 1
+  if opts == nil then
+    opts = {}
+  elseif type(opts) ~= "table" then
+    error(("%s: expected a table of options, got %s"):format(where, type(opts)), level)
+  end
+  names = names or M.names(schema)
+  for k in pairs(opts) do
+    if type(k) ~= "string" or not schema[k] then
+      local near = M.suggest(k, names)
+      error(("%s: unknown option '%s' (%sknown: %s)"):format(where, tostring(k),
+        near and ("did you mean '%s'? "):format(near) or "", table.concat(names, ", ")), level)
+    end
+  end
+  local out = {}
+  for name, rule in pairs(schema) do
+    out[name] = M.option(where, name, rule, opts[name], level)
+  end
+  return out
+end
+
 return M

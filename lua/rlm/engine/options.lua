@@ -191,32 +191,7 @@ for _, name in ipairs(M.POOL_OPTIONS) do
   pool_option[name] = true
 end
 
-M.names = {}
-for name in pairs(schema) do
-  M.names[#M.names + 1] = name
-end
-table.sort(M.names)
-
--- One option's value, checked or defaulted; raises naming it (level: the
--- caller of the public function).
-local function check_one(where, name, v, level)
-  local rule = schema[name]
-  if v == nil then
-    if rule.required then
-      error(("%s: option '%s' is required"):format(where, name), level)
-    end
-    return rule[2]
-  end
-  local ok, want, why = rule[1](v)
-  if why then
-    error(("%s: option '%s' %s"):format(where, name, why), level)
-  elseif not ok then
-    error(("%s: option '%s' must be %s, got %s"):format(
-      where, name, want, type(v) == "string" and ("%q"):format(v)
-      or type(v) == "number" and tostring(v) or type(v)), level)
-  end
-  return v
-end
+M.names = checks.names(schema)
 
 local function same(a, b)
   if type(a) == "table" and type(b) == "table" then
@@ -238,24 +213,13 @@ end
 -- 'x' ..." on misuse.
 function M.check_pool(opts, max_size)
   local where = "rlm.Pool.new"
-  if type(opts) ~= "table" then
-    error(where .. ": expected a table of options, got " .. type(opts), 3)
+  local pool_schema = { size = { integer(1, max_size), required = true } }
+  for name in pairs(pool_option) do
+    pool_schema[name] = schema[name]
   end
-  for k in pairs(opts) do
-    if k ~= "size" and not pool_option[k] then
-      error(("%s: unknown option '%s' (known: size, %s)"):format(where, tostring(k),
-        table.concat(M.POOL_OPTIONS, ", ")), 3)
-    end
-  end
-  local size = opts.size
-  if not (type(size) == "number" and size == math.floor(size) and size >= 1 and size <= max_size) then
-    error(("%s: option 'size' must be an integer from 1 to %d, got %s"):format(where, max_size,
-      tostring(size)), 3)
-  end
-  local out = {}
-  for _, name in ipairs(M.POOL_OPTIONS) do
-    out[name] = check_one(where, name, opts[name], 4)
-  end
+  local out = checks.options(where, opts, pool_schema, nil, 3)
+  local size = out.size
+  out.size = nil
   check_uid_range(where, out)
   out.tmpdir = out.tmpdir or os.getenv("TMPDIR") or "/tmp"
   out.allowed_modules = out.allowed_modules or {}
@@ -265,30 +229,29 @@ end
 -- check(opts) -> a new table with every option set or defaulted. Raises
 -- "rlm.Session.new: option 'x' must be ..." on misuse.
 function M.check(opts)
+  local where = "rlm.Session.new"
   if type(opts) ~= "table" then
-    error("rlm.Session.new: expected a table of options, got " .. type(opts), 3)
+    error(where .. ": expected a table of options, got " .. type(opts), 3)
   end
-  for k in pairs(opts) do
-    if type(k) ~= "string" or not schema[k] then
-      error(("rlm.Session.new: unknown option '%s' (known: %s)"):format(
-        tostring(k), table.concat(M.names, ", ")), 3)
+  local pool = opts.pool ~= nil and checks.option(where, "pool", schema.pool, opts.pool, 3)
+  local given = opts
+  if pool then
+    -- The pool's sandboxes are started with its options: a session may
+    -- repeat one, not change it.
+    given = {}
+    for k, v in pairs(opts) do
+      given[k] = v
     end
-  end
-  local out = {}
-  local pool = opts.pool ~= nil and check_one("rlm.Session.new", "pool", opts.pool, 4)
-  for name in pairs(schema) do
-    local v = opts[name]
-    if pool and pool_option[name] then
-      -- The pool's sandboxes are started with its options: a session may
-      -- repeat one, not change it.
+    for name in pairs(pool_option) do
+      local v = opts[name]
       if v ~= nil and not same(v, pool.opts[name]) then
-        error(("rlm.Session.new: option '%s' differs from the pool's (a pooled sandbox was started "
-          .. "with the pool's; leave it out or make it the same)"):format(name), 3)
+        error(("%s: option '%s' differs from the pool's (a pooled sandbox was started "
+          .. "with the pool's; leave it out or make it the same)"):format(where, name), 3)
       end
-      v = pool.opts[name]
+      given[name] = pool.opts[name]
     end
-    out[name] = check_one("rlm.Session.new", name, v, 4)
   end
+  local out = checks.options(where, given, schema, M.names, 3)
   check_uid_range("rlm.Session.new", out)
   -- One exec_result line holds the output and the traceback, each up to
   -- stdout_truncate_chars characters of up to 6 bytes as JSON (\u0001),

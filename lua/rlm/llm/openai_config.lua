@@ -100,43 +100,14 @@ local schema = {
 }
 
 -- The option names, sorted (rlm.llm.openai.options).
-local names = {}
-for name in pairs(schema) do
-  names[#names + 1] = name
-end
-table.sort(names)
+local names = checks.names(schema)
 M.names = names
 
 -- cfg checked, with the defaults filled in; a raise that names the
--- option otherwise, at the level of new's caller.
+-- option otherwise, at the level of new's caller. A wrong api_key_env may
+-- be the key itself: its rule is secret, never echoed.
 function M.check(cfg)
-  if type(cfg) ~= "table" then
-    error(NAME .. ".new: expected a table of options, got " .. type(cfg), 3)
-  end
-  for k in pairs(cfg) do
-    if type(k) ~= "string" or not schema[k] then
-      error(("%s.new: unknown option '%s' (known: %s)"):format(NAME, tostring(k), table.concat(names, ", ")), 3)
-    end
-  end
-  local out = {}
-  for name, rule in pairs(schema) do
-    local v = cfg[name]
-    if v == nil then
-      if rule.required then
-        error(("%s.new: option '%s' is required"):format(NAME, name), 3)
-      end
-      v = rule[2]
-    else
-      local ok, want = rule[1](v)
-      if not ok then
-        -- A wrong api_key_env may be the key itself: never echo it.
-        local got = (type(v) == "string" and not rule.secret) and ("%q"):format(v) or type(v)
-        error(("%s.new: option '%s' must be %s, got %s"):format(NAME, name, want, got), 3)
-      end
-    end
-    out[name] = v
-  end
-  return out
+  return checks.options(NAME .. ".new", cfg, schema, names, 3)
 end
 
 return M

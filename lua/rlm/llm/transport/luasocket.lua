@@ -16,6 +16,7 @@
 local socket = require("socket")
 local http = require("socket.http")
 local ltn12 = require("ltn12")
+local checks = require("rlm.base.checks")
 
 local M = {}
 
@@ -185,7 +186,11 @@ local function bounded_sink(chunks, max)
   end
 end
 
-local OPTIONS = { cafile = "string", capath = "string", max_body_bytes = "number" }
+local SCHEMA = {
+  cafile = { checks.non_empty_string },
+  capath = { checks.non_empty_string },
+  max_body_bytes = { checks.integer(1) },
+}
 
 -- new([opts]) -> transport. opts: cafile (a PEM bundle of trusted CAs;
 -- default Debian's), capath (a hashed CA directory), max_body_bytes.
@@ -193,19 +198,7 @@ local OPTIONS = { cafile = "string", capath = "string", max_body_bytes = "number
 -- message when no HTTP reply came (refused, reset, timeout, TLS).
 -- request = { url =, method = "POST", headers = {}, body =, timeout_ms = }.
 function M.new(opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then
-    error("rlm.llm.transport.luasocket.new: opts must be a table, got " .. type(opts), 2)
-  end
-  for k, v in pairs(opts) do
-    if not OPTIONS[k] then
-      error(("rlm.llm.transport.luasocket.new: unknown option '%s'"):format(tostring(k)), 2)
-    end
-    if type(v) ~= OPTIONS[k] then
-      error(("rlm.llm.transport.luasocket.new: option '%s' must be a %s, got %s")
-        :format(k, OPTIONS[k], type(v)), 2)
-    end
-  end
+  opts = checks.options("rlm.llm.transport.luasocket.new", opts, SCHEMA)
   local max_body = opts.max_body_bytes or M.DEFAULT_MAX_BODY_BYTES
   local tls = { params = {
     mode = "client",

@@ -13,6 +13,8 @@
 -- luacheck: read globals vim
 local unpack = require("rlm.base.util").unpack
 
+local checks = require("rlm.base.checks")
+
 local M = {}
 
 -- The largest reply body kept; a longer one fails the request.
@@ -90,8 +92,13 @@ end
 -- fails with "cancelled") and fails every later one: a cancelled session's
 -- model call must not run on to its end.
 -- opts.curl: the curl binary (default "curl"); opts.max_body_bytes.
+local SCHEMA = {
+  curl = { checks.non_empty_string },
+  max_body_bytes = { checks.integer(1) },
+}
+
 function M.new(opts)
-  opts = opts or {}
+  opts = checks.options("rlm.llm.transport.nvim.new", opts, SCHEMA)
   local curl = opts.curl or "curl"
   local max_body = opts.max_body_bytes or M.DEFAULT_MAX_BODY_BYTES
   local jobs, stopped = {}, false

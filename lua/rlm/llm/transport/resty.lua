@@ -15,6 +15,8 @@
 --                                /etc/hosts or /etc/resolv.conf (or pin a
 --                                name with the `resolve` option)
 -- luacheck: globals ngx
+local checks = require("rlm.base.checks")
+
 local M = {}
 
 -- The largest reply body kept; a longer one fails the request.
@@ -176,34 +178,28 @@ local function read_to_close(sock, max)
   end
 end
 
-local OPTIONS = {
-  max_body_bytes = "number",
-  connect_timeout_ms = "number",
-  keepalive_ms = "number",
-  pool_size = "number",
-  resolve = "table",
+local function host_map(v)
+  if type(v) ~= "table" then
+    return false, "a table of host names to addresses"
+  end
+  for host, address in pairs(v) do
+    if type(host) ~= "string" or type(address) ~= "string" then
+      return false, "a table of host names to addresses (strings)"
+    end
+  end
+  return true
+end
+
+local SCHEMA = {
+  max_body_bytes = { checks.integer(1) },
+  connect_timeout_ms = { checks.milliseconds },
+  keepalive_ms = { checks.milliseconds },
+  pool_size = { checks.integer(1) },
+  resolve = { host_map },
 }
 
 local function check(opts)
-  if type(opts) ~= "table" then
-    error(NAME .. ".new: opts must be a table, got " .. type(opts), 3)
-  end
-  for k, v in pairs(opts) do
-    if not OPTIONS[k] then
-      error(("%s.new: unknown option '%s'"):format(NAME, tostring(k)), 3)
-    end
-    if type(v) ~= OPTIONS[k] then
-      error(("%s.new: option '%s' must be a %s, got %s"):format(NAME, k, OPTIONS[k], type(v)), 3)
-    end
-    if OPTIONS[k] == "number" and not (v > 0 and v < math.huge) then
-      error(("%s.new: option '%s' must be a number > 0"):format(NAME, k), 3)
-    end
-  end
-  for host, address in pairs(opts.resolve or {}) do
-    if type(host) ~= "string" or type(address) ~= "string" then
-      error(NAME .. ".new: option 'resolve' must map host names to addresses (strings)", 3)
-    end
-  end
+  return checks.options(NAME .. ".new", opts, SCHEMA, nil, 3)
 end
 
 -- new([opts]) -> transport(request): status, body, headers | nil, message.
@@ -217,8 +213,7 @@ end
 --                       for that host (as curl's --resolve); TLS still
 --                       checks the certificate against the host name
 function M.new(opts)
-  opts = opts or {}
-  check(opts)
+  opts = check(opts)
   local max_body = opts.max_body_bytes or M.DEFAULT_MAX_BODY_BYTES
   local connect_ms = opts.connect_timeout_ms or M.DEFAULT_CONNECT_TIMEOUT_MS
   local keepalive_ms = opts.keepalive_ms or M.DEFAULT_KEEPALIVE_MS
