@@ -128,6 +128,7 @@ static const luaL_Reg core_functions[] = {
     {"spawn", core_spawn},
     {"sandbox_argv", core_sandbox_argv},
     {"helper", core_helper},
+    {"stream", core_stream},
     {"waitset", core_waitset},
     {"find_program", core_find_program},
     {"fd_headroom", core_fd_headroom},

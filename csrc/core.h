@@ -24,6 +24,9 @@ typedef struct driver_ud {
                   context memfd, until write_context seals it; -1 */
   struct late_writer *writer; /* a large late context being written off
                                  the Lua thread; NULL */
+  int stream;                 /* core.stream's: lines come and go on channels */
+  int raw_ref; /* a stream's raw bytes (d:send_raw), in the registry until
+                  written; LUA_NOREF */
 } driver_ud;
 
 /* A hook_state is core.hook_state()'s token (core_hook.c). */

@@ -79,6 +79,15 @@ static void release_context(lua_State *L, driver_ud *u) {
   }
 }
 
+/* Lets go of a stream's raw bytes once they are written. */
+static void release_raw(lua_State *L, driver_ud *u, int force) {
+  if (u->raw_ref != LUA_NOREF &&
+      (force || u->d == NULL || rlm_driver_raw_done(u->d))) {
+    luaL_unref(L, LUA_REGISTRYINDEX, u->raw_ref);
+    u->raw_ref = LUA_NOREF;
+  }
+}
+
 static driver_ud *check_driver(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   if (u->d == NULL)
@@ -99,6 +108,40 @@ static int driver_send(lua_State *L) {
   const char *s = luaL_checklstring(L, 2, &len);
   if (rlm_driver_send(u->d, s, len) != 0)
     return fail(L, "the driver cannot take input");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* d:send_keeper(line) -> true | nil, message: a stream's line on the
+ * keeper's channel. */
+static int driver_send_keeper(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  if (!u->stream)
+    return luaL_argerror(L, 1, "not a stream");
+  if (rlm_driver_send_on(u->d, 'K', s, len) != 0)
+    return fail(L, "the stream cannot take input");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* d:send_raw(bytes) -> true | nil, message: a stream's raw bytes (the
+ * context, after its message), written from the string itself, which the
+ * driver holds until they are written (at most one such string at once). */
+static int driver_send_raw(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  if (!u->stream)
+    return luaL_argerror(L, 1, "not a stream");
+  release_raw(L, u, 0);
+  if (u->raw_ref != LUA_NOREF)
+    return fail(L, "the stream is still writing raw bytes");
+  if (rlm_driver_send_raw(u->d, s, len) != 0)
+    return fail(L, "the stream cannot take input");
+  lua_pushvalue(L, 2);
+  u->raw_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -213,9 +256,25 @@ static int driver_poll(lua_State *L) {
   } else
     ev = rlm_driver_take(u->d);
   release_context(L, u);
+  release_raw(L, u, 0);
   if (ev == NULL)
     return 0;
   int n = 1;
+  if (ev->kind == RLM_EV_LINE && u->stream) {
+    /* A stream's line: the driver's (D) goes on as a line without its
+     * channel byte; the keeper's own (K), or one on no channel, is said
+     * apart. */
+    if (ev->len == 0 || ev->data[0] != 'D') {
+      lua_pushstring(L,
+                     ev->len > 0 && ev->data[0] == 'K' ? "keeper" : "garbled");
+      lua_pushlstring(L, ev->len > 0 ? ev->data + 1 : "",
+                      ev->len > 0 ? ev->len - 1 : 0);
+      rlm_driver_line_taken(u->d);
+      return 2;
+    }
+    ev->data++;
+    ev->len--;
+  }
   if (ev->kind == RLM_EV_LINE && max_values > 0) {
     size_t values = rlm_json_values(ev->data, ev->len, (size_t)max_values);
     if (values > (size_t)max_values) {
@@ -503,6 +562,7 @@ static int driver_close(lua_State *L) {
   close_fd(&u->late_fd);
   rlm_driver_close(d); /* never waits for the sandbox; the context is free */
   release_context(L, u);
+  release_raw(L, u, 1); /* close() freed the loop and its write queue */
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -539,6 +599,8 @@ static const luaL_Reg driver_methods[] = {
     {"exec_ms", driver_exec_ms},
     {"start_stamps", driver_start_stamps},
     {"send_result", driver_send_result},
+    {"send_keeper", driver_send_keeper},
+    {"send_raw", driver_send_raw},
     {"write_context", driver_write_context},
     {"context_written", driver_context_written},
     {"close", driver_close},

@@ -214,6 +214,8 @@ static int core_spawn(lua_State *L) {
   u->ctx_ref = LUA_NOREF;
   u->late_fd = -1;
   u->writer = NULL;
+  u->stream = 0;
+  u->raw_ref = LUA_NOREF;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
 
@@ -316,7 +318,7 @@ static int helper_env(lua_State *L) {
  * Starts a trusted helper (the interpreter probe) outside the sandbox, with
  * the host's environment, as a Driver to poll like any other: its lines,
  * then its exit. */
-static int core_helper(lua_State *L) {
+static int start_local(lua_State *L, char channel) {
   luaL_checktype(L, 1, LUA_TTABLE);
   int timeout = (int)luaL_checkinteger(L, 2);
   size_t max_bytes = (size_t)luaL_checkinteger(L, 3);
@@ -336,6 +338,8 @@ static int core_helper(lua_State *L) {
   u->ctx_ref = LUA_NOREF;
   u->late_fd = -1;
   u->writer = NULL;
+  u->stream = channel != 0;
+  u->raw_ref = LUA_NOREF;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
   rlm_driver_opts o;
@@ -343,10 +347,29 @@ static int core_helper(lua_State *L) {
   o.argv = argv;
   o.env = lua_touserdata(L, env_index);
   o.max_line = max_bytes;
+  o.channel = channel;
   char err[512];
   u->d = rlm_driver_start(&o, err, sizeof(err));
   if (u->d == NULL)
     return fail(L, err);
-  rlm_driver_set_deadline(u->d, (uint64_t)timeout);
+  if (timeout > 0)
+    rlm_driver_set_deadline(u->d, (uint64_t)timeout);
   return 1;
+}
+
+static int core_helper(lua_State *L) { return start_local(L, 0); }
+
+/* core.stream(argv, max_line) -> Driver | nil, message
+ * Starts argv (a local process with no sandbox of its own: the exec
+ * backend's `sh -c 'cat | rlm-keeper | cat'`, kubectl exec, podman exec)
+ * as a stream of channels (docs/protocol.md, "The stream"): what is sent
+ * goes on the driver's channel (send_keeper and send_raw for the keeper's
+ * messages and the context), and poll() gives the driver's lines as
+ * "line" and the keeper's as "keeper". Its close ends its input, and kills
+ * its process group STREAM_END_MS later. */
+static int core_stream(lua_State *L) {
+  lua_settop(L, 2);
+  lua_pushinteger(L, 0); /* no deadline of its own: the host sets them */
+  lua_insert(L, 2);
+  return start_local(L, 'D');
 }

@@ -111,6 +111,13 @@ static void kill_sandbox(rlm_driver *d) {
   if (!d->spawned || d->exited || d->killed)
     return;
   d->killed = 1;
+  if (d->channel) {
+    /* A stream is a local process and what it started (sh, cat, kubectl),
+     * in its own process group: no namespace's init to aim at. */
+    (void)kill(-d->pid, SIGKILL);
+    kill_launcher(d);
+    return;
+  }
   pid_t pids[2];
   if (rlm_tree_pids(d->pid, pids, 2) == 2 && kill(pids[1], SIGKILL) == 0)
     uv_timer_start(&d->launcher_grace, on_launcher_grace, LAUNCHER_GRACE_MS, 0);
@@ -275,6 +282,11 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (nread < 0) {
     d->out_eof = 1;
     stop_reading(d);
+    /* A stream whose output ended is over, whatever of it still runs (a
+     * relay's first half blocked on its input): it goes now, so that its
+     * exit says so at once. */
+    if (d->channel)
+      kill_sandbox(d);
     maybe_queue_exit(d);
     return;
   }
@@ -564,6 +576,7 @@ static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
   d->max_rss = o->max_rss;
   d->max_files = o->max_files;
   d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
+  d->channel = o->channel;
 
   int rc = uv_loop_init(&d->loop);
   if (rc != 0) {
@@ -666,21 +679,87 @@ int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
   return rlm_driver_sendv(d, &part, 1);
 }
 
+static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts, int n);
+
 int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n) {
+  return send_line(d, d->channel, parts, n);
+}
+
+int rlm_driver_send_on(rlm_driver *d, char channel, const char *data,
+                       size_t len) {
+  if (len > MAX_WRITE_QUEUE || !d->channel)
+    return -1;
+  uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
+  return send_line(d, channel, &part, 1);
+}
+
+typedef struct raw_req {
+  uv_write_t req;
+  size_t len;
+} raw_req;
+
+static void on_raw_write(uv_write_t *req, int status) {
+  raw_req *r = (raw_req *)req;
+  rlm_driver *d = req->data;
+  (void)status; /* a failed write shows as the process's exit */
+  d->raw_pending--;
+  d->raw_bytes -= r->len;
+  free(r);
+}
+
+int rlm_driver_send_raw(rlm_driver *d, const char *data, size_t len) {
+  if (d->start_failed || d->kill_pending || d->exited || d->killed ||
+      d->in_closed || !d->channel)
+    return -1;
+  /* In slices a uv_buf_t's length holds; libuv keeps their order. */
+  const size_t slice = 1u << 30;
+  for (size_t at = 0; at < len; at += slice) {
+    size_t n = len - at < slice ? len - at : slice;
+    raw_req *r = malloc(sizeof(*r));
+    uv_buf_t buf = uv_buf_init((char *)data + at, (unsigned)n);
+    if (r == NULL ||
+        uv_write(&r->req, (uv_stream_t *)&d->in, &buf, 1, on_raw_write) != 0) {
+      free(r);
+      if (at > 0)
+        kill_sandbox(d); /* part of it went: the stream is broken */
+      return -1;
+    }
+    r->req.data = d;
+    r->len = n;
+    d->raw_pending++;
+    d->raw_bytes += n;
+  }
+  return 0;
+}
+
+int rlm_driver_raw_done(const rlm_driver *d) { return d->raw_pending == 0; }
+
+static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts,
+                     int n) {
   /* While it starts, what is sent waits in the pipe. */
   if (d->start_failed || d->kill_pending || d->exited || d->killed ||
       d->in_closed || n < 1 || n > 8)
     return -1;
-  uv_buf_t bufs[9];
+  uv_buf_t bufs[10];
   size_t len = 0;
+  int first = 0;
+  if (channel) {
+    bufs[0] = uv_buf_init(channel == 'K' ? "K" : "D", 1);
+    first = 1;
+    len = 1;
+  }
   for (int i = 0; i < n; i++) {
     if (memchr(parts[i].base, '\n', parts[i].len) != NULL)
       return -1;
-    bufs[i] = parts[i];
+    bufs[first + i] = parts[i];
     len += parts[i].len;
   }
-  if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) + len >
-      MAX_WRITE_QUEUE)
+  n += first;
+  /* A stream's raw context is the caller's memory, not the queue's (of
+   * which libuv may have written part at once). */
+  size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  queued -= queued < d->raw_bytes ? queued : d->raw_bytes;
+  if (queued + len > MAX_WRITE_QUEUE)
     return -1;
   /* The line and its newline straight to the pipe when nothing waits before
    * it (a short line always fits); what the pipe does not take now is

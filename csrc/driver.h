@@ -81,6 +81,10 @@ typedef struct rlm_driver_opts {
   uint64_t max_files; /* files in /session; 0: not counted */
   int cgroup;         /* put the sandbox in a cgroup where one can be made */
   unsigned rss_interval_ms;
+  char channel; /* nonzero: a stream of channels (docs/protocol.md, "The
+                   stream"): every line sent goes with this byte first,
+                   and the process is ended by the end of its input, then
+                   SIGKILL to its process group (no sandbox of its own) */
 } rlm_driver_opts;
 
 /* How many descriptors this process can still open, counted up to `need`
@@ -115,6 +119,17 @@ RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
 /* The same for a line in n parts (at most 8), sent as one: the parts, then
  * the newline. */
 RLM_FN int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n);
+
+/* A stream's line on another channel than its own (the keeper's, 'K'). */
+RLM_FN int rlm_driver_send_on(rlm_driver *d, char channel, const char *data,
+                              size_t len);
+
+/* A stream's raw bytes (the context after its message), written as they
+ * are from the caller's memory, which must stay until
+ * rlm_driver_raw_done says they are written: no copy, whatever their
+ * size. Returns 0, or -1 when the process is gone. */
+RLM_FN int rlm_driver_send_raw(rlm_driver *d, const char *data, size_t len);
+RLM_FN int rlm_driver_raw_done(const rlm_driver *d);
 
 /* Runs the driver's loop until it has an event for rlm_driver_take, or
  * timeout_ms pass (-1: no limit; 0: one look), without taking the event.

@@ -53,7 +53,8 @@ extern char **environ;
 #define LAUNCHER_GRACE_MS 500 /* after its namespace's init was killed */
 #define SANDBOX_TASKS 128     /* the cgroup's pids.max: threads, mostly */
 #define MAX_WRITE_QUEUE (256u << 20)
-#define MAX_INHERIT 16 /* descriptors handed to the child beyond 0..2 */
+#define MAX_INHERIT 16     /* descriptors handed to the child beyond 0..2 */
+#define STREAM_END_MS 2000 /* a stream's end of input, then SIGKILL */
 
 /* What the watchdog thread ended the sandbox for. */
 enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };
@@ -130,6 +131,9 @@ struct rlm_driver {
   _Atomic uint64_t peak_rss;
   _Atomic uint64_t files_seen; /* in /session, at the last poll */
   char err_buf[4096];
+  char channel;     /* a stream's: the byte before each line sent; 0: none */
+  int raw_pending;  /* raw writes (rlm_driver_send_raw) not yet done */
+  size_t raw_bytes; /* their bytes, in the write queue */
 };
 
 enum { START_PENDING, START_OK, START_FAILED };

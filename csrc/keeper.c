@@ -326,7 +326,23 @@ static int kill_init(rlm_driver *d, pid_t init) {
  * the uid, and drop /session's pin only then (its tmpfs's teardown). */
 static void keeper_teardown(rlm_driver *d) {
   int pin = -1;
-  if (!d->exited) {
+  if (!d->exited && d->channel) {
+    /* A stream ends with its input: the far side kills what it started and
+     * exits, and the local process after it. What lingers past
+     * STREAM_END_MS, and whatever of its process group is left (a relay's
+     * other half), is killed, while the launcher is not yet reaped (its pid,
+     * the group's id, cannot be another's meanwhile). */
+    if (d->in_hold >= 0) {
+      close(d->in_hold);
+      d->in_hold = -1;
+    }
+    (void)wait_launcher(d, STREAM_END_MS);
+    (void)kill(-d->pid, SIGKILL);
+    while (!wait_launcher(d, CLOSE_WAIT_MS))
+      kill_launcher(d);
+    while (waitpid(d->pid, NULL, WNOHANG) < 0 && errno == EINTR)
+      ;
+  } else if (!d->exited) {
     if (d->max_files > 0)
       pin = rlm_workdir_pin(d->pid);
     pid_t pids[2];

@@ -3,10 +3,11 @@
 -- bubblewrap sandbox, real pipes; the host's side spelled out here.
 local core = require("rlm.core")
 local cjson = require("cjson")
-local H = require("spec.helpers")
+local H = require("helpers")
 
 local KEEPER = (os.getenv("RLM_SPEC_BUILD") or "build") .. "/rlm-keeper"
-local CACHE = H.tmpdir .. "/keeper-cache"
+-- The probe's cache, in the build tree (made again at will, like it).
+local CACHE = os.getenv("PWD") .. "/build/keeper-cache"
 os.execute("mkdir -p " .. CACHE)
 
 local function start_message(over)

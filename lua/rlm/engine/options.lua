@@ -112,6 +112,48 @@ local function module_list(v)
   return true
 end
 
+-- The sandbox's backend: nil or { backend = "bubblewrap" } (beside the
+-- host), or { backend = "exec", argv = { program, args... } } (the far side
+-- of a stream: rlm-keeper at the other end, docs/backends.md). Raises
+-- naming the field.
+local BACKENDS = { bubblewrap = {}, exec = { argv = true } }
+local function check_sandbox(where, v)
+  if v == nil then
+    return
+  end
+  local function bad(field, want, got)
+    error(("%s: option '%s' must be %s, got %s"):format(where, field, want, got), 4)
+  end
+  if type(v) ~= "table" then
+    bad("sandbox", 'a table { backend = "bubblewrap" | "exec", ... }', checks.describe(v))
+  end
+  local fields = BACKENDS[v.backend]
+  if not fields then
+    bad("sandbox.backend", '"bubblewrap" or "exec"', checks.describe(v.backend))
+  end
+  for k in pairs(v) do
+    if k ~= "backend" and not fields[k] then
+      error(("%s: option 'sandbox' has no field '%s' for backend %q"):format(where, tostring(k), v.backend), 4)
+    end
+  end
+  if v.backend == "exec" then
+    local argv = v.argv
+    local n = type(argv) == "table" and #argv or 0
+    local fine = n >= 1 and n <= 256
+    for k, a in pairs(type(argv) == "table" and argv or {}) do
+      fine = fine and type(k) == "number" and k >= 1 and k <= n and k == math.floor(k)
+        and type(a) == "string" and a ~= "" and not a:find("\0", 1, true)
+    end
+    if not fine then
+      bad("sandbox.argv", "a list of 1 to 256 non-empty strings (the program first)", checks.describe(argv))
+    end
+  end
+end
+
+local function sandbox_rule(v)
+  return type(v) == "table", "a table"
+end
+
 -- The checks, for other modules' option tables: rlm.base.checks.
 M.checks = checks
 
@@ -166,6 +208,7 @@ local schema = {
   pool = { function(v)
     return getmetatable(v) == require("rlm.engine.pool"), "an rlm.Pool"
   end },
+  sandbox = { sandbox_rule },
 }
 
 -- The last uid of the range, sandbox_uid_first + sandbox_uid_count - 1, is
@@ -185,6 +228,7 @@ M.POOL_OPTIONS = {
   "python", "bwrap", "allowed_modules", "bind_pth_paths", "guardrails", "max_rss_bytes",
   "rss_poll_interval_ms", "memory_cgroup", "workdir_max_bytes", "workdir_max_files",
   "sandbox_uid_first", "sandbox_uid_count", "max_message_bytes", "tmpdir", "start_timeout_ms",
+  "sandbox",
 }
 local pool_option = {}
 for _, name in ipairs(M.POOL_OPTIONS) do
@@ -217,6 +261,9 @@ function M.check_pool(opts, max_size)
   for name in pairs(pool_option) do
     pool_schema[name] = schema[name]
   end
+  if type(opts) == "table" then
+    check_sandbox(where, opts.sandbox)
+  end
   local out = checks.options(where, opts, pool_schema, nil, 3)
   local size = out.size
   out.size = nil
@@ -233,6 +280,7 @@ function M.check(opts)
   if type(opts) ~= "table" then
     error(where .. ": expected a table of options, got " .. type(opts), 3)
   end
+  check_sandbox(where, opts.sandbox)
   local pool = opts.pool ~= nil and checks.option(where, "pool", schema.pool, opts.pool, 3)
   local given = opts
   if pool then
