@@ -161,13 +161,36 @@ print(ok and "openai.new without a transport worked" or tostring(err):match("^[^
       end
     end
     table.sort(included)
+    -- rlm-keeper's own files (the program, csrc/rlm_keeper.c, and what only
+    -- it includes: farside*.c, jsonread.c) are not rlm.core's.
+    local keeper_only = { ["csrc/rlm_keeper.c"] = true, ["csrc/jsonread.c"] = true }
     local others = {}
     for _, f in ipairs(lines("ls csrc/*.c")) do
-      if f ~= "csrc/rlm.c" then
+      if f ~= "csrc/rlm.c" and not keeper_only[f] and not f:match("^csrc/farside") then
         others[#others + 1] = f
       end
     end
     assert.are.same(others, included)
+  end)
+
+  it("builds rlm-keeper as one unit, csrc/rlm_keeper.c, from rlm.core's units without its Lua bindings", function()
+    local included = {}
+    for line in io.lines("csrc/rlm_keeper.c") do
+      local name = line:match('^#include "([%w_]+%.c)"')
+      if name then
+        included[#included + 1] = "csrc/" .. name
+      end
+    end
+    table.sort(included)
+    local want = {}
+    for _, f in ipairs(lines("ls csrc/*.c")) do
+      -- (waitset.c is the host's set behind a session's fd())
+      if f ~= "csrc/rlm.c" and f ~= "csrc/rlm_keeper.c" and not f:match("^csrc/core")
+        and f ~= "csrc/waitset.c" then
+        want[#want + 1] = f
+      end
+    end
+    assert.are.same(want, included)
   end)
 
   -- What the shared object exports: luaopen_rlm_core, nothing else (a
