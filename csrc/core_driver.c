@@ -126,6 +126,27 @@ static int driver_send_keeper(lua_State *L) {
   return 1;
 }
 
+/* d:heartbeat(ping, every_ms, lost_ms) -> true: a stream's heartbeat
+ * (rlm_driver_heartbeat): `ping` on the keeper's channel after every_ms of
+ * quiet, and poll's "silent" when nothing comes lost_ms after it; every_ms
+ * 0 stops it. */
+static int driver_heartbeat(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *ping = luaL_checklstring(L, 2, &len);
+  lua_Integer every = luaL_checkinteger(L, 3);
+  lua_Integer lost = luaL_checkinteger(L, 4);
+  if (!u->stream)
+    return luaL_argerror(L, 1, "not a stream");
+  luaL_argcheck(L, len > 0 && len <= 64 && memchr(ping, '\n', len) == NULL, 2,
+                "1 to 64 bytes, no newline");
+  luaL_argcheck(L, every >= 0 && every <= 3600000, 3, "0 to 3600000 ms");
+  luaL_argcheck(L, lost >= 1 && lost <= 3600000, 4, "1 to 3600000 ms");
+  lua_pushboolean(L, rlm_driver_heartbeat(u->d, ping, len, (unsigned)every,
+                                          (unsigned)lost) == 0);
+  return 1;
+}
+
 /* d:send_raw(bytes) -> true | nil, message: a stream's raw bytes (the
  * context, after its message), written from the string itself, which the
  * driver holds until they are written (at most one such string at once). */
@@ -196,6 +217,8 @@ static const char *event_name(rlm_event_kind k) {
     return "files";
   case RLM_EV_FAILED:
     return "failed";
+  case RLM_EV_SILENT:
+    return "silent";
   }
   return "unknown";
 }
@@ -233,7 +256,8 @@ static int driver_wait_for(lua_State *L, rlm_driver *d, int timeout,
 /* d:poll(timeout_ms[, max_values[, held]]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
  *   "memory", peak_bytes | "files", files | "overflow" | "dense", values |
- *   "failed", message (the start failed: nothing ran)
+ *   "failed", message (the start failed: nothing ran) | "silent" (a
+ *   stream's far side left its heartbeat's ping unanswered: killed)
  * A line that could decode to more than max_values JSON values is not made
  * a Lua string: "dense" says how many it holds (at least). With `held`, only
  * what the driver holds already is taken: the pipes are not looked at. With
@@ -601,6 +625,7 @@ static const luaL_Reg driver_methods[] = {
     {"send_result", driver_send_result},
     {"send_keeper", driver_send_keeper},
     {"send_raw", driver_send_raw},
+    {"heartbeat", driver_heartbeat},
     {"write_context", driver_write_context},
     {"context_written", driver_context_written},
     {"close", driver_close},

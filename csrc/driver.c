@@ -139,6 +139,7 @@ static void terminate(rlm_driver *d, rlm_event_kind kind) {
     ev->peak_bytes = atomic_load(&d->peak_rss);
   queue_event(d, ev);
   uv_timer_stop(&d->deadline);
+  uv_timer_stop(&d->heartbeat);
 }
 
 /* The watchdog thread killed the sandbox: say so, once, before anything
@@ -224,6 +225,7 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
   }
   uv_timer_stop(&d->deadline);
   uv_timer_stop(&d->launcher_grace);
+  uv_timer_stop(&d->heartbeat);
   if (!drained(d) && !d->killed)
     uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
   maybe_queue_exit(d);
@@ -292,6 +294,8 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (d->terminal_queued)
     return;
+  d->hb_heard = uv_now(&d->loop);
+  d->hb_waiting = 0;
   rlm_framer_commit(&d->framer, (size_t)nread);
   if (rlm_framer_ready(&d->framer))
     d->paused = 1;
@@ -329,6 +333,74 @@ static void on_deadline(uv_timer_t *t) {
   d->deadline_hit = 1;
   terminate(d, RLM_EV_TIMEOUT);
   uv_stop(&d->loop); /* an event is queued: the wait is over (on_wait) */
+}
+
+static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts, int n);
+
+/* Whether the stream's output holds bytes the loop has not read yet (or
+ * its end): the far side spoke while the loop did not run. */
+static int output_waiting(rlm_driver *d) {
+  uv_os_fd_t fd;
+  if (d->paused)
+    return 1; /* a line waits to be taken: the host is the one not reading */
+  if (uv_fileno((uv_handle_t *)&d->out, &fd) != 0)
+    return 0;
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n > 0;
+}
+
+/* Every tick of a stream's heartbeat (rlm_driver_heartbeat): what the far
+ * side took of the write queue since the last tick counts as heard, as
+ * what it sent does (on_read_out); a quiet stream is pinged, and one that
+ * stays quiet lost_ms after its ping is killed. */
+static void on_heartbeat(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  uint64_t now = uv_now(&d->loop);
+  size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  if (queued < d->hb_queued || output_waiting(d)) {
+    d->hb_heard = now;
+    d->hb_waiting = 0;
+  }
+  d->hb_queued = queued;
+  if (d->hb_waiting) {
+    if (now - d->hb_ping_at >= d->hb_lost) {
+      terminate(d, RLM_EV_SILENT);
+      uv_stop(&d->loop); /* an event is queued: the wait is over */
+    }
+  } else if (now - d->hb_heard >= d->hb_every) {
+    uv_buf_t part = uv_buf_init(d->hb_ping, (unsigned)d->hb_ping_len);
+    if (send_line(d, 'K', &part, 1) == 0) {
+      d->hb_waiting = 1;
+      d->hb_ping_at = now;
+      d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+    }
+  }
+}
+
+int rlm_driver_heartbeat(rlm_driver *d, const char *ping, size_t len,
+                         unsigned every_ms, unsigned lost_ms) {
+  uv_timer_stop(&d->heartbeat);
+  if (every_ms == 0)
+    return 0;
+  if (!d->channel || len == 0 || len > sizeof(d->hb_ping) ||
+      memchr(ping, '\n', len) != NULL || lost_ms == 0)
+    return -1;
+  if (d->start_failed || d->exited || d->killed || d->terminal_queued)
+    return 0; /* its end is on its way */
+  memcpy(d->hb_ping, ping, len);
+  d->hb_ping_len = len;
+  d->hb_every = every_ms;
+  d->hb_lost = lost_ms;
+  uv_update_time(&d->loop);
+  d->hb_heard = uv_now(&d->loop);
+  d->hb_waiting = 0;
+  d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  uv_timer_start(&d->heartbeat, on_heartbeat, every_ms, every_ms);
+  return 0;
 }
 
 /* A timer that fires in uv_run's timers phase, before its poll, would not
@@ -399,6 +471,7 @@ static void close_loop(rlm_driver *d) {
   close_handle(d, &d->wait);
   close_handle(d, &d->grace);
   close_handle(d, &d->launcher_grace);
+  close_handle(d, &d->heartbeat);
   close_handle(d, &d->started);
   close_handle(d, &d->sigint);
   while (d->handles > 0)
@@ -588,6 +661,7 @@ static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
   init_timer(d, &d->wait);
   init_timer(d, &d->grace);
   init_timer(d, &d->launcher_grace);
+  init_timer(d, &d->heartbeat);
   if ((rc = init_pipe(d, &d->in)) != 0 || (rc = init_pipe(d, &d->out)) != 0 ||
       (rc = init_pipe(d, &d->err)) != 0) {
     snprintf(err, errlen, "uv_pipe_init: %s", uv_strerror(rc));
@@ -678,8 +752,6 @@ int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
   uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
   return rlm_driver_sendv(d, &part, 1);
 }
-
-static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts, int n);
 
 int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n) {
   return send_line(d, d->channel, parts, n);
@@ -871,6 +943,8 @@ static int read_ahead(rlm_driver *d) {
     d->read_ahead_skip = READ_AHEAD_BACKOFF;
     return 0;
   }
+  d->hb_heard = uv_now(&d->loop);
+  d->hb_waiting = 0;
   rlm_framer_commit(&d->framer, (size_t)n);
   if (rlm_framer_ready(&d->framer)) {
     d->paused = 1;
@@ -923,6 +997,7 @@ void rlm_driver_kill(rlm_driver *d) {
   stop_reading(d);
   drop_lines(d);
   uv_timer_stop(&d->deadline);
+  uv_timer_stop(&d->heartbeat);
 }
 
 void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms) {

@@ -20,6 +20,8 @@ typedef enum rlm_event_kind {
   RLM_EV_OVERFLOW, /* a line longer than the cap; the sandbox was killed */
   RLM_EV_FILES,    /* /session held more than max_files files; killed */
   RLM_EV_FAILED,   /* the process could not be started; data says why */
+  RLM_EV_SILENT,   /* a stream's far side left a ping unanswered past its
+                      heartbeat's lost_ms; the stream was killed */
 } rlm_event_kind;
 
 typedef struct rlm_event {
@@ -149,6 +151,21 @@ RLM_FN void rlm_event_free(rlm_event *ev);
 /* The caller has copied the line last polled: a large framing buffer that
  * holds nothing more is freed now, not at the next read. */
 RLM_FN void rlm_driver_line_taken(rlm_driver *d);
+
+/* A stream's heartbeat (docs/protocol.md, "The stream"). A relay between
+ * the host and the far side (sh -c 'cat | rlm-keeper | cat', a network
+ * link) may outlive the far side and hold the host's pipe open: its end
+ * then reaches the host only when the host writes, and a session that
+ * waits on a step writes nothing. So while the loop runs, whenever the
+ * stream has sent nothing and taken nothing of what waits for it for
+ * every_ms, `ping` (at most 64 bytes, no newline) goes on the keeper's
+ * channel; if nothing comes in lost_ms after it, the stream is killed and
+ * the event is RLM_EV_SILENT. Bytes waiting in the pipe count as heard, so
+ * a host that did not run the loop for a while (a long callback) never
+ * mistakes its own absence for the far side's. Returns 0, or -1 (not a
+ * stream, or no such ping). every_ms 0 stops it. */
+RLM_FN int rlm_driver_heartbeat(rlm_driver *d, const char *ping, size_t len,
+                                unsigned every_ms, unsigned lost_ms);
 
 /* Kills the whole sandbox now (SIGKILL). */
 RLM_FN void rlm_driver_kill(rlm_driver *d);

@@ -73,7 +73,7 @@ struct rlm_driver {
   pid_t pid;
   unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
   uv_pipe_t in, out, err;
-  uv_timer_t deadline, wait, grace, launcher_grace;
+  uv_timer_t deadline, wait, grace, launcher_grace, heartbeat;
   int handles; /* initialised handles not yet closed */
 
   unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, err_eof : 1,
@@ -134,6 +134,14 @@ struct rlm_driver {
   char channel;     /* a stream's: the byte before each line sent; 0: none */
   int raw_pending;  /* raw writes (rlm_driver_send_raw) not yet done */
   size_t raw_bytes; /* their bytes, in the write queue */
+  /* A stream's heartbeat (rlm_driver_heartbeat), on the loop's clock (ms). */
+  char hb_ping[64];
+  size_t hb_ping_len;
+  unsigned hb_every, hb_lost;
+  uint64_t hb_heard;   /* when the stream last sent or took bytes */
+  uint64_t hb_ping_at; /* when the unanswered ping went */
+  size_t hb_queued;    /* the write queue's size at the last tick */
+  int hb_waiting;      /* a ping went and nothing came since */
 };
 
 enum { START_PENDING, START_OK, START_FAILED };

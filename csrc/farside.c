@@ -565,7 +565,12 @@ static void keeper_message(far *f, const char *s, size_t len) {
   }
   start_msg m = {.s = s, .t = t, .root = 0};
   int64_t v;
-  if (strcmp(type, "start") == 0 && !f->started) {
+  if (strcmp(type, "ping") == 0) {
+    /* The host's heartbeat: any byte back will do, and one pong waiting
+     * is enough (a host that is not reading has bytes to read already). */
+    if (f->out_len - f->out_off < OUT_HIGH)
+      out_str(f, "K{\"type\":\"pong\"}\n");
+  } else if (strcmp(type, "start") == 0 && !f->started) {
     start(f, &m);
   } else if (strcmp(type, "context") == 0 && f->started && f->ctx_state == 0 &&
              field_int(&m, "bytes", 0, INT64_MAX, &v) == 0) {
@@ -742,6 +747,7 @@ static void driver_event(far *f, rlm_event *ev) {
     out_str(f, "K{\"type\":\"overflow\"}\n");
     break;
   case RLM_EV_FAILED:
+  case RLM_EV_SILENT: /* a stream's alone: the driver here is not one */
     say_failed(f, ev->data ? ev->data : "the sandbox did not start");
     break;
   }

@@ -31,6 +31,12 @@ local function sandbox_uid(s)
   return checks and checks.uids and checks.uids.detail:match("as uid (%d+)")
 end
 
+-- Whether pid runs (a zombie does not: this machine's init may be slow to
+-- reap what it inherits).
+local function running(pid)
+  return H.sh(("ps -o stat= -p %d | grep -v '^Z'"):format(pid)) ~= ""
+end
+
 local function assert_gone(uid)
   if uid then
     assert.equals("", H.settled(function()
@@ -101,25 +107,76 @@ describe("the exec backend", function()
     assert_gone(ROOT and uid)
   end)
 
-  it("ends with sandbox_lost when the stream is killed mid-step, and leaves nothing behind", function()
-    local uid
+  -- The keeper killed while the host writes (the sub-call's answer goes
+  -- out after the kill) and while the host only waits on the step: a relay
+  -- that outlives the keeper (the first cat, blocked on the host's input)
+  -- learns of its death at the host's next write, and in the second case
+  -- the host writes nothing but the heartbeat's ping. The step sleeps 60 s
+  -- under a 120 s step_timeout_ms: neither can end it in time.
+  local lost_cases = {
+    { "while the host writes", function(pid)
+      os.execute(("kill -9 %d"):format(pid))
+    end },
+    { "while the host only waits", function(pid)
+      os.execute(("(sleep 0.3; kill -9 %d) &"):format(pid))
+    end },
+  }
+  for _, case in ipairs(lost_cases) do
+    it("ends with sandbox_lost when the keeper is killed mid-step " .. case[1] .. ", and leaves nothing behind",
+      function()
+        local uid, pid
+        local s
+        local t0 = core.now_ms()
+        s = rlm.Session.new(opts({
+          step_timeout_ms = 120000,
+          root_llm = H.script({ H.fence("print(llm_query('now'))\nimport time\ntime.sleep(60)") }),
+          llm_query = function()
+            uid = sandbox_uid(s)
+            pid = s.driver.hello.pid
+            case[2](pid)
+            return "ok"
+          end,
+        }))
+        local _, err = s:run()
+        s:close()
+        local took = core.now_ms() - t0
+        assert.equals("sandbox_lost", err.kind)
+        assert.is_true(took < 15000, ("took %.0f ms"):format(took))
+        assert_gone(ROOT and uid)
+        assert.is_false(running(pid))
+      end)
+  end
+
+  it("ends with sandbox_lost at sandbox.ping_timeout_ms when the far side stops answering", function()
+    local uid, pid
     local s
-    local t0 = core.now_ms()
+    local t0
     s = rlm.Session.new(opts({
-      root_llm = H.script({ H.fence("print(llm_query('now'))\nimport time\ntime.sleep(30)") }),
+      step_timeout_ms = 120000,
+      sandbox = { backend = "exec", argv = RELAY.argv, ping_timeout_ms = 1000 },
+      root_llm = H.script({ H.fence("print(llm_query('now'))\nimport time\ntime.sleep(60)") }),
       llm_query = function()
         uid = sandbox_uid(s)
-        -- the keeper itself dies: the stream ends with no word from it
-        os.execute(("kill -9 %d"):format(s.driver.hello.pid))
+        pid = s.driver.hello.pid
+        -- stopped, not dead: every pipe stays open, nothing answers
+        os.execute(("kill -STOP %d"):format(pid))
+        t0 = core.now_ms()
         return "ok"
       end,
     }))
     local _, err = s:run()
     s:close()
-    assert.equals("sandbox_lost", err.kind)
-    assert.matches("no word from rlm%-keeper", err.message)
     local took = core.now_ms() - t0
-    assert.is_true(took < 15000, ("took %.0f ms"):format(took))
+    assert.equals("sandbox_lost", err.kind)
+    assert.matches("answered no ping for 1000 ms", err.message, 1, true)
+    assert.equals(1000, err.ping_timeout_ms)
+    assert.is_true(took >= 1000 and took < 15000, ("took %.0f ms"):format(took))
+    -- the host killed the stream's process group, the stopped keeper in it
+    assert.is_false(H.settled(function()
+      return running(pid)
+    end, function(v)
+      return not v
+    end))
     assert_gone(ROOT and uid)
   end)
 
@@ -182,6 +239,8 @@ describe("the exec backend", function()
     { { backend = "exec", argv = { "" } }, "option 'sandbox.argv' must be" },
     { { backend = "docker", image = "x" }, "option 'sandbox.backend' must be" },
     { { backend = "exec", argv = { "sh" }, image = "x" }, "has no field 'image'" },
+    { { backend = "exec", argv = { "sh" }, ping_timeout_ms = 50 }, "option 'sandbox.ping_timeout_ms' must be" },
+    { { backend = "exec", argv = { "sh" }, ping_timeout_ms = 1.5e3 + 0.5 }, "option 'sandbox.ping_timeout_ms' must be" },
     { "exec", "option 'sandbox' must be" },
   }
   for _, case in ipairs(misuse) do

@@ -116,7 +116,7 @@ end
 -- host), or { backend = "exec", argv = { program, args... } } (the far side
 -- of a stream: rlm-keeper at the other end, docs/backends.md). Raises
 -- naming the field.
-local BACKENDS = { bubblewrap = {}, exec = { argv = true } }
+local BACKENDS = { bubblewrap = {}, exec = { argv = true, ping_timeout_ms = true } }
 local function check_sandbox(where, v)
   if v == nil then
     return
@@ -146,6 +146,10 @@ local function check_sandbox(where, v)
     end
     if not fine then
       bad("sandbox.argv", "a list of 1 to 256 non-empty strings (the program first)", checks.describe(argv))
+    end
+    local pt = v.ping_timeout_ms
+    if pt ~= nil and not (type(pt) == "number" and pt == math.floor(pt) and pt >= 100 and pt <= 3600000) then
+      bad("sandbox.ping_timeout_ms", "an integer from 100 to 3600000 (ms)", checks.describe(pt))
     end
   end
 end

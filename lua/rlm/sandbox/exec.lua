@@ -29,6 +29,17 @@ M.CHECKS = { "memory_cgroup", "uids", "rlimits", "descriptors", "context_sealed"
 -- a stream that has said nothing: its own backstop.
 M.BACKSTOP_MS = 2000
 
+-- The stream's heartbeat (rlm.core's d:heartbeat): a ping on the
+-- keeper's channel after PING_MS of quiet, from the driver's hello on (the
+-- start before it is start_timeout_ms's); a ping left unanswered for
+-- `sandbox.ping_timeout_ms` is a lost stream. A relay may outlive the far
+-- side and hold the host's pipe open (sh -c 'cat | rlm-keeper | cat' does:
+-- its first cat learns of the keeper's death only when it writes), so an
+-- end that would otherwise show only at the next write shows at the ping.
+M.PING_MS = 1000
+M.PING_TIMEOUT_MS = 10000
+local PING = '{"type":"ping"}'
+
 -- What one start needs free on the host: the stream's loop, its three
 -- pipes and the session's waitset.
 local SESSION_FDS = 40
@@ -66,7 +77,8 @@ function M.prepare(opts, context_data)
   end
   argv[1] = program
   return { argv = argv, context = context_data, start = M.start_message(opts),
-    max_line = opts.max_message_bytes + 1 }, { sys_path = {}, absent = {} }
+    max_line = opts.max_message_bytes + 1, ping_timeout_ms = opts.sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS },
+    { sys_path = {}, absent = {} }
 end
 
 function M.forget() end
@@ -196,6 +208,8 @@ function Handle:_keeper(line)
   elseif t == "checks" then
     self.checks = type(msg.checks) == "table" and msg.checks or {}
     return nil
+  elseif t == "pong" then
+    return nil -- the heartbeat's answer: C counted its bytes as heard
   end
   self.ended = t
   if t == "exit" then
@@ -232,6 +246,10 @@ function Handle:poll(ms, max_values, held, quick)
         return util.unpack(ev)
       end
       ms = 0
+    elseif kind == "silent" then
+      self.ended = "lost"
+      return "lost", ("the far side answered no ping for %d ms (sandbox.ping_timeout_ms): the stream was killed")
+        :format(self.ping_timeout_ms), { ping_timeout_ms = self.ping_timeout_ms }
     elseif kind == "garbled" then
       self.ended = "garbled"
       self.drv:kill()
@@ -258,6 +276,12 @@ function Handle:poll(ms, max_values, held, quick)
       self.drv:kill()
       return "failed", self.refused
     else
+      if not self.beating and (kind == "line" or kind == "query" or kind == "dense") then
+        -- the driver's first line: the far side has started
+        self.beating = true
+        self.drv:heartbeat(PING, math.min(M.PING_MS, math.max(math.floor(self.ping_timeout_ms / 2), 1)),
+          self.ping_timeout_ms)
+      end
       return kind, a, b, c
     end
   end
@@ -272,7 +296,8 @@ function M.start(spec)
   if not drv then
     return nil, err
   end
-  local h = setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0 }, Handle)
+  local h = setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
+    ping_timeout_ms = spec.ping_timeout_ms }, Handle)
   local ok, werr = drv:send_keeper(spec.start)
   if ok and spec.context then
     ok, werr = h:write_context(spec.context)
