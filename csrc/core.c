@@ -85,6 +85,14 @@ static int core_thread_cpu_ms(lua_State *L) {
   return 1;
 }
 
+/* core.teardowns() -> how many closed drivers of this process their keeper
+ * threads have not yet torn down (killed, reaped, freed): a spec that
+ * counts the process's descriptors waits for 0 first. */
+static int core_teardowns(lua_State *L) {
+  lua_pushinteger(L, rlm_driver_teardowns());
+  return 1;
+}
+
 /* core.utf8_prefix(s, n) -> bytes, chars: the byte length of the first n
  * UTF-8 characters of s, and how many characters that is (all of s's when
  * it holds fewer), as rlm_utf8_prefix counts them. */
@@ -128,6 +136,7 @@ static const luaL_Reg core_functions[] = {
     {"spawn", core_spawn},
     {"sandbox_argv", core_sandbox_argv},
     {"helper", core_helper},
+    {"teardowns", core_teardowns},
     {"stream", core_stream},
     {"waitset", core_waitset},
     {"find_program", core_find_program},

@@ -225,4 +225,8 @@ RLM_FN int rlm_driver_context_done(rlm_driver *d);
  * remove. */
 RLM_FN void rlm_driver_close(rlm_driver *d);
 
+/* How many drivers closed in this process are not yet torn down (their
+ * keeper threads still kill, reap or free them). */
+RLM_FN int rlm_driver_teardowns(void);
+
 #endif

@@ -288,6 +288,13 @@ static void teardowns_add(int n) {
   pthread_mutex_unlock(&teardowns_mu);
 }
 
+int rlm_driver_teardowns(void) {
+  pthread_mutex_lock(&teardowns_mu);
+  int n = teardowns;
+  pthread_mutex_unlock(&teardowns_mu);
+  return n;
+}
+
 /* Waits up to ms (<0: no limit) for the launcher to exit. */
 static int wait_launcher(rlm_driver *d, int ms) {
   struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
