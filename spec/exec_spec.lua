@@ -34,13 +34,13 @@ end
 -- Whether pid runs (a zombie does not: this machine's init may be slow to
 -- reap what it inherits).
 local function running(pid)
-  return H.sh(("ps -o stat= -p %d | grep -v '^Z'"):format(pid)) ~= ""
+  return H.sh(("env -u LD_PRELOAD ps -o stat= -p %d | grep -v '^Z'"):format(pid)) ~= ""
 end
 
 local function assert_gone(uid)
   if uid then
     assert.equals("", H.settled(function()
-      return H.sh("ps -o pid= -u " .. uid .. " 2>/dev/null | tr -d ' \\n'")
+      return H.sh("env -u LD_PRELOAD ps -o pid= -u " .. uid .. " 2>/dev/null | tr -d ' \\n'")
     end, function(v)
       return v == ""
     end))

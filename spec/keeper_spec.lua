@@ -78,7 +78,7 @@ end
 -- The processes that run as uid (a root keeper's sandbox has a uid of its
 -- own), none once it is gone.
 local function processes_of(uid)
-  return H.sh("ps -o pid= -u " .. uid .. " 2>/dev/null | tr -d ' ' | tr '\\n' ' '")
+  return H.sh("env -u LD_PRELOAD ps -o pid= -u " .. uid .. " 2>/dev/null | tr -d ' ' | tr '\\n' ' '")
 end
 
 local function sandbox_uid(checks)
