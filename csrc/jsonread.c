@@ -209,27 +209,34 @@ long rlm_json_string(const char *s, const rlm_jtok *t, long i, char *out,
     return -1;
   size_t at = t[i].start, end = t[i].end, len = 0;
   while (at < end) {
-    char tmp[4];
+    /* A run without escapes at once (the probe's report holds 300 KB of
+     * base64, decoded in place: out may be s itself). */
+    const char *bs = memchr(s + at, '\\', end - at);
+    size_t run = (bs != NULL ? (size_t)(bs - s) : end) - at;
+    if (run > 0) {
+      if (len + run >= cap)
+        return -1;
+      memmove(out + len, s + at, run);
+      len += run;
+      at += run;
+      continue;
+    }
+    char tmp[4], e = s[at + 1];
     size_t w = 1;
-    if (s[at] != '\\') {
-      tmp[0] = s[at++];
+    if (e == 'u') {
+      size_t span;
+      long c = unicode_escape(s, end, at, &span);
+      if (c <= 0)
+        return -1; /* malformed (the parse saw to that), or a NUL */
+      w = rlm_utf8_put(tmp, (unsigned)c);
+      at += span;
     } else {
-      char e = s[at + 1];
-      if (e == 'u') {
-        size_t span;
-        long c = unicode_escape(s, end, at, &span);
-        if (c <= 0)
-          return -1; /* malformed (the parse saw to that), or a NUL */
-        w = rlm_utf8_put(tmp, (unsigned)c);
-        at += span;
-      } else {
-        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-        const char *p = strchr(from, e);
-        if (p == NULL || e == '\0')
-          return -1;
-        tmp[0] = to[p - from];
-        at += 2;
-      }
+      static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+      const char *p = strchr(from, e);
+      if (p == NULL || e == '\0')
+        return -1;
+      tmp[0] = to[p - from];
+      at += 2;
     }
     if (len + w >= cap)
       return -1;

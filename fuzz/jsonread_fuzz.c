@@ -2,7 +2,8 @@
  * reads the host's messages and the probe's report with
  * (csrc/jsonread.c). A crash, a read past the input, a token whose bytes
  * lie outside it or whose subtree does not end where the next begins, a
- * string that decodes to more bytes than it spans, or an integer that
+ * string that decodes to more bytes than it spans (or otherwise in place
+ * than into a buffer of its own), or an integer that
  * prints back otherwise than it reads (-0 reads as 0), is a finding. */
 /* jsonscan.c, utf8.c and jsonread.c are static units (csrc/unit.h): take
  * them whole. */
@@ -33,6 +34,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       long len = rlm_json_string(s, t, i, out, sizeof(out));
       if (len > (long)(t[i].end - t[i].start))
         abort();
+      /* Decoded over its own bytes, as the probe's report is: the same. */
+      size_t span = t[i].end - t[i].start;
+      char *in_place = malloc(size ? size : 1);
+      if (in_place != NULL && len >= 0 && span < sizeof(out)) {
+        memcpy(in_place, s, size);
+        long again =
+            rlm_json_string(in_place, t, i, in_place + t[i].start, span + 1);
+        if (again != len ||
+            memcmp(in_place + t[i].start, out, (size_t)len) != 0)
+          abort();
+      }
+      free(in_place);
     }
     int64_t v;
     if (rlm_json_int(s, t, i, &v) == 0) {

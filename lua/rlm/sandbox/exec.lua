@@ -195,6 +195,7 @@ function Handle:_keeper(line)
       return { "broken", "the far side's first line is not rlm-keeper's hello" }
     end
     self.hello = msg
+    self.hello_at = core.now_ms() -- for bench/'s phases
     if msg.protocol ~= M.KEEPER_PROTOCOL then
       return { "broken", ("rlm-keeper speaks keeper protocol %s, the host %d")
         :format(tostring(msg.protocol), M.KEEPER_PROTOCOL) }
