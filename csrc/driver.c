@@ -97,6 +97,14 @@ static void on_launcher_grace(uv_timer_t *t) {
     kill_launcher(d);
 }
 
+static void on_stream_grace(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  if (!d->exited) {
+    (void)kill(-d->pid, SIGKILL);
+    kill_launcher(d);
+  }
+}
+
 /* Kills the pid namespace's init, not the launcher: the kernel then kills
  * and reaps everything in the namespace, the launcher reaps the init and
  * exits, and we reap the launcher, so nothing is left for the host's init to
@@ -113,7 +121,18 @@ static void kill_sandbox(rlm_driver *d) {
   d->killed = 1;
   if (d->channel) {
     /* A stream is a local process and what it started (sh, cat, kubectl),
-     * in its own process group: no namespace's init to aim at. */
+     * in its own process group, and at its far end a keeper that cleans
+     * up what it made there (its sandbox, its directories) when its input
+     * ends: the input ends now, and the group is killed STREAM_END_MS
+     * later if it has not exited by then. */
+    close_handle(d, &d->in);
+    d->in_closed = 1;
+    uv_timer_start(&d->launcher_grace, on_stream_grace, STREAM_END_MS, 0);
+    return;
+  }
+  if (d->seccomp_only) {
+    /* The interpreter alone (its filter forbids new processes), in a
+     * session of its own: no namespace's init to aim at. */
     (void)kill(-d->pid, SIGKILL);
     kill_launcher(d);
     return;
@@ -452,6 +471,7 @@ static void free_driver(rlm_driver *d) {
   free(d->argv);
   free(d->env);
   free(d->stage);
+  free(d->workdir);
   while (d->head != NULL) {
     rlm_event *ev = d->head;
     d->head = ev->next;
@@ -650,6 +670,17 @@ static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
   d->max_files = o->max_files;
   d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
   d->channel = o->channel;
+  d->seccomp_only = o->seccomp_only;
+  if (o->seccomp_only &&
+      (!o->claim_uid || o->workdir == NULL || o->workdir[0] != '/' ||
+       (d->workdir = strdup(o->workdir)) == NULL)) {
+    snprintf(err, errlen,
+             "a seccomp-only sandbox needs a uid of its own and "
+             "an absolute workdir");
+    free_driver(d);
+    errno = EINVAL;
+    return NULL;
+  }
 
   int rc = uv_loop_init(&d->loop);
   if (rc != 0) {

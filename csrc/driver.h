@@ -83,10 +83,21 @@ typedef struct rlm_driver_opts {
   uint64_t max_files; /* files in /session; 0: not counted */
   int cgroup;         /* put the sandbox in a cgroup where one can be made */
   unsigned rss_interval_ms;
-  char channel; /* nonzero: a stream of channels (docs/protocol.md, "The
-                   stream"): every line sent goes with this byte first,
-                   and the process is ended by the end of its input, then
-                   SIGKILL to its process group (no sandbox of its own) */
+  int seccomp_only;    /* no bubblewrap (rlm-keeper's fallback,
+                          docs/security.md): argv runs the interpreter
+                          itself, and the child, before its exec, drops its
+                          capabilities' bounding set and then to run_as
+                          (claim_uid: required), leaves for a session of its
+                          own, dies with its parent, changes to `workdir`
+                          (given to the uid) and installs the seccomp filter
+                          on itself with no_new_privs; the kill is its
+                          process group's, and the watchdog counts
+                          `workdir`'s files and bytes by walking it */
+  const char *workdir; /* with seccomp_only: the REPL's directory */
+  char channel;        /* nonzero: a stream of channels (docs/protocol.md, "The
+                          stream"): every line sent goes with this byte first,
+                          and the process is ended by the end of its input, then
+                          SIGKILL to its process group (no sandbox of its own) */
 } rlm_driver_opts;
 
 /* How many descriptors this process can still open, counted up to `need`

@@ -132,6 +132,8 @@ struct rlm_driver {
   _Atomic uint64_t files_seen; /* in /session, at the last poll */
   char err_buf[4096];
   char channel;     /* a stream's: the byte before each line sent; 0: none */
+  int seccomp_only; /* rlm_driver_opts' */
+  char *workdir;    /* with seccomp_only: owned */
   int raw_pending;  /* raw writes (rlm_driver_send_raw) not yet done */
   size_t raw_bytes; /* their bytes, in the write queue */
   /* A stream's heartbeat (rlm_driver_heartbeat), on the loop's clock (ms). */

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,6 +49,10 @@ typedef struct far {
   const char *python_name, *bwrap_name, *cache_dir;
   char driver_dir[PATH_MAX], python[PATH_MAX], bwrap[PATH_MAX];
   int have_bwrap;
+  far_mode mode;                 /* the sandbox it makes (its hello says) */
+  char mode_why[PATH_MAX + 512]; /* why that one */
+  char session_dir[PATH_MAX];    /* the fallback's (far_session_dir); "" */
+  char home_env[PATH_MAX + 64];
   /* the host's input */
   char chunk[IN_CHUNK];
   size_t chunk_at, chunk_end;
@@ -275,11 +280,14 @@ static int shown(const char *here, const char *const *ro, size_t n) {
 /* The self_test message: the paths of this machine the sandbox must not
  * show (the working directory, the driver's), and the canaries. */
 static void self_test_line(far *f, const char *const *ro, size_t n_ro) {
-  out_str(f, "{\"type\":\"self_test\",\"absent\":[");
+  out_str(f, "{\"type\":\"self_test\",\"mode\":");
+  out_jstr(f, far_mode_name(f->mode));
+  out_str(f, ",\"absent\":[");
   char cwd[PATH_MAX];
   const char *places[2] = {getcwd(cwd, sizeof(cwd)), f->driver_dir};
   int first = 1;
-  for (int i = 0; i < 2; i++)
+  /* Without bubblewrap the whole filesystem shows: nothing is absent. */
+  for (int i = 0; i < 2 && f->mode == FAR_BUBBLEWRAP; i++)
     if (places[i] != NULL && places[i][0] == '/' &&
         !shown(places[i], ro, n_ro)) {
       if (!first)
@@ -308,6 +316,130 @@ static void self_test_line(far *f, const char *const *ro, size_t n_ro) {
   if (c->leaked_fd >= 0)
     out_fmt(f, ",\"leaked_fd\":%d", c->leaked_fd);
   out_fmt(f, ",\"host_pid\":%d}}", (int)getpid());
+}
+
+/* Whether the host's start lists the sandbox this keeper makes among the
+ * ones it accepts ("sandboxes"): the host refuses a weaker one too, but
+ * nothing of it must run meanwhile. */
+static int host_allows(far *f, const start_msg *m) {
+  long list = rlm_json_get(m->s, m->t, m->root, "sandboxes");
+  if (list < 0 || m->t[list].type != RLM_JT_ARRAY)
+    return 0;
+  long k = list + 1;
+  for (size_t i = 0; i < m->t[list].count; i++) {
+    char name[32];
+    if (rlm_json_string(m->s, m->t, k, name, sizeof(name)) > 0 &&
+        strcmp(name, far_mode_name(f->mode)) == 0)
+      return 1;
+    k = (long)m->t[k].next;
+  }
+  return 0;
+}
+
+/* The bubblewrap sandbox: rlm.core's plan (plan.c), as the local backend
+ * makes it. 1, or 0 with err. */
+static int bubblewrap_plan(far *f, const far_probe *probe,
+                           const char *const *ro, size_t n_ro,
+                           uint64_t wd_bytes, rlm_driver_opts *o, char *err,
+                           size_t errlen) {
+  char driver_py[PATH_MAX + 32];
+  snprintf(driver_py, sizeof(driver_py), "%s/repl_driver.py", f->driver_dir);
+  rlm_sandbox_spec spec;
+  memset(&spec, 0, sizeof(spec));
+  spec.bwrap = f->bwrap;
+  spec.python = probe->executable;
+  spec.driver = driver_py;
+  spec.driver_fd = -1;
+  spec.zip_fd = CHILD_ZIP_FD;
+  spec.ro = (const char *const *)ro;
+  spec.n_ro = n_ro;
+  spec.seccomp_fd = CHILD_SECCOMP_FD;
+  spec.workdir_bytes = wd_bytes;
+  spawn_plan *plan = plan_new(&spec);
+  int ro_ctx = -1;
+  char path[64];
+  if (plan != NULL) {
+    plan->as_root = geteuid() == 0;
+    plan->spec.driver_compiled = 1;
+    plan->zip = blob_new(probe->zip, probe->zip_len, 1);
+    plan->entry = blob_new(probe->pyc, probe->pyc_len, 1);
+    /* The context's memfd: empty now, written and sealed when the context
+     * comes; the driver gets a read-only open of its own. */
+    f->ctx_fd = rlm_context_open();
+    if (f->ctx_fd >= 0) {
+      snprintf(path, sizeof(path), "/proc/self/fd/%d", f->ctx_fd);
+      do
+        ro_ctx = open(path, O_RDONLY | O_CLOEXEC);
+      while (ro_ctx < 0 && errno == EINTR);
+    }
+    plan->late_ro = ro_ctx;
+  }
+  int saved = errno;
+  if (plan == NULL || plan->zip == NULL || plan->entry == NULL || ro_ctx < 0) {
+    if (plan != NULL)
+      plan_free(plan);
+    snprintf(err, errlen, "%s", strerror(saved));
+    return 0;
+  }
+  o->prepare = plan_prepare;
+  o->prepare_arg = plan; /* the driver's from here, even on failure */
+  o->prepare_free = plan_free;
+  o->env = sandbox_env;
+  return 1;
+}
+
+/* The fallback (seccomp_only, driver.h): the interpreter itself, run from
+ * a directory of the keeper's (far_session_dir) with the driver's files,
+ * the context's memfd at 4 (3: /dev/null, which the driver closes). The
+ * keeper must be able to give it a uid of its own (root), which main
+ * checked before it said "seccomp". 1, or 0 with err. */
+static int seccomp_plan(far *f, const far_probe *probe, rlm_driver_opts *o,
+                        int inherit[2], char **argv, char **env, char *err,
+                        size_t errlen) {
+  const char *tmp = getenv("TMPDIR");
+  if (far_session_dir(f->session_dir, sizeof(f->session_dir),
+                      tmp != NULL && tmp[0] == '/' ? tmp : "/tmp", probe, err,
+                      errlen) != 0)
+    return 0;
+  static char entry[PATH_MAX + 32], workdir[PATH_MAX + 16];
+  snprintf(entry, sizeof(entry), "%s/rlm/repl_driver.pyc", f->session_dir);
+  snprintf(workdir, sizeof(workdir), "%s/session", f->session_dir);
+  snprintf(f->home_env, sizeof(f->home_env), "HOME=%s", workdir);
+  static char exe[PATH_MAX];
+  snprintf(exe, sizeof(exe), "%s", probe->executable);
+  argv[0] = exe;
+  argv[1] = "-I";
+  argv[2] = "-S";
+  argv[3] = "-B";
+  argv[4] = entry;
+  argv[5] = NULL;
+  env[0] = "PATH=/usr/bin:/bin";
+  env[1] = "LANG=C.UTF-8";
+  env[2] = "PYTHONUTF8=1";
+  env[3] = f->home_env;
+  env[4] = NULL;
+  char path[64];
+  f->ctx_fd = rlm_context_open();
+  if (f->ctx_fd >= 0) {
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", f->ctx_fd);
+    do
+      inherit[1] = open(path, O_RDONLY | O_CLOEXEC);
+    while (inherit[1] < 0 && errno == EINTR);
+  }
+  do
+    inherit[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  while (inherit[0] < 0 && errno == EINTR);
+  if (inherit[0] < 0 || inherit[1] < 0) {
+    snprintf(err, errlen, "the context's memfd: %s", strerror(errno));
+    return 0;
+  }
+  o->argv = argv;
+  o->env = env;
+  o->inherit_fds = inherit;
+  o->n_inherit = 2;
+  o->seccomp_only = 1;
+  o->workdir = workdir;
+  return 1;
 }
 
 static void start(far *f, const start_msg *m) {
@@ -350,11 +482,16 @@ static void start(far *f, const start_msg *m) {
   }
   f->max_line = (size_t)max_bytes;
   f->line_max = (size_t)max_bytes + 1;
-  if (!f->have_bwrap) {
+  if (f->mode == FAR_NONE) {
     fail(f,
-         "bubblewrap (%s) was not found on the far side; rlm-keeper has no "
-         "other sandbox yet, and the REPL never runs unsandboxed",
-         f->bwrap_name);
+         "rlm-keeper can make no sandbox here (%s), and the REPL never "
+         "runs unsandboxed",
+         f->mode_why);
+    return;
+  }
+  if (!host_allows(f, m)) {
+    fail(f, "the host allows the sandboxes %s; rlm-keeper here makes %s (%s)",
+         "it lists in its start", far_mode_name(f->mode), f->mode_why);
     return;
   }
   /* The modules the probe imports, so that their libraries are bound. */
@@ -443,55 +580,28 @@ static void start(far *f, const start_msg *m) {
     memcpy(lines, f->out + from, lines_len);
   f->out_len = from;
 
-  char driver_py[PATH_MAX + 32];
-  snprintf(driver_py, sizeof(driver_py), "%s/repl_driver.py", f->driver_dir);
-  rlm_sandbox_spec spec;
-  memset(&spec, 0, sizeof(spec));
-  spec.bwrap = f->bwrap;
-  spec.python = probe.executable;
-  spec.driver = driver_py;
-  spec.driver_fd = -1;
-  spec.zip_fd = CHILD_ZIP_FD;
-  spec.ro = ro;
-  spec.n_ro = n_ro;
-  spec.seccomp_fd = CHILD_SECCOMP_FD;
-  spec.workdir_bytes = (uint64_t)wd_bytes;
-  spawn_plan *plan = plan_new(&spec);
-  int ro_ctx = -1;
-  char path[64];
-  if (plan != NULL) {
-    plan->as_root = geteuid() == 0;
-    plan->spec.driver_compiled = 1;
-    plan->zip = blob_new(probe.zip, probe.zip_len, 1);
-    plan->entry = blob_new(probe.pyc, probe.pyc_len, 1);
-    /* The context's memfd: empty now, written and sealed when the context
-     * comes; the driver gets a read-only open of its own. */
-    f->ctx_fd = rlm_context_open();
-    if (f->ctx_fd >= 0) {
-      snprintf(path, sizeof(path), "/proc/self/fd/%d", f->ctx_fd);
-      do
-        ro_ctx = open(path, O_RDONLY | O_CLOEXEC);
-      while (ro_ctx < 0 && errno == EINTR);
-    }
-    plan->late_ro = ro_ctx;
-  }
-  int saved = errno;
-  free(ro); /* plan_new copied it */
-  far_probe_free(&probe);
-  if (plan == NULL || plan->zip == NULL || plan->entry == NULL || ro_ctx < 0 ||
-      lines == NULL) {
-    if (plan != NULL)
-      plan_free(plan);
-    free(lines);
-    fail(f, "preparing the sandbox: %s", strerror(saved));
-    return;
-  }
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
-  o.prepare = plan_prepare;
-  o.prepare_arg = plan; /* the driver's from here, even on failure */
-  o.prepare_free = plan_free;
-  o.env = sandbox_env;
+  int inherit[2] = {-1, -1};
+  char *argv[6] = {NULL};
+  char *env[5] = {NULL};
+  int ok =
+      f->mode == FAR_SECCOMP
+          ? seccomp_plan(f, &probe, &o, inherit, argv, env, err, sizeof(err))
+          : bubblewrap_plan(f, &probe, ro, n_ro, (uint64_t)wd_bytes, &o, err,
+                            sizeof(err));
+  free(ro); /* the plan copied it */
+  far_probe_free(&probe);
+  if (!ok || lines == NULL) {
+    if (o.prepare_arg != NULL)
+      plan_free(o.prepare_arg);
+    for (int i = 0; i < 2; i++)
+      if (inherit[i] >= 0)
+        close(inherit[i]);
+    free(lines);
+    fail(f, "preparing the sandbox: %s", ok ? "out of memory" : err);
+    return;
+  }
   o.claim_uid = geteuid() == 0;
   o.uid_first = (uint32_t)uid_first;
   o.uid_count = (uint32_t)uid_count;
@@ -501,6 +611,9 @@ static void start(far *f, const start_msg *m) {
   o.rss_interval_ms = (unsigned)interval;
   o.cgroup = cgroup;
   f->d = rlm_driver_start(&o, err, sizeof(err));
+  for (int i = 0; i < 2; i++)
+    if (inherit[i] >= 0)
+      close(inherit[i]); /* the driver has its copies */
   if (f->d == NULL) {
     free(lines);
     fail(f, "starting the sandbox: %s", err);
@@ -683,6 +796,9 @@ static void ready_checks(far *f) {
   out_check(f, "rlimits", ok, detail, &first);
   ok = far_check_descriptors(f->d, detail, sizeof(detail));
   out_check(f, "descriptors", ok, detail, &first);
+  ok = far_check_confinement(rlm_driver_interpreter_pid(f->d), detail,
+                             sizeof(detail));
+  out_check(f, "confinement", ok, detail, &first);
   snprintf(detail, sizeof(detail), "%s",
            f->ctx_state == 2 ? "written and sealed" : f->ctx_err);
   out_check(f, "context_sealed", f->ctx_state == 2, detail, &first);
@@ -786,14 +902,58 @@ static int find_driver_dir(far *f, const char *given) {
   return -1;
 }
 
+/* Which sandbox this keeper makes (docs/security.md): bubblewrap where it
+ * can make its namespaces, else the seccomp fallback, which needs a uid of
+ * the REPL's own (this keeper root); none without an interpreter. */
+static void choose_mode(far *f, const char *want, int found_python) {
+  char why[200] = "";
+  int ns = 0;
+  f->mode = FAR_NONE;
+  if (!found_python) {
+    snprintf(f->mode_why, sizeof(f->mode_why),
+             "the interpreter %s was not found", f->python_name);
+    return;
+  }
+  if (strcmp(want, "seccomp") != 0 && f->have_bwrap)
+    ns = far_namespaces_work(why, sizeof(why));
+  if (strcmp(want, "seccomp") != 0 && f->have_bwrap && ns) {
+    f->mode = FAR_BUBBLEWRAP;
+    snprintf(f->mode_why, sizeof(f->mode_why), "%s", f->bwrap);
+    return;
+  }
+  char bwrap_why[400];
+  if (strcmp(want, "seccomp") == 0)
+    snprintf(bwrap_why, sizeof(bwrap_why), "--sandbox seccomp");
+  else if (!f->have_bwrap)
+    snprintf(bwrap_why, sizeof(bwrap_why), "bubblewrap (%s) was not found",
+             f->bwrap_name);
+  else
+    snprintf(bwrap_why, sizeof(bwrap_why),
+             "bubblewrap cannot make its namespaces here (%s)", why);
+  if (strcmp(want, "bubblewrap") == 0) {
+    snprintf(f->mode_why, sizeof(f->mode_why), "%s", bwrap_why);
+  } else if (geteuid() != 0) {
+    snprintf(f->mode_why, sizeof(f->mode_why),
+             "%s, and the seccomp fallback needs rlm-keeper to run as root, "
+             "to give the REPL a uid of its own",
+             bwrap_why);
+  } else {
+    f->mode = FAR_SECCOMP;
+    snprintf(f->mode_why, sizeof(f->mode_why), "%s", bwrap_why);
+  }
+}
+
 static void usage(void) {
   fputs("usage: rlm-keeper [--python PATH] [--bwrap PATH] [--driver-dir DIR] "
         "[--cache DIR]\n"
+        "                  [--sandbox auto|bubblewrap|seccomp]\n"
         "       rlm-keeper --probe [--python PATH] [--driver-dir DIR] "
         "--cache DIR MODULE...\n"
         "Runs one rlm session's sandbox, speaking the stream protocol on "
         "stdin and stdout\n(docs/protocol.md); with --probe, writes the "
-        "interpreter's report into the cache.\n",
+        "interpreter's report into the cache. --sandbox: auto (the default)\n"
+        "makes bubblewrap's sandbox where it can run, else (as root) the "
+        "seccomp\nfallback; the hello says which (docs/security.md).\n",
         stderr);
 }
 
@@ -805,7 +965,7 @@ int main(int argc, char **argv) {
   f.bwrap_name = "bwrap";
   f.cache_dir = getenv("RLM_KEEPER_CACHE");
   f.line_max = FIRST_LINE_MAX;
-  const char *driver_dir = NULL;
+  const char *driver_dir = NULL, *sandbox = "auto";
   int probe_only = 0, i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -819,6 +979,8 @@ int main(int argc, char **argv) {
       driver_dir = argv[++i];
     else if (i + 1 < argc && strcmp(a, "--cache") == 0)
       f.cache_dir = argv[++i];
+    else if (i + 1 < argc && strcmp(a, "--sandbox") == 0)
+      sandbox = argv[++i];
     else if (strcmp(a, "--help") == 0) {
       usage();
       return 0;
@@ -830,6 +992,11 @@ int main(int argc, char **argv) {
   }
   if (f.cache_dir != NULL && f.cache_dir[0] == '\0')
     f.cache_dir = NULL;
+  if (strcmp(sandbox, "auto") != 0 && strcmp(sandbox, "bubblewrap") != 0 &&
+      strcmp(sandbox, "seccomp") != 0) {
+    usage();
+    return 2;
+  }
   (void)signal(SIGPIPE, SIG_IGN); /* a host gone is an EPIPE */
   int found_python =
       rlm_find_program(f.python_name, f.python, sizeof(f.python)) == 0;
@@ -856,15 +1023,20 @@ int main(int argc, char **argv) {
     far_probe_free(&p);
     return 0;
   }
-  if (!found_python)
-    f.have_bwrap = 0; /* the start says why */
+  choose_mode(&f, sandbox, found_python);
+  /* Nothing of this process's memory for a process of the same uid to read
+   * through /proc (its mem, its environ): the REPL runs as another uid,
+   * this closes what a slip there would open. */
+  (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   (void)fcntl(1, F_SETFL, fcntl(1, F_GETFL) | O_NONBLOCK);
-  /* The hello: who speaks, and which sandbox it will make. */
+  /* The hello: who speaks, and which sandbox it will make, and why. */
   out_fmt(&f,
           "K{\"type\":\"hello\",\"keeper\":\"%s\",\"protocol\":%d,"
-          "\"sandbox\":\"%s\",\"pid\":%d}\n",
-          RLM_KEEPER_VERSION, RLM_KEEPER_PROTOCOL,
-          f.have_bwrap ? "bubblewrap" : "none", (int)getpid());
+          "\"sandbox\":\"%s\",\"pid\":%d,\"detail\":",
+          RLM_KEEPER_VERSION, RLM_KEEPER_PROTOCOL, far_mode_name(f.mode),
+          (int)getpid());
+  out_jstr(&f, f.mode_why);
+  out_str(&f, "}\n");
   if (!found_python)
     fail(&f, "the interpreter %s was not found on the far side", f.python_name);
   while (!f.in_eof && !f.out_broken) {
@@ -919,6 +1091,13 @@ int main(int argc, char **argv) {
   }
   end_driver(&f);
   flush_all(&f, 1000);
+  if (f.session_dir[0] != '\0') {
+    /* The fallback's directory goes once the REPL is reaped (its teardown
+     * on the driver's thread), whatever it left there. */
+    for (int waited = 0; rlm_driver_teardowns() > 0 && waited < 5000; waited++)
+      (void)poll(NULL, 0, 1);
+    (void)far_remove_tree(f.session_dir);
+  }
   free(f.line);
   free(f.out);
   return 0; /* driver.c's exit hook waits for the teardowns */

@@ -34,6 +34,11 @@ RLM_FN int far_check_uids(const int *pids, size_t n, unsigned want,
                           char *detail, size_t len);
 RLM_FN int far_check_descriptors(const rlm_driver *d, char *detail, size_t len);
 
+/* What the kernel shows of the interpreter's confinement: a seccomp
+ * filter, no_new_privs, and no capability, effective, permitted or in its
+ * bounding set. */
+RLM_FN int far_check_confinement(int pid, char *detail, size_t len);
+
 /* What the interpreter reported (python/probe.py), decoded. The strings
  * and lists point into `text`, which the report owns. */
 typedef struct far_probe {
@@ -54,5 +59,28 @@ RLM_FN int far_probe_get(far_probe *p, const char *python,
                          size_t n_modules, const char *cache_dir, char *err,
                          size_t errlen);
 RLM_FN void far_probe_free(far_probe *p);
+
+/* The sandbox a keeper makes (its hello's "sandbox"): bubblewrap, or where
+ * that cannot run, the fallback: the interpreter confined by the seccomp
+ * filter it installs on itself, a uid of its own and rlimits, inside the
+ * container's own boundary (docs/security.md). */
+typedef enum far_mode { FAR_NONE, FAR_BUBBLEWRAP, FAR_SECCOMP } far_mode;
+RLM_FN const char *far_mode_name(far_mode m);
+
+/* Whether bubblewrap can make its namespaces here: a child makes a user,
+ * mount, pid, network, IPC and UTS namespace, mounts a /proc and sets a
+ * hostname in them, as bubblewrap does (what a container's seccomp profile
+ * or its masked /proc refuses). 1, or 0 with why. Before any thread. */
+RLM_FN int far_namespaces_work(char *why, size_t len);
+
+/* The fallback's directory for one REPL, made in tmp: <dir>/rlm/ holds the
+ * driver's entry and package (repl_driver.pyc, driver.zip: read-only),
+ * <dir>/session/ is the REPL's own (the spawn gives it to the REPL's uid);
+ * others may pass through <dir>, not list it. 0, or -1 with err. */
+RLM_FN int far_session_dir(char *dir, size_t len, const char *tmp,
+                           const far_probe *p, char *err, size_t errlen);
+
+/* Removes a directory and everything in it, following no symlink. */
+RLM_FN int far_remove_tree(const char *path);
 
 #endif

@@ -162,3 +162,33 @@ int far_check_descriptors(const rlm_driver *d, char *detail, size_t len) {
     add(detail, len, "only the session's pipes");
   return l.found == 0;
 }
+
+/* The hex value of a /proc/<pid>/status field; -1 when it is not there. */
+static long long status_field(const char *status, const char *key, int base) {
+  const char *p = strstr(status, key);
+  if (p == NULL)
+    return -1;
+  char *end;
+  long long v = strtoll(p + strlen(key), &end, base);
+  return end == p + strlen(key) ? -1 : v;
+}
+
+int far_check_confinement(int pid, char *detail, size_t len) {
+  char path[64], status[8192];
+  detail[0] = '\0';
+  snprintf(path, sizeof(path), "/proc/%d/status", pid);
+  if (pid <= 0 || rlm_read_small(path, status, sizeof(status)) <= 0) {
+    add(detail, len, "%s: not readable", path);
+    return 0;
+  }
+  long long seccomp = status_field(status, "\nSeccomp:", 10);
+  long long nnp = status_field(status, "\nNoNewPrivs:", 10);
+  long long eff = status_field(status, "\nCapEff:", 16);
+  long long prm = status_field(status, "\nCapPrm:", 16);
+  long long bnd = status_field(status, "\nCapBnd:", 16);
+  add(detail, len,
+      "the interpreter (pid %d): Seccomp=%lld NoNewPrivs=%lld CapEff=%llx "
+      "CapPrm=%llx CapBnd=%llx",
+      pid, seccomp, nnp, eff, prm, bnd);
+  return seccomp == 2 && nnp == 1 && eff == 0 && prm == 0 && bnd == 0;
+}

@@ -27,5 +27,6 @@
 
 #include "farside_checks.c"
 #include "farside_probe.c"
+#include "farside_seccomp.c"
 
 #include "farside.c"

@@ -240,6 +240,10 @@ describe("the exec backend", function()
     { { backend = "docker", image = "x" }, "option 'sandbox.backend' must be" },
     { { backend = "exec", argv = { "sh" }, image = "x" }, "has no field 'image'" },
     { { backend = "exec", argv = { "sh" }, ping_timeout_ms = 50 }, "option 'sandbox.ping_timeout_ms' must be" },
+    { { backend = "exec", argv = { "sh" }, allow = { "none" } }, "option 'sandbox.allow' must be" },
+    { { backend = "exec", argv = { "sh" }, allow = {} }, "option 'sandbox.allow' must be" },
+    { { backend = "exec", argv = { "sh" }, allow = "seccomp" }, "option 'sandbox.allow' must be" },
+    { { backend = "exec", argv = { "sh" }, allow = { "bubblewrap", x = 1 } }, "option 'sandbox.allow' must be" },
     { { backend = "exec", argv = { "sh" }, ping_timeout_ms = 1.5e3 + 0.5 }, "option 'sandbox.ping_timeout_ms' must be" },
     { "exec", "option 'sandbox' must be" },
   }
@@ -255,5 +259,232 @@ describe("the exec backend", function()
     local _, err = H.run(opts({ sandbox = { backend = "exec", argv = { "no-such-program-rlm" } } }))
     assert.equals("sandbox_unavailable", err.kind)
     assert.matches("sandbox.argv", err.message, 1, true)
+  end)
+end)
+
+-- rlm-keeper where bubblewrap cannot run (docs/security.md, "The
+-- fallback"): here bubblewrap is taken away from it (--bwrap /nonexistent);
+-- a container whose profile refuses its namespaces is the case below. The
+-- REPL's interpreter must be one the REPL's uid may run (the host's python3
+-- may sit under a home of 0700, as pyenv's does here): /usr/bin/python3.
+describe("the seccomp fallback", function()
+  local PY = "/usr/bin/python3"
+  local have_py = H.sh("test -x " .. PY .. " && echo yes") == "yes"
+  local scratch = H.sh("mktemp -d /tmp/rlm-spec-fallback.XXXXXX")
+  os.execute("chmod 755 " .. scratch)
+  local function fallback(extra, relay)
+    return { backend = "exec", allow = extra, argv = { "sh", "-c", ("TMPDIR=%s %s --bwrap /nonexistent "
+      .. "--python %s %s"):format(scratch, K, PY, relay or "") } }
+  end
+  local BOTH = { "bubblewrap", "seccomp" }
+  -- What the keeper left in its TMPDIR (its REPL directories).
+  local function left()
+    return H.sh("ls -A " .. scratch)
+  end
+  local function settled_left()
+    return H.settled(left, function(v)
+      return v == ""
+    end)
+  end
+
+  teardown(function()
+    os.execute("rm -rf " .. scratch)
+  end)
+
+  it("is refused unless sandbox.allow names it (sandbox_unavailable), and nothing of it runs", function()
+    local _, err = H.run(opts({ sandbox = fallback(nil) }))
+    assert.equals("sandbox_unavailable", err.kind)
+    assert.matches("makes a " .. (ROOT and "seccomp" or "none") .. " sandbox", err.message, 1, true)
+    assert.matches("option 'sandbox.allow'", err.message, 1, true)
+    assert.equals("", settled_left())
+  end)
+
+  if not ROOT then
+    it("is refused where the keeper cannot give the REPL a uid of its own (not root)", function()
+      local _, err = H.run(opts({ sandbox = fallback(BOTH) }))
+      assert.equals("sandbox_unavailable", err.kind)
+      assert.matches("needs rlm-keeper to run as root", err.message, 1, true)
+    end)
+    return
+  end
+  if not have_py then
+    pending("needs " .. PY .. " (an interpreter the REPL's uid may run)")
+    return
+  end
+
+  it("runs a session when allowed, says so, and leaves nothing behind", function()
+    local uid, events = nil, {}
+    local s
+    H.assert_no_leaks(function()
+      s = rlm.Session.new(opts({
+        sandbox = fallback(BOTH),
+        context = ("0123456789abcde\n"):rep(2 ^ 16),
+        on_event = function(ev)
+          events[#events + 1] = ev
+        end,
+        root_llm = H.script({
+          H.fence("n = len(context)\nprint(llm_query('size ' + str(n)))"),
+          function()
+            uid = sandbox_uid(s)
+            return H.fence("FINAL(str(n))")
+          end,
+        }),
+      }))
+      local result, err = s:run()
+      s:close()
+      assert.is_nil(err)
+      assert.equals("1048576", result.answer)
+      assert.equals("echo: size 1048576\n", result.history[1].stdout)
+      assert.same({ "exec", "seccomp" }, { result.sandbox.backend, result.sandbox.mode })
+      assert.matches("not found", result.sandbox.detail, 1, true)
+      assert.is_string(result.sandbox.not_promised.host_files)
+      local ready
+      for _, ev in ipairs(events) do
+        ready = ready or ev.type == "sandbox_ready" and ev
+      end
+      assert.same({ "exec", "seccomp", "cold" }, { ready.backend, ready.mode, ready.start })
+    end)
+    assert_gone(uid)
+    assert.equals("", settled_left())
+  end)
+
+  -- What the REPL's code tries there, with the guardrails off: each block
+  -- prints one line. The last rows are what the fallback does not hide
+  -- (docs/security.md): the far side's files any uid may read, its /proc.
+  local secret = scratch .. "-secret"
+  local attacks = {
+    { "makes no socket of any family", [[
+import _socket
+for fam in (_socket.AF_INET, _socket.AF_INET6, _socket.AF_UNIX, 16, 17):
+    try:
+        _socket.socket(fam, _socket.SOCK_DGRAM)
+        print("made", fam)
+    except PermissionError:
+        pass
+print("refused")]], "^refused\n$" },
+    { "may not ptrace rlm-keeper", [[
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.ptrace(16, os.getppid(), 0, 0), ctypes.get_errno())]], "^%-1 1\n$" },
+    { "may not fork", [[
+import os
+try:
+    os.fork()
+    print("forked")
+except PermissionError:
+    print("refused")]], "^refused\n$" },
+    { "may not signal rlm-keeper", [[
+import os
+try:
+    os.kill(os.getppid(), 0)
+    print("signalled")
+except PermissionError:
+    print("refused")]], "^refused\n$" },
+    { "may not read rlm-keeper's environment", [[
+import os
+try:
+    open("/proc/%d/environ" % os.getppid()).read()
+    print("read")
+except PermissionError:
+    print("refused")]], "^refused\n$" },
+    { "may not read a file of the far side's that is not for others", ([[
+try:
+    open(%q).read()
+    print("read")
+except PermissionError:
+    print("refused")]]):format(secret), "^refused\n$" },
+    { "may not write into its interpreter's installation", [[
+import os
+try:
+    open(os.path.dirname(os.__file__) + "/rlm_probe.py", "w")
+    print("wrote")
+except OSError as e:
+    print("refused", e.errno in (1, 13, 30))]], "^refused True\n$" },
+    { "may not make a namespace or mount", [[
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+a = libc.unshare(0x10000000)
+b = ctypes.get_errno()
+print(a, b, libc.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())]], "^%-1 1 %-1 1\n$" },
+    { "may not make a setuid file", [[
+import os
+try:
+    os.close(os.open("x", os.O_CREAT | os.O_WRONLY, 0o4755))
+    print("made")
+except PermissionError:
+    print("refused")]], "^refused\n$" },
+    { "does not hide the far side's world-readable files", [[print("read" if open("/etc/passwd").read() else "")]],
+      "^read\n$" },
+    { "does not hide the far side's processes", [[
+import os
+print(len([p for p in os.listdir("/proc") if p.isdigit()]) > 2)]], "^True\n$" },
+  }
+  it("holds against the REPL's code (attacks), and shows what it does not hide", function()
+    local f = assert(io.open(secret, "w"))
+    f:write("far side's own\n")
+    f:close()
+    os.execute("chmod 600 " .. secret)
+    local blocks = {}
+    for i, case in ipairs(attacks) do
+      blocks[i] = H.fence(case[2])
+    end
+    blocks[#blocks + 1] = H.fence("FINAL('done')")
+    local result, err = H.run(opts({ sandbox = fallback(BOTH), guardrails = false, root_llm = H.script(blocks),
+      max_iterations = #blocks + 1 }))
+    os.remove(secret)
+    assert.is_nil(err)
+    for i, case in ipairs(attacks) do
+      local entry = result.history[i]
+      assert.matches(case[3], entry.stdout, nil, false, case[1] .. ": " .. entry.stdout .. tostring(entry.error))
+    end
+  end)
+
+  -- A far side that lies about its sandbox: the host holds it to what the
+  -- keeper's hello said, and to what that mode promises.
+  local lies = {
+    { "says a sandbox the host does not know", [[sed -u 's/"sandbox":"seccomp"/"sandbox":"gvisor"/']],
+      "sandbox_unavailable", "makes a gvisor sandbox" },
+    { "ran its self-test for another mode", [[sed -u 's/"mode": "seccomp"/"mode": "bubblewrap"/']],
+      "sandbox_violation", "self-test ran for a bubblewrap sandbox" },
+    { "leaves a promised check out", [[sed -u 's/"canaries": {/"other": {/']], "sandbox_violation",
+      "canaries (not reported)" },
+    { "fails the confinement check", [[sed -u 's/"confinement":{"ok":true/"confinement":{"ok":false/']],
+      "sandbox_violation", "confinement" },
+  }
+  for _, case in ipairs(lies) do
+    it("fails closed when the far side " .. case[1], function()
+      local _, err = H.run(opts({ sandbox = fallback(BOTH, "| " .. case[2]) }))
+      assert.equals(case[3], err.kind)
+      assert.matches(case[4], err.message, 1, true)
+      assert.equals("", settled_left())
+    end)
+  end
+
+  -- The fallback where it is meant to run: a container whose seccomp
+  -- profile and masked /proc refuse bubblewrap (Podman's defaults), with
+  -- this build's keeper and driver mounted into the project's image (make
+  -- image), run as the container's root.
+  local image = H.sh("podman images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep -m1 rlm-sandbox")
+  local podman_why = image == "" and "no podman, or no rlm-sandbox image (make image)"
+    or H.sh("command -v runc >/dev/null || echo 'no runc'")
+  if podman_why ~= "" then
+    pending("the fallback in a Podman container: " .. podman_why)
+    return
+  end
+  it("is what rlm-keeper makes in a Podman container with its default profile", function()
+    local root = os.getenv("PWD")
+    local result, err = H.run(opts({
+      sandbox = { backend = "exec", allow = BOTH, argv = { "sh", "-c", "cd /tmp && exec podman --runtime runc run -i "
+        .. "--rm --user 0 --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --network=none "
+        .. ("-v %s/build/rlm-keeper:/opt/spec/rlm-keeper:ro -v %s/python:/opt/spec/python:ro %s "):format(root, root,
+          image)
+        .. "/opt/spec/rlm-keeper --driver-dir /opt/spec/python" } },
+      start_timeout_ms = 30000,
+      root_llm = H.script({ H.fence("FINAL(str(len(context)))") }),
+    }))
+    assert.is_nil(err)
+    assert.equals(tostring(#H.opts().context), result.answer)
+    assert.equals("seccomp", result.sandbox.mode)
+    assert.matches("cannot make its namespaces here", result.sandbox.detail, 1, true)
   end)
 end)

@@ -16,7 +16,7 @@ local function start_message(over)
     max_rss_bytes = 2 ^ 30, rss_poll_interval_ms = 50, workdir_max_bytes = 2 ^ 28,
     workdir_max_files = 10000, uid_first = 1879048192, uid_count = 65536, memory_cgroup = true,
     bind_pth_paths = false, modules = { "re", "json" }, allowed_modules = {}, guardrails = true,
-    int_bits = 64,
+    int_bits = 64, sandboxes = { "bubblewrap" },
     rlimits = { RLIMIT_NPROC = 64, RLIMIT_FSIZE = 2 ^ 30, RLIMIT_NOFILE = 64, RLIMIT_CORE = 0,
       RLIMIT_SIGPENDING = 64, RLIMIT_MSGQUEUE = 0, RLIMIT_MEMLOCK = 0 },
   }
@@ -210,6 +210,34 @@ describe("rlm-keeper", function()
     assert.is_true(msg.type == "memory" or (msg.type == "exit" and msg.oom_kills > 0), line)
     k.k:close()
   end)
+
+  -- Which sandbox it says it makes (docs/security.md, "The fallback"):
+  -- bubblewrap where it runs, else the seccomp fallback, which needs a
+  -- root keeper (a uid for the REPL of its own); none otherwise.
+  local ROOT = H.sh("id -u") == "0"
+  local modes = {
+    { { "--bwrap", "/nonexistent" }, ROOT and "seccomp" or "none", "bubblewrap (/nonexistent) was not found" },
+    { { "--sandbox", "seccomp" }, ROOT and "seccomp" or "none", "--sandbox seccomp" },
+    { { "--bwrap", "/nonexistent", "--sandbox", "bubblewrap" }, "none", "was not found" },
+  }
+  for _, case in ipairs(modes) do
+    it(("says %s in its hello with %s"):format(case[2], table.concat(case[1], " ")), function()
+      local argv = { KEEPER, "--cache", CACHE }
+      for _, a in ipairs(case[1]) do
+        argv[#argv + 1] = a
+      end
+      local k = keeper(argv)
+      local hello = decode(k.next(), "K")
+      assert.equals(case[2], hello.sandbox)
+      assert.matches(case[3], hello.detail, 1, true)
+      -- and it starts nothing the host's start does not list
+      k.send(start_message())
+      local msg = decode(k.next(), "K")
+      assert.equals("failed", msg.type)
+      assert.matches(case[2] == "none" and "can make no sandbox here" or "the host allows", msg.message, 1, true)
+      k.k:close()
+    end)
+  end
 
   -- The host's side broken: the keeper says why and ends.
   local broken = {

@@ -113,10 +113,20 @@ local function module_list(v)
 end
 
 -- The sandbox's backend: nil or { backend = "bubblewrap" } (beside the
--- host), or { backend = "exec", argv = { program, args... } } (the far side
--- of a stream: rlm-keeper at the other end, docs/backends.md). Raises
--- naming the field.
-local BACKENDS = { bubblewrap = {}, exec = { argv = true, ping_timeout_ms = true } }
+-- host), or { backend = "exec", argv = { program, args... }, allow =,
+-- ping_timeout_ms = } (the far side of a stream: rlm-keeper at the other
+-- end, docs/backends.md). Raises naming the field.
+local BACKENDS = { bubblewrap = {}, exec = { argv = true, ping_timeout_ms = true, allow = true } }
+
+-- Whether v is a list of 1 to max items (1..n, no other key), each ok.
+local function is_list(v, max, ok)
+  local n = type(v) == "table" and #v or 0
+  local fine = n >= 1 and n <= max
+  for k, item in pairs(type(v) == "table" and v or {}) do
+    fine = fine and type(k) == "number" and k >= 1 and k <= n and k == math.floor(k) and ok(item)
+  end
+  return fine
+end
 local function check_sandbox(where, v)
   if v == nil then
     return
@@ -137,15 +147,16 @@ local function check_sandbox(where, v)
     end
   end
   if v.backend == "exec" then
-    local argv = v.argv
-    local n = type(argv) == "table" and #argv or 0
-    local fine = n >= 1 and n <= 256
-    for k, a in pairs(type(argv) == "table" and argv or {}) do
-      fine = fine and type(k) == "number" and k >= 1 and k <= n and k == math.floor(k)
-        and type(a) == "string" and a ~= "" and not a:find("\0", 1, true)
+    if not is_list(v.argv, 256, function(a)
+      return type(a) == "string" and a ~= "" and not a:find("\0", 1, true)
+    end) then
+      bad("sandbox.argv", "a list of 1 to 256 non-empty strings (the program first)", checks.describe(v.argv))
     end
-    if not fine then
-      bad("sandbox.argv", "a list of 1 to 256 non-empty strings (the program first)", checks.describe(argv))
+    if v.allow ~= nil and not is_list(v.allow, 2, function(name)
+      return name == "bubblewrap" or name == "seccomp"
+    end) then
+      bad("sandbox.allow", 'a list of the sandboxes the far side may make: "bubblewrap" and/or "seccomp"',
+        checks.describe(v.allow))
     end
     local pt = v.ping_timeout_ms
     if pt ~= nil and not (type(pt) == "number" and pt == math.floor(pt) and pt >= 100 and pt <= 3600000) then

@@ -27,6 +27,11 @@
 --       After the driver's ready: its rlimits, its processes (the ones
 --       vetted, when vetted_tree is given; else their uids), and that no
 --       descriptor but the session's pipes reaches it.
+--   describe(handle) -> { backend =, mode =, detail =, not_promised = }
+--       What sandbox it made: the backend's name, its mode ("bubblewrap",
+--       or rlm-keeper's "seccomp" fallback), why that one, and what the
+--       mode does not promise (rlm.sandbox.selftest.NOT_PROMISED). The
+--       self-test is checked against the mode's promises.
 --   exit_hint(output) -> string
 --       What a failed start's output says about the machine ("" if
 --       nothing).
@@ -47,7 +52,7 @@ local exec = require("rlm.sandbox.exec")
 
 local M = {}
 
-M.FUNCTIONS = { "prepare", "start", "forget", "adopt", "vet_processes", "check_ready", "exit_hint" }
+M.FUNCTIONS = { "prepare", "start", "forget", "adopt", "vet_processes", "check_ready", "describe", "exit_hint" }
 
 -- The functions backend lacks, as a list (empty when it has them all).
 function M.missing(backend)

@@ -19,11 +19,15 @@ local M = {}
 
 M.KEEPER_PROTOCOL = 1
 
--- The sandboxes a keeper may make that the host accepts.
-M.SANDBOXES = { bubblewrap = true }
+-- The sandboxes a keeper may make (its hello's "sandbox"), and the ones a
+-- session accepts unless `sandbox.allow` names more: bubblewrap alone.
+-- The seccomp fallback (no namespaces: docs/security.md) must be asked
+-- for; "none", or a name the host does not know, is never accepted.
+M.SANDBOXES = { bubblewrap = true, seccomp = true }
+M.DEFAULT_ALLOW = { "bubblewrap" }
 
 -- What the keeper must report, ok, before the driver's ready.
-M.CHECKS = { "memory_cgroup", "uids", "rlimits", "descriptors", "context_sealed" }
+M.CHECKS = { "memory_cgroup", "uids", "rlimits", "descriptors", "confinement", "context_sealed" }
 
 -- Past the step's hard deadline (the keeper's to enforce), the host kills
 -- a stream that has said nothing: its own backstop.
@@ -53,6 +57,7 @@ end
 -- itself, with its interpreter's sys.path and its own canaries).
 function M.start_message(o)
   return json.encode({
+    sandboxes = o.sandbox.allow or M.DEFAULT_ALLOW,
     type = "start", protocol = M.KEEPER_PROTOCOL,
     max_message_bytes = o.max_message_bytes, max_message_values = protocol.max_values(o.max_message_bytes),
     guardrails = o.guardrails, int_bits = json.INT_BITS,
@@ -76,9 +81,13 @@ function M.prepare(opts, context_data)
     return unavailable(("the exec backend's program %q (option 'sandbox.argv'[1]) was not found"):format(argv[1]))
   end
   argv[1] = program
+  local allow = {}
+  for _, name in ipairs(opts.sandbox.allow or M.DEFAULT_ALLOW) do
+    allow[name] = true
+  end
   return { argv = argv, context = context_data, start = M.start_message(opts),
-    max_line = opts.max_message_bytes + 1, ping_timeout_ms = opts.sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS },
-    { sys_path = {}, absent = {} }
+    max_line = opts.max_message_bytes + 1, ping_timeout_ms = opts.sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS,
+    allow = allow }, { sys_path = {}, absent = {} }
 end
 
 function M.forget() end
@@ -201,9 +210,18 @@ function Handle:_keeper(line)
         :format(tostring(msg.protocol), M.KEEPER_PROTOCOL) }
     end
     self.sandbox = msg.sandbox
-    if not M.SANDBOXES[msg.sandbox] then
-      -- its start fails and says why: that is the event
-      self.refused = ("rlm-keeper has no sandbox the host accepts (it said %s)"):format(tostring(msg.sandbox))
+    if not (M.SANDBOXES[msg.sandbox] and self.allow[msg.sandbox]) then
+      -- Nothing of it runs on: the keeper's start refuses it too (the
+      -- start lists what the host allows).
+      local names = {}
+      for name in pairs(self.allow) do
+        names[#names + 1] = name
+      end
+      table.sort(names)
+      self.ended = "refused"
+      return { "failed", ("rlm-keeper makes a %s sandbox (%s), and the session allows %s "
+        .. "(option 'sandbox.allow')"):format(tostring(msg.sandbox), tostring(msg.detail),
+        table.concat(names, ", ")) }
     end
     return nil
   elseif t == "checks" then
@@ -271,11 +289,6 @@ function Handle:poll(ms, max_values, held, quick)
       local tail = (c or ""):gsub("%s+$", "")
       return "lost", ("the stream to the sandbox ended (%s, with no word from rlm-keeper)%s")
         :format(how, tail ~= "" and ": " .. tail:sub(-500) or ""), { status = a, signal = b, stderr = c }
-    elseif kind == "line" and self.refused then
-      -- a keeper that starts a sandbox the host does not accept
-      self.ended = "refused"
-      self.drv:kill()
-      return "failed", self.refused
     else
       if not self.beating and (kind == "line" or kind == "query" or kind == "dense") then
         -- the driver's first line: the far side has started
@@ -298,7 +311,7 @@ function M.start(spec)
     return nil, err
   end
   local h = setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
-    ping_timeout_ms = spec.ping_timeout_ms }, Handle)
+    ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow }, Handle)
   local ok, werr = drv:send_keeper(spec.start)
   if ok and spec.context then
     ok, werr = h:write_context(spec.context)
@@ -339,6 +352,14 @@ function M.check_ready(h)
   if #bad > 0 then
     return "sandbox_violation", "the far side's checks failed: " .. table.concat(bad, "; ")
   end
+end
+
+-- The mode the keeper said it makes (its hello), which the self-test is
+-- checked against, and what that mode does not promise.
+function M.describe(h)
+  local hello = h.hello or {}
+  return { backend = "exec", mode = h.sandbox, detail = type(hello.detail) == "string" and hello.detail or nil,
+    not_promised = selftest.NOT_PROMISED[h.sandbox] or {} }
 end
 
 function M.exit_hint()
