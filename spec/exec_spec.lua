@@ -348,6 +348,33 @@ describe("the seccomp fallback", function()
     assert.equals("", settled_left())
   end)
 
+  -- The limits hold there as with bubblewrap: the interrupt, the memory
+  -- watchdog, the workdir's files (counted by walking it).
+  it("survives a step timeout with its variables", function()
+    local result, err = H.run(opts({ sandbox = fallback(BOTH), step_timeout_ms = 500,
+      root_llm = H.script({ H.fence("kept = 42"), H.fence("import time\nwhile True: time.sleep(0.01)"),
+        H.fence("FINAL(str(kept))") }) }))
+    assert.is_nil(err)
+    assert.equals("42", result.answer)
+    assert.matches("KeyboardInterrupt", result.history[2].error)
+  end)
+
+  it("ends with memory_limit past max_rss_bytes", function()
+    local _, err = H.run(opts({ sandbox = fallback(BOTH), max_rss_bytes = 200 * 2 ^ 20,
+      root_llm = H.script({ H.fence("x = bytearray(800 * 2**20)\nprint(len(x))") }) }))
+    assert.equals("memory_limit", err.kind)
+    assert.equals("", settled_left())
+  end)
+
+  it("ends with memory_limit past workdir_max_files in its directory", function()
+    local _, err = H.run(opts({ sandbox = fallback(BOTH), workdir_max_files = 50, guardrails = false,
+      root_llm = H.script({ H.fence("import os, time\nos.makedirs('a/b')\n"
+        .. "for i in range(200): open('a/b/f%d' % i, 'w').close()\ntime.sleep(5)") }) }))
+    assert.equals("memory_limit", err.kind)
+    assert.equals("workdir files", err.mechanism)
+    assert.equals("", settled_left())
+  end)
+
   -- What the REPL's code tries there, with the guardrails off: each block
   -- prints one line. The last rows are what the fallback does not hide
   -- (docs/security.md): the far side's files any uid may read, its /proc.
