@@ -233,6 +233,40 @@ describe("the exec backend", function()
     assert.equals("POOLED CONTEXT", result.answer)
   end)
 
+  -- A pooled sandbox was started with the pool's sandbox option: a session
+  -- may repeat it (the same data, defaults spelled out or not), never change
+  -- what the backend reads of it.
+  it("takes a session's sandbox option only when it is the pool's", function()
+    local pool = assert(rlm.Pool.new({ size = 1, sandbox = RELAY, tmpdir = H.tmpdir }))
+    local local_pool = assert(rlm.Pool.new({ size = 1, tmpdir = H.tmpdir }))
+    local differs = {
+      { pool, through("cat | " .. K .. " --python python3 | cat") },
+      { pool, { backend = "exec", argv = RELAY.argv, allow = { "bubblewrap", "seccomp" } } },
+      { pool, { backend = "exec", argv = RELAY.argv, ping_timeout_ms = 5000 } },
+      { pool, { backend = "bubblewrap" } },
+      { local_pool, RELAY },
+    }
+    for _, case in ipairs(differs) do
+      local ok, e = pcall(rlm.Session.new, H.opts({ pool = case[1], sandbox = case[2] }))
+      assert.is_false(ok)
+      assert.matches("option 'sandbox' differs from the pool's", e, 1, true)
+    end
+    local argv = {}
+    for i, a in ipairs(RELAY.argv) do
+      argv[i] = a
+    end
+    local fine = {
+      { pool, { backend = "exec", argv = argv } },
+      { pool, { backend = "exec", argv = argv, allow = { "bubblewrap" }, ping_timeout_ms = 10000 } },
+      { local_pool, { backend = "bubblewrap" } },
+    }
+    for _, case in ipairs(fine) do
+      rlm.Session.new(H.opts({ pool = case[1], sandbox = case[2] })):close()
+    end
+    pool:close()
+    local_pool:close()
+  end)
+
   local misuse = {
     { { backend = "exec" }, "option 'sandbox.argv' must be" },
     { { backend = "exec", argv = {} }, "option 'sandbox.argv' must be" },

@@ -252,19 +252,52 @@ end
 
 M.names = checks.names(schema)
 
-local function same(a, b)
-  if type(a) == "table" and type(b) == "table" then
-    if #a ~= #b then
+-- Whether two option values are the same data: equal, or tables with the
+-- same keys holding the same data (to a depth of 8, which no option
+-- nests past).
+local function same(a, b, depth)
+  if type(a) ~= "table" or type(b) ~= "table" or a == b then
+    return a == b
+  end
+  depth = depth or 8
+  if depth == 0 then
+    return false
+  end
+  for k, v in pairs(a) do
+    if not same(v, b[k], depth - 1) then
       return false
     end
-    for i = 1, #a do
-      if a[i] ~= b[i] then
-        return false
-      end
-    end
-    return true
   end
-  return a == b
+  for k in pairs(b) do
+    if a[k] == nil then
+      return false
+    end
+  end
+  return true
+end
+
+-- The sandbox option as its backend reads it, defaults filled in: nil is
+-- bubblewrap's; exec's argv, the sandboxes it allows (in any order) and
+-- its ping timeout.
+local function sandbox_read(v)
+  if v == nil or v.backend ~= "exec" then
+    return { backend = "bubblewrap" }
+  end
+  local exec = require("rlm.sandbox.exec")
+  local allow = {}
+  for i, name in ipairs(v.allow or exec.DEFAULT_ALLOW) do
+    allow[i] = name
+  end
+  table.sort(allow)
+  return { backend = "exec", argv = v.argv, allow = allow, ping_timeout_ms = v.ping_timeout_ms
+    or exec.PING_TIMEOUT_MS }
+end
+
+local function same_option(name, a, b)
+  if name == "sandbox" then
+    return same(sandbox_read(a), sandbox_read(b))
+  end
+  return same(a, b)
 end
 
 -- check_pool(opts, max_size) -> the pool's options (every one of
@@ -307,7 +340,7 @@ function M.check(opts)
     end
     for name in pairs(pool_option) do
       local v = opts[name]
-      if v ~= nil and not same(v, pool.opts[name]) then
+      if v ~= nil and not same_option(name, v, pool.opts[name]) then
         error(("%s: option '%s' differs from the pool's (a pooled sandbox was started "
           .. "with the pool's; leave it out or make it the same)"):format(where, name), 3)
       end
