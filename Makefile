@@ -19,9 +19,9 @@ abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
 
 DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
-  lua-socket lua-sec openssl lua-luv chromium gcc make
+  lua-socket lua-sec openssl lua-luv chromium gcc make luarocks
 
-.PHONY: all deps test check demo clean install bench fuzz soak lint
+.PHONY: all deps test check demo clean install install-keeper keeper-rock bench fuzz soak lint
 BUILD ?= build
 all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so) $(BUILD)/rlm-keeper
 
@@ -122,11 +122,28 @@ install: all
 	  echo "installed $$share/rlm and $$lib/rlm/core.so"; \
 	done
 	install -D -m 755 bin/rlm $(DESTDIR)$(PREFIX)/bin/rlm
-	install -D -m 755 $(BUILD)/rlm-keeper $(DESTDIR)$(PREFIX)/bin/rlm-keeper
-	@set -e; k=$(DESTDIR)$(PREFIX)/share/rlm-keeper; \
+	@$(MAKE) --no-print-directory install-keeper
+
+# rlm-keeper and the driver's files it hands its sandbox: the binary in
+# BINDIR, the files in KEEPER_SHARE (PREFIX/share/rlm-keeper, where the
+# keeper looks beside its bin/). The rock rlm-keeper (luarocks' make
+# backend, rlm-keeper-scm-1.rockspec) builds with keeper-rock, which
+# compiles KEEPER_SHARE in (luarocks deploys the binary to its tree's bin/,
+# away from the rock's own directory), and installs with this target.
+BINDIR ?= $(PREFIX)/bin
+KEEPER_SHARE ?= $(PREFIX)/share/rlm-keeper
+KEEPER_BIN ?= $(BUILD)/rlm-keeper
+install-keeper: $(KEEPER_BIN)
+	install -D -m 755 $(KEEPER_BIN) $(DESTDIR)$(BINDIR)/rlm-keeper
+	@set -e; k=$(DESTDIR)$(KEEPER_SHARE); \
 	  install -D -m 644 python/repl_driver.py python/probe.py -t $$k; \
 	  for m in $(DRIVER_MODULES); do install -D -m 644 python/$$m $$k/$$m; done; \
-	  echo "installed $(DESTDIR)$(PREFIX)/bin/rlm-keeper and $$k"
+	  echo "installed $(DESTDIR)$(BINDIR)/rlm-keeper and $$k"
+
+keeper-rock: $(KEEPER_SRC) $(HDR)
+	@mkdir -p $(BUILD)/rock
+	$(CC) $(WARN) -Wno-unused-function $(CFLAGS) -DRLM_KEEPER_SHARE='"$(KEEPER_SHARE)"' \
+	  -o $(BUILD)/rock/rlm-keeper $(KEEPER_SRC) $(LDFLAGS) $(LDLIBS)
 
 # Sessions driven from inside real hosts: headless Neovim and nginx with the
 # Lua module (spec/hosts/). spec/hosts/deps installs neovim and nginx-core

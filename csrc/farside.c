@@ -874,6 +874,15 @@ static void driver_event(far *f, rlm_event *ev) {
 
 /* --- the loop ----------------------------------------------------------- */
 
+/* Where the driver's files are: --driver-dir, RLM_DRIVER_DIR (each, when
+ * given, the only place looked at), else beside the binary (a checkout's
+ * python/, an install's share/rlm-keeper/), else where the build put them
+ * (RLM_KEEPER_SHARE: the rock's, whose binary luarocks deploys apart). */
+#ifdef RLM_KEEPER_SHARE
+#define SHARE_DIR RLM_KEEPER_SHARE
+#else
+#define SHARE_DIR NULL
+#endif
 static int find_driver_dir(far *f, const char *given) {
   const char *candidates[3] = {given, getenv("RLM_DRIVER_DIR"), NULL};
   char exe[PATH_MAX], tries[2][PATH_MAX + 32];
@@ -888,8 +897,10 @@ static int find_driver_dir(far *f, const char *given) {
     snprintf(tries[0], sizeof(tries[0]), "%s/../python", exe);
     snprintf(tries[1], sizeof(tries[1]), "%s/../share/rlm-keeper", exe);
   }
-  for (int i = 0; i < 4; i++) {
-    const char *dir = i < 2 ? candidates[i] : n > 0 ? tries[i - 2] : NULL;
+  for (int i = 0; i < 5; i++) {
+    const char *dir = i < 2   ? candidates[i]
+                      : i < 4 ? (n > 0 ? tries[i - 2] : NULL)
+                              : SHARE_DIR;
     char probe[PATH_MAX + 32];
     if (dir == NULL || dir[0] == '\0')
       continue;
