@@ -1,4 +1,4 @@
--- Figure 11, the exec backend: the same session with its sandbox at the far
+-- Figure 15, the exec backend: the same session with its sandbox at the far
 -- end of a byte stream (rlm-keeper, docs/protocol.md "The stream"), through
 -- processes that only copy bytes (sh -c 'cat | rlm-keeper | cat') and over
 -- a direct pipe to rlm-keeper, against the local backend in the same run.
@@ -155,7 +155,7 @@ function M.run(env)
   for _, b in ipairs(list) do
     if b.sandbox then
       rows[#rows + 1] = common.time_row({
-        figure = "11", name = "cold start, " .. b.label, stats = common.summary(c[b.name].total),
+        figure = "15", name = "cold start, " .. b.label, stats = common.summary(c[b.name].total),
         floor = base, floor_name = "cold start, the local backend, same run", max_ratio = 1.5,
         note = "Session.new + first step (x = 1); the keeper's probe cached, as an image's build leaves it",
       })
@@ -171,11 +171,11 @@ function M.run(env)
     end
     local relay = c.relay.phases[i]
     if #relay > 0 then
-      rows[#rows + 1] = common.context_row("11", "  phase, ms from Session.new: " .. p[1],
+      rows[#rows + 1] = common.context_row("15", "  phase, ms from Session.new: " .. p[1],
         common.median(relay), "ms", table.concat(cells, ", ") .. " ms", #relay)
     end
   end
-  rows[#rows + 1] = common.context_row("11", "first session of each (probes: the host's, the keeper's)",
+  rows[#rows + 1] = common.context_row("15", "first session of each (probes: the host's, the keeper's)",
     first_relay, "ms", table.concat(firsts, ", "), 1, "the keeper's first start probes its interpreter and fills "
       .. "--cache; an image does that at build time")
 
@@ -190,7 +190,7 @@ function M.run(env)
   for _, b in ipairs(list) do
     if b.sandbox then
       rows[#rows + 1] = common.time_row({
-        figure = "11", name = "step round trip, " .. b.label, stats = common.summary(t[b.name]),
+        figure = "15", name = "step round trip, " .. b.label, stats = common.summary(t[b.name]),
         fmt = common.fmt_us, floor = local_steps, floor_name = "step round trip, the local backend, same run",
         max_ratio = 2, note = ("%s; %d rounds, each backend's steps after a chunk of both pipe floors")
           :format(pinned, size.step_rounds),
@@ -199,7 +199,7 @@ function M.run(env)
   end
   if #t.floor > 0 then
     local direct, relayed = common.summary(t.floor), common.summary(t.floor_relay)
-    local row = common.time_row({ figure = "11", name = "  pipe floor: C host <-> python echo driver through two cats",
+    local row = common.time_row({ figure = "15", name = "  pipe floor: C host <-> python echo driver through two cats",
       stats = relayed, fmt = common.fmt_us, floor = direct, floor_name = "the same, a direct pipe" })
     row.context = true
     row.note = "what the relay's two extra hops each way cost at the bottom; no target"
