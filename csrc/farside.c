@@ -904,8 +904,9 @@ static int find_driver_dir(far *f, const char *given) {
     char probe[PATH_MAX + 32];
     if (dir == NULL || dir[0] == '\0')
       continue;
-    snprintf(probe, sizeof(probe), "%s/repl_driver.py", dir);
-    if (access(probe, R_OK) == 0 && realpath(dir, f->driver_dir) != NULL)
+    if (snprintf(probe, sizeof(probe), "%s/repl_driver.py", dir) <
+            (int)sizeof(probe) &&
+        access(probe, R_OK) == 0 && realpath(dir, f->driver_dir) != NULL)
       return 0;
     if (i < 2)
       return -1; /* named, and not there: no guessing past it */

@@ -138,7 +138,7 @@ int far_session_dir(char *dir, size_t len, const char *tmp, const far_probe *p,
   if (fd >= 0)
     close(fd);
   if (!ok) {
-    snprintf(err, errlen, "making the REPL's directory in %s: %s", dir,
+    snprintf(err, errlen, "making the REPL's directory in %.512s: %s", dir,
              strerror(e));
     return -1;
   }
