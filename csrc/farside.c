@@ -927,7 +927,7 @@ static void choose_mode(far *f, const char *want, int found_python) {
     return;
   }
   if (strcmp(want, "seccomp") != 0 && f->have_bwrap)
-    ns = far_namespaces_work(why, sizeof(why));
+    ns = far_namespaces_cached(f->cache_dir, f->bwrap, why, sizeof(why));
   if (strcmp(want, "seccomp") != 0 && f->have_bwrap && ns) {
     f->mode = FAR_BUBBLEWRAP;
     snprintf(f->mode_why, sizeof(f->mode_why), "%s", f->bwrap);

@@ -72,6 +72,12 @@ RLM_FN const char *far_mode_name(far_mode m);
  * hostname in them, as bubblewrap does (what a container's seccomp profile
  * or its masked /proc refuses). 1, or 0 with why. Before any thread. */
 RLM_FN int far_namespaces_work(char *why, size_t len);
+/* The same, kept in cache_dir (when given) for as long as this boot, these
+ * namespaces, the kernel's user-namespace count and bubblewrap's file are
+ * the same: a keeper that runs again where one ran asks no child. Only a
+ * yes or a refusal (EPERM, EACCES) is kept, never a failure that may pass. */
+RLM_FN int far_namespaces_cached(const char *cache_dir, const char *bwrap,
+                                 char *why, size_t len);
 
 /* The fallback's directory for one REPL, made in tmp: <dir>/rlm/ holds the
  * driver's entry and package (repl_driver.pyc, driver.zip: read-only),

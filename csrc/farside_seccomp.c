@@ -4,6 +4,7 @@
  * removed by the keeper. docs/security.md says what each mode promises. */
 #define _GNU_SOURCE
 #include "farside.h"
+#include "smallfile.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -85,6 +86,65 @@ int far_namespaces_work(char *why, size_t len) {
   if (why[0] == '\0')
     snprintf(why, len, "the namespaces' probe ended with status %d", status);
   return 0;
+}
+
+/* What the namespaces' verdict depends on, as one line: this boot, the
+ * namespaces this keeper runs in (the same container: the same verdict),
+ * the kernel's count of user namespaces allowed, and bubblewrap's file. */
+static int namespaces_key(char *key, size_t len, const char *bwrap) {
+  char boot[64] = "", max_ns[32] = "";
+  size_t at = 0;
+  if (rlm_read_small("/proc/sys/kernel/random/boot_id", boot, sizeof(boot)) <=
+      0)
+    return -1;
+  (void)rlm_read_small("/proc/sys/user/max_user_namespaces", max_ns,
+                       sizeof(max_ns));
+  boot[strcspn(boot, "\n")] = '\0';
+  max_ns[strcspn(max_ns, "\n")] = '\0';
+  if (key_add(key, &at, "rlm-keeper namespaces 1\t%s\t%s", boot, max_ns) != 0 ||
+      key_stat(key, &at, bwrap) != 0)
+    return -1;
+  static const char *const kinds[] = {"user", "mnt", "pid",   "net",
+                                      "uts",  "ipc", "cgroup"};
+  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+    char path[64];
+    struct stat st;
+    snprintf(path, sizeof(path), "/proc/self/ns/%s", kinds[i]);
+    if (stat(path, &st) != 0 || key_add(key, &at, "\t%s:%llu", kinds[i],
+                                        (unsigned long long)st.st_ino) != 0)
+      return -1;
+  }
+  (void)len;
+  return strchr(key, '\n') != NULL ? -1 : 0;
+}
+
+int far_namespaces_cached(const char *cache_dir, const char *bwrap, char *why,
+                          size_t len) {
+  char *key = cache_dir != NULL ? malloc(KEY_MAX) : NULL;
+  char file[PATH_MAX];
+  int keyed = key != NULL && namespaces_key(key, KEY_MAX, bwrap) == 0 &&
+              snprintf(file, sizeof(file), "%s/namespaces-%016llx", cache_dir,
+                       (unsigned long long)fnv1a(key)) < (int)sizeof(file);
+  char *seen = keyed ? cache_read(file, key) : NULL;
+  int ok;
+  if (seen != NULL && (seen[0] == '1' || seen[0] == '0')) {
+    ok = seen[0] == '1';
+    snprintf(why, len, "%s", seen[1] == ' ' ? seen + 2 : "");
+    why[strcspn(why, "\n")] = '\0';
+  } else {
+    ok = far_namespaces_work(why, len);
+    /* A refusal is kept; a failure that may pass (a fork's EAGAIN, the
+     * count of user namespaces reached) is not. */
+    if (keyed && (ok || strstr(why, strerror(EPERM)) != NULL ||
+                  strstr(why, strerror(EACCES)) != NULL)) {
+      char line[320];
+      snprintf(line, sizeof(line), "%d %s", ok, why);
+      cache_write(file, key, line);
+    }
+  }
+  free(seen);
+  free(key);
+  return ok;
 }
 
 /* Writes data[0..n) to a new file at dir/name, mode 0444. */
