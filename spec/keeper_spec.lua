@@ -239,6 +239,31 @@ describe("rlm-keeper", function()
     end)
   end
 
+  it("keeps its namespaces probe's verdict in its cache, and goes by it", function()
+    local dir = H.sh("mktemp -d /tmp/rlm-spec-keeper-cache.XXXXXX")
+    local function hello()
+      local k = keeper({ KEEPER, "--cache", dir })
+      local msg = decode(k.next(), "K")
+      k.k:close()
+      return msg
+    end
+    assert.equals("bubblewrap", hello().sandbox)
+    local file = H.sh("ls " .. dir .. "/namespaces-*")
+    local f = assert(io.open(file))
+    local key, verdict = f:read("*l"), f:read("*l")
+    f:close()
+    assert.matches("^rlm%-keeper namespaces 1\t", key)
+    assert.equals("1 ", verdict)
+    -- a refusal kept for the same key: no child asked again
+    f = assert(io.open(file, "w"))
+    f:write(key, "\n0 planted: Operation not permitted\n")
+    f:close()
+    local again = hello()
+    os.execute("rm -rf " .. dir)
+    assert.equals(ROOT and "seccomp" or "none", again.sandbox)
+    assert.matches("planted: Operation not permitted", again.detail, 1, true)
+  end)
+
   -- The host's side broken: the keeper says why and ends.
   local broken = {
     { "a start without its fields", 'K{"type":"start","protocol":1}', "missing a field" },
