@@ -22,16 +22,25 @@ abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
 # and LuaSec for the real-model route (no other Lua, no chromium).
 DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
-  lua-socket lua-sec openssl lua-luv chromium gcc make
+  lua-socket lua-sec openssl lua-luv chromium gcc make luarocks
 DEMO_PKGS = lua5.4 liblua5.4-dev lua-cjson libuv1-dev bubblewrap python3 lua-socket lua-sec gcc make
 
-.PHONY: all deps demo-deps test check demo clean install bench fuzz soak lint
+.PHONY: all deps demo-deps test check demo clean install install-keeper keeper-rock bench fuzz soak lint
 BUILD ?= build
-all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so)
+all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so) $(BUILD)/rlm-keeper
 
 $(BUILD)/%/rlm/core.so: $(SRC) $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -I$(INC_$*) -shared -o $@ $(SRC) $(LDFLAGS) $(LDLIBS)
+
+# rlm-keeper, the far side of the exec backend (docs/protocol.md, "The
+# stream"): the same units as rlm.core, without Lua, as a program. The
+# shared units have functions it does not call (the Lua bindings' own), so
+# -Wunused-function is off here; rlm.core's build keeps it on for all.
+KEEPER_SRC = csrc/rlm_keeper.c
+$(BUILD)/rlm-keeper: $(KEEPER_SRC) $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -Wno-unused-function $(CFLAGS) $(XCFLAGS) -o $@ $(KEEPER_SRC) $(LDFLAGS) $(LDLIBS)
 
 # $(call apt_missing,PACKAGES[,APT FLAGS]): installs those of PACKAGES that
 # are not installed, and nothing else.
@@ -97,9 +106,13 @@ fuzz: deps
 	@mkdir -p build/fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -I$(INC_5.4) -o build/fuzz/framing_fuzz \
 	  fuzz/framing_fuzz.c -llua5.4
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -o build/fuzz/jsonread_fuzz fuzz/jsonread_fuzz.c
 	cp -r fuzz/corpus build/fuzz/corpus-run
 	LUA_CPATH="/usr/lib/x86_64-linux-gnu/lua/5.4/?.so;;" build/fuzz/framing_fuzz \
 	  -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 build/fuzz/corpus-run fuzz/corpus
+	mkdir -p build/fuzz/jsonread-run
+	build/fuzz/jsonread_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	  build/fuzz/jsonread-run fuzz/jsonread_corpus
 
 # 1,000 sessions with random faults; the host's fds, children, RSS and
 # workdirs must come back to where they started.
@@ -125,6 +138,28 @@ install: all
 	  echo "installed $$share/rlm and $$lib/rlm/core.so"; \
 	done
 	install -D -m 755 bin/rlm $(DESTDIR)$(PREFIX)/bin/rlm
+	@$(MAKE) --no-print-directory install-keeper
+
+# rlm-keeper and the driver's files it hands its sandbox: the binary in
+# BINDIR, the files in KEEPER_SHARE (PREFIX/share/rlm-keeper, where the
+# keeper looks beside its bin/). The rock rlm-keeper (luarocks' make
+# backend, rlm-keeper-scm-1.rockspec) builds with keeper-rock, which
+# compiles KEEPER_SHARE in (luarocks deploys the binary to its tree's bin/,
+# away from the rock's own directory), and installs with this target.
+BINDIR ?= $(PREFIX)/bin
+KEEPER_SHARE ?= $(PREFIX)/share/rlm-keeper
+KEEPER_BIN ?= $(BUILD)/rlm-keeper
+install-keeper: $(KEEPER_BIN)
+	install -D -m 755 $(KEEPER_BIN) $(DESTDIR)$(BINDIR)/rlm-keeper
+	@set -e; k=$(DESTDIR)$(KEEPER_SHARE); \
+	  install -D -m 644 python/repl_driver.py python/probe.py -t $$k; \
+	  for m in $(DRIVER_MODULES); do install -D -m 644 python/$$m $$k/$$m; done; \
+	  echo "installed $(DESTDIR)$(BINDIR)/rlm-keeper and $$k"
+
+keeper-rock: $(KEEPER_SRC) $(HDR)
+	@mkdir -p $(BUILD)/rock
+	$(CC) $(WARN) -Wno-unused-function $(CFLAGS) -DRLM_KEEPER_SHARE='"$(KEEPER_SHARE)"' \
+	  -o $(BUILD)/rock/rlm-keeper $(KEEPER_SRC) $(LDFLAGS) $(LDLIBS)
 
 # Sessions driven from inside real hosts: headless Neovim and nginx with the
 # Lua module (spec/hosts/). spec/hosts/deps installs neovim and nginx-core

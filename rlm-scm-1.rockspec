@@ -79,6 +79,7 @@ build = {
     ["rlm.nvim"] = "lua/rlm/nvim.lua",
     ["rlm.sandbox.backend"] = "lua/rlm/sandbox/backend.lua",
     ["rlm.sandbox.bwrap"] = "lua/rlm/sandbox/bwrap.lua",
+    ["rlm.sandbox.exec"] = "lua/rlm/sandbox/exec.lua",
     ["rlm.sandbox.selftest"] = "lua/rlm/sandbox/selftest.lua",
     ["rlm.tools.highlight"] = "lua/rlm/tools/highlight.lua",
     ["rlm.tools.logline"] = "lua/rlm/tools/logline.lua",

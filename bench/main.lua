@@ -224,6 +224,21 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    paced by a client that reads the server's clock once and sends 8 at the
    start of each window, never refused. No target: the figure is the
    difference between the two rows.
+15. **The exec backend** (`sandbox = { backend = "exec", argv = ... }`,
+   rlm-keeper at the far end of a byte stream, on this machine): through
+   `sh -c 'cat | rlm-keeper | cat'` (processes that only copy bytes, as a
+   remote transport's do) and over a direct pipe to `build/rlm-keeper`,
+   beside the local backend in the same run. Cold start as figure 1's
+   (`Session.new` + the first step), the three taking turns in rounds of
+   5, each sample once rlm.core's teardown of the last one is over
+   (`core.teardowns()`); the keeper's probe cache (`--cache`) is filled by
+   a first session, shown on its own, as an image's build fills it. The
+   phases are medians of ms from `Session.new`: the keeper's hello read by
+   the host, the driver's first line (its `CLOCK_MONOTONIC` stamp; the far
+   side is this machine), its hello, `ready` and the host's checks. Step
+   round trip as figure 2's, one session per backend, pinned to one CPU,
+   in 5 rounds each after a chunk of both pipe floors: `floor_pingpong`
+   with the echo driver directly and through `cat | ... | cat`.
 ]]
 
 -- One row of RESULTS.md's table.

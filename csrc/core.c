@@ -4,12 +4,14 @@
  * message. */
 #define _GNU_SOURCE
 #include "core.h"
+#include "base64.h"
 #include "driver.h"
 #include "plan.h"
 #include "sandbox.h"
 #include "utf8.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <time.h>
 #include <uv.h>
 
@@ -55,35 +57,15 @@ static int core_find_program(lua_State *L) {
  * probe's driver_zip); nil for anything else. */
 static int core_base64_decode(lua_State *L) {
   size_t len;
-  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
-  if (len % 4 != 0)
-    return 0;
-  luaL_Buffer b;
-  luaL_buffinit(L, &b);
-  for (size_t i = 0; i < len; i += 4) {
-    unsigned v = 0;
-    int pad = 0;
-    for (int k = 0; k < 4; k++) {
-      unsigned char c = s[i + k];
-      int x = c >= 'A' && c <= 'Z'   ? c - 'A'
-              : c >= 'a' && c <= 'z' ? c - 'a' + 26
-              : c >= '0' && c <= '9' ? c - '0' + 52
-              : c == '+'             ? 62
-              : c == '/'             ? 63
-                                     : -1;
-      if (c == '=' && i + 4 == len && k >= 2 && (k == 3 || s[i + 3] == '=')) {
-        pad++;
-        x = 0;
-      } else if (x < 0 || pad > 0) {
-        return 0;
-      }
-      v = v << 6 | (unsigned)x;
-    }
-    char out[3] = {(char)(v >> 16), (char)(v >> 8 & 0xff), (char)(v & 0xff)};
-    luaL_addlstring(&b, out, 3 - (size_t)pad);
-  }
-  luaL_pushresult(&b);
-  return 1;
+  const char *s = luaL_checklstring(L, 1, &len);
+  char *out = malloc(len / 4 * 3 + 1);
+  if (out == NULL)
+    return luaL_error(L, "rlm.core.base64_decode: out of memory");
+  long n = rlm_base64_decode(s, len, out);
+  if (n >= 0)
+    lua_pushlstring(L, out, (size_t)n);
+  free(out);
+  return n >= 0 ? 1 : 0;
 }
 
 static int core_now_ms(lua_State *L) {
@@ -100,6 +82,14 @@ static int core_thread_cpu_ms(lua_State *L) {
     return 0;
   lua_pushnumber(L,
                  (lua_Number)t.tv_sec * 1000.0 + (lua_Number)t.tv_nsec / 1e6);
+  return 1;
+}
+
+/* core.teardowns() -> how many closed drivers of this process their keeper
+ * threads have not yet torn down (killed, reaped, freed): a spec that
+ * counts the process's descriptors waits for 0 first. */
+static int core_teardowns(lua_State *L) {
+  lua_pushinteger(L, rlm_driver_teardowns());
   return 1;
 }
 
@@ -161,6 +151,8 @@ static const luaL_Reg core_functions[] = {
     {"spawn", core_spawn},
     {"sandbox_argv", core_sandbox_argv},
     {"helper", core_helper},
+    {"teardowns", core_teardowns},
+    {"stream", core_stream},
     {"waitset", core_waitset},
     {"find_program", core_find_program},
     {"fd_headroom", core_fd_headroom},

@@ -12,6 +12,9 @@
 #include "unit.h"
 
 #define DRIVER_MT "rlm.core.Driver"
+#define SEALED_MT "rlm.core.Sealed"
+#define ZIP_CACHE "rlm.core.zip"     /* { zip string, Sealed } */
+#define ENTRY_CACHE "rlm.core.entry" /* { bytecode string, Sealed } */
 
 typedef struct driver_ud {
   rlm_driver *d;
@@ -21,6 +24,9 @@ typedef struct driver_ud {
                   context memfd, until write_context seals it; -1 */
   struct late_writer *writer; /* a large late context being written off
                                  the Lua thread; NULL */
+  int stream;                 /* core.stream's: lines come and go on channels */
+  int raw_ref; /* a stream's raw bytes (d:send_raw), in the registry until
+                  written; LUA_NOREF */
 } driver_ud;
 
 /* A hook_state is core.hook_state()'s token (core_hook.c). */
@@ -35,6 +41,10 @@ RLM_FN void close_fd(int *fd);
  * NULL (the wait is not interruptible). */
 RLM_FN int interrupt_asked(lua_State *L, const hook_state *before);
 RLM_FN const hook_state *opt_hook_token(lua_State *L, int i);
+
+/* The Sealed userdata's __gc (core_spawn.c): a shared sealed memfd of
+ * plan.h's, the driver's zip or its entry's bytecode. */
+RLM_FN int blob_gc(lua_State *L);
 
 /* Each userdata's metatable, made once at luaopen_rlm_core. */
 RLM_FN void open_driver(lua_State *L);

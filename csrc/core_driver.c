@@ -79,6 +79,15 @@ static void release_context(lua_State *L, driver_ud *u) {
   }
 }
 
+/* Lets go of a stream's raw bytes once they are written. */
+static void release_raw(lua_State *L, driver_ud *u, int force) {
+  if (u->raw_ref != LUA_NOREF &&
+      (force || u->d == NULL || rlm_driver_raw_done(u->d))) {
+    luaL_unref(L, LUA_REGISTRYINDEX, u->raw_ref);
+    u->raw_ref = LUA_NOREF;
+  }
+}
+
 static driver_ud *check_driver(lua_State *L) {
   driver_ud *u = luaL_checkudata(L, 1, DRIVER_MT);
   if (u->d == NULL)
@@ -99,6 +108,61 @@ static int driver_send(lua_State *L) {
   const char *s = luaL_checklstring(L, 2, &len);
   if (rlm_driver_send(u->d, s, len) != 0)
     return fail(L, "the driver cannot take input");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* d:send_keeper(line) -> true | nil, message: a stream's line on the
+ * keeper's channel. */
+static int driver_send_keeper(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  if (!u->stream)
+    return luaL_argerror(L, 1, "not a stream");
+  if (rlm_driver_send_on(u->d, 'K', s, len) != 0)
+    return fail(L, "the stream cannot take input");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* d:heartbeat(ping, every_ms, lost_ms) -> true: a stream's heartbeat
+ * (rlm_driver_heartbeat): `ping` on the keeper's channel after every_ms of
+ * quiet, and poll's "silent" when nothing comes lost_ms after it; every_ms
+ * 0 stops it. */
+static int driver_heartbeat(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *ping = luaL_checklstring(L, 2, &len);
+  lua_Integer every = luaL_checkinteger(L, 3);
+  lua_Integer lost = luaL_checkinteger(L, 4);
+  if (!u->stream)
+    return luaL_argerror(L, 1, "not a stream");
+  luaL_argcheck(L, len > 0 && len <= 64 && memchr(ping, '\n', len) == NULL, 2,
+                "1 to 64 bytes, no newline");
+  luaL_argcheck(L, every >= 0 && every <= 3600000, 3, "0 to 3600000 ms");
+  luaL_argcheck(L, lost >= 1 && lost <= 3600000, 4, "1 to 3600000 ms");
+  lua_pushboolean(L, rlm_driver_heartbeat(u->d, ping, len, (unsigned)every,
+                                          (unsigned)lost) == 0);
+  return 1;
+}
+
+/* d:send_raw(bytes) -> true | nil, message: a stream's raw bytes (the
+ * context, after its message), written from the string itself, which the
+ * driver holds until they are written (at most one such string at once). */
+static int driver_send_raw(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  if (!u->stream)
+    return luaL_argerror(L, 1, "not a stream");
+  release_raw(L, u, 0);
+  if (u->raw_ref != LUA_NOREF)
+    return fail(L, "the stream is still writing raw bytes");
+  if (rlm_driver_send_raw(u->d, s, len) != 0)
+    return fail(L, "the stream cannot take input");
+  lua_pushvalue(L, 2);
+  u->raw_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -153,6 +217,8 @@ static const char *event_name(rlm_event_kind k) {
     return "files";
   case RLM_EV_FAILED:
     return "failed";
+  case RLM_EV_SILENT:
+    return "silent";
   }
   return "unknown";
 }
@@ -190,7 +256,8 @@ static int driver_wait_for(lua_State *L, rlm_driver *d, int timeout,
 /* d:poll(timeout_ms[, max_values[, held]]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
  *   "memory", peak_bytes | "files", files | "overflow" | "dense", values |
- *   "failed", message (the start failed: nothing ran)
+ *   "failed", message (the start failed: nothing ran) | "silent" (a
+ *   stream's far side left its heartbeat's ping unanswered: killed)
  * A line that could decode to more than max_values JSON values is not made
  * a Lua string: "dense" says how many it holds (at least). With `held`, only
  * what the driver holds already is taken: the pipes are not looked at. With
@@ -213,9 +280,25 @@ static int driver_poll(lua_State *L) {
   } else
     ev = rlm_driver_take(u->d);
   release_context(L, u);
+  release_raw(L, u, 0);
   if (ev == NULL)
     return 0;
   int n = 1;
+  if (ev->kind == RLM_EV_LINE && u->stream) {
+    /* A stream's line: the driver's (D) goes on as a line without its
+     * channel byte; the keeper's own (K), or one on no channel, is said
+     * apart. */
+    if (ev->len == 0 || ev->data[0] != 'D') {
+      lua_pushstring(L,
+                     ev->len > 0 && ev->data[0] == 'K' ? "keeper" : "garbled");
+      lua_pushlstring(L, ev->len > 0 ? ev->data + 1 : "",
+                      ev->len > 0 ? ev->len - 1 : 0);
+      rlm_driver_line_taken(u->d);
+      return 2;
+    }
+    ev->data++;
+    ev->len--;
+  }
   if (ev->kind == RLM_EV_LINE && max_values > 0) {
     size_t values = rlm_json_values(ev->data, ev->len, (size_t)max_values);
     if (values > (size_t)max_values) {
@@ -503,6 +586,7 @@ static int driver_close(lua_State *L) {
   close_fd(&u->late_fd);
   rlm_driver_close(d); /* never waits for the sandbox; the context is free */
   release_context(L, u);
+  release_raw(L, u, 1); /* close() freed the loop and its write queue */
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -539,6 +623,9 @@ static const luaL_Reg driver_methods[] = {
     {"exec_ms", driver_exec_ms},
     {"start_stamps", driver_start_stamps},
     {"send_result", driver_send_result},
+    {"send_keeper", driver_send_keeper},
+    {"send_raw", driver_send_raw},
+    {"heartbeat", driver_heartbeat},
     {"write_context", driver_write_context},
     {"context_written", driver_context_written},
     {"close", driver_close},

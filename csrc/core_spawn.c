@@ -16,11 +16,7 @@
 
 #define MAX_RO_PATHS 4096
 
-/* The driver sees a fixed environment: nothing of the host's. */
-static char *const sandbox_env[] = {
-    "PATH=/usr/bin:/bin",        "LANG=C.UTF-8", "PYTHONUTF8=1",
-    "HOME=" RLM_SANDBOX_WORKDIR, NULL,
-};
+static char *const sandbox_env[] = RLM_SANDBOX_ENV;
 
 static const char *opt_string(lua_State *L, int t, const char *key) {
   lua_getfield(L, t, key);
@@ -98,6 +94,61 @@ static void read_spec(lua_State *L, rlm_sandbox_spec *spec) {
   }
 }
 
+/* The Sealed userdata's __gc (core.c makes its metatable). */
+int blob_gc(lua_State *L) {
+  sealed_blob **b = luaL_checkudata(L, 1, SEALED_MT);
+  blob_unref(*b);
+  *b = NULL;
+  return 0;
+}
+
+/* The sealed memfd of the string at index i, with a reference for the
+ * caller: the Lua state's last one under the registry key `cache` when it
+ * is the same string (a probe's zip and entry are one string each for its
+ * whole life), else a new one that replaces it. NULL with a message that
+ * names `what`. */
+static sealed_blob *cached_blob(lua_State *L, int i, const char *cache,
+                                const char *what, char *err, size_t errlen) {
+  lua_getfield(L, LUA_REGISTRYINDEX, cache);
+  if (lua_istable(L, -1)) {
+    lua_rawgeti(L, -1, 1);
+    int same = lua_rawequal(L, -1, i);
+    lua_pop(L, 1);
+    if (same) {
+      lua_rawgeti(L, -1, 2);
+      sealed_blob **b = luaL_checkudata(L, -1, SEALED_MT);
+      sealed_blob *blob = *b;
+      lua_pop(L, 2);
+      if (blob != NULL) {
+        atomic_fetch_add(&blob->refs, 1);
+        return blob;
+      }
+      lua_pushnil(L);
+    }
+  }
+  lua_pop(L, 1);
+  size_t len;
+  const char *data = lua_tolstring(L, i, &len);
+  sealed_blob **b = lua_newuserdata(L, sizeof(*b));
+  *b = NULL;
+  luaL_getmetatable(L, SEALED_MT);
+  lua_setmetatable(L, -2);
+  if ((*b = blob_new(data, len, 2)) == NULL) { /* the cache's, the caller's */
+    snprintf(err, errlen, "%s: %s", what, strerror(errno));
+    lua_pop(L, 1);
+    return NULL;
+  }
+  sealed_blob *blob = *b;
+  lua_createtable(L, 2, 0);
+  lua_pushvalue(L, i);
+  lua_rawseti(L, -2, 1);
+  lua_pushvalue(L, -2);
+  lua_rawseti(L, -2, 2);
+  lua_setfield(L, LUA_REGISTRYINDEX, cache);
+  lua_pop(L, 1);
+  return blob;
+}
+
 /* Pushes argv as a list and frees it. */
 static int push_argv(lua_State *L, rlm_argv *argv) {
   lua_createtable(L, (int)argv->n, 0);
@@ -163,6 +214,8 @@ static int core_spawn(lua_State *L) {
   u->ctx_ref = LUA_NOREF;
   u->late_fd = -1;
   u->writer = NULL;
+  u->stream = 0;
+  u->raw_ref = LUA_NOREF;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
 
@@ -265,7 +318,7 @@ static int helper_env(lua_State *L) {
  * Starts a trusted helper (the interpreter probe) outside the sandbox, with
  * the host's environment, as a Driver to poll like any other: its lines,
  * then its exit. */
-static int core_helper(lua_State *L) {
+static int start_local(lua_State *L, char channel) {
   luaL_checktype(L, 1, LUA_TTABLE);
   int timeout = (int)luaL_checkinteger(L, 2);
   size_t max_bytes = (size_t)luaL_checkinteger(L, 3);
@@ -285,6 +338,8 @@ static int core_helper(lua_State *L) {
   u->ctx_ref = LUA_NOREF;
   u->late_fd = -1;
   u->writer = NULL;
+  u->stream = channel != 0;
+  u->raw_ref = LUA_NOREF;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
   rlm_driver_opts o;
@@ -292,10 +347,29 @@ static int core_helper(lua_State *L) {
   o.argv = argv;
   o.env = lua_touserdata(L, env_index);
   o.max_line = max_bytes;
+  o.channel = channel;
   char err[512];
   u->d = rlm_driver_start(&o, err, sizeof(err));
   if (u->d == NULL)
     return fail(L, err);
-  rlm_driver_set_deadline(u->d, (uint64_t)timeout);
+  if (timeout > 0)
+    rlm_driver_set_deadline(u->d, (uint64_t)timeout);
   return 1;
+}
+
+static int core_helper(lua_State *L) { return start_local(L, 0); }
+
+/* core.stream(argv, max_line) -> Driver | nil, message
+ * Starts argv (a local process with no sandbox of its own: the exec
+ * backend's `sh -c 'cat | rlm-keeper | cat'`, kubectl exec, podman exec)
+ * as a stream of channels (docs/protocol.md, "The stream"): what is sent
+ * goes on the driver's channel (send_keeper and send_raw for the keeper's
+ * messages and the context), and poll() gives the driver's lines as
+ * "line" and the keeper's as "keeper". Its close ends its input, and kills
+ * its process group STREAM_END_MS later. */
+static int core_stream(lua_State *L) {
+  lua_settop(L, 2);
+  lua_pushinteger(L, 0); /* no deadline of its own: the host sets them */
+  lua_insert(L, 2);
+  return start_local(L, 'D');
 }

@@ -97,6 +97,14 @@ static void on_launcher_grace(uv_timer_t *t) {
     kill_launcher(d);
 }
 
+static void on_stream_grace(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  if (!d->exited) {
+    (void)kill(-d->pid, SIGKILL);
+    kill_launcher(d);
+  }
+}
+
 /* Kills the pid namespace's init, not the launcher: the kernel then kills
  * and reaps everything in the namespace, the launcher reaps the init and
  * exits, and we reap the launcher, so nothing is left for the host's init to
@@ -111,6 +119,24 @@ static void kill_sandbox(rlm_driver *d) {
   if (!d->spawned || d->exited || d->killed)
     return;
   d->killed = 1;
+  if (d->channel) {
+    /* A stream is a local process and what it started (sh, cat, kubectl),
+     * in its own process group, and at its far end a keeper that cleans
+     * up what it made there (its sandbox, its directories) when its input
+     * ends: the input ends now, and the group is killed STREAM_END_MS
+     * later if it has not exited by then. */
+    close_handle(d, &d->in);
+    d->in_closed = 1;
+    uv_timer_start(&d->launcher_grace, on_stream_grace, STREAM_END_MS, 0);
+    return;
+  }
+  if (d->seccomp_only) {
+    /* The interpreter alone (its filter forbids new processes), in a
+     * session of its own: no namespace's init to aim at. */
+    (void)kill(-d->pid, SIGKILL);
+    kill_launcher(d);
+    return;
+  }
   pid_t pids[2];
   if (rlm_tree_pids(d->pid, pids, 2) == 2 && kill(pids[1], SIGKILL) == 0)
     uv_timer_start(&d->launcher_grace, on_launcher_grace, LAUNCHER_GRACE_MS, 0);
@@ -132,6 +158,7 @@ static void terminate(rlm_driver *d, rlm_event_kind kind) {
     ev->peak_bytes = atomic_load(&d->peak_rss);
   queue_event(d, ev);
   uv_timer_stop(&d->deadline);
+  uv_timer_stop(&d->heartbeat);
 }
 
 /* The watchdog thread killed the sandbox: say so, once, before anything
@@ -217,6 +244,7 @@ static void on_process_exit(uv_poll_t *w, int status, int events) {
   }
   uv_timer_stop(&d->deadline);
   uv_timer_stop(&d->launcher_grace);
+  uv_timer_stop(&d->heartbeat);
   if (!drained(d) && !d->killed)
     uv_timer_start(&d->grace, on_grace, EXIT_GRACE_MS, 0);
   maybe_queue_exit(d);
@@ -275,11 +303,18 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (nread < 0) {
     d->out_eof = 1;
     stop_reading(d);
+    /* A stream whose output ended is over, whatever of it still runs (a
+     * relay's first half blocked on its input): it goes now, so that its
+     * exit says so at once. */
+    if (d->channel)
+      kill_sandbox(d);
     maybe_queue_exit(d);
     return;
   }
   if (d->terminal_queued)
     return;
+  d->hb_heard = uv_now(&d->loop);
+  d->hb_waiting = 0;
   rlm_framer_commit(&d->framer, (size_t)nread);
   if (rlm_framer_ready(&d->framer))
     d->paused = 1;
@@ -317,6 +352,74 @@ static void on_deadline(uv_timer_t *t) {
   d->deadline_hit = 1;
   terminate(d, RLM_EV_TIMEOUT);
   uv_stop(&d->loop); /* an event is queued: the wait is over (on_wait) */
+}
+
+static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts, int n);
+
+/* Whether the stream's output holds bytes the loop has not read yet (or
+ * its end): the far side spoke while the loop did not run. */
+static int output_waiting(rlm_driver *d) {
+  uv_os_fd_t fd;
+  if (d->paused)
+    return 1; /* a line waits to be taken: the host is the one not reading */
+  if (uv_fileno((uv_handle_t *)&d->out, &fd) != 0)
+    return 0;
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n > 0;
+}
+
+/* Every tick of a stream's heartbeat (rlm_driver_heartbeat): what the far
+ * side took of the write queue since the last tick counts as heard, as
+ * what it sent does (on_read_out); a quiet stream is pinged, and one that
+ * stays quiet lost_ms after its ping is killed. */
+static void on_heartbeat(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  uint64_t now = uv_now(&d->loop);
+  size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  if (queued < d->hb_queued || output_waiting(d)) {
+    d->hb_heard = now;
+    d->hb_waiting = 0;
+  }
+  d->hb_queued = queued;
+  if (d->hb_waiting) {
+    if (now - d->hb_ping_at >= d->hb_lost) {
+      terminate(d, RLM_EV_SILENT);
+      uv_stop(&d->loop); /* an event is queued: the wait is over */
+    }
+  } else if (now - d->hb_heard >= d->hb_every) {
+    uv_buf_t part = uv_buf_init(d->hb_ping, (unsigned)d->hb_ping_len);
+    if (send_line(d, 'K', &part, 1) == 0) {
+      d->hb_waiting = 1;
+      d->hb_ping_at = now;
+      d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+    }
+  }
+}
+
+int rlm_driver_heartbeat(rlm_driver *d, const char *ping, size_t len,
+                         unsigned every_ms, unsigned lost_ms) {
+  uv_timer_stop(&d->heartbeat);
+  if (every_ms == 0)
+    return 0;
+  if (!d->channel || len == 0 || len > sizeof(d->hb_ping) ||
+      memchr(ping, '\n', len) != NULL || lost_ms == 0)
+    return -1;
+  if (d->start_failed || d->exited || d->killed || d->terminal_queued)
+    return 0; /* its end is on its way */
+  memcpy(d->hb_ping, ping, len);
+  d->hb_ping_len = len;
+  d->hb_every = every_ms;
+  d->hb_lost = lost_ms;
+  uv_update_time(&d->loop);
+  d->hb_heard = uv_now(&d->loop);
+  d->hb_waiting = 0;
+  d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  uv_timer_start(&d->heartbeat, on_heartbeat, every_ms, every_ms);
+  return 0;
 }
 
 /* A timer that fires in uv_run's timers phase, before its poll, would not
@@ -368,6 +471,7 @@ static void free_driver(rlm_driver *d) {
   free(d->argv);
   free(d->env);
   free(d->stage);
+  free(d->workdir);
   while (d->head != NULL) {
     rlm_event *ev = d->head;
     d->head = ev->next;
@@ -387,6 +491,7 @@ static void close_loop(rlm_driver *d) {
   close_handle(d, &d->wait);
   close_handle(d, &d->grace);
   close_handle(d, &d->launcher_grace);
+  close_handle(d, &d->heartbeat);
   close_handle(d, &d->started);
   close_handle(d, &d->sigint);
   while (d->handles > 0)
@@ -472,8 +577,12 @@ static char **copy_strings(char *const *v, size_t n) {
 }
 
 /* Keeps this library loaded for the life of the process: the keeper may
- * outlive the Lua state, which unloads it on close. */
+ * outlive the Lua state, which unloads it on close. A program (rlm-keeper,
+ * RLM_PROGRAM) is never unloaded. */
 static int pin_library(void) {
+#ifdef RLM_PROGRAM
+  return 0;
+#endif
   Dl_info self;
   return dladdr((void *)keeper_main, &self) != 0 && self.dli_fname != NULL &&
                  dlopen(self.dli_fname,
@@ -560,6 +669,18 @@ static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
   d->max_rss = o->max_rss;
   d->max_files = o->max_files;
   d->rss_interval_ms = o->rss_interval_ms ? o->rss_interval_ms : 50;
+  d->channel = o->channel;
+  d->seccomp_only = o->seccomp_only;
+  if (o->seccomp_only &&
+      (!o->claim_uid || o->workdir == NULL || o->workdir[0] != '/' ||
+       (d->workdir = strdup(o->workdir)) == NULL)) {
+    snprintf(err, errlen,
+             "a seccomp-only sandbox needs a uid of its own and "
+             "an absolute workdir");
+    free_driver(d);
+    errno = EINVAL;
+    return NULL;
+  }
 
   int rc = uv_loop_init(&d->loop);
   if (rc != 0) {
@@ -571,6 +692,7 @@ static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
   init_timer(d, &d->wait);
   init_timer(d, &d->grace);
   init_timer(d, &d->launcher_grace);
+  init_timer(d, &d->heartbeat);
   if ((rc = init_pipe(d, &d->in)) != 0 || (rc = init_pipe(d, &d->out)) != 0 ||
       (rc = init_pipe(d, &d->err)) != 0) {
     snprintf(err, errlen, "uv_pipe_init: %s", uv_strerror(rc));
@@ -663,20 +785,84 @@ int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
 }
 
 int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n) {
+  return send_line(d, d->channel, parts, n);
+}
+
+int rlm_driver_send_on(rlm_driver *d, char channel, const char *data,
+                       size_t len) {
+  if (len > MAX_WRITE_QUEUE || !d->channel)
+    return -1;
+  uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
+  return send_line(d, channel, &part, 1);
+}
+
+typedef struct raw_req {
+  uv_write_t req;
+  size_t len;
+} raw_req;
+
+static void on_raw_write(uv_write_t *req, int status) {
+  raw_req *r = (raw_req *)req;
+  rlm_driver *d = req->data;
+  (void)status; /* a failed write shows as the process's exit */
+  d->raw_pending--;
+  d->raw_bytes -= r->len;
+  free(r);
+}
+
+int rlm_driver_send_raw(rlm_driver *d, const char *data, size_t len) {
+  if (d->start_failed || d->kill_pending || d->exited || d->killed ||
+      d->in_closed || !d->channel)
+    return -1;
+  /* In slices a uv_buf_t's length holds; libuv keeps their order. */
+  const size_t slice = 1u << 30;
+  for (size_t at = 0; at < len; at += slice) {
+    size_t n = len - at < slice ? len - at : slice;
+    raw_req *r = malloc(sizeof(*r));
+    uv_buf_t buf = uv_buf_init((char *)data + at, (unsigned)n);
+    if (r == NULL ||
+        uv_write(&r->req, (uv_stream_t *)&d->in, &buf, 1, on_raw_write) != 0) {
+      free(r);
+      if (at > 0)
+        kill_sandbox(d); /* part of it went: the stream is broken */
+      return -1;
+    }
+    r->req.data = d;
+    r->len = n;
+    d->raw_pending++;
+    d->raw_bytes += n;
+  }
+  return 0;
+}
+
+int rlm_driver_raw_done(const rlm_driver *d) { return d->raw_pending == 0; }
+
+static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts,
+                     int n) {
   /* While it starts, what is sent waits in the pipe. */
   if (d->start_failed || d->kill_pending || d->exited || d->killed ||
       d->in_closed || n < 1 || n > 8)
     return -1;
-  uv_buf_t bufs[9];
+  uv_buf_t bufs[10];
   size_t len = 0;
+  int first = 0;
+  if (channel) {
+    bufs[0] = uv_buf_init(channel == 'K' ? "K" : "D", 1);
+    first = 1;
+    len = 1;
+  }
   for (int i = 0; i < n; i++) {
     if (memchr(parts[i].base, '\n', parts[i].len) != NULL)
       return -1;
-    bufs[i] = parts[i];
+    bufs[first + i] = parts[i];
     len += parts[i].len;
   }
-  if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) + len >
-      MAX_WRITE_QUEUE)
+  n += first;
+  /* A stream's raw context is the caller's memory, not the queue's (of
+   * which libuv may have written part at once). */
+  size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  queued -= queued < d->raw_bytes ? queued : d->raw_bytes;
+  if (queued + len > MAX_WRITE_QUEUE)
     return -1;
   /* The line and its newline straight to the pipe when nothing waits before
    * it (a short line always fits); what the pipe does not take now is
@@ -788,6 +974,8 @@ static int read_ahead(rlm_driver *d) {
     d->read_ahead_skip = READ_AHEAD_BACKOFF;
     return 0;
   }
+  d->hb_heard = uv_now(&d->loop);
+  d->hb_waiting = 0;
   rlm_framer_commit(&d->framer, (size_t)n);
   if (rlm_framer_ready(&d->framer)) {
     d->paused = 1;
@@ -840,6 +1028,7 @@ void rlm_driver_kill(rlm_driver *d) {
   stop_reading(d);
   drop_lines(d);
   uv_timer_stop(&d->deadline);
+  uv_timer_stop(&d->heartbeat);
 }
 
 void rlm_driver_set_deadline(rlm_driver *d, uint64_t ms) {

@@ -20,6 +20,8 @@ typedef enum rlm_event_kind {
   RLM_EV_OVERFLOW, /* a line longer than the cap; the sandbox was killed */
   RLM_EV_FILES,    /* /session held more than max_files files; killed */
   RLM_EV_FAILED,   /* the process could not be started; data says why */
+  RLM_EV_SILENT,   /* a stream's far side left a ping unanswered past its
+                      heartbeat's lost_ms; the stream was killed */
 } rlm_event_kind;
 
 typedef struct rlm_event {
@@ -81,6 +83,21 @@ typedef struct rlm_driver_opts {
   uint64_t max_files; /* files in /session; 0: not counted */
   int cgroup;         /* put the sandbox in a cgroup where one can be made */
   unsigned rss_interval_ms;
+  int seccomp_only;    /* no bubblewrap (rlm-keeper's fallback,
+                          docs/security.md): argv runs the interpreter
+                          itself, and the child, before its exec, drops its
+                          capabilities' bounding set and then to run_as
+                          (claim_uid: required), leaves for a session of its
+                          own, dies with its parent, changes to `workdir`
+                          (given to the uid) and installs the seccomp filter
+                          on itself with no_new_privs; the kill is its
+                          process group's, and the watchdog counts
+                          `workdir`'s files and bytes by walking it */
+  const char *workdir; /* with seccomp_only: the REPL's directory */
+  char channel;        /* nonzero: a stream of channels (docs/protocol.md, "The
+                          stream"): every line sent goes with this byte first,
+                          and the process is ended by the end of its input, then
+                          SIGKILL to its process group (no sandbox of its own) */
 } rlm_driver_opts;
 
 /* How many descriptors this process can still open, counted up to `need`
@@ -116,6 +133,17 @@ RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
  * the newline. */
 RLM_FN int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n);
 
+/* A stream's line on another channel than its own (the keeper's, 'K'). */
+RLM_FN int rlm_driver_send_on(rlm_driver *d, char channel, const char *data,
+                              size_t len);
+
+/* A stream's raw bytes (the context after its message), written as they
+ * are from the caller's memory, which must stay until
+ * rlm_driver_raw_done says they are written: no copy, whatever their
+ * size. Returns 0, or -1 when the process is gone. */
+RLM_FN int rlm_driver_send_raw(rlm_driver *d, const char *data, size_t len);
+RLM_FN int rlm_driver_raw_done(const rlm_driver *d);
+
 /* Runs the driver's loop until it has an event for rlm_driver_take, or
  * timeout_ms pass (-1: no limit; 0: one look), without taking the event.
  * With `interruptible`, a SIGINT that the armed handler sees ends the wait
@@ -134,6 +162,21 @@ RLM_FN void rlm_event_free(rlm_event *ev);
 /* The caller has copied the line last polled: a large framing buffer that
  * holds nothing more is freed now, not at the next read. */
 RLM_FN void rlm_driver_line_taken(rlm_driver *d);
+
+/* A stream's heartbeat (docs/protocol.md, "The stream"). A relay between
+ * the host and the far side (sh -c 'cat | rlm-keeper | cat', a network
+ * link) may outlive the far side and hold the host's pipe open: its end
+ * then reaches the host only when the host writes, and a session that
+ * waits on a step writes nothing. So while the loop runs, whenever the
+ * stream has sent nothing and taken nothing of what waits for it for
+ * every_ms, `ping` (at most 64 bytes, no newline) goes on the keeper's
+ * channel; if nothing comes in lost_ms after it, the stream is killed and
+ * the event is RLM_EV_SILENT. Bytes waiting in the pipe count as heard, so
+ * a host that did not run the loop for a while (a long callback) never
+ * mistakes its own absence for the far side's. Returns 0, or -1 (not a
+ * stream, or no such ping). every_ms 0 stops it. */
+RLM_FN int rlm_driver_heartbeat(rlm_driver *d, const char *ping, size_t len,
+                                unsigned every_ms, unsigned lost_ms);
 
 /* Kills the whole sandbox now (SIGKILL). */
 RLM_FN void rlm_driver_kill(rlm_driver *d);
@@ -192,5 +235,9 @@ RLM_FN int rlm_driver_context_done(rlm_driver *d);
  * go of its uid and frees the rest. There is nothing on the host's disk to
  * remove. */
 RLM_FN void rlm_driver_close(rlm_driver *d);
+
+/* How many drivers closed in this process are not yet torn down (their
+ * keeper threads still kill, reap or free them). */
+RLM_FN int rlm_driver_teardowns(void);
 
 #endif

@@ -53,7 +53,8 @@ extern char **environ;
 #define LAUNCHER_GRACE_MS 500 /* after its namespace's init was killed */
 #define SANDBOX_TASKS 128     /* the cgroup's pids.max: threads, mostly */
 #define MAX_WRITE_QUEUE (256u << 20)
-#define MAX_INHERIT 16 /* descriptors handed to the child beyond 0..2 */
+#define MAX_INHERIT 16     /* descriptors handed to the child beyond 0..2 */
+#define STREAM_END_MS 2000 /* a stream's end of input, then SIGKILL */
 
 /* What the watchdog thread ended the sandbox for. */
 enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };
@@ -72,7 +73,7 @@ struct rlm_driver {
   pid_t pid;
   unsigned long pipe_ino[3]; /* the session's pipes, as /proc shows them */
   uv_pipe_t in, out, err;
-  uv_timer_t deadline, wait, grace, launcher_grace;
+  uv_timer_t deadline, wait, grace, launcher_grace, heartbeat;
   int handles; /* initialised handles not yet closed */
 
   unsigned spawned : 1, exited : 1, killed : 1, out_eof : 1, err_eof : 1,
@@ -130,6 +131,19 @@ struct rlm_driver {
   _Atomic uint64_t peak_rss;
   _Atomic uint64_t files_seen; /* in /session, at the last poll */
   char err_buf[4096];
+  char channel;     /* a stream's: the byte before each line sent; 0: none */
+  int seccomp_only; /* rlm_driver_opts' */
+  char *workdir;    /* with seccomp_only: owned */
+  int raw_pending;  /* raw writes (rlm_driver_send_raw) not yet done */
+  size_t raw_bytes; /* their bytes, in the write queue */
+  /* A stream's heartbeat (rlm_driver_heartbeat), on the loop's clock (ms). */
+  char hb_ping[64];
+  size_t hb_ping_len;
+  unsigned hb_every, hb_lost;
+  uint64_t hb_heard;   /* when the stream last sent or took bytes */
+  uint64_t hb_ping_at; /* when the unanswered ping went */
+  size_t hb_queued;    /* the write queue's size at the last tick */
+  int hb_waiting;      /* a ping went and nothing came since */
 };
 
 enum { START_PENDING, START_OK, START_FAILED };

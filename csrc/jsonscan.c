@@ -41,11 +41,8 @@ static int hex4(const char *s, unsigned *out) {
   return 1;
 }
 
-/* The code point of the escape at s[0] == '\\' (s[1] == 'u'), with the
- * bytes it takes in *used: a \uXXXX, or a surrogate pair of them. 0 when
- * it is neither (a lone surrogate: lua-cjson refuses those). */
-static int unicode_escape(const char *s, size_t left, unsigned *cp,
-                          size_t *used) {
+int rlm_json_unicode_escape(const char *s, size_t left, unsigned *cp,
+                            size_t *used) {
   unsigned hi, lo;
   if (left < 6 || !hex4(s + 2, &hi) || (hi >= 0xDC00 && hi <= 0xDFFF))
     return 0;
@@ -61,7 +58,7 @@ static int unicode_escape(const char *s, size_t left, unsigned *cp,
   return 1;
 }
 
-static size_t put_utf8(char *out, unsigned cp) {
+size_t rlm_utf8_put(char *out, unsigned cp) {
   if (cp < 0x80) {
     out[0] = (char)cp;
     return 1;
@@ -97,10 +94,10 @@ static size_t unescape(const char *s, size_t left, char *out, size_t *used) {
     return 1;
   }
   unsigned cp;
-  if (left < 2 || s[1] != 'u' || !unicode_escape(s, left, &cp, used))
+  if (left < 2 || s[1] != 'u' || !rlm_json_unicode_escape(s, left, &cp, used))
     return 0;
   char tmp[4];
-  return put_utf8(out != NULL ? out : tmp, cp);
+  return rlm_utf8_put(out != NULL ? out : tmp, cp);
 }
 
 #define QUICK_HEAD "{\"type\":\"llm_query\",\"prompt\":\""

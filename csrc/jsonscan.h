@@ -32,4 +32,13 @@ RLM_FN int rlm_quick_query(char *line, size_t n, char **prompt, size_t *len,
 RLM_FN size_t rlm_json_escaped_len(const char *s, size_t n);
 RLM_FN void rlm_json_escape(const char *s, size_t n, char *out);
 
+/* The code point of the escape at s[0] == '\\' (s[1] == 'u'), with the
+ * bytes it takes in *used: a \uXXXX, or a surrogate pair of them. 0 when
+ * it is neither (a lone surrogate: lua-cjson refuses those). */
+RLM_FN int rlm_json_unicode_escape(const char *s, size_t left, unsigned *cp,
+                                   size_t *used);
+
+/* Code point cp as UTF-8 at out (4 bytes of room); how many bytes. */
+RLM_FN size_t rlm_utf8_put(char *out, unsigned cp);
+
 #endif

@@ -15,7 +15,9 @@ _Static_assert(RLM_CANARY_FD_MIN >= FD_BASE,
 static uint64_t watchdog_measure(rlm_driver *d, uint64_t *files) {
   uint64_t rss = rlm_tree_rss(d->pid), bytes = 0;
   *files = 0;
-  if (rlm_workdir_usage(d->pid, &bytes, files) == 0)
+  if (d->seccomp_only
+          ? rlm_workdir_walk(d->workdir, d->max_files, &bytes, files) == 0
+          : rlm_workdir_usage(d->pid, &bytes, files) == 0)
     rss += bytes;
   return rss;
 }
@@ -110,10 +112,15 @@ static void watchdog_run(rlm_driver *d) {
     if (breach != BREACH_NONE) {
       atomic_store(&d->wd_breach, breach);
       pid_t pids[2];
-      if (rlm_tree_pids(d->pid, pids, 2) == 2)
-        (void)kill(pids[1], SIGKILL);
-      else
+      if (d->seccomp_only) {
+        /* its session (the launcher is not reaped: the id is still its) */
+        (void)kill(-d->pid, SIGKILL);
         kill_launcher(d);
+      } else if (rlm_tree_pids(d->pid, pids, 2) == 2) {
+        (void)kill(pids[1], SIGKILL);
+      } else {
+        kill_launcher(d);
+      }
       if (!watchdog_sleep(d, LAUNCHER_GRACE_MS) && !launcher_exited(d))
         kill_launcher(d);
       break;
@@ -288,6 +295,13 @@ static void teardowns_add(int n) {
   pthread_mutex_unlock(&teardowns_mu);
 }
 
+int rlm_driver_teardowns(void) {
+  pthread_mutex_lock(&teardowns_mu);
+  int n = teardowns;
+  pthread_mutex_unlock(&teardowns_mu);
+  return n;
+}
+
 /* Waits up to ms (<0: no limit) for the launcher to exit. */
 static int wait_launcher(rlm_driver *d, int ms) {
   struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
@@ -326,12 +340,33 @@ static int kill_init(rlm_driver *d, pid_t init) {
  * the uid, and drop /session's pin only then (its tmpfs's teardown). */
 static void keeper_teardown(rlm_driver *d) {
   int pin = -1;
-  if (!d->exited) {
-    if (d->max_files > 0)
+  if (!d->exited && d->channel) {
+    /* A stream ends with its input: the far side kills what it started and
+     * exits, and the local process after it. What lingers past
+     * STREAM_END_MS, and whatever of its process group is left (a relay's
+     * other half), is killed, while the launcher is not yet reaped (its pid,
+     * the group's id, cannot be another's meanwhile). */
+    if (d->in_hold >= 0) {
+      close(d->in_hold);
+      d->in_hold = -1;
+    }
+    (void)wait_launcher(d, STREAM_END_MS);
+    (void)kill(-d->pid, SIGKILL);
+    while (!wait_launcher(d, CLOSE_WAIT_MS))
+      kill_launcher(d);
+    while (waitpid(d->pid, NULL, WNOHANG) < 0 && errno == EINTR)
+      ;
+  } else if (!d->exited) {
+    if (d->max_files > 0 && !d->seccomp_only)
       pin = rlm_workdir_pin(d->pid);
     pid_t pids[2];
-    if (!(rlm_tree_pids(d->pid, pids, 2) == 2 && kill_init(d, pids[1])))
+    if (d->seccomp_only) {
+      (void)kill(-d->pid, SIGKILL); /* no init: the interpreter, its group */
       kill_launcher(d);
+    } else if (!(rlm_tree_pids(d->pid, pids, 2) == 2 &&
+                 kill_init(d, pids[1]))) {
+      kill_launcher(d);
+    }
     if (d->in_hold >= 0) {
       close(d->in_hold); /* the init is gone, or the launcher killed */
       d->in_hold = -1;

@@ -39,66 +39,32 @@ static int open_modules(const rlm_sandbox_spec *spec, int *fds, char *err,
   return 0;
 }
 
-static void blob_unref(sealed_blob *b) {
+void blob_unref(sealed_blob *b) {
   if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
     close(b->fd);
     free(b);
   }
 }
 
-int blob_gc(lua_State *L) {
-  sealed_blob **b = luaL_checkudata(L, 1, SEALED_MT);
-  blob_unref(*b);
-  *b = NULL;
-  return 0;
-}
-
-sealed_blob *cached_blob(lua_State *L, int i, const char *cache,
-                         const char *what, char *err, size_t errlen) {
-  lua_getfield(L, LUA_REGISTRYINDEX, cache);
-  if (lua_istable(L, -1)) {
-    lua_rawgeti(L, -1, 1);
-    int same = lua_rawequal(L, -1, i);
-    lua_pop(L, 1);
-    if (same) {
-      lua_rawgeti(L, -1, 2);
-      sealed_blob **b = luaL_checkudata(L, -1, SEALED_MT);
-      sealed_blob *blob = *b;
-      lua_pop(L, 2);
-      if (blob != NULL) {
-        atomic_fetch_add(&blob->refs, 1);
-        return blob;
-      }
-      lua_pushnil(L);
-    }
-  }
-  lua_pop(L, 1);
-  size_t len;
-  const char *data = lua_tolstring(L, i, &len);
-  sealed_blob **b = lua_newuserdata(L, sizeof(*b));
-  *b = NULL;
-  luaL_getmetatable(L, SEALED_MT);
-  lua_setmetatable(L, -2);
-  int fd = rlm_context_open();
-  if (fd < 0 || rlm_context_append(fd, data, len) != 0 ||
-      rlm_context_seal(fd) != 0 || (*b = malloc(sizeof(**b))) == NULL) {
-    snprintf(err, errlen, "%s: %s", what, strerror(errno));
-    if (fd >= 0)
-      close(fd);
-    lua_pop(L, 1);
+sealed_blob *blob_new(const char *data, size_t len, int refs) {
+  sealed_blob *b = malloc(sizeof(*b));
+  if (b == NULL) {
+    errno = ENOMEM;
     return NULL;
   }
-  atomic_init(&(*b)->refs, 2); /* the cache's and the caller's */
-  (*b)->fd = fd;
-  sealed_blob *blob = *b;
-  lua_createtable(L, 2, 0);
-  lua_pushvalue(L, i);
-  lua_rawseti(L, -2, 1);
-  lua_pushvalue(L, -2);
-  lua_rawseti(L, -2, 2);
-  lua_setfield(L, LUA_REGISTRYINDEX, cache);
-  lua_pop(L, 1);
-  return blob;
+  int fd = rlm_context_open();
+  if (fd < 0 || rlm_context_append(fd, data, len) != 0 ||
+      rlm_context_seal(fd) != 0) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
+    free(b);
+    errno = e;
+    return NULL;
+  }
+  atomic_init(&b->refs, refs);
+  b->fd = fd;
+  return b;
 }
 
 void plan_free(void *arg) {

@@ -10,14 +10,8 @@
 #include "driver.h"
 #include "sandbox.h"
 
-#include <lauxlib.h>
-#include <lua.h>
 #include <stdatomic.h>
 #include <stddef.h>
-
-#define SEALED_MT "rlm.core.Sealed"
-#define ZIP_CACHE "rlm.core.zip"     /* { zip string, Sealed } */
-#define ENTRY_CACHE "rlm.core.entry" /* { bytecode string, Sealed } */
 
 /* Where the child finds what it is handed: the filter (bwrap reads it), the
  * context (the driver maps it) and the driver's text, then its package's
@@ -48,15 +42,10 @@ typedef struct spawn_plan {
                   context memfd, handed over at CHILD_CONTEXT_FD; -1 */
 } spawn_plan;
 
-/* The Sealed userdata's __gc. */
-RLM_FN int blob_gc(lua_State *L);
-/* The sealed memfd of the string at index i, with a reference for the
- * caller: the Lua state's last one under the registry key `cache` when it
- * is the same string (a probe's zip and entry are one string each for its
- * whole life), else a new one that replaces it. NULL with a message that
- * names `what`. */
-RLM_FN sealed_blob *cached_blob(lua_State *L, int i, const char *cache,
-                                const char *what, char *err, size_t errlen);
+/* A sealed memfd holding data[0..len), with `refs` references; NULL with
+ * errno set. blob_unref drops one, and the last closes it. */
+RLM_FN sealed_blob *blob_new(const char *data, size_t len, int refs);
+RLM_FN void blob_unref(sealed_blob *b);
 /* A copy of spec (bwrap, python, driver, ro, modules) in one allocation;
  * NULL when out of memory. */
 RLM_FN spawn_plan *plan_new(const rlm_sandbox_spec *spec);

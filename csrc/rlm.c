@@ -4,6 +4,7 @@
  * both builds' dynamic symbols). Each file below keeps its own concern. */
 #define _GNU_SOURCE
 
+#include "base64.c"
 #include "canary.c"
 #include "cgroup.c"
 #include "driver.c" /* with keeper.c, spawn.c, inspect.c: driver_impl.h */

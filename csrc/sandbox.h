@@ -50,6 +50,12 @@ typedef struct rlm_sandbox_spec {
 /* Files of the driver's package besides repl_driver.py, at most. */
 #define RLM_MAX_DRIVER_MODULES 16
 #define RLM_SANDBOX_WORKDIR "/session"
+/* The driver's fixed environment (an initialiser): nothing of the host's. */
+#define RLM_SANDBOX_ENV                                                        \
+  {                                                                            \
+    "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "PYTHONUTF8=1",                      \
+        "HOME=" RLM_SANDBOX_WORKDIR, NULL                                      \
+  }
 /* The host directory where a root host's spawn, in a mount namespace of its
  * own, mounts what the sandbox's unprivileged uid could not reach. */
 #define RLM_STAGE_DIR "/run/rlm/stage"

@@ -239,6 +239,14 @@ static const struct sock_filter program[] = {
     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
 };
 
+const struct sock_fprog *rlm_seccomp_program(void) {
+  static const struct sock_fprog prog = {
+      .len = (unsigned short)(sizeof(program) / sizeof(program[0])),
+      .filter = (struct sock_filter *)program,
+  };
+  return &prog;
+}
+
 int rlm_seccomp_fd(char *err, size_t errlen) {
   int fd = (int)syscall(SYS_memfd_create, "rlm-seccomp",
                         MFD_CLOEXEC | MFD_ALLOW_SEALING);

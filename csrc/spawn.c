@@ -3,6 +3,11 @@
  * drops to the sandbox's uid, sets its descriptors and execs bubblewrap. */
 #define _GNU_SOURCE
 #include "driver_impl.h"
+#include "seccomp.h"
+
+#include <linux/capability.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
 
 /* A pipe whose two ends are close-on-exec and numbered FD_BASE or more. */
 static int make_pipe(int fds[2]) {
@@ -36,13 +41,16 @@ static void close_pair(int fds[2]) {
 /* What the child of a fork does, in order, with only system calls: mount
  * what its uid could not reach (see sandbox.h), drop to the uid, reset its
  * signals, leave the host's process group, set its descriptors, exec. A failure
- * writes errno to `report` (close-on-exec: EOF means the exec happened). */
+ * writes errno to `report` (close-on-exec: EOF means the exec happened).
+ * A seccomp-only child (driver.h) confines itself on the way. */
 typedef struct child_plan {
   const rlm_driver *o;
   int fds[3 + MAX_INHERIT]; /* the child's 0, 1, 2, 3... from these */
   int nfds, report;
   char (*stage_dst)[64];
-  unsigned char *stage_dir; /* whether each staged path is a directory */
+  unsigned char *stage_dir;        /* whether each staged path is a directory */
+  const struct sock_fprog *filter; /* seccomp_only's */
+  pid_t parent;                    /* seccomp_only: who it dies with */
 } child_plan;
 
 /* The child runs on a stack of its own in the host's memory: AddressSanitizer
@@ -83,6 +91,17 @@ child_run(const child_plan *p) {
         child_fail(p);
     }
   }
+  if (o->seccomp_only) {
+    /* No capability can come back, whatever it execs (no_new_privs, at the
+     * end, keeps setuid files from giving any): the bounding set goes while
+     * this child still may drop it. Its directory becomes the uid's. */
+    for (int cap = 0; cap <= CAP_LAST_CAP; cap++)
+      if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0)
+        child_fail(p);
+    if (chown(o->workdir, o->run_as, o->run_as) != 0 ||
+        chmod(o->workdir, 0700) != 0)
+      child_fail(p);
+  }
   /* The raw system calls: libc's wrappers would set the ids of every
    * thread of the host, whose memory this child shares. */
   if (o->run_as != 0 &&
@@ -98,8 +117,17 @@ child_run(const child_plan *p) {
       (void)sigaction(sig, &dfl, NULL); /* fails only for libc's own */
   sigset_t none;
   sigemptyset(&none);
-  /* A process group of its own (as in posix_spawn_child, below). */
-  if (sigprocmask(SIG_SETMASK, &none, NULL) != 0 || setpgid(0, 0) != 0)
+  /* A process group of its own (as in posix_spawn_child, below); without
+   * bubblewrap, the session of its own that its --new-session gives (no
+   * controlling terminal), and its --die-with-parent: the parent-death
+   * signal, set after the uid's change (which clears it), and the parent
+   * checked after it (one that died before it was set did not send it). */
+  if (sigprocmask(SIG_SETMASK, &none, NULL) != 0)
+    child_fail(p);
+  if (o->seccomp_only
+          ? setsid() < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 ||
+                getppid() != p->parent || chdir(o->workdir) != 0
+          : setpgid(0, 0) != 0)
     child_fail(p);
   for (int i = 0; i < p->nfds; i++)
     if (dup2(p->fds[i], i) < 0)
@@ -109,6 +137,11 @@ child_run(const child_plan *p) {
   if (syscall(SYS_close_range, (unsigned)p->nfds, (unsigned)p->report - 1, 0) !=
           0 ||
       syscall(SYS_close_range, (unsigned)p->report + 1, ~0u, 0) != 0)
+    child_fail(p);
+  /* Last, the filter: from here on only what it allows (execve is). */
+  if (o->seccomp_only &&
+      (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+       syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, p->filter) != 0))
     child_fail(p);
   execve(o->argv[0], o->argv, o->env ? o->env : environ);
   child_fail(p);
@@ -126,6 +159,8 @@ static int fork_child(rlm_driver *d, const rlm_driver *o, const int *fds,
   memset(&p, 0, sizeof(p));
   p.o = o;
   p.nfds = nfds;
+  p.filter = rlm_seccomp_program();
+  p.parent = getpid();
   memcpy(p.fds, fds, (size_t)nfds * sizeof(int));
   int report[2] = {-1, -1}, rc = 0;
   if (o->n_stage > 0) {
@@ -232,7 +267,7 @@ static int posix_spawn_child(rlm_driver *d, const rlm_driver *o, const int *fds,
 }
 
 static int spawn_process(rlm_driver *d, char *err, size_t errlen) {
-  int e = d->run_as != 0 || d->n_stage > 0
+  int e = d->run_as != 0 || d->n_stage > 0 || d->seccomp_only
               ? fork_child(d, d, d->child_fds, d->nfds)
               : posix_spawn_child(d, d, d->child_fds, d->nfds);
   if (e != 0) {

@@ -5,11 +5,14 @@
 #include "sandbox.h"
 #include "watchdog.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -92,5 +95,61 @@ int rlm_workdir_usage(pid_t launcher, uint64_t *bytes, uint64_t *files) {
   *bytes = (uint64_t)(st.f_blocks - st.f_bfree) * st.f_frsize;
   uint64_t used = (uint64_t)(st.f_files - st.f_ffree);
   *files = used > 0 ? used - 1 : 0;
+  return 0;
+}
+
+/* --- a workdir that is a plain directory (seccomp_only, driver.h) -------- */
+
+/* How deep a directory may sit below the workdir: deeper, the walk counts
+ * the workdir as full, and the removal moves it up first. */
+#define WALK_DEPTH 64
+
+typedef struct walk {
+  uint64_t bytes, files, max_files;
+  int over;
+} walk;
+
+/* Counts what the directory at fd holds (and closes fd). */
+static void walk_in(int fd, int depth, walk *w) {
+  DIR *dir = fdopendir(fd);
+  if (dir == NULL) {
+    close(fd);
+    return;
+  }
+  struct dirent *e;
+  while (!w->over && (e = readdir(dir)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    if (++w->files > w->max_files) {
+      w->over = 1;
+      break;
+    }
+    struct stat st;
+    if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+      continue; /* gone meanwhile */
+    w->bytes += (uint64_t)st.st_blocks * 512;
+    if (!S_ISDIR(st.st_mode))
+      continue;
+    if (depth + 1 >= WALK_DEPTH) {
+      w->over = 1;
+      break;
+    }
+    int sub = openat(dirfd(dir), e->d_name,
+                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub >= 0)
+      walk_in(sub, depth + 1, w);
+  }
+  closedir(dir);
+}
+
+int rlm_workdir_walk(const char *path, uint64_t max_files, uint64_t *bytes,
+                     uint64_t *files) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  walk w = {.max_files = max_files > 0 ? max_files : UINT64_MAX - 1};
+  walk_in(fd, 0, &w);
+  *bytes = w.bytes;
+  *files = w.over ? w.max_files + 1 : w.files;
   return 0;
 }

@@ -37,4 +37,12 @@ RLM_FN int rlm_workdir_usage(pid_t launcher, uint64_t *bytes, uint64_t *files);
  * sandbox's init the keeper waits for. */
 RLM_FN int rlm_workdir_pin(pid_t launcher);
 
+/* A workdir that is a plain directory (a seccomp-only sandbox, driver.h):
+ * what it holds, walked without following a symlink (bytes: the blocks of
+ * every entry; files: entries, the directory itself not counted). A walk
+ * stops past max_files entries (0: no limit), and one that meets a
+ * directory 64 levels down counts max_files + 1: a sandbox that nests so
+ * deep is over its limit. Returns 0, or -1 when path is not a directory. */
+RLM_FN int rlm_workdir_walk(const char *path, uint64_t max_files,
+                            uint64_t *bytes, uint64_t *files);
 #endif

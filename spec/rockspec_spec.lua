@@ -38,7 +38,8 @@ describe("the rockspec", function()
   local it_luarocks = has_luarocks and it or function(name)
     pending(name .. " (luarocks is not installed)")
   end
-  it_luarocks("builds with luarocks: the core rock without the CLI, then the tools rock beside it", function()
+  it_luarocks("builds with luarocks: the core rock without the CLI, then the tools rock and rlm-keeper's beside it",
+    function()
     local tree = os.tmpname()
     os.remove(tree)
     local function make(file)
@@ -54,7 +55,25 @@ describe("the rockspec", function()
     local all_files = lines("cd " .. tree .. " && find bin share lib/lua -type f 2>/dev/null")
     local so = tree .. "/lib/lua/5.4/rlm/core.so"
     local syms = lines("nm -D --defined-only " .. so .. " | awk '{print $3}'")
+    -- rlm-keeper, the third rock: a program (luarocks' make backend, the
+    -- Makefile's keeper-rock and install-keeper), which finds the driver's
+    -- files in its rock's tree from wherever it runs.
+    make("rlm-keeper-scm-1.rockspec")
+    local keeper_files = lines("cd " .. tree .. " && find bin share lib/lua -type f 2>/dev/null")
+    local keeper = tree .. "/bin/rlm-keeper"
+    local kind = lines("head -c 4 " .. keeper .. " | od -An -c | tr -d ' '")[1]
+    local hello = lines("cd / && echo | env -u RLM_DRIVER_DIR -u LD_PRELOAD " .. keeper .. " 2>&1 | head -1")[1]
+    local driver = lines("find " .. tree .. "/lib/luarocks/rocks-5.4/rlm-keeper -name repl_driver.py")
     os.execute("rm -rf " .. tree)
+    local with_keeper = { "bin/rlm-keeper" }
+    for _, f in ipairs(all_files) do
+      with_keeper[#with_keeper + 1] = f
+    end
+    table.sort(with_keeper)
+    assert.are.same(with_keeper, keeper_files) -- bin/rlm-keeper, nothing of rlm's
+    assert.are.equal("177ELF", kind)
+    assert.matches('^K{"type":"hello","keeper":"1","protocol":1,"sandbox":"', hello)
+    assert.are.equal(1, #driver)
     local has = function(list, f)
       for _, x in ipairs(list) do
         if x == f then
@@ -92,6 +111,16 @@ describe("the rockspec", function()
     assert.is_nil(spec.build.install.bin)
     assert.are.same({ rlm = "bin/rlm" }, tools.build.install.bin)
     assert.are.same("none", tools.build.type)
+  end)
+
+  it("builds rlm-keeper as a rock of its own, with the Makefile's targets for it", function()
+    local keeper = rockspec("rlm-keeper-scm-1.rockspec")
+    assert.are.same({ "lua >= 5.1" }, keeper.dependencies)
+    assert.are.same({ "make", "keeper-rock", "install-keeper" },
+      { keeper.build.type, keeper.build.build_target, keeper.build.install_target })
+    local makefile = assert(io.open("Makefile")):read("*a")
+    assert.matches("\nkeeper%-rock:", makefile)
+    assert.matches("\ninstall%-keeper:", makefile)
   end)
 
   -- Loads every module of the core rock in a Lua where LuaSocket and LuaSec
@@ -161,13 +190,36 @@ print(ok and "openai.new without a transport worked" or tostring(err):match("^[^
       end
     end
     table.sort(included)
+    -- rlm-keeper's own files (the program, csrc/rlm_keeper.c, and what only
+    -- it includes: farside*.c, jsonread.c) are not rlm.core's.
+    local keeper_only = { ["csrc/rlm_keeper.c"] = true, ["csrc/jsonread.c"] = true }
     local others = {}
     for _, f in ipairs(lines("ls csrc/*.c")) do
-      if f ~= "csrc/rlm.c" then
+      if f ~= "csrc/rlm.c" and not keeper_only[f] and not f:match("^csrc/farside") then
         others[#others + 1] = f
       end
     end
     assert.are.same(others, included)
+  end)
+
+  it("builds rlm-keeper as one unit, csrc/rlm_keeper.c, from rlm.core's units without its Lua bindings", function()
+    local included = {}
+    for line in io.lines("csrc/rlm_keeper.c") do
+      local name = line:match('^#include "([%w_]+%.c)"')
+      if name then
+        included[#included + 1] = "csrc/" .. name
+      end
+    end
+    table.sort(included)
+    local want = {}
+    for _, f in ipairs(lines("ls csrc/*.c")) do
+      -- (waitset.c is the host's set behind a session's fd())
+      if f ~= "csrc/rlm.c" and f ~= "csrc/rlm_keeper.c" and not f:match("^csrc/core")
+        and f ~= "csrc/waitset.c" then
+        want[#want + 1] = f
+      end
+    end
+    assert.are.same(want, included)
   end)
 
   -- What the shared object exports: luaopen_rlm_core, nothing else (a

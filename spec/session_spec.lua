@@ -192,16 +192,19 @@ describe("a session", function()
   end)
 
   describe("on_event", function()
-    it("reports the session, each step, root response, sub-call and block, and the end", function()
-      local seen = {}
-      H.run({
+    it("reports the session, its sandbox, each step, root response, sub-call and block, and the end", function()
+      local seen, ready = {}, nil
+      local result = H.run({
         root_llm = H.script({ fence("print(llm_query('q'))"), fence("FINAL('z')") }),
         on_event = function(ev)
           seen[#seen + 1] = ev.type
+          ready = ready or ev.type == "sandbox_ready" and ev
         end,
       })
-      assert.are.same({ "session_start", "step_start", "root_response", "sub_query", "exec_result",
+      assert.are.same({ "session_start", "sandbox_ready", "step_start", "root_response", "sub_query", "exec_result",
         "step_start", "root_response", "exec_result", "final", "run_end" }, seen)
+      assert.are.same({ "bubblewrap", "bubblewrap", "cold" }, { ready.backend, ready.mode, ready.start })
+      assert.are.same({ backend = "bubblewrap", mode = "bubblewrap", not_promised = {} }, result.sandbox)
     end)
   end)
 

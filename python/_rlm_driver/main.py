@@ -245,9 +245,10 @@ def main(context_data):
             # with the next one's (one wake-up of the host, not three).
             send(timed({"type": "configured"}, received), flush=not waiting())
         elif kind == "self_test":
+            mode = field(message, "mode", str, "bubblewrap")
             checks = selftest.self_test(string_list(message, "absent", []),
-                                        field(message, "canaries", dict, {}))
-            send(timed({"type": "self_test_result", "checks": checks}, received),
+                                        field(message, "canaries", dict, {}), mode)
+            send(timed({"type": "self_test_result", "mode": mode, "checks": checks}, received),
                  flush=not waiting())
             warming[:], slow[:] = [warm_first_step], []
         elif kind == "load_context":

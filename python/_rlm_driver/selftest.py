@@ -1,5 +1,9 @@
 """The self-test: fixed driver code, outside the guardrails, that tries what
-the sandbox must forbid (docs/security.md lists the checks)."""
+the sandbox must forbid (docs/security.md lists the checks). What a sandbox
+promises depends on its mode: bubblewrap's (an empty root, namespaces of its
+own) or rlm-keeper's seccomp fallback (a seccomp filter, no capability and a
+uid of its own, in the container's filesystem and processes), whose checks
+are the ones it promises (MODES)."""
 
 # _socket, the C module: `socket` costs the start a few ms, and its
 # create_connection a cold getaddrinfo (NSS) for a numeric address.
@@ -16,35 +20,54 @@ HOST_PATHS = ("/etc/passwd", "/etc/shadow", "/etc/hostname", "/home", "/var",
 # PWD too: bwrap --chdir sets it, whatever --clearenv said.
 SANDBOX_ENVIRONMENT = frozenset({"PATH", "LANG", "LC_ALL", "PYTHONUTF8", "PYTHONIOENCODING",
                                  "HOME", "TZ", "PYTHONHASHSEED", "TMPDIR", "PWD"})
-WORKDIR_PROBE = "/session/.rlm_self_test"
+WORKDIR = "/session"
+
+# What each mode promises, by check: bubblewrap's all of them; the seccomp
+# fallback's, the ones it can hold without namespaces (its network check is
+# that no socket can be made at all, its canaries that none opens, and its
+# workdir is the one it starts in). The host asks for the same lists
+# (lua/rlm/sandbox/selftest.lua).
+BUBBLEWRAP = ("network", "host_files", "canaries", "seccomp", "own_init", "pid_namespace",
+              "read_only_install", "workdir_writable", "capabilities", "descriptors",
+              "environment", "host_sysctl", "device_nodes", "workdir_mount", "setuid_files",
+              "proc_hidden")
+SECCOMP = ("network", "canaries", "seccomp", "read_only_install", "workdir_writable",
+           "capabilities", "descriptors", "environment", "host_sysctl", "device_nodes",
+           "setuid_files")
+MODES = {"bubblewrap": BUBBLEWRAP, "seccomp": SECCOMP}
 
 
-def self_test(absent, canaries):
+def self_test(absent, canaries, mode="bubblewrap"):
     status = {}
+    names = MODES.get(mode)
+    if names is None:  # a mode this driver does not know: nothing passes
+        return {"mode": {"ok": False, "detail": f"unknown sandbox mode {mode!r}"}}
+    workdir = WORKDIR if mode == "bubblewrap" else posix.getcwd()
 
     def own_status():  # /proc/self/status, read once for the checks that need it
         if not status:
             status.update(proc_status())
         return status
 
-    checks = {
-        "network": check_network,
+    every = {
+        "network": check_network if mode == "bubblewrap" else check_no_sockets,
         "host_files": lambda: check_host_files(absent),
-        "canaries": lambda: check_canaries(canaries),
+        "canaries": lambda: check_canaries(canaries, opens_only=mode != "bubblewrap"),
         "seccomp": lambda: check_seccomp(own_status()),
         "own_init": check_own_init,
         "pid_namespace": check_pid_namespace,
         "read_only_install": check_read_only_install,
-        "workdir_writable": check_workdir_writable,
+        "workdir_writable": lambda: check_workdir_writable(workdir),
         "capabilities": lambda: check_capabilities(own_status()),
         "descriptors": check_descriptors,
         "environment": check_environment,
         "host_sysctl": check_host_sysctl,
         "device_nodes": check_device_nodes,
-        "workdir_mount": check_workdir_mount,
-        "setuid_files": check_setuid_files,
+        "workdir_mount": lambda: check_workdir_mount(workdir),
+        "setuid_files": lambda: check_setuid_files(workdir),
         "proc_hidden": check_proc_hidden,
     }
+    checks = {name: every[name] for name in names}
     results = {}
     for name, check in checks.items():
         try:
@@ -86,6 +109,28 @@ def check_network():
     return ok, "; ".join(details)
 
 
+# Every family a REPL could reach anything with: the fallback's filter
+# refuses socket() itself, whatever the container's network is.
+SOCKET_FAMILIES = (("AF_INET", _socket.AF_INET), ("AF_INET6", _socket.AF_INET6),
+                   ("AF_UNIX", _socket.AF_UNIX), ("AF_NETLINK", getattr(_socket, "AF_NETLINK", 16)),
+                   ("AF_PACKET", getattr(_socket, "AF_PACKET", 17)))
+
+
+def check_no_sockets():
+    made = []
+    for name, family in SOCKET_FAMILIES:
+        for kind in (_socket.SOCK_STREAM, _socket.SOCK_DGRAM, _socket.SOCK_RAW):
+            try:
+                sock = _socket.socket(family, kind)
+            except OSError:
+                continue
+            sock.close()
+            made.append(f"{name}/{kind}")
+    if made:
+        return False, f"sockets made: {', '.join(made)}"
+    return True, "no socket of any family (" + ", ".join(n for n, _ in SOCKET_FAMILIES) + ")"
+
+
 def try_connect(host, port):
     """A TCP connection to a numeric IPv4 address (what create_connection
     does once it has resolved one)."""
@@ -118,12 +163,15 @@ def path_present(path):
     return True
 
 
-def check_canaries(canaries):
+def check_canaries(canaries, opens_only=False):
     """What the host planted: a file in its home, listeners on 127.0.0.1, a
-    path and an abstract unix socket, a descriptor it leaked, itself."""
+    path and an abstract unix socket, a descriptor it leaked, itself.
+    Without bubblewrap the host's home is there to see (opens_only): its
+    file must not open."""
     reached = []
     home_file = canaries.get("home_file")
-    if isinstance(home_file, str) and home_file and path_present(home_file):
+    if isinstance(home_file, str) and home_file and \
+            (opens_only and opens(home_file) or not opens_only and path_present(home_file)):
         reached.append("home file")
     port = canaries.get("tcp_port")
     if isinstance(port, int) and port > 0 and try_connect("127.0.0.1", port)[0]:
@@ -144,6 +192,14 @@ def check_canaries(canaries):
     if reached:
         return False, "reached: " + ", ".join(reached)
     return True, "none reached"
+
+
+def opens(path):
+    try:
+        posix.close(posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC))
+    except OSError:
+        return False
+    return True
 
 
 def unix_connects(address):
@@ -222,19 +278,20 @@ def can_create_file_in(directory):
     return True
 
 
-def check_workdir_writable():
+def check_workdir_writable(workdir):
+    probe = workdir + "/.rlm_self_test"
     payload = b"rlm self test\n"
     flags = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_CLOEXEC
-    fd = posix.open(WORKDIR_PROBE, flags, 0o600)
+    fd = posix.open(probe, flags, 0o600)
     try:
         try:
             wrote = posix.write(fd, payload)
         finally:
             posix.close(fd)
-        same = wrote == len(payload) and read_bytes(WORKDIR_PROBE) == payload
+        same = wrote == len(payload) and read_bytes(probe) == payload
     finally:
-        posix.unlink(WORKDIR_PROBE)
-    return same, "created, wrote, read back and removed " + WORKDIR_PROBE
+        posix.unlink(probe)
+    return same, "created, wrote, read back and removed " + probe
 
 
 def check_capabilities(status):
@@ -290,14 +347,14 @@ def check_device_nodes():
     return False, "chmod /dev/null succeeded"
 
 
-def check_workdir_mount():
-    flags = posix.statvfs("/session").f_flag
+def check_workdir_mount(workdir):
+    flags = posix.statvfs(workdir).f_flag
     ok = bool(flags & posix.ST_NOSUID) and bool(flags & posix.ST_NODEV)
-    return ok, f"/session nosuid={bool(flags & posix.ST_NOSUID)} nodev={bool(flags & posix.ST_NODEV)}"
+    return ok, f"{workdir} nosuid={bool(flags & posix.ST_NOSUID)} nodev={bool(flags & posix.ST_NODEV)}"
 
 
-def check_setuid_files():
-    path = "/session/.rlm_setuid_probe"
+def check_setuid_files(workdir):
+    path = workdir + "/.rlm_setuid_probe"
     try:
         descriptor = posix.open(path, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL, 0o4755)
     except OSError as exc:
@@ -305,7 +362,7 @@ def check_setuid_files():
     try:
         posix.close(descriptor)
         posix.chmod(path, 0o2755)
-        return False, "a setgid file was made in /session"
+        return False, f"a setgid file was made in {workdir}"
     except OSError as exc:
         setuid = posix.stat(path).st_mode & 0o6000
         return not setuid, f"chmod 02755: {exc.strerror}; mode bits {oct(setuid)}"

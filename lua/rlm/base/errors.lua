@@ -4,6 +4,7 @@ local M = {}
 M.kinds = {
   sandbox_unavailable = true,
   sandbox_violation = true,
+  sandbox_lost = true,
   step_timeout = true,
   memory_limit = true,
   sub_call_budget = true,

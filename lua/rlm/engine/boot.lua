@@ -249,7 +249,7 @@ function M:_checks(canaries, context_bytes)
     return nil, err
   end
   times.self_test = start.driver_stamps(msg.t)
-  local kind, message, extra = start.self_test_error(msg)
+  local kind, message, extra = start.self_test_error(msg, backends.for_options(o).describe(drv).mode)
   if kind then
     return self:_error(kind, message, extra)
   end
@@ -277,6 +277,8 @@ function M:_ready(msg, rlimits, vetted_tree)
     return self:_error(kind, message)
   end
   times.checked = core.now_ms()
+  -- What sandbox it is, for the result and the sandbox_ready event.
+  self.sandbox_info = backends.for_options(self.opts).describe(self.driver)
   self.booting = nil
   self.clock:set(self.driver, 0)
   return true

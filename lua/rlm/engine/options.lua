@@ -148,6 +148,63 @@ local function module_list(v)
   return true
 end
 
+-- The sandbox's backend: nil or { backend = "bubblewrap" } (beside the
+-- host), or { backend = "exec", argv = { program, args... }, allow =,
+-- ping_timeout_ms = } (the far side of a stream: rlm-keeper at the other
+-- end, docs/backends.md). Raises naming the field.
+local BACKENDS = { bubblewrap = {}, exec = { argv = true, ping_timeout_ms = true, allow = true } }
+
+-- Whether v is a list of 1 to max items (1..n, no other key), each ok.
+local function is_list(v, max, ok)
+  local n = type(v) == "table" and #v or 0
+  local fine = n >= 1 and n <= max
+  for k, item in pairs(type(v) == "table" and v or {}) do
+    fine = fine and type(k) == "number" and k >= 1 and k <= n and k == math.floor(k) and ok(item)
+  end
+  return fine
+end
+local function check_sandbox(where, v)
+  if v == nil then
+    return
+  end
+  local function bad(field, want, got)
+    error(("%s: option '%s' must be %s, got %s"):format(where, field, want, got), 4)
+  end
+  if type(v) ~= "table" then
+    bad("sandbox", 'a table { backend = "bubblewrap" | "exec", ... }', checks.describe(v))
+  end
+  local fields = BACKENDS[v.backend]
+  if not fields then
+    bad("sandbox.backend", '"bubblewrap" or "exec"', checks.describe(v.backend))
+  end
+  for k in pairs(v) do
+    if k ~= "backend" and not fields[k] then
+      error(("%s: option 'sandbox' has no field '%s' for backend %q"):format(where, tostring(k), v.backend), 4)
+    end
+  end
+  if v.backend == "exec" then
+    if not is_list(v.argv, 256, function(a)
+      return type(a) == "string" and a ~= "" and not a:find("\0", 1, true)
+    end) then
+      bad("sandbox.argv", "a list of 1 to 256 non-empty strings (the program first)", checks.describe(v.argv))
+    end
+    if v.allow ~= nil and not is_list(v.allow, 2, function(name)
+      return name == "bubblewrap" or name == "seccomp"
+    end) then
+      bad("sandbox.allow", 'a list of the sandboxes the far side may make: "bubblewrap" and/or "seccomp"',
+        checks.describe(v.allow))
+    end
+    local pt = v.ping_timeout_ms
+    if pt ~= nil and not (type(pt) == "number" and pt == math.floor(pt) and pt >= 100 and pt <= 3600000) then
+      bad("sandbox.ping_timeout_ms", "an integer from 100 to 3600000 (ms)", checks.describe(pt))
+    end
+  end
+end
+
+local function sandbox_rule(v)
+  return type(v) == "table", "a table"
+end
+
 -- The checks, for other modules' option tables: rlm.base.checks.
 M.checks = checks
 
@@ -202,6 +259,7 @@ local schema = {
   pool = { function(v)
     return getmetatable(v) == require("rlm.engine.pool"), "an rlm.Pool"
   end },
+  sandbox = { sandbox_rule },
 }
 
 -- The last uid of the range, sandbox_uid_first + sandbox_uid_count - 1, is
@@ -221,6 +279,7 @@ M.POOL_OPTIONS = {
   "python", "bwrap", "allowed_modules", "bind_pth_paths", "guardrails", "max_rss_bytes",
   "rss_poll_interval_ms", "memory_cgroup", "workdir_max_bytes", "workdir_max_files",
   "sandbox_uid_first", "sandbox_uid_count", "max_message_bytes", "tmpdir", "start_timeout_ms",
+  "sandbox",
 }
 local pool_option = {}
 for _, name in ipairs(M.POOL_OPTIONS) do
@@ -229,19 +288,52 @@ end
 
 M.names = checks.names(schema)
 
-local function same(a, b)
-  if type(a) == "table" and type(b) == "table" then
-    if #a ~= #b then
+-- Whether two option values are the same data: equal, or tables with the
+-- same keys holding the same data (to a depth of 8, which no option
+-- nests past).
+local function same(a, b, depth)
+  if type(a) ~= "table" or type(b) ~= "table" or a == b then
+    return a == b
+  end
+  depth = depth or 8
+  if depth == 0 then
+    return false
+  end
+  for k, v in pairs(a) do
+    if not same(v, b[k], depth - 1) then
       return false
     end
-    for i = 1, #a do
-      if a[i] ~= b[i] then
-        return false
-      end
-    end
-    return true
   end
-  return a == b
+  for k in pairs(b) do
+    if a[k] == nil then
+      return false
+    end
+  end
+  return true
+end
+
+-- The sandbox option as its backend reads it, defaults filled in: nil is
+-- bubblewrap's; exec's argv, the sandboxes it allows (in any order) and
+-- its ping timeout.
+local function sandbox_read(v)
+  if v == nil or v.backend ~= "exec" then
+    return { backend = "bubblewrap" }
+  end
+  local exec = require("rlm.sandbox.exec")
+  local allow = {}
+  for i, name in ipairs(v.allow or exec.DEFAULT_ALLOW) do
+    allow[i] = name
+  end
+  table.sort(allow)
+  return { backend = "exec", argv = v.argv, allow = allow, ping_timeout_ms = v.ping_timeout_ms
+    or exec.PING_TIMEOUT_MS }
+end
+
+local function same_option(name, a, b)
+  if name == "sandbox" then
+    return same(sandbox_read(a), sandbox_read(b))
+  end
+  return same(a, b)
 end
 
 -- check_pool(opts, max_size) -> the pool's options (every one of
@@ -252,6 +344,9 @@ function M.check_pool(opts, max_size)
   local pool_schema = { size = { integer(1, max_size), required = true } }
   for name in pairs(pool_option) do
     pool_schema[name] = schema[name]
+  end
+  if type(opts) == "table" then
+    check_sandbox(where, opts.sandbox)
   end
   local out = checks.options(where, opts, pool_schema, nil, 3)
   local size = out.size
@@ -269,6 +364,7 @@ function M.check(opts)
   if type(opts) ~= "table" then
     error(where .. ": expected a table of options, got " .. type(opts), 3)
   end
+  check_sandbox(where, opts.sandbox)
   local pool = opts.pool ~= nil and checks.option(where, "pool", schema.pool, opts.pool, 3)
   local given = opts
   if pool then
@@ -280,7 +376,7 @@ function M.check(opts)
     end
     for name in pairs(pool_option) do
       local v = opts[name]
-      if v ~= nil and not same(v, pool.opts[name]) then
+      if v ~= nil and not same_option(name, v, pool.opts[name]) then
         error(("%s: option '%s' differs from the pool's (a pooled sandbox was started "
           .. "with the pool's; leave it out or make it the same)"):format(where, name), 3)
       end

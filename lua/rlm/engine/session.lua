@@ -31,6 +31,7 @@ local util = require("rlm.base.util")
 ---@field context_writing boolean|nil a large context is being written on a thread of rlm.core's
 ---@field start string|nil "cold" or "warm" (from the pool)
 ---@field start_times table|nil when each part of the start happened (bench/)
+---@field sandbox_info table|nil what sandbox the start made (backend.describe): result.sandbox
 ---@field booting string|nil "hello", "boot" while the start is checked
 ---@field started boolean|nil the driver has said hello
 ---@field pre_events table|nil what a pooled sandbox said before it was taken, read first

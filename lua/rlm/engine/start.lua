@@ -28,8 +28,21 @@ end
 -- the error (kind, message, extra) it ends the session with.
 M.CGROUP_REFUSED = "a sandbox process could not be moved into its memory cgroup"
 
-function M.self_test_error(result)
+-- mode: the sandbox the backend says it made (backend.describe): the
+-- driver's self-test must have run for it and reported every check it
+-- promises (rlm.sandbox.selftest.PROMISED).
+function M.self_test_error(result, mode)
+  local want = selftest.PROMISED[mode]
+  if not want or result.mode ~= mode then
+    return "sandbox_violation", ("the sandbox self-test ran for a %s sandbox, the backend made %s")
+      :format(tostring(result.mode), tostring(mode)), { checks = result.checks }
+  end
   local bad = checks_failed(result.checks)
+  for _, name in ipairs(want) do
+    if type(result.checks[name]) ~= "table" then
+      bad[#bad + 1] = name .. " (not reported)"
+    end
+  end
   if #bad > 0 then
     return "sandbox_violation", "the sandbox self-test failed: " .. table.concat(bad, "; "),
       { checks = result.checks }
@@ -106,7 +119,7 @@ function M.vet(backend, drv, lines, max_values)
   if not result then
     return failed("protocol_error", err)
   end
-  local kind, message, extra = M.self_test_error(result)
+  local kind, message, extra = M.self_test_error(result, backend.describe(drv).mode)
   if kind then
     return failed(kind, message, extra)
   end

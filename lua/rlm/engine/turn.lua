@@ -284,6 +284,7 @@ function M:_result(final)
     sub_calls = self.tree.sub_calls,
     tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },
     history = self.history,
+    sandbox = self.sandbox_info,
   }
 end
 
@@ -325,6 +326,11 @@ function M:_run_turns()
     local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
     if ok then
       ok, err = self:_start()
+    end
+    local info = ok and self.sandbox_info
+    if info then
+      ok, err = self:_emit({ type = "sandbox_ready", start = self.start, backend = info.backend, mode = info.mode,
+        detail = info.detail, not_promised = info.not_promised })
     end
     if not ok then
       return { type = "error", err = err }

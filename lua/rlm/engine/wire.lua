@@ -130,6 +130,12 @@ function M:_driver_message(allowed, kind, a, b, c)
   elseif kind == "overflow" then
     return self:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
       :format(self.opts.max_message_bytes))
+  elseif kind == "lost" then
+    -- A stream to a far sandbox ended with no word from its keeper
+    -- (rlm.sandbox.exec): before the driver's hello it never started.
+    return self:_error(self.started and "sandbox_lost" or "sandbox_unavailable", a, b)
+  elseif kind == "broken" then
+    return self:_error("protocol_error", a)
   elseif kind == "exit" then
     local drv = self.driver
     local kills, peak = drv:oom_kills()

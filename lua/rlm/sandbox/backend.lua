@@ -27,22 +27,32 @@
 --       After the driver's ready: its rlimits, its processes (the ones
 --       vetted, when vetted_tree is given; else their uids), and that no
 --       descriptor but the session's pipes reaches it.
+--   describe(handle) -> { backend =, mode =, detail =, not_promised = }
+--       What sandbox it made: the backend's name, its mode ("bubblewrap",
+--       or rlm-keeper's "seccomp" fallback), why that one, and what the
+--       mode does not promise (rlm.sandbox.selftest.NOT_PROMISED). The
+--       self-test is checked against the mode's promises.
 --   exit_hint(output) -> string
 --       What a failed start's output says about the machine ("" if
 --       nothing).
 --
--- The handle (rlm.core's driver object for bubblewrap) has these methods:
+-- The handle (rlm.core's driver object for bubblewrap; a table over a
+-- stream for exec) has these methods:
 --   send(line) -> ok; poll(timeout_ms, max_values) -> event...; fd();
 --   interrupt(); kill(); close(); alive(); write_context(bytes) and
 --   context_written(); set_deadline(ms) and deadline_passed(); send_result
 --   (the reply to a sub-call); exec_ms(); peak_rss(), memory_mechanism(),
 --   oom_kills().
+-- Its poll may give two events besides rlm.core's: "lost", message (a
+-- stream ended with no word from the far side: sandbox_lost) and
+-- "broken", message (the far side broke its protocol: protocol_error).
 -- Errors go by err.kind (docs/api.md); a backend never raises at run time.
 local bwrap = require("rlm.sandbox.bwrap")
+local exec = require("rlm.sandbox.exec")
 
 local M = {}
 
-M.FUNCTIONS = { "prepare", "start", "forget", "adopt", "vet_processes", "check_ready", "exit_hint" }
+M.FUNCTIONS = { "prepare", "start", "forget", "adopt", "vet_processes", "check_ready", "describe", "exit_hint" }
 
 -- The functions backend lacks, as a list (empty when it has them all).
 function M.missing(backend)
@@ -55,11 +65,15 @@ function M.missing(backend)
   return out
 end
 
--- The backend a session or a pool uses. There is one, bubblewrap; the
--- option that picks another goes here. (Loaded with this module: a start
--- may have no descriptor free to read a file with.)
-function M.for_options(_opts)
-  return bwrap
+-- The backend a session or a pool uses, by its `sandbox` option
+-- (engine/options.lua checks it): bubblewrap beside the host (the
+-- default), or "exec", the far side of a stream (rlm.sandbox.exec). (Both
+-- loaded with this module: a start may have no descriptor free to read a
+-- file with.)
+local BY_NAME = { bubblewrap = bwrap, exec = exec }
+function M.for_options(opts)
+  local sandbox = opts.sandbox
+  return sandbox and BY_NAME[sandbox.backend] or bwrap
 end
 
 return M

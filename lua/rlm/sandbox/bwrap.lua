@@ -387,6 +387,10 @@ function M.check_ready(drv, rlimits, vetted_tree)
 end
 
 -- Bubblewrap's own words on a failed start: what to change (rlm.diagnose).
+function M.describe()
+  return { backend = "bubblewrap", mode = "bubblewrap", not_promised = {} }
+end
+
 function M.exit_hint(output)
   return require("rlm.diagnose").hint(output)
 end

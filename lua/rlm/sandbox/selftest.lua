@@ -3,6 +3,38 @@
 -- sandbox. The driver's half (python/repl_driver.py, self_test) runs inside.
 local M = {}
 
+-- What the driver's self-test must report, ok, for each sandbox mode
+-- (python/_rlm_driver/selftest.py's MODES): bubblewrap's every check; the
+-- seccomp fallback's (rlm-keeper where bubblewrap cannot run) the ones it
+-- can hold without namespaces.
+M.PROMISED = {
+  bubblewrap = { "network", "host_files", "canaries", "seccomp", "own_init", "pid_namespace",
+    "read_only_install", "workdir_writable", "capabilities", "descriptors", "environment", "host_sysctl",
+    "device_nodes", "workdir_mount", "setuid_files", "proc_hidden" },
+  seccomp = { "network", "canaries", "seccomp", "read_only_install", "workdir_writable", "capabilities",
+    "descriptors", "environment", "host_sysctl", "device_nodes", "setuid_files" },
+}
+
+-- What the seccomp fallback does not promise, by the bubblewrap check it
+-- has no counterpart of: the session's result and sandbox_ready event say
+-- it (docs/security.md, "The fallback").
+M.NOT_PROMISED = {
+  bubblewrap = {},
+  seccomp = {
+    host_files = "no empty root: the REPL reads what the far side's files let any uid read "
+      .. "(the image's interpreter and libraries, /etc, world-readable files)",
+    own_init = "no pid namespace: the REPL sees the far side's processes in /proc (their command lines), "
+      .. "though it may signal or trace none of them",
+    pid_namespace = "no pid namespace (as own_init)",
+    proc_hidden = "/proc is the far side's, its host-global files as readable as they are there",
+    workdir_mount = "the workdir is a directory of the far side's filesystem (TMPDIR), not a tmpfs of its own: "
+      .. "workdir_max_bytes is no size cap (its bytes count against max_rss_bytes, each file is capped by "
+      .. "RLIMIT_FSIZE), and files the REPL writes in world-writable directories outside it (/tmp, /dev/shm) "
+      .. "outlive the session there",
+    network_interfaces = "the far side's network interfaces are there; no socket of any family can be made",
+  },
+}
+
 local ROWS = {
   RLIMIT_AS = "Max address space",
   RLIMIT_NPROC = "Max processes",
