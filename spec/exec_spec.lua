@@ -271,7 +271,7 @@ describe("the exec backend", function()
     { { backend = "exec" }, "option 'sandbox.argv' must be" },
     { { backend = "exec", argv = {} }, "option 'sandbox.argv' must be" },
     { { backend = "exec", argv = { "" } }, "option 'sandbox.argv' must be" },
-    { { backend = "docker", image = "x" }, "option 'sandbox.backend' must be" },
+    { { backend = "kubernetes", argv = { "sh" } }, "option 'sandbox.backend' must be" },
     { { backend = "exec", argv = { "sh" }, image = "x" }, "has no field 'image'" },
     { { backend = "exec", argv = { "sh" }, ping_timeout_ms = 50 }, "option 'sandbox.ping_timeout_ms' must be" },
     { { backend = "exec", argv = { "sh" }, allow = { "none" } }, "option 'sandbox.allow' must be" },

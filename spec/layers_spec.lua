@@ -178,6 +178,14 @@ describe("the sandbox seam (rlm.sandbox.backend)", function()
     assert.are.same({ "check_ready" }, backend.missing(short))
   end)
 
+  it("is what every backend a sandbox option names implements", function()
+    local backend = require("rlm.sandbox.backend")
+    for _, name in ipairs(backend.NAMES) do
+      local b = backend.for_options({ sandbox = { backend = name } })
+      assert.are.same({}, backend.missing(b), name)
+    end
+  end)
+
   -- What only a backend may do: spawn, or look at a sandbox's processes
   -- from outside (/proc, the pids, their uids and descriptors).
   local BACKEND_ONLY = {

@@ -63,6 +63,31 @@ function M.boolean(v)
   return type(v) == "boolean", "a boolean"
 end
 
+-- A list of min to max items (the keys 1..n, nothing else), each one that
+-- item(v) takes; want is what the message says was wanted.
+function M.list(min, max, item, want)
+  return function(v)
+    if type(v) ~= "table" then
+      return false, want
+    end
+    local n = #v
+    if n < min or n > max then
+      return false, want
+    end
+    for k, x in pairs(v) do
+      if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) or not item(x) then
+        return false, want
+      end
+    end
+    return true, want
+  end
+end
+
+-- A string that a command line can carry: not empty, no NUL.
+function M.argument(v)
+  return type(v) == "string" and v ~= "" and not v:find("\0", 1, true), "a non-empty string without NUL"
+end
+
 -- How a value reads in a message: a string quoted, a number as it is,
 -- anything else by its type. A secret (an API key given in place of the
 -- name of its variable) is never echoed.
@@ -156,6 +181,34 @@ function M.option(where, name, rule, v, level)
       level + 1)
   end
   return v
+end
+
+-- The `backend` field of a `sandbox` option, which names the schema the
+-- other fields are checked against (rlm.sandbox.backend checked it).
+function M.backend_name(v)
+  return type(v) == "string", "a backend's name"
+end
+
+-- The fields of a table-valued option (`sandbox`), each checked as an
+-- option of its own named "option.field" (M.option), a field the schema
+-- does not know refused with the nearest known one; note is said after
+-- the option's name (for which backend). Returns a new table of every
+-- field, set or defaulted. level as for M.options.
+function M.fields(where, option, v, schema, level, note)
+  level = level + 1
+  local names = M.names(schema)
+  for k in pairs(v) do
+    if type(k) ~= "string" or not schema[k] then
+      local near = M.suggest(k, names)
+      error(("%s: option '%s' has no field '%s'%s (%sknown: %s)"):format(where, option, tostring(k), note or "",
+        near and ("did you mean '%s'? "):format(near) or "", table.concat(names, ", ")), level)
+    end
+  end
+  local out = {}
+  for name, rule in pairs(schema) do
+    out[name] = M.option(where, option .. "." .. name, rule, v[name], level)
+  end
+  return out
 end
 
 -- The one option validator: opts checked against schema (name -> rule, as

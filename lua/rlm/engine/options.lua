@@ -149,56 +149,10 @@ local function module_list(v)
 end
 
 -- The sandbox's backend: nil or { backend = "bubblewrap" } (beside the
--- host), or { backend = "exec", argv = { program, args... }, allow =,
--- ping_timeout_ms = } (the far side of a stream: rlm-keeper at the other
--- end, docs/backends.md). Raises naming the field.
-local BACKENDS = { bubblewrap = {}, exec = { argv = true, ping_timeout_ms = true, allow = true } }
-
--- Whether v is a list of 1 to max items (1..n, no other key), each ok.
-local function is_list(v, max, ok)
-  local n = type(v) == "table" and #v or 0
-  local fine = n >= 1 and n <= max
-  for k, item in pairs(type(v) == "table" and v or {}) do
-    fine = fine and type(k) == "number" and k >= 1 and k <= n and k == math.floor(k) and ok(item)
-  end
-  return fine
-end
+-- host), or "exec" (the far side of a stream); each backend checks its
+-- fields (rlm.sandbox.backend). Raises naming the field.
 local function check_sandbox(where, v)
-  if v == nil then
-    return
-  end
-  local function bad(field, want, got)
-    error(("%s: option '%s' must be %s, got %s"):format(where, field, want, got), 4)
-  end
-  if type(v) ~= "table" then
-    bad("sandbox", 'a table { backend = "bubblewrap" | "exec", ... }', checks.describe(v))
-  end
-  local fields = BACKENDS[v.backend]
-  if not fields then
-    bad("sandbox.backend", '"bubblewrap" or "exec"', checks.describe(v.backend))
-  end
-  for k in pairs(v) do
-    if k ~= "backend" and not fields[k] then
-      error(("%s: option 'sandbox' has no field '%s' for backend %q"):format(where, tostring(k), v.backend), 4)
-    end
-  end
-  if v.backend == "exec" then
-    if not is_list(v.argv, 256, function(a)
-      return type(a) == "string" and a ~= "" and not a:find("\0", 1, true)
-    end) then
-      bad("sandbox.argv", "a list of 1 to 256 non-empty strings (the program first)", checks.describe(v.argv))
-    end
-    if v.allow ~= nil and not is_list(v.allow, 2, function(name)
-      return name == "bubblewrap" or name == "seccomp"
-    end) then
-      bad("sandbox.allow", 'a list of the sandboxes the far side may make: "bubblewrap" and/or "seccomp"',
-        checks.describe(v.allow))
-    end
-    local pt = v.ping_timeout_ms
-    if pt ~= nil and not (type(pt) == "number" and pt == math.floor(pt) and pt >= 100 and pt <= 3600000) then
-      bad("sandbox.ping_timeout_ms", "an integer from 100 to 3600000 (ms)", checks.describe(pt))
-    end
-  end
+  require("rlm.sandbox.backend").check_option(where, v, 3)
 end
 
 local function sandbox_rule(v)
@@ -312,21 +266,9 @@ local function same(a, b, depth)
   return true
 end
 
--- The sandbox option as its backend reads it, defaults filled in: nil is
--- bubblewrap's; exec's argv, the sandboxes it allows (in any order) and
--- its ping timeout.
+-- The sandbox option as its backend reads it, defaults filled in.
 local function sandbox_read(v)
-  if v == nil or v.backend ~= "exec" then
-    return { backend = "bubblewrap" }
-  end
-  local exec = require("rlm.sandbox.exec")
-  local allow = {}
-  for i, name in ipairs(v.allow or exec.DEFAULT_ALLOW) do
-    allow[i] = name
-  end
-  table.sort(allow)
-  return { backend = "exec", argv = v.argv, allow = allow, ping_timeout_ms = v.ping_timeout_ms
-    or exec.PING_TIMEOUT_MS }
+  return require("rlm.sandbox.backend").read_option(v)
 end
 
 local function same_option(name, a, b)

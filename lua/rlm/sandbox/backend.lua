@@ -35,6 +35,11 @@
 --   exit_hint(output) -> string
 --       What a failed start's output says about the machine ("" if
 --       nothing).
+--   check_option(where, v, level), read_option(v) -> table
+--       The `sandbox` option's fields for this backend, checked (misuse
+--       raises, naming the field: rlm.base.checks.fields), and read with
+--       their defaults filled in (a pool's sessions must give the same).
+
 --
 -- The handle (rlm.core's driver object for bubblewrap; a table over a
 -- stream for exec) has these methods:
@@ -48,11 +53,13 @@
 -- "broken", message (the far side broke its protocol: protocol_error).
 -- Errors go by err.kind (docs/api.md); a backend never raises at run time.
 local bwrap = require("rlm.sandbox.bwrap")
+local checks = require("rlm.base.checks")
 local exec = require("rlm.sandbox.exec")
 
 local M = {}
 
-M.FUNCTIONS = { "prepare", "start", "forget", "adopt", "vet_processes", "check_ready", "describe", "exit_hint" }
+M.FUNCTIONS = { "prepare", "start", "forget", "adopt", "vet_processes", "check_ready", "describe", "exit_hint",
+  "check_option", "read_option" }
 
 -- The functions backend lacks, as a list (empty when it has them all).
 function M.missing(backend)
@@ -66,14 +73,42 @@ function M.missing(backend)
 end
 
 -- The backend a session or a pool uses, by its `sandbox` option
--- (engine/options.lua checks it): bubblewrap beside the host (the
--- default), or "exec", the far side of a stream (rlm.sandbox.exec). (Both
--- loaded with this module: a start may have no descriptor free to read a
--- file with.)
+-- (check_option below): bubblewrap beside the host (the default), or
+-- "exec", the far side of a stream (rlm.sandbox.exec). (Both loaded with
+-- this module: a start may have no descriptor free to read a file with.)
 local BY_NAME = { bubblewrap = bwrap, exec = exec }
+M.NAMES = { "bubblewrap", "exec" }
 function M.for_options(opts)
   local sandbox = opts.sandbox
   return sandbox and BY_NAME[sandbox.backend] or bwrap
+end
+
+-- Checks the `sandbox` option (nil: bubblewrap beside the host); misuse
+-- raises "<where>: option 'sandbox.<field>' ...". level as for error() at
+-- the caller.
+function M.check_option(where, v, level)
+  level = level + 1
+  if v == nil then
+    return
+  end
+  if type(v) ~= "table" then
+    error(("%s: option 'sandbox' must be a table { backend = \"bubblewrap\" | \"exec\", ... }, got %s")
+      :format(where, checks.describe(v)), level)
+  end
+  local backend = BY_NAME[v.backend]
+  if not backend then
+    error(("%s: option 'sandbox.backend' must be one of %s, got %s"):format(where,
+      '"' .. table.concat(M.NAMES, '", "') .. '"', checks.describe(v.backend)), level)
+  end
+  backend.check_option(where, v, level)
+end
+
+-- The option as its backend reads it (nil is bubblewrap's).
+function M.read_option(v)
+  if v == nil then
+    return { backend = "bubblewrap" }
+  end
+  return BY_NAME[v.backend].read_option(v)
 end
 
 return M

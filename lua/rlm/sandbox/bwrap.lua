@@ -4,6 +4,7 @@
 -- host checks of a running sandbox from outside (/proc: its processes'
 -- uids, rlimits and descriptors; its memory cgroup).
 local core = require("rlm.core")
+local checks = require("rlm.base.checks")
 local errors = require("rlm.base.errors")
 local protocol = require("rlm.base.protocol")
 local selftest = require("rlm.sandbox.selftest")
@@ -387,6 +388,15 @@ function M.check_ready(drv, rlimits, vetted_tree)
 end
 
 -- Bubblewrap's own words on a failed start: what to change (rlm.diagnose).
+-- The option { backend = "bubblewrap" } has no other field.
+function M.check_option(where, v, level)
+  checks.fields(where, "sandbox", v, { backend = { checks.backend_name } }, level + 1, ' for backend "bubblewrap"')
+end
+
+function M.read_option()
+  return { backend = "bubblewrap" }
+end
+
 function M.describe()
   return { backend = "bubblewrap", mode = "bubblewrap", not_promised = {} }
 end

@@ -8,6 +8,7 @@
 -- checks only the far side can make come from the keeper, and a missing
 -- or failed one fails the start (sandbox_violation).
 local core = require("rlm.core")
+local checks = require("rlm.base.checks")
 local errors = require("rlm.base.errors")
 local json = require("rlm.base.json")
 local protocol = require("rlm.base.protocol")
@@ -69,25 +70,75 @@ function M.start_message(o)
   })
 end
 
+-- The option (rlm.sandbox.backend.check_option): { backend = "exec",
+-- argv = { program, args... }, allow =, ping_timeout_ms = }.
+local ARGV_WANT = "a list of 1 to 256 non-empty strings without NUL (the program first)"
+local argv_list = checks.list(1, 256, checks.argument, ARGV_WANT)
+M.FIELDS = {
+  backend = { checks.backend_name },
+  argv = { argv_list },
+  allow = { checks.list(1, 2, function(name)
+    return name == "bubblewrap" or name == "seccomp"
+  end, 'a list of the sandboxes the far side may make: "bubblewrap" and/or "seccomp"') },
+  ping_timeout_ms = { checks.integer(100, 3600000) },
+}
+
+function M.check_option(where, v, level)
+  checks.fields(where, "sandbox", v, M.FIELDS, level + 1, (" for backend %q"):format(v.backend))
+  if v.argv == nil then
+    error(("%s: option 'sandbox.argv' must be %s, got nil"):format(where, ARGV_WANT), level + 1)
+  end
+end
+
+-- The sandboxes v allows, sorted, the default filled in.
+function M.allowed(v)
+  local allow = {}
+  for i, name in ipairs(v.allow or M.DEFAULT_ALLOW) do
+    allow[i] = name
+  end
+  table.sort(allow)
+  return allow
+end
+
+-- The option as this backend reads it, defaults filled in (a pool's
+-- sessions must give the same).
+function M.read_option(v)
+  return { backend = "exec", argv = v.argv, allow = M.allowed(v),
+    ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS }
+end
+
+-- argv with its program found (a name on PATH, or a path): the list, or
+-- nil and why not (what names it says where it came from).
+local function resolve(argv, what)
+  local out = util.append({}, argv)
+  local program = core.find_program(out[1])
+  if not program then
+    return nil, ("the exec backend's program %q (%s[1]) was not found"):format(out[1], what)
+  end
+  out[1] = program
+  return out
+end
+
+-- The start's spec: the stream's argv, the keeper's start, the context
+-- (nil for a pool's).
 function M.prepare(opts, context_data)
   local free = core.fd_headroom(SESSION_FDS)
   if free < SESSION_FDS then
     return unavailable(("too few free file descriptors (EMFILE): %d free, a session needs %d to start")
       :format(free, SESSION_FDS))
   end
-  local argv = util.append({}, opts.sandbox.argv)
-  local program = core.find_program(argv[1])
-  if not program then
-    return unavailable(("the exec backend's program %q (option 'sandbox.argv'[1]) was not found"):format(argv[1]))
+  local sandbox = opts.sandbox
+  local argv, why = resolve(sandbox.argv, "option 'sandbox.argv'")
+  if not argv then
+    return unavailable(why)
   end
-  argv[1] = program
   local allow = {}
-  for _, name in ipairs(opts.sandbox.allow or M.DEFAULT_ALLOW) do
+  for _, name in ipairs(sandbox.allow or M.DEFAULT_ALLOW) do
     allow[name] = true
   end
-  return { argv = argv, context = context_data, start = M.start_message(opts),
-    max_line = opts.max_message_bytes + 1, ping_timeout_ms = opts.sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS,
-    allow = allow }, { sys_path = {}, absent = {} }
+  return { argv = argv, context = context_data,
+    start = M.start_message(opts), max_line = opts.max_message_bytes + 1,
+    ping_timeout_ms = sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS, allow = allow }, { sys_path = {}, absent = {} }
 end
 
 function M.forget() end
@@ -336,13 +387,13 @@ function M.vet_processes()
 end
 
 function M.check_ready(h)
-  local checks = h.checks
-  if not checks then
+  local reported = h.checks
+  if not reported then
     return "sandbox_violation", "rlm-keeper reported no checks before the driver's ready"
   end
   local bad = {}
   for _, name in ipairs(M.CHECKS) do
-    local c = checks[name]
+    local c = reported[name]
     if type(c) ~= "table" then
       bad[#bad + 1] = name .. " (not reported)"
     elseif c.ok ~= true then
