@@ -123,8 +123,9 @@ soak: deps
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the Lua modules for every Lua
 # ABI (LuaJIT reads the 5.1 tree) with the driver (repl_driver.py and its
-# package _rlm_driver/), the probe and the macOS profile beside them
-# (rlm.sandbox.bwrap looks next to the modules), core.so, and bin/rlm.
+# package _rlm_driver/), the probe, the macOS profile and the container
+# backends' seccomp profile beside them (rlm.sandbox.bwrap and
+# rlm.sandbox.container look next to the modules), core.so, and bin/rlm.
 PREFIX ?= /usr/local
 LUA_MODULES = $(shell cd lua && find rlm -name '*.lua' | sort)
 DRIVER_MODULES = $(shell cd python && find _rlm_driver -name '*.py' | sort)
@@ -132,7 +133,7 @@ install: all
 	@set -e; for a in $(ABIS); do \
 	  share=$(DESTDIR)$(PREFIX)/share/lua/$$a; lib=$(DESTDIR)$(PREFIX)/lib/lua/$$a; \
 	  for m in $(LUA_MODULES); do install -D -m 644 lua/$$m $$share/$$m; done; \
-	  install -m 644 python/repl_driver.py python/probe.py sandbox/macos.sb $$share/rlm/; \
+	  install -m 644 python/repl_driver.py python/probe.py sandbox/macos.sb sandbox/rlm-seccomp.json $$share/rlm/; \
 	  for m in $(DRIVER_MODULES); do install -D -m 644 python/$$m $$share/rlm/$$m; done; \
 	  install -D -m 755 $(BUILD)/$$a/rlm/core.so $$lib/rlm/core.so; \
 	  echo "installed $$share/rlm and $$lib/rlm/core.so"; \

@@ -79,6 +79,7 @@ build = {
     ["rlm.nvim"] = "lua/rlm/nvim.lua",
     ["rlm.sandbox.backend"] = "lua/rlm/sandbox/backend.lua",
     ["rlm.sandbox.bwrap"] = "lua/rlm/sandbox/bwrap.lua",
+    ["rlm.sandbox.container"] = "lua/rlm/sandbox/container.lua",
     ["rlm.sandbox.exec"] = "lua/rlm/sandbox/exec.lua",
     ["rlm.sandbox.selftest"] = "lua/rlm/sandbox/selftest.lua",
     ["rlm.tools.highlight"] = "lua/rlm/tools/highlight.lua",
@@ -113,6 +114,8 @@ build = {
       ["rlm._rlm_driver.tree"] = "python/_rlm_driver/tree.py",
       ["rlm.probe"] = "python/probe.py",
       ["rlm.macos"] = "sandbox/macos.sb",
+      -- the container backends' seccomp profile (rlm.sandbox.container)
+      ["rlm.rlm-seccomp"] = "sandbox/rlm-seccomp.json",
     },
   },
 }

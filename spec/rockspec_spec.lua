@@ -84,6 +84,8 @@ describe("the rockspec", function()
     end
     assert.is_true(has(core_files, "share/lua/5.4/rlm/init.lua"))
     assert.is_true(has(core_files, "share/lua/5.4/rlm/llm/openai.lua"))
+    -- where rlm.sandbox.container looks for its seccomp profile
+    assert.is_true(has(core_files, "share/lua/5.4/rlm/rlm-seccomp.json"))
     assert.is_false(has(core_files, "bin/rlm"))
     assert.is_true(has(all_files, "bin/rlm"))
     -- the tools rock owns bin/rlm and nothing of rlm's

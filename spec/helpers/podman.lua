@@ -74,4 +74,99 @@ function M.bwrap_flags(seccomp_profile)
   return { "--security-opt", "unmask=/proc/*", "--security-opt", "seccomp=" .. seccomp_profile }
 end
 
+local function q(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function words(list)
+  local out = {}
+  for i, w in ipairs(list) do
+    out[i] = q(w)
+  end
+  return table.concat(out, " ")
+end
+
+-- A Podman store of a spec's own (--root, --runroot, --tmpdir in a
+-- directory it made), with the image's tarball imported as `image`: the
+-- store, or nil and why not (pending, with the reason). store.global are
+-- the store's flags (what the podman backend's `global_args` takes),
+-- store.runtime the runtime this host needs (its `runtime`), or nil.
+local Store = {}
+Store.__index = Store
+
+function M.store(tar, image)
+  local podman = M.find()
+  if not podman then
+    return nil, "podman is not installed (make image installs it)"
+  end
+  local f = io.open(tar, "rb")
+  if not f then
+    return nil, tar .. " is missing (make image builds it)"
+  end
+  f:close()
+  local host, why = M.global_flags()
+  if not host then
+    return nil, why
+  end
+  local dir = sh("mktemp -d /tmp/rlm-podman.XXXXXX")
+  local s = setmetatable({ podman = podman, dir = dir, rootless = sh("id -u") ~= "0", runtime = host[2],
+    global = { "--root", dir .. "/root", "--runroot", dir .. "/run", "--tmpdir", dir .. "/tmp",
+      "--storage-driver", "overlay" } }, Store)
+  s.all = {}
+  for _, w in ipairs(s.global) do
+    s.all[#s.all + 1] = w
+  end
+  for _, w in ipairs(host) do
+    s.all[#s.all + 1] = w
+  end
+  local out = sh("env -u LD_PRELOAD sandbox/image/import " .. words({ tar, image, podman }) .. " " .. words(s.all)
+    .. " 2>&1; echo rc=$?")
+  if not out:find("rc=0$") then
+    s:teardown()
+    return nil, "podman import failed: " .. out
+  end
+  return s
+end
+
+-- A shell command running podman on the store, from its directory (conmon
+-- leaves "oom" in its working directory), without make check's preload.
+function Store:cmd(args)
+  return "cd " .. q(self.dir) .. " && exec env -u LD_PRELOAD " .. words({ self.podman }) .. " " .. words(self.all)
+    .. " " .. words(args)
+end
+
+function Store:run(args)
+  return sh(self:cmd(args) .. " 2>&1")
+end
+
+-- The names of the store's containers, running or not, sorted.
+function Store:containers()
+  local out = sh(self:cmd({ "ps", "-a", "--format", "{{.Names}}" }) .. " 2>/dev/null")
+  local names = {}
+  for n in out:gmatch("%S+") do
+    names[#names + 1] = n
+  end
+  table.sort(names)
+  return names
+end
+
+-- Removes the store, its containers and, rootless, the pause process that
+-- holds its user namespace (its pid in our --tmpdir; it ignores SIGTERM).
+function Store:teardown()
+  sh(self:cmd({ "rm", "-a", "-f", "-t", "0" }) .. " >/dev/null 2>&1")
+  sh(self:cmd({ "rmi", "-a", "-f" }) .. " >/dev/null 2>&1")
+  if self.rootless then
+    sh(self:cmd({ "unshare", "rm", "-rf", self.dir .. "/root" }) .. " >/dev/null 2>&1")
+    local f = io.open(self.dir .. "/tmp/pause.pid", "r")
+    local pause = f and tonumber(f:read("*a"):match("%d+") or "")
+    if f then
+      f:close()
+    end
+    if pause then
+      sh("kill -9 " .. pause .. " 2>/dev/null")
+    end
+  end
+  sh("rm -rf " .. q(self.dir))
+end
+
 return M

@@ -149,8 +149,9 @@ local function module_list(v)
 end
 
 -- The sandbox's backend: nil or { backend = "bubblewrap" } (beside the
--- host), or "exec" (the far side of a stream); each backend checks its
--- fields (rlm.sandbox.backend). Raises naming the field.
+-- host), "exec" (the far side of a stream), "podman" or "docker" (a
+-- container); each backend checks its fields (rlm.sandbox.backend). Raises
+-- naming the field.
 local function check_sandbox(where, v)
   require("rlm.sandbox.backend").check_option(where, v, 3)
 end

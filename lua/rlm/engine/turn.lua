@@ -330,7 +330,7 @@ function M:_run_turns()
     local info = ok and self.sandbox_info
     if info then
       ok, err = self:_emit({ type = "sandbox_ready", start = self.start, backend = info.backend, mode = info.mode,
-        detail = info.detail, not_promised = info.not_promised })
+        detail = info.detail, not_promised = info.not_promised, container = info.container })
     end
     if not ok then
       return { type = "error", err = err }

@@ -54,6 +54,7 @@
 -- Errors go by err.kind (docs/api.md); a backend never raises at run time.
 local bwrap = require("rlm.sandbox.bwrap")
 local checks = require("rlm.base.checks")
+local container = require("rlm.sandbox.container")
 local exec = require("rlm.sandbox.exec")
 
 local M = {}
@@ -73,11 +74,13 @@ function M.missing(backend)
 end
 
 -- The backend a session or a pool uses, by its `sandbox` option
--- (check_option below): bubblewrap beside the host (the default), or
--- "exec", the far side of a stream (rlm.sandbox.exec). (Both loaded with
--- this module: a start may have no descriptor free to read a file with.)
-local BY_NAME = { bubblewrap = bwrap, exec = exec }
-M.NAMES = { "bubblewrap", "exec" }
+-- (check_option below): bubblewrap beside the host (the default), "exec",
+-- the far side of a stream (rlm.sandbox.exec), or "podman" and "docker", a
+-- container the engine starts for each sandbox (rlm.sandbox.container, over
+-- exec's stream). (All loaded with this module: a start may have no
+-- descriptor free to read a file with.)
+local BY_NAME = { bubblewrap = bwrap, exec = exec, podman = container, docker = container }
+M.NAMES = { "bubblewrap", "exec", "podman", "docker" }
 function M.for_options(opts)
   local sandbox = opts.sandbox
   return sandbox and BY_NAME[sandbox.backend] or bwrap
@@ -92,8 +95,8 @@ function M.check_option(where, v, level)
     return
   end
   if type(v) ~= "table" then
-    error(("%s: option 'sandbox' must be a table { backend = \"bubblewrap\" | \"exec\", ... }, got %s")
-      :format(where, checks.describe(v)), level)
+    error(("%s: option 'sandbox' must be a table { backend = \"bubblewrap\" | \"exec\" | \"podman\" | "
+      .. "\"docker\", ... }, got %s"):format(where, checks.describe(v)), level)
   end
   local backend = BY_NAME[v.backend]
   if not backend then

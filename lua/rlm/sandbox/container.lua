@@ -1,0 +1,463 @@
+-- The container backends, "podman" and "docker" (the contract:
+-- rlm.sandbox.backend): a container of the sandbox image for each sandbox,
+-- started by the engine with the boundary's flags (docs/backends.md), and
+-- rlm-keeper in it at the far end of exec's stream. This module only
+-- builds the command line and looks after the containers it names; the
+-- stream, the keeper's protocol and its checks are rlm.sandbox.exec's.
+--
+-- No container outlives its session: each is named (the `name` prefix,
+-- this host's boot, pid and start time, a token of this Lua state and a
+-- count), `--rm` removes it when rlm-keeper ends at the end of its input,
+-- and a remover outside the stream's process group removes it by that name
+-- when the engine's client ends any other way (killed by the host's
+-- teardown, or the container stuck). The first start of a Lua state removes
+-- the containers its prefix names whose host is gone (killed before its
+-- teardown ran), and no other: the names are the engine's list of what it
+-- runs, made by hosts, never by the sandbox.
+local core = require("rlm.core")
+local checks = require("rlm.base.checks")
+local errors = require("rlm.base.errors")
+local util = require("rlm.base.util")
+local exec = require("rlm.sandbox.exec")
+
+local M = {}
+
+-- The image `make image` builds (its tag follows rlm._VERSION; a spec
+-- checks that they agree), and where rlm-keeper is in it.
+M.IMAGE = "localhost/rlm-sandbox:0.2.0"
+M.KEEPER = "/usr/local/bin/rlm-keeper"
+M.NAME = "rlm"
+
+-- The container's memory limit is max_rss_bytes and this: the keeper,
+-- bubblewrap's two processes and the image's files in the page cache
+-- (reclaimable, but charged), beside what the keeper's own poll lets the
+-- REPL reach before it kills (its overshoot): past the container's limit
+-- the kernel kills inside the container, which reads as a lost sandbox,
+-- not memory_limit.
+M.HEADROOM_BYTES = 64 * 2 ^ 20
+M.HEADROOM_SHARE = 0.25
+
+-- Processes of the whole container: the REPL's RLIMIT_NPROC (64,
+-- rlm.sandbox.selftest) and the keeper, bubblewrap's two and room.
+M.PIDS_LIMIT = 128
+
+-- The rlimits an engine's --ulimit takes.
+M.ULIMIT_NAMES = { "as", "core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile",
+  "nproc", "rss", "rtprio", "rttime", "sigpending", "stack" }
+local ULIMIT_NAME = {}
+for _, n in ipairs(M.ULIMIT_NAMES) do
+  ULIMIT_NAME[n] = true
+end
+
+-- How long the engine's `ps` and `rm` of the first start may take.
+local HELPER_TIMEOUT_MS = 30000
+
+-- A word that cannot be read as a flag where the engine expects a value.
+local function value_word(v)
+  return type(v) == "string" and v ~= "" and not v:find("\0", 1, true) and v:sub(1, 1) ~= "-"
+end
+
+local function words(max)
+  return checks.list(0, max, checks.argument, ("a list of 0 to %d non-empty strings without NUL"):format(max))
+end
+
+-- The option's fields (beside exec's allow and ping_timeout_ms).
+M.FIELDS = {
+  backend = { checks.backend_name },
+  image = { function(v)
+    return value_word(v), "an image's name (a non-empty string, not starting with '-')"
+  end },
+  engine = { function(v)
+    return checks.argument(v), "the engine's program: a name on PATH or a path"
+  end },
+  global_args = { words(64) },
+  runtime = { function(v)
+    return value_word(v), "an OCI runtime's name or path (\"runc\", \"crun\"; not starting with '-')"
+  end },
+  ulimits = { function(v)
+    local want = "a table of rlimit names (" .. table.concat(M.ULIMIT_NAMES, ", ")
+      .. ") to integers from 0 to 2^53 - 1 (soft and hard)"
+    if type(v) ~= "table" then
+      return false, want
+    end
+    for k, n in pairs(v) do
+      if not ULIMIT_NAME[k] or type(n) ~= "number" or n ~= math.floor(n) or n < 0 or n > 2 ^ 53 - 1 then
+        return false, want
+      end
+    end
+    return true, want
+  end },
+  extra_args = { words(256) },
+  name = { function(v)
+    return type(v) == "string" and #v <= 64 and v:match("^[%w][%w_.-]*$") ~= nil,
+      "a container name prefix of 1 to 64 letters, digits, '_', '.', '-' (a letter or digit first)"
+  end },
+  seccomp_profile = { function(v)
+    return v == false or checks.argument(v), "a seccomp profile's path, or false (the engine's own profile)"
+  end },
+  pids_limit = { checks.integer(16, 2 ^ 22) },
+  keeper = { function(v)
+    return checks.argument(v) and v:sub(1, 1) == "/", "rlm-keeper's absolute path in the image"
+  end },
+  allow = exec.FIELDS.allow,
+  ping_timeout_ms = exec.FIELDS.ping_timeout_ms,
+}
+
+function M.check_option(where, v, level)
+  checks.fields(where, "sandbox", v, M.FIELDS, level + 1, (" for backend %q"):format(v.backend))
+end
+
+-- The option with its defaults filled in: what a pool's session must give
+-- the same of.
+function M.read_option(v)
+  local ulimits = {}
+  for k, n in pairs(v.ulimits or {}) do
+    ulimits[k] = n
+  end
+  return { backend = v.backend, image = v.image or M.IMAGE, engine = v.engine or v.backend,
+    global_args = v.global_args or {}, runtime = v.runtime or false, ulimits = ulimits,
+    extra_args = v.extra_args or {}, name = v.name or M.NAME,
+    seccomp_profile = v.seccomp_profile == nil and true or v.seccomp_profile,
+    pids_limit = v.pids_limit or M.PIDS_LIMIT, keeper = v.keeper or M.KEEPER, allow = exec.allowed(v),
+    ping_timeout_ms = v.ping_timeout_ms or exec.PING_TIMEOUT_MS }
+end
+
+local function unavailable(message)
+  return nil, errors.new("sandbox_unavailable", message)
+end
+
+-- A path made absolute against the working directory (the engine runs
+-- from a directory of its own).
+local function absolute(path)
+  if path:sub(1, 1) == "/" then
+    return path
+  end
+  local pwd = os.getenv("PWD")
+  return pwd and pwd:sub(1, 1) == "/" and pwd .. "/" .. path or nil
+end
+
+-- The seccomp profile that lets bubblewrap make its namespaces in the
+-- container (sandbox/image/seccomp.py made it from Podman's): installed
+-- beside the modules (rlm/rlm-seccomp.json), or a checkout's
+-- sandbox/rlm-seccomp.json.
+function M.default_profile()
+  local here = util.module_dir()
+  for _, candidate in ipairs({ here .. "/rlm-seccomp.json", here .. "/../../sandbox/rlm-seccomp.json" }) do
+    if util.file_exists(candidate) then
+      return absolute(candidate)
+    end
+  end
+  return nil
+end
+
+-- This host in a container's name: its boot, pid and start time (so that a
+-- later host can tell whether it still runs), and a token of this Lua
+-- state (two states of one process count apart).
+local owner
+local function read_all(path)
+  local f, msg, code = io.open(path, "rb")
+  if not f then
+    return nil, msg, code
+  end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- A process's start time (clock ticks after the boot) from its stat line:
+-- the 22nd field, the 20th after the command's closing parenthesis.
+local function stat_start(stat)
+  local rest = stat and stat:match("^.*%)%s(.*)$")
+  if not rest then
+    return nil
+  end
+  local i = 0
+  for field in rest:gmatch("%S+") do
+    i = i + 1
+    if i == 20 then
+      return field
+    end
+  end
+end
+
+local function owner_id()
+  if owner then
+    return owner
+  end
+  local boot = (read_all("/proc/sys/kernel/random/boot_id") or ""):gsub("[^%x]", ""):sub(1, 8)
+  local stat = read_all("/proc/self/stat") or ""
+  local pid, start = stat:match("^(%d+)"), stat_start(stat)
+  local rand
+  local f = io.open("/dev/urandom", "rb")
+  if f then
+    rand = f:read(3)
+    f:close()
+  end
+  if #boot ~= 8 or not pid or not start or not rand or #rand ~= 3 then
+    return nil
+  end
+  owner = { boot = boot, pid = pid, start = start, seq = 0,
+    token = ("%02x%02x%02x"):format(rand:byte(1, 3)) }
+  return owner
+end
+
+-- The next container name: <prefix>-<boot>-<pid>-<start>-<token>-<n>.
+local function next_name(prefix)
+  local o = owner_id()
+  o.seq = o.seq + 1
+  return ("%s-%s-%s-%s-%s-%d"):format(prefix, o.boot, o.pid, o.start, o.token, o.seq)
+end
+
+-- Whether the host a name of ours names is gone: another boot's, or a pid
+-- that is not running with that start time. A /proc that cannot be read
+-- for another reason than the pid's absence counts as running.
+local function host_gone(boot, pid, start)
+  if boot ~= owner.boot then
+    return true
+  end
+  local stat, _, code = read_all("/proc/" .. pid .. "/stat")
+  if not stat then
+    return code == 2 -- ENOENT
+  end
+  return stat_start(stat) ~= start
+end
+
+-- Runs a helper (the engine's ps or rm) to its end: its lines, status and
+-- stderr, or nil and why it could not run.
+local function run_helper(argv, wait)
+  local helper, err = core.helper(argv, HELPER_TIMEOUT_MS, 4 * 2 ^ 20)
+  if not helper then
+    return nil, err
+  end
+  local lines, status, stderr, problem = {}, nil, "", nil
+  while not status and not problem do
+    local kind, a, b, c = wait(helper)
+    if kind == "line" then
+      lines[#lines + 1] = a
+    elseif kind == "exit" then
+      status, stderr = b ~= 0 and 128 + b or a, c or ""
+    elseif kind == "timeout" then
+      problem = ("it did not end within %d ms"):format(HELPER_TIMEOUT_MS)
+    elseif kind == "failed" then
+      problem = a
+    else
+      problem = "it printed too much"
+    end
+  end
+  helper:close()
+  if problem then
+    return nil, problem
+  end
+  return lines, status, stderr
+end
+
+-- The engine's command with its global flags (podman's --runtime is one).
+local function engine_argv(c, ...)
+  local argv = util.append({ c.engine }, c.global_args)
+  if c.backend == "podman" and c.runtime then
+    util.append(argv, { "--runtime", c.runtime })
+  end
+  return util.append(argv, ...)
+end
+
+local function rm_args(c, names)
+  if c.backend == "podman" then
+    return util.append({ "rm", "-f", "--time", "0", "--ignore" }, names)
+  end
+  return util.append({ "rm", "-f" }, names)
+end
+
+-- The first start of a Lua state for an engine, its flags and a prefix
+-- lists the engine's containers, and removes those of this prefix whose
+-- host is gone. An engine that cannot list them cannot run one either:
+-- sandbox_unavailable, in its own words.
+local swept = {}
+local function sweep(c, wait)
+  local key = table.concat(engine_argv(c, { "\0", c.name }), "\0")
+  if swept[key] then
+    return true
+  end
+  swept[key] = true
+  local ps = { "ps", "-a", "--format", "{{.Names}}" }
+  local lines, status, stderr = run_helper(engine_argv(c, ps), wait)
+  if not lines or status ~= 0 then
+    swept[key] = nil
+    local why = lines and ("exit %s"):format(tostring(status)) or status
+    return unavailable(("the %s engine (%s) cannot list its containers (%s %s: %s)%s"):format(c.backend,
+      c.engine, c.backend, table.concat(ps, " "), why, stderr and stderr ~= "" and ": "
+      .. stderr:gsub("%s+$", ""):sub(-500) or ""))
+  end
+  local gone = {}
+  local head = c.name .. "-"
+  for _, line in ipairs(lines) do
+    for name in line:gmatch("[^%s,]+") do -- docker lists a container's names with commas
+      local rest = name:sub(1, #head) == head and name:sub(#head + 1)
+      local boot, pid, start = (rest or ""):match("^(%x%x%x%x%x%x%x%x)%-(%d+)%-(%d+)%-%x+%-%d+$")
+      if boot and host_gone(boot, pid, start) then
+        gone[#gone + 1] = name
+      end
+    end
+  end
+  if gone[1] then
+    -- What the rm says is not this start's business: a container may go
+    -- meanwhile.
+    run_helper(engine_argv(c, rm_args(c, gone)), wait)
+  end
+  return true
+end
+
+-- sh quoting: the script below is made of these words only.
+local function q(word)
+  return "'" .. word:gsub("'", "'\\''") .. "'"
+end
+
+local function quoted(list)
+  local out = {}
+  for i, w in ipairs(list) do
+    out[i] = q(w)
+  end
+  return table.concat(out, " ")
+end
+
+-- The whole `run` of one container named `name`.
+local function run_argv(c, name)
+  local a = { "run", "-i", "--rm", "--name", name, "--log-driver=none", "--network=none", "--read-only" }
+  if c.memory then
+    util.append(a, { "--memory", ("%.0f"):format(c.memory), "--memory-swap", ("%.0f"):format(c.memory) })
+  end
+  util.append(a, { "--pids-limit", tostring(c.pids_limit), "--cap-drop=ALL", "--security-opt",
+    "no-new-privileges" })
+  if c.backend == "docker" and c.runtime then
+    util.append(a, { "--runtime", c.runtime })
+  end
+  for _, n in ipairs(M.ULIMIT_NAMES) do
+    local v = c.ulimits[n]
+    if v then
+      util.append(a, { "--ulimit", ("%s=%.0f:%.0f"):format(n, v, v) })
+    end
+  end
+  if c.profile then
+    -- What bubblewrap needs inside: /proc unmasked (a user namespace mounts
+    -- a new procfs only where no part of the container's is covered), and
+    -- the profile that allows its namespaces (docs/backends.md).
+    util.append(a, { "--security-opt", c.backend == "podman" and "unmask=/proc/*" or "systempaths=unconfined",
+      "--security-opt", "seccomp=" .. c.profile })
+  end
+  util.append(a, c.extra_args, { c.image, c.keeper }, c.keeper_args)
+  return engine_argv(c, a)
+end
+
+-- The stream's argv for one container: sh, which runs the engine's client
+-- from a directory of its own (Debian 12's conmon leaves a file `oom` in
+-- its working directory: containers/conmon#504), its stdin and stdout the
+-- stream's; beside it, in a session of its own (the host's teardown kills
+-- the stream's process group), the remover, which waits for the client's
+-- end and removes the container by its name unless the client ended with
+-- status 0 (the keeper ended, and --rm removed it), then the directory.
+function M.stream_argv(c, name)
+  local remover = 'read st; [ "$st" = 0 ] || ' .. quoted(engine_argv(c, rm_args(c, { name })))
+    .. '; cd / && rm -rf "$1"; exit "${st:-137}"'
+  local script = table.concat({
+    "d=$(mktemp -d " .. q(c.tmpdir .. "/rlm-" .. c.backend .. ".XXXXXX") .. ") || exit 125",
+    'cd "$d" || exit 125',
+    "exec 5>&1",
+    "{ " .. quoted(run_argv(c, name)) .. ' 4>&-; echo "$?" >&4; } 4>&1 >&5 5>&- | ' .. q(c.setsid) .. " "
+      .. q(c.sh) .. " -c " .. q(remover) .. ' sh "$d" >/dev/null 2>&1 5>&-',
+  }, "\n")
+  return { c.sh, "-c", script }
+end
+
+-- prepare: the engine, sh and setsid found, the profile, the sweep of the
+-- first start, and exec's spec with what each start's command line needs.
+function M.prepare(opts, context_data, wait)
+  local v = opts.sandbox
+  local r = M.read_option(v)
+  local c = { backend = r.backend, image = r.image, global_args = r.global_args, runtime = r.runtime or nil,
+    ulimits = r.ulimits, extra_args = r.extra_args, name = r.name, pids_limit = r.pids_limit, keeper = r.keeper,
+    tmpdir = absolute(opts.tmpdir), keeper_args = {} }
+  if not owner_id() then
+    return unavailable("this host's boot id or its own /proc/self/stat could not be read: the containers "
+      .. "could not be named")
+  end
+  if not c.tmpdir then
+    return unavailable(("option 'tmpdir' (%s) is not a path the engine can run from"):format(opts.tmpdir))
+  end
+  c.engine = core.find_program(r.engine)
+  if not c.engine then
+    return unavailable(("the %s engine's program %q (option 'sandbox.engine') was not found"):format(r.backend,
+      r.engine))
+  end
+  c.engine = absolute(c.engine) or c.engine
+  c.sh, c.setsid = core.find_program("sh"), core.find_program("setsid")
+  if not c.sh or not c.setsid then
+    return unavailable(("%s was not found: the %s backend runs its client through it"):format(
+      c.sh and "setsid (util-linux)" or "sh", r.backend))
+  end
+  if r.seccomp_profile == true then
+    c.profile = M.default_profile()
+    if not c.profile then
+      return unavailable("the seccomp profile rlm-seccomp.json was found neither beside the rlm modules nor in "
+        .. "a checkout's sandbox/ (option 'sandbox.seccomp_profile' names one)")
+    end
+  elseif r.seccomp_profile then
+    c.profile = absolute(r.seccomp_profile)
+    local ok, why = util.file_exists(c.profile or "")
+    if not ok then
+      return unavailable(("the seccomp profile %q (option 'sandbox.seccomp_profile') cannot be read%s")
+        :format(r.seccomp_profile, why and ": " .. why or ""))
+    end
+  end
+  if opts.max_rss_bytes > 0 then
+    c.memory = opts.max_rss_bytes + math.max(M.HEADROOM_BYTES, math.floor(opts.max_rss_bytes * M.HEADROOM_SHARE))
+  end
+  -- The keeper's own flags for what the session names on the far side.
+  if opts.python ~= "python3" then
+    util.append(c.keeper_args, { "--python", opts.python })
+  end
+  if opts.bwrap ~= "bwrap" then
+    util.append(c.keeper_args, { "--bwrap", opts.bwrap })
+  end
+  local ok, err = sweep(c, wait)
+  if not ok then
+    return nil, err
+  end
+  local eopts = setmetatable({ sandbox = { backend = "exec", argv = { c.sh }, allow = v.allow,
+    ping_timeout_ms = v.ping_timeout_ms } }, { __index = opts })
+  local spec, info = exec.prepare(eopts, context_data)
+  if not spec then
+    return nil, info
+  end
+  spec.container = c
+  return spec, info
+end
+
+M.forget = exec.forget
+
+-- exec's start over a new container's command line.
+function M.start(spec, lines)
+  local name = next_name(spec.container.name)
+  local one = {}
+  for k, val in pairs(spec) do
+    one[k] = val
+  end
+  one.argv = M.stream_argv(spec.container, name)
+  local h, err = exec.start(one, lines)
+  if h then
+    h.container, h.engine_backend = name, spec.container.backend
+  end
+  return h, err
+end
+
+M.adopt = exec.adopt
+M.vet_processes = exec.vet_processes
+M.check_ready = exec.check_ready
+M.exit_hint = exec.exit_hint
+
+-- exec's, with the backend's name and the container's.
+function M.describe(h)
+  local d = exec.describe(h)
+  d.backend, d.container = h.engine_backend, h.container
+  return d
+end
+
+return M
