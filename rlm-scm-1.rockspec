@@ -44,6 +44,7 @@ build = {
     ["rlm.drive.dispatch"] = "lua/rlm/drive/dispatch.lua",
     ["rlm.engine.answer"] = "lua/rlm/engine/answer.lua",
     ["rlm.engine.boot"] = "lua/rlm/engine/boot.lua",
+    ["rlm.engine.claim"] = "lua/rlm/engine/claim.lua",
     ["rlm.engine.clock"] = "lua/rlm/engine/clock.lua",
     ["rlm.engine.fallback"] = "lua/rlm/engine/fallback.lua",
     ["rlm.engine.finals"] = "lua/rlm/engine/finals.lua",

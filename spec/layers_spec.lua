@@ -184,6 +184,10 @@ describe("the sandbox seam (rlm.sandbox.backend)", function()
       local b = backend.for_options({ sandbox = { backend = name } })
       assert.are.same({}, backend.missing(b), name)
     end
+    -- exec's sandboxes may be claimed (sandbox.claim): the functions a
+    -- claim needs.
+    local exec = require("rlm.sandbox.exec")
+    assert.are.same({ "function", "function" }, { type(exec.claimed), type(exec.release_claim) })
   end)
 
   -- What only a backend may do: spawn, or look at a sandbox's processes

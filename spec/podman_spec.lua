@@ -333,6 +333,60 @@ s:run()
     pool:close()
   end)
 
+  -- sandbox.claim / sandbox.release on the exec backend, with a stand-in
+  -- for a Kubernetes SandboxClaim: the claim starts a container of its own
+  -- (podman run -d ... sleep) and gives `podman exec -i` into it as the
+  -- stream; the release removes it.
+  local function stand_in(log)
+    local n = 0
+    return {
+      backend = "exec",
+      claim = function(info)
+        n = n + 1
+        local name = ("%s-claim-%d"):format(NAME, n)
+        detached(name, { "sleep", "infinity" })
+        log[#log + 1] = { "claim", name, info.depth, info.pool or false }
+        return util.append({ "sh", "-c", 'cd "$0" && exec "$@"', store.dir, store.podman }, store.all,
+          { "exec", "-i", name, "/usr/local/bin/rlm-keeper" }), name
+      end,
+      release = function(name)
+        log[#log + 1] = { "release", name }
+        store:run({ "rm", "-f", "-t", "0", name })
+        return true
+      end,
+    }
+  end
+
+  it_podman("claims a sandbox for a session and releases it at close(): the claimed container is gone", function()
+    local log = {}
+    local result, err = H.run(opts({ sandbox = stand_in(log), context = "claimed",
+      root_llm = H.script({ H.fence("FINAL(context)") }) }))
+    assert.is_nil(err, err and err.message)
+    assert.equals("claimed", result.answer)
+    assert.equals("exec", result.sandbox.backend)
+    assert.same({ { "claim", NAME .. "-claim-1", 0, false }, { "release", NAME .. "-claim-1" } }, log)
+  end)
+
+  it_podman("claims a pool's sandboxes and releases each, taken or idle", function()
+    local log = {}
+    local pool = assert(rlm.Pool.new({ size = 1, sandbox = stand_in(log), tmpdir = H.tmpdir }))
+    assert.same({ { "claim", NAME .. "-claim-1", 0, true } }, log)
+    local result, err = H.run({ pool = pool, context = "pooled", root_llm = H.script({ H.fence("FINAL(context)") }) })
+    assert.is_nil(err, err and err.message)
+    assert.equals("pooled", result.answer)
+    pool:close()
+    local released = {}
+    for _, entry in ipairs(log) do
+      if entry[1] == "release" then
+        released[#released + 1] = entry[2]
+      end
+    end
+    table.sort(released)
+    -- the taken one, at its session's close; its replacement, at the pool's
+    assert.same({ NAME .. "-claim-1", NAME .. "-claim-2" }, released)
+    assert.equals(0, pool:stats().release_failed)
+  end)
+
   it_podman("says what the engine says when it cannot run a container (sandbox_unavailable)", function()
     local _, err = H.run(opts({ sandbox = podman({ image = "localhost/rlm-no-such-image:0" }) }))
     assert.equals("sandbox_unavailable", err.kind)

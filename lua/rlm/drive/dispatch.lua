@@ -4,6 +4,7 @@
 -- run. How a callback is started (at once, in a coroutine of its own, in a
 -- light thread) and how the host waits between polls is the host's: see
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
+local claim = require("rlm.engine.claim")
 local errors = require("rlm.base.errors")
 local tools = require("rlm.engine.tools")
 local util = require("rlm.base.util")
@@ -174,6 +175,8 @@ function M.answer_out(s, start)
       answer(s, ev, start)
     elseif ev.type == "tool_call" then
       tools.start(s, ev, start)
+    elseif ev.type == "sandbox_claim" then
+      claim.start(s, ev, start)
     else
       table.insert(s.outbox, 1, ev)
       return
@@ -193,6 +196,8 @@ function M.next(s, start, stop)
       answer(s, ev, start)
     elseif ev.type == "tool_call" then
       tools.start(s, ev, start)
+    elseif ev.type == "sandbox_claim" then
+      claim.start(s, ev, start)
     elseif ev.type == "done" or ev.type == "error" or ev.type == stop then
       return ev
     end

@@ -2,6 +2,7 @@
 -- checks that run before any model-written code (self-test, rlimits, uids).
 local core = require("rlm.core")
 local backends = require("rlm.sandbox.backend")
+local claim = require("rlm.engine.claim")
 local selftest = require("rlm.sandbox.selftest")
 local start = require("rlm.engine.start")
 local IDLE = require("rlm.engine.loop").IDLE
@@ -102,6 +103,7 @@ function M:_take_sandbox(entry)
   times.spawn = entry.spawned_at
   self.driver = entry.drv
   self:_watch(entry.drv)
+  claim.adopt(self, entry.drv)
   local vetted = entry.vetted
   if vetted and vetted.error then
     -- Its checks failed: no context goes into it.
@@ -184,6 +186,13 @@ function M:_boot(canaries)
   end, self)
   if not spec then
     return self:_fail(info)
+  end
+  if spec.claim then
+    local err
+    spec, err = claim.session(self, backend, spec)
+    if not spec then
+      return self:_fail(err)
+    end
   end
   self.start_times.spawn = core.now_ms()
   local drv, serr = start.spawn(backend, o, spec, info, canaries)

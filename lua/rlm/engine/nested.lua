@@ -51,7 +51,8 @@ function M:_pump_children()
       elseif ev.type == "done" or ev.type == "error" then
         table.remove(self.children, i)
         return child, ev
-      elseif ev.type == "root_llm" or ev.type == "llm_query" or ev.type == "tool_call" then
+      elseif ev.type == "root_llm" or ev.type == "llm_query" or ev.type == "tool_call"
+        or ev.type == "sandbox_claim" then
         self:_forward(child, ev)
       end -- a child's "step" is its own business
     end

@@ -11,6 +11,7 @@
 -- back.
 local core = require("rlm.core")
 local backends = require("rlm.sandbox.backend")
+local claim = require("rlm.engine.claim")
 local options = require("rlm.engine.options")
 local protocol = require("rlm.base.protocol")
 local start = require("rlm.engine.start")
@@ -49,8 +50,8 @@ end
 -- (no bubblewrap, no interpreter).
 function Pool.new(opts)
   local o, size = options.check_pool(opts, Pool.MAX_SIZE)
-  local self = setmetatable({ opts = o, size = size, idle = {},
-    counts = { spawned = 0, taken = 0, cold = 0, dead = 0, failed = 0 } }, Pool)
+  local self = setmetatable({ opts = o, size = size, idle = {}, claiming = 0,
+    counts = { spawned = 0, taken = 0, cold = 0, dead = 0, failed = 0, release_failed = 0 } }, Pool)
   local backend = backends.for_options(o)
   local spec, info = backend.prepare(o, nil, blocking_wait, self)
   if not spec then
@@ -71,12 +72,21 @@ function Pool.new(opts)
   return self
 end
 
--- Starts one sandbox: its canaries first, so that their leaked descriptor
--- is there to leak into the spawn; returns at once (the keeper forks).
+-- Starts one sandbox; returns at once (the keeper forks). A claimed one
+-- (sandbox.claim) starts when its claim returns (rlm.engine.claim).
 function Pool:_spawn()
+  if self.spec.claim then
+    return claim.pool_spawn(self)
+  end
+  return self:_start(self.spec)
+end
+
+-- Starts a sandbox from spec: its canaries first, so that their leaked
+-- descriptor is there to leak into the spawn.
+function Pool:_start(spec)
   local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
   local at = core.now_ms()
-  local drv = start.spawn(self.backend, self.opts, self.spec, self.info, canaries)
+  local drv = start.spawn(self.backend, self.opts, spec, self.info, canaries)
   if not drv then
     canaries:remove()
     self.counts.failed = self.counts.failed + 1
@@ -92,7 +102,7 @@ end
 -- a taking session, rlm.engine), as at stats().
 function Pool:_fill()
   self:_sweep()
-  while not self.closed and #self.idle < self.size do
+  while not self.closed and #self.idle + self.claiming < self.size do
     if not self:_spawn() then
       return
     end
@@ -200,9 +210,10 @@ function Pool:_sweep()
   self.idle = keep
 end
 
---- pool:stats() -> { size, ready, starting, taken, cold, dead, failed, spawned }:
--- ready sandboxes have run their self-test and been vetted (a session that
--- takes one that failed fails with its error); starting ones have not.
+--- pool:stats() -> { size, ready, starting, taken, cold, dead, failed, spawned,
+-- release_failed }: ready sandboxes have run their self-test and been
+-- vetted (a session that takes one that failed fails with its error);
+-- starting ones have not (claims not answered yet among them).
 function Pool:stats()
   self:_sweep()
   local ready, starting = 0, 0
@@ -215,8 +226,9 @@ function Pool:stats()
     end
   end
   local c = self.counts
-  return { size = self.size, ready = ready, starting = starting, taken = c.taken, cold = c.cold,
-    dead = c.dead, failed = c.failed, spawned = c.spawned, closed = self.closed or false }
+  return { size = self.size, ready = ready, starting = starting + self.claiming, taken = c.taken, cold = c.cold,
+    dead = c.dead, failed = c.failed, spawned = c.spawned, release_failed = c.release_failed,
+    closed = self.closed or false }
 end
 
 --- pool:close(): kills every sandbox the pool still holds and removes

@@ -39,7 +39,17 @@
 --       The `sandbox` option's fields for this backend, checked (misuse
 --       raises, naming the field: rlm.base.checks.fields), and read with
 --       their defaults filled in (a pool's sessions must give the same).
-
+--
+-- A backend whose sandboxes are claimed (exec's `sandbox.claim`: the
+-- spec from prepare has a `claim` function) also has
+--   claimed(spec, argv, handle, report) -> spec | nil, message
+--       The spec of one start with what the claim gave; report(message)
+--       is told of a release that fails. The engine calls the claim as it
+--       calls its other callbacks (rlm.engine.claim).
+--   release_claim(spec)
+--       A claimed spec that will not be started.
+-- and its handle report_release(report): where a failed release goes
+-- from now on. The handle's close() releases the claim.
 --
 -- The handle (rlm.core's driver object for bubblewrap; a table over a
 -- stream for exec) has these methods:

@@ -71,12 +71,15 @@ function M.start_message(o)
 end
 
 -- The option (rlm.sandbox.backend.check_option): { backend = "exec",
--- argv = { program, args... }, allow =, ping_timeout_ms = }.
+-- argv = { program, args... } | claim = fn, release = fn, allow =,
+-- ping_timeout_ms = }.
 local ARGV_WANT = "a list of 1 to 256 non-empty strings without NUL (the program first)"
 local argv_list = checks.list(1, 256, checks.argument, ARGV_WANT)
 M.FIELDS = {
   backend = { checks.backend_name },
   argv = { argv_list },
+  claim = { checks.callable },
+  release = { checks.callable },
   allow = { checks.list(1, 2, function(name)
     return name == "bubblewrap" or name == "seccomp"
   end, 'a list of the sandboxes the far side may make: "bubblewrap" and/or "seccomp"') },
@@ -85,8 +88,14 @@ M.FIELDS = {
 
 function M.check_option(where, v, level)
   checks.fields(where, "sandbox", v, M.FIELDS, level + 1, (" for backend %q"):format(v.backend))
-  if v.argv == nil then
-    error(("%s: option 'sandbox.argv' must be %s, got nil"):format(where, ARGV_WANT), level + 1)
+  if v.argv == nil and v.claim == nil then
+    error(("%s: option 'sandbox.argv' must be %s, or option 'sandbox.claim' given, got nil"):format(where,
+      ARGV_WANT), level + 1)
+  elseif v.argv ~= nil and v.claim ~= nil then
+    error(("%s: options 'sandbox.argv' and 'sandbox.claim' exclude each other: the claim gives the argv")
+      :format(where), level + 1)
+  elseif v.release ~= nil and v.claim == nil then
+    error(("%s: option 'sandbox.release' needs option 'sandbox.claim'"):format(where), level + 1)
   end
 end
 
@@ -103,7 +112,7 @@ end
 -- The option as this backend reads it, defaults filled in (a pool's
 -- sessions must give the same).
 function M.read_option(v)
-  return { backend = "exec", argv = v.argv, allow = M.allowed(v),
+  return { backend = "exec", argv = v.argv, claim = v.claim, release = v.release, allow = M.allowed(v),
     ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS }
 end
 
@@ -119,8 +128,9 @@ local function resolve(argv, what)
   return out
 end
 
--- The start's spec: the stream's argv, the keeper's start, the context
--- (nil for a pool's).
+-- The start's spec: the stream's argv (none yet where a claim gives it),
+-- the keeper's start, the context (nil for a pool's), and what a claim
+-- needs.
 function M.prepare(opts, context_data)
   local free = core.fd_headroom(SESSION_FDS)
   if free < SESSION_FDS then
@@ -128,17 +138,69 @@ function M.prepare(opts, context_data)
       :format(free, SESSION_FDS))
   end
   local sandbox = opts.sandbox
-  local argv, why = resolve(sandbox.argv, "option 'sandbox.argv'")
-  if not argv then
-    return unavailable(why)
+  local argv
+  if sandbox.argv then
+    local why
+    argv, why = resolve(sandbox.argv, "option 'sandbox.argv'")
+    if not argv then
+      return unavailable(why)
+    end
   end
   local allow = {}
   for _, name in ipairs(sandbox.allow or M.DEFAULT_ALLOW) do
     allow[name] = true
   end
-  return { argv = argv, context = context_data,
+  return { argv = argv, claim = sandbox.claim, release = sandbox.release, context = context_data,
     start = M.start_message(opts), max_line = opts.max_message_bytes + 1,
     ping_timeout_ms = sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS, allow = allow }, { sys_path = {}, absent = {} }
+end
+
+-- A claimed sandbox's release: once, in a coroutine of its own (it may
+-- yield as a callback under an adapter does: rlm.base.util.invoke); a
+-- failure (a raise, or nil, message) goes to report(message), never to
+-- the caller: close() does not raise.
+local function release(claim)
+  if not claim or claim.released then
+    return
+  end
+  claim.released = true
+  if not claim.release then
+    return
+  end
+  util.invoke(claim.release, claim.handle, function(ok, message)
+    if not ok and claim.report then
+      claim.report(("option 'sandbox.release' failed: %s"):format(tostring(message)))
+    end
+  end, false)
+end
+
+-- spec for one start with what `sandbox.claim` gave (argv, and handle, the
+-- value release gets: the argv when it gave none); report(message) is
+-- told of a release that fails. Returns the spec, or nil and why (the
+-- claim is released then).
+function M.claimed(spec, argv, handle, report)
+  local claim = { release = spec.release, handle = handle == nil and argv or handle, report = report }
+  local out = {}
+  for k, v in pairs(spec) do
+    out[k] = v
+  end
+  out.claim_of = claim
+  local why
+  if not argv_list(argv) then
+    why = ("option 'sandbox.claim' returned %s, not %s"):format(checks.describe(argv), ARGV_WANT)
+  else
+    out.argv, why = resolve(argv, "what option 'sandbox.claim' returned")
+  end
+  if why then
+    release(claim)
+    return nil, why
+  end
+  return out
+end
+
+-- A claimed spec that will not be started (its pool closed meanwhile).
+function M.release_claim(spec)
+  release(spec.claim_of)
 end
 
 function M.forget() end
@@ -204,6 +266,15 @@ end
 function Handle:close()
   self.ended = self.ended or "closed"
   self.drv:close()
+  release(self.claim_of)
+end
+
+-- Where a failed release of this sandbox is told (the session that took
+-- it from a pool, rather than the pool).
+function Handle:report_release(report)
+  if self.claim_of then
+    self.claim_of.report = report
+  end
 end
 
 function Handle:peak_rss()
@@ -359,16 +430,17 @@ end
 function M.start(spec)
   local drv, err = core.stream(spec.argv, spec.max_line)
   if not drv then
+    release(spec.claim_of)
     return nil, err
   end
   local h = setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
-    ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow }, Handle)
+    ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow, claim_of = spec.claim_of }, Handle)
   local ok, werr = drv:send_keeper(spec.start)
   if ok and spec.context then
     ok, werr = h:write_context(spec.context)
   end
   if not ok then
-    drv:close()
+    h:close()
     return nil, werr or "the stream took no input"
   end
   return h
