@@ -214,7 +214,7 @@ describe("the podman backend", function()
       memory = 0
     end
     assert.same({ memory, memory, store.limits_ignored and 0 or 100 }, { hc.Memory, hc.MemorySwap, hc.PidsLimit })
-    assert.same({ "none", true, true, "none" }, { hc.NetworkMode, hc.ReadonlyRootfs, hc.AutoRemove,
+    assert.same({ "none", true, true, "passthrough" }, { hc.NetworkMode, hc.ReadonlyRootfs, hc.AutoRemove,
       hc.LogConfig.Type })
     assert.same({ "no-new-privileges", "seccomp=" .. container.default_profile() }, hc.SecurityOpt)
     assert.is_true(#hc.CapDrop >= 14) -- every capability Podman grants by default

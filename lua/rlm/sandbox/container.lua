@@ -321,7 +321,13 @@ end
 
 -- The whole `run` of one container named `name`.
 local function run_argv(c, name)
-  local a = { "run", "-i", "--rm", "--name", name, "--log-driver=none", "--network=none", "--read-only" }
+  -- Podman's passthrough: the container's stdin and stdout are the
+  -- stream's own pipes, with no conmon between (a step's round trip 80 us
+  -- here, 330 through conmon), and nothing of the session written to a
+  -- log on the host's disk (k8s-file, Podman's default, would); Docker's
+  -- none keeps no log either.
+  local a = { "run", "-i", "--rm", "--name", name, "--log-driver=" .. (c.backend == "podman" and "passthrough"
+    or "none"), "--network=none", "--read-only" }
   if c.memory then
     util.append(a, { "--memory", ("%.0f"):format(c.memory), "--memory-swap", ("%.0f"):format(c.memory) })
   end
