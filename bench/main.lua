@@ -239,6 +239,20 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    round trip as figure 2's, one session per backend, pinned to one CPU,
    in 5 rounds each after a chunk of both pipe floors: `floor_pingpong`
    with the echo driver directly and through `cat | ... | cat`.
+16. **The podman backend** (`sandbox = { backend = "podman" }`,
+   `bench/podman.lua`): the image `make image` builds, imported into a
+   Podman store of the figure's own, each sandbox a new container (`run -i
+   --rm --log-driver=passthrough` and the boundary's flags), beside the
+   local backend in the same run. Cold start as figure 1's, the two taking
+   turns in rounds of 2, each sample once rlm.core's teardown of the last
+   one is over (the client exited, `--rm` done), with its phases (ms from
+   `Session.new`: the keeper's hello read, `ready`, the checks) and the
+   first session of each on its own (the interpreter probe; the engine's
+   first `ps` and first container). Step round trip as figure 15's, one
+   session each, pinned to one CPU, 5 rounds taking turns; target 2x, as
+   the exec backend's. A warm take (`Session.new{pool}` + the first step
+   from a pool of one, let settle before each) beside the same take from a
+   pool of the local backend; no target.
 ]]
 
 -- One row of RESULTS.md's table.

@@ -90,11 +90,12 @@ end
 -- directory it made), with the image's tarball imported as `image`: the
 -- store, or nil and why not (pending, with the reason). store.global are
 -- the store's flags (what the podman backend's `global_args` takes),
--- store.runtime the runtime this host needs (its `runtime`), or nil.
+-- store.runtime the runtime this host needs (its `runtime`), or nil. root:
+-- the checkout (default: the working directory).
 local Store = {}
 Store.__index = Store
 
-function M.store(tar, image)
+function M.store(tar, image, root)
   local podman = M.find()
   if not podman then
     return nil, "podman is not installed (make image installs it)"
@@ -119,7 +120,8 @@ function M.store(tar, image)
   for _, w in ipairs(host) do
     s.all[#s.all + 1] = w
   end
-  local out = sh("env -u LD_PRELOAD sandbox/image/import " .. words({ tar, image, podman }) .. " " .. words(s.all)
+  local out = sh("env -u LD_PRELOAD " .. words({ (root or ".") .. "/sandbox/image/import", tar, image, podman }) .. " "
+    .. words(s.all)
     .. " 2>&1; echo rc=$?")
   if not out:find("rc=0$") then
     s:teardown()
