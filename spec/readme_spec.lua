@@ -157,6 +157,54 @@ local sub = function(p) return "sub: " .. p end
       1, true))
   end)
 
+  -- docs/backends.md's SandboxClaim callbacks against a stand-in kubectl
+  -- on PATH (no cluster here): it notes each call, answers the claim's
+  -- gets and wait, and streams `exec -i` into a local rlm-keeper.
+  it("runs docs/backends.md's SandboxClaim callbacks as they stand, against a stand-in kubectl", function()
+    local bin = H.tmpdir .. "-kubectl"
+    local log = bin .. "/calls"
+    os.execute("mkdir -p " .. q(bin))
+    local keeper = root .. "/" .. (os.getenv("RLM_SPEC_BUILD") or "build") .. "/rlm-keeper"
+    local f = assert(io.open(bin .. "/kubectl", "w"))
+    f:write(([[#!/bin/sh
+echo "$*" >> %s
+case "$1" in
+  apply) name=$(sed -n 's/^  name: //p' "$3"); echo "sandboxclaim.extensions.agents.x-k8s.io/$name created" ;;
+  get) if [ "$2" = sandboxclaim ]; then printf 'sb-%%s' "$3"; else printf 'pod-%%s' "$3"; fi ;;
+  wait) echo "sandbox.agents.x-k8s.io/$2 condition met" ;;
+  exec) exec %s --cache %s ;;
+  delete) echo "sandboxclaim.extensions.agents.x-k8s.io \"$3\" deleted" ;;
+  *) echo "unknown: $*" >&2; exit 1 ;;
+esac
+]]):format(q(log), q(keeper), q(root .. "/build/keeper-cache")))
+    f:close()
+    os.execute("chmod 755 " .. q(bin .. "/kubectl") .. "; mkdir -p " .. q(root .. "/build/keeper-cache"))
+    -- The block, then a session on it, in a Lua of its own with the
+    -- stand-in first on PATH (for io.popen and for the stream alike).
+    local script = bin .. "/claim.lua"
+    f = assert(io.open(script, "w"))
+    f:write(marked_block("docs/backends.md", "runs this block: claim"), "\n", ([[
+local rlm = require("rlm")
+local s = rlm.Session.new({ sandbox = sandbox, context = "claimed through kubectl", tmpdir = %q,
+  root_llm = function() return "```repl\nFINAL(context)\n```" end, llm_query = function(p) return p end })
+local result, err = s:run()
+s:close()
+print(result and result.answer or err.kind .. ": " .. err.message)
+]]):format(H.tmpdir))
+    f:close()
+    local out = H.sh(("cd %s && env PATH=%s:\"$PATH\" %s %s 2>&1"):format(q(root), q(bin), LUA, q(script)))
+    local calls = H.read_file(log)
+    os.execute("rm -rf " .. q(bin))
+    assert.equals("claimed through kubectl", out)
+    local name = calls:match("^apply %-f %S+\nget sandboxclaim (rlm%-session%-%d+%-1) ")
+    assert.is_string(name, calls)
+    assert.equals(table.concat({ "get sandboxclaim " .. name .. " -o jsonpath={.status.sandbox.name}",
+      "wait sandbox/sb-" .. name .. " --for=condition=Ready --timeout=60s",
+      "get sandbox sb-" .. name .. " -o jsonpath={.metadata.annotations.agents\\.x-k8s\\.io/pod-name}",
+      "exec -i pod-sb-" .. name .. " -c sandbox -- rlm-keeper",
+      "delete sandboxclaim " .. name .. " --wait=false", "" }, "\n"), calls:match("^apply %-f %S+\n(.*)$"))
+  end)
+
   it("has examples/openresty/nginx.conf cancel a session when its client goes away", function()
     local conf = read("examples/openresty/nginx.conf")
     local ask = assert(conf:match("location = /ask {(.-)}"), "no location = /ask")
