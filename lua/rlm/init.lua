@@ -6,8 +6,8 @@
 -- answers back through reply(). run() and step() are small loops over
 -- poll() (rlm.drive.blocking); the adapters in rlm.adapters drive the same
 -- engine from an event loop. This file is the public API; the jobs live in
--- lua/rlm/engine/ (session, boot, wire, limits, subcalls, nested, turn,
--- loop) and rlm.drive.blocking. docs/architecture.md shows the layers.
+-- lua/rlm/engine/ (session, boot, wire, budgets, clock, subcalls, nested,
+-- turn, loop) and rlm.drive.blocking. docs/architecture.md shows the layers.
 local dispatch = require("rlm.drive.dispatch")
 local options = require("rlm.engine.options")
 local prompt = require("rlm.engine.prompt")
@@ -74,7 +74,7 @@ local function close(self, collected)
   self.closed = true
   if self.live_counted then -- a nested session: rlm.nested counted it
     self.live_counted = nil
-    self.tree.live_children = self.tree.live_children - 1
+    self.tree:child_closed()
   end
   if self.refill and collected then
     self.refill.owed, self.refill = true, nil

@@ -8,6 +8,14 @@ local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
 
+-- After its hello, the rest of the boot (self-test, context) may take this
+-- long, or step_timeout_ms when that is longer.
+local BOOT_TIMEOUT_MS = 30000
+
+function M:_boot_timeout_ms()
+  return math.max(BOOT_TIMEOUT_MS, self.opts.step_timeout_ms)
+end
+
 -- What _take_sandbox returns for a pooled sandbox that exited before it
 -- said a word: the take goes on to the next one, or a cold start.
 local SKIPPED = {}

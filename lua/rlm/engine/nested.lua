@@ -15,9 +15,9 @@ function M:_queue_child(call)
     return true
   end
   -- Past max_live_sandboxes the code gets an error for this call
-  -- (rlm.limits), and the run goes on. (A queued call is never refused:
+  -- (rlm.engine.budgets), and the run goes on. (A queued call is never refused:
   -- the child whose room it takes has closed just before.)
-  local refused = self:_child_refusal()
+  local refused = self.tree:child_refusal()
   if refused then
     return self:_send_result(call, nil, refused)
   end
@@ -25,7 +25,7 @@ function M:_queue_child(call)
   child.call = call
   -- Counted till it closes (rlm's Session:close), its sandbox with it.
   child.live_counted = true
-  self.tree.live_children = self.tree.live_children + 1
+  self.tree:child_made()
   call.t0 = core.now_ms()
   self:_root():_waitset() -- fd() covers its processes from now on
   self.children[#self.children + 1] = child

@@ -1,8 +1,11 @@
 -- A session's state: what one session and the nested sessions it starts
 -- share (the tree), its own fields, and how it fails. The methods of the
--- other modules (boot, wire, limits, subcalls, nested, turn, finals,
--- loop) are mixed into the one Session class here; rlm (init.lua) adds
+-- other modules (boot, wire, subcalls, nested, turn, finals, loop) are
+-- mixed into the one Session class here; its collaborators (the tree's
+-- budgets, rlm.engine.budgets; its deadlines, rlm.engine.clock) are
+-- objects of their own; rlm (init.lua) adds
 -- the public API and run()/step() (rlm.drive.blocking).
+local budgets = require("rlm.engine.budgets")
 local clock = require("rlm.engine.clock")
 local errors = require("rlm.base.errors")
 local prompt = require("rlm.engine.prompt")
@@ -19,8 +22,7 @@ local util = require("rlm.base.util")
 ---@field parent Session|nil the session whose code started it (rlm_query)
 ---@field depth integer 0 for the root
 ---@field session_id string "1", "1.2", ...: names it in its events
----@field tree table shared with its nested sessions: budgets, in-flight counts, the live children
----@field tokens table tree.tokens: input, output, total
+---@field tree Budgets shared with its nested sessions: budgets, in-flight counts, the live children
 ---@field system_problem string|nil why its system_prompt function failed (a nested session ends with it)
 -- The sandbox (rlm.engine.boot, rlm.engine.wire; the backend: rlm.sandbox.backend)
 ---@field driver userdata|nil the backend's handle
@@ -78,22 +80,9 @@ local util = require("rlm.base.util")
 ---@field finished table nested sessions that ended, their sandboxes kept till their call is answered
 ---@field started_children integer how many it started (their session_id)
 ---@field call table|nil of a nested session: the rlm_query it answers
----@field live_counted boolean|nil of a nested session: counted in tree.live_children
+---@field live_counted boolean|nil of a nested session: counted in its tree's live children
 local Session = {}
 Session.__index = Session
-
--- What a session and the nested sessions it starts share: one budget, one
--- cap on the sub-calls in flight, and the clock of the run.
-local function new_tree()
-  return {
-    sub_calls = 0,
-    tokens = { input = 0, output = 0, total = 0 },
-    in_flight = 0, -- sub-calls handed out and not yet answered
-    held = {}, -- { session =, req = }: past max_concurrent_sub_calls, not yet handed out
-    batches = 0,
-    live_children = 0, -- nested sessions made and not yet closed (max_live_sandboxes)
-  }
-end
 
 -- A session over context_data (text, or a JSON document); parent is the
 -- session whose code started it with rlm_query, or nil.
@@ -102,7 +91,7 @@ local function new_session(o, parent, context_data, context_format, description)
     opts = o,
     parent = parent,
     depth = parent and parent.depth + 1 or 0,
-    tree = parent and parent.tree or new_tree(),
+    tree = parent and parent.tree or budgets.new(o), -- one budget for the tree
     context_data = context_data,
     context_format = context_format,
     history = {},
@@ -128,9 +117,9 @@ local function new_session(o, parent, context_data, context_format, description)
   else
     self.session_id = "1"
   end
-  self.tokens = self.tree.tokens
+  local tree = self.tree
   self.clock = clock.new(o, function()
-    return self:_wall_left()
+    return tree:wall_left()
   end)
   -- A system_prompt function that fails: misuse at Session.new for the
   -- root; a nested session ends with callback_error when it starts.
@@ -188,6 +177,59 @@ function Session:_error(kind, message, fields)
   return self:_fail(errors.new(kind, message, fields))
 end
 
+-- The budgets before a root turn or a sub-call (rlm.engine.budgets): true,
+-- or the session ends.
+function Session:_check_budget()
+  local err = self.tree:check()
+  if self.closed then
+    return self:_cancelled()
+  end
+  if err then
+    return self:_fail(err)
+  end
+  return true
+end
+
+-- A callback's usage, added to the tree's tokens: true, or the session
+-- ends (a usage of another shape).
+function Session:_add_usage(who, usage)
+  local err = self.tree:add_usage(who, usage)
+  if err then
+    return self:_fail(err)
+  end
+  return true
+end
+
+-- A callback that blocked may have passed the driver's deadline: its
+-- keeper kills the sandbox then, and the session ends as the deadline says.
+function Session:_deadline_check()
+  if self.driver and self.driver:deadline_passed() then
+    self.driver:kill()
+    return self:_timeout_error()
+  end
+  return true
+end
+
+-- The driver's deadline passed: which one it was.
+function Session:_timeout_error()
+  if self.clock.wall_cut then
+    return self:_fail(self.tree:wall_error())
+  end
+  if self.booting == "hello" then
+    return self:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
+      .. "(%.0f ms); the sandbox was killed"):format(self.opts.start_timeout_ms),
+      { timeout_ms = self.opts.start_timeout_ms })
+  elseif self.booting then
+    local ms = self:_boot_timeout_ms()
+    return self:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
+      .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
+  end
+  return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms) and did not stop within "
+    .. "interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
+    :format(self.opts.step_timeout_ms, self.opts.interrupt_grace_ms),
+    { timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
+end
+
 function Session:_emit(ev)
   local cb = self.opts.on_event
   if not cb then
@@ -213,7 +255,7 @@ for _, methods in ipairs({ tools.methods, require("rlm.engine.answer").methods,
   end
 end
 
-for _, name in ipairs({ "wire", "boot", "limits", "subcalls", "nested", "turn", "loop" }) do
+for _, name in ipairs({ "wire", "boot", "subcalls", "nested", "turn", "loop" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
     if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
       assert(Session[k] == nil, k)

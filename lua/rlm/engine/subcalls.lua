@@ -15,13 +15,8 @@ local MAX_CAUSE_CHARS = 500
 function M:_request(req)
   self.next_request_id = self.next_request_id + 1
   req.id = self.next_request_id
-  if req.type == "llm_query" then
-    local tree = self.tree
-    if tree.in_flight >= self.opts.max_concurrent_sub_calls then
-      tree.held[#tree.held + 1] = { session = self, req = req } -- until one in flight answers
-      return req
-    end
-    tree.in_flight, req.counted = tree.in_flight + 1, true
+  if req.type == "llm_query" and not self.tree:admit(self, req) then
+    return req -- held until one in flight answers
   end
   self:_hand_out(req)
   return req
@@ -36,24 +31,16 @@ end
 -- A counted sub-call is over: the next held one, of any session of the
 -- tree, goes out.
 function M:_release()
-  local tree = self.tree
-  tree.in_flight = tree.in_flight - 1
-  local h = table.remove(tree.held, 1)
-  if h then
-    tree.in_flight, h.req.counted = tree.in_flight + 1, true
-    h.session:_hand_out(h.req)
+  local session, req = self.tree:release()
+  if session then
+    session:_hand_out(req)
   end
 end
 
 -- Forgets the sub-calls this session has held back (an exec ended with
 -- calls still out).
 function M:_drop_held()
-  local held = self.tree.held
-  for i = #held, 1, -1 do
-    if held[i].session == self then
-      table.remove(held, i)
-    end
-  end
+  self.tree:drop_held(self)
 end
 
 -- Forgets every request this session has out or held (its run ended), so
@@ -145,21 +132,21 @@ function M:_sub_query(msg)
     return self:_send({ type = "llm_result", id = msg.id, interrupted = true })
   end
   local calls, batch, nested = self:_calls_of(msg)
-  local ok, err
+  local ok, err, batch_id
   self.open_slots, self.open_call, self.open_tool = #calls, msg.id, nil
   if batch then
     ok, err = self:_check_budget()
     if not ok then
       return nil, err
     end
-    tree.batches = tree.batches + 1
+    batch_id = tree:count_batch()
   end
   for i, c in ipairs(calls) do
     if type(c) == "string" then
       c = { prompt = c }
     end
     local slot = batch and i or nil
-    if batch and tree.sub_calls >= o.max_sub_calls then
+    if batch and tree:sub_calls_spent() then
       -- The rest of the batch is past the budget: one error for all of its
       -- slots, so what the host does stays bounded by the sub-calls left.
       self.open_slots = self.open_slots - (#calls - i)
@@ -167,7 +154,7 @@ function M:_sub_query(msg)
         ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
     end
     local problem = self:_prompt_problem(c.prompt, slot)
-    if not problem and tree.sub_calls >= o.max_sub_calls then
+    if not problem and tree:sub_calls_spent() then
       return self:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
         :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
     end
@@ -183,10 +170,9 @@ function M:_sub_query(msg)
         return nil, err
       end
     else
-      tree.sub_calls = tree.sub_calls + 1
       local call = { prompt = c.prompt, depth = self.depth, driver_id = msg.id, exec_id = self.next_exec_id,
-        index = tree.sub_calls, batch_index = slot, batch_size = batch and #calls or nil,
-        batch_id = batch and tree.batches or nil, model = msg.model }
+        index = tree:count_sub_call(), batch_index = slot, batch_size = batch and #calls or nil,
+        batch_id = batch_id, model = msg.model }
       if nested then
         call.context, call.format = c.context, c.format
         ok, err = self:_queue_child(call)
@@ -216,7 +202,7 @@ end
 function M:_quick_query(prompt, id, busy)
   local o, tree = self.opts, self.tree
   if busy or not self.inline or self.open_slots > 0 or self.interrupted or o.max_sub_prompt_chars
-      or o.on_event or tree.sub_calls >= o.max_sub_calls or tree.in_flight >= o.max_concurrent_sub_calls then
+      or o.on_event or tree:sub_calls_spent() or not tree:has_room() then
     return self:_sub_query({ type = "llm_query", id = id, prompt = prompt })
   end
   if o.max_wall_ms or o.max_total_tokens or o.max_total_cost_usd then
@@ -225,10 +211,10 @@ function M:_quick_query(prompt, id, busy)
       return nil, err
     end
   end
-  tree.sub_calls = tree.sub_calls + 1
+  local index = tree:count_sub_call()
   self.open_slots, self.open_call, self.open_tool = 1, id, nil
   self.next_request_id = self.next_request_id + 1
-  tree.in_flight = tree.in_flight + 1
+  tree:take_room()
   local exec_id = self.next_exec_id
   local answered, text, usage = util.call_now(o.llm_query, prompt, { depth = self.depth })
   self:_release()
@@ -238,7 +224,7 @@ function M:_quick_query(prompt, id, busy)
   if not answered or type(text) ~= "string" or usage ~= nil or exec_id ~= self.next_exec_id
       or self.interrupted then
     local req = { type = "llm_query", prompt = prompt, depth = self.depth, driver_id = id, exec_id = exec_id,
-      index = tree.sub_calls, id = self.next_request_id }
+      index = index, id = self.next_request_id }
     if not answered then
       return self:_sub_answer({ request = req, failed = true, message = text })
     end
@@ -262,13 +248,13 @@ end
 -- answer is the usual protocol_error).
 function M:_call_now(call)
   local tree, drv = self.tree, self.driver
-  if tree.in_flight >= self.opts.max_concurrent_sub_calls or drv:timeout() == 0 then
+  if not tree:has_room() or drv:timeout() == 0 then
     self:_request(call)
     return true
   end
   self.next_request_id = self.next_request_id + 1
   call.id, call.t0 = self.next_request_id, core.now_ms()
-  tree.in_flight = tree.in_flight + 1
+  tree:take_room()
   local reply = self.inline(self, call)
   self:_release()
   if self.closed then

@@ -195,8 +195,7 @@ function S:_tool_call(msg)
     return self:_send({ type = "tool_result", id = msg.id, interrupted = true })
   end
   self.open_slots, self.open_call, self.open_tool = 1, msg.id, true
-  tree.tool_calls = tree.tool_calls or 0
-  if tree.tool_calls >= o.max_tool_calls then
+  if tree:tool_calls_spent() then
     return self:_tool_send(msg.id, nil, ("not called: the run's max_tool_calls (%d) are spent")
       :format(o.max_tool_calls))
   end
@@ -204,7 +203,7 @@ function S:_tool_call(msg)
   if not ok then
     return nil, err
   end
-  tree.tool_calls = tree.tool_calls + 1
+  local index = tree:count_tool_call()
   local positional, args = msg.args or {}, {}
   for i, v in ipairs(positional) do
     args[i] = v
@@ -216,7 +215,7 @@ function S:_tool_call(msg)
   -- args (positional at 1..n, keywords by name) for poll() and the event;
   -- positional, argc and kwargs for the call.
   self:_request({ type = "tool_call", name = msg.name, args = args, positional = positional, argc = #positional,
-    kwargs = kwargs, depth = self.depth, driver_id = msg.id, exec_id = self.next_exec_id, index = tree.tool_calls })
+    kwargs = kwargs, depth = self.depth, driver_id = msg.id, exec_id = self.next_exec_id, index = index })
   return true
 end
 

@@ -71,6 +71,36 @@ function M:_exec_done(msg, id)
   return msg
 end
 
+-- What the model is told after an interrupted block.
+function M:_interrupt_note()
+  return ("[the step ran past step_timeout_ms (%.0f ms) and was interrupted: this block's changes were rolled "
+    .. "back and the rest of the turn's blocks did not run; do less per step (smaller chunks, fewer calls)]")
+    :format(self.opts.step_timeout_ms)
+end
+
+-- The step ran out of time: SIGINT to the driver (a KeyboardInterrupt in
+-- the code), the call it waits on answered with `interrupted`, and any call
+-- it makes from now on too; the sandbox dies at the hard deadline unless
+-- the exec ends first.
+function M:_interrupt()
+  self.interrupted = true
+  self:_drop_held()
+  self:_end_children()
+  self.clock:interrupted(self.driver)
+  self.driver:interrupt()
+  local ok, err = self:_emit({ type = "interrupt", step = self.iterations,
+    timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
+  if not ok then
+    return nil, err
+  end
+  if self.open_slots > 0 and self.open_call then
+    self.open_slots = 0
+    return self:_send({ type = self.open_tool and "tool_result" or "llm_result", id = self.open_call,
+      interrupted = true })
+  end
+  return true
+end
+
 -- Asks the root model (through poll/reply) and waits for its answer. The
 -- driver is idle meanwhile: anything it says is an error, and the step
 -- deadline still runs.
@@ -272,6 +302,7 @@ function M:_turn()
 end
 
 function M:_result(final)
+  local tokens = self.tree.tokens
   return {
     answer = final.answer,
     value = final.value,
@@ -282,7 +313,7 @@ function M:_result(final)
     reason = final.reason,
     iterations = self.iterations,
     sub_calls = self.tree.sub_calls,
-    tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },
+    tokens = { input = tokens.input, output = tokens.output, total = tokens.total },
     history = self.history,
   }
 end
@@ -304,10 +335,11 @@ end
 function M:_main()
   local ev = require("rlm.engine.fallback").after(self, self:_run_turns())
   local r, e = ev.result, ev.err
+  local tokens = self.tree.tokens
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
-    sub_calls = self.tree.sub_calls, tokens = { input = self.tokens.input, output = self.tokens.output,
-      total = self.tokens.total } })
+    sub_calls = self.tree.sub_calls, tokens = { input = tokens.input, output = tokens.output,
+      total = tokens.total } })
   if not ok and not e then
     return { type = "error", err = err }
   end
@@ -316,7 +348,7 @@ end
 
 function M:_run_turns()
   if not self.parent then
-    self.tree.t0 = core.now_ms() -- max_wall_ms counts from here, over the tree
+    self.tree:start_clock() -- max_wall_ms counts from here, over the tree
   end
   if self.system_problem then
     return { type = "error", err = select(2, self:_error("callback_error", self.system_problem)) }

@@ -18,7 +18,7 @@ local function exit_message(status, signal, stderr)
 end
 
 -- The next thing the engine must handle: "reply", reply (when accept_replies),
--- "soft", kind (a soft deadline passed: rlm.limits) or a driver event (kind,
+-- "soft", kind (a soft deadline passed: the clock) or a driver event (kind,
 -- ...; with `quick`, a lone llm_query as "query", prompt, id: rlm.core's
 -- d:poll). It never waits in C: with nothing to do it
 -- yields IDLE until poll() is called again.
