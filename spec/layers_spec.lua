@@ -212,19 +212,22 @@ describe("the session's objects", function()
     Session = { file = "rlm/engine/session.lua" },
     Budgets = { file = "rlm/engine/budgets.lua" },
     Clock = { file = "rlm/engine/clock.lua" },
+    Scheduler = { file = "rlm/engine/subcalls.lua" },
   }
   -- The files whose `self` is not a Session, and the class it is (false:
   -- no class of the session's; their fields are their own business).
   local SELF = {
     ["rlm/engine/budgets.lua"] = "Budgets", ["rlm/engine/clock.lua"] = "Clock",
+    ["rlm/engine/subcalls.lua"] = "Scheduler",
     ["rlm/engine/pool.lua"] = false, ["rlm/engine/start.lua"] = false, ["rlm/engine/options.lua"] = false,
     ["rlm/engine/prompt.lua"] = false, ["rlm/engine/reply.lua"] = false,
   }
   -- The names the code gives these objects besides `self`.
-  local NAMES = { s = "Session", session = "Session", child = "Session", tree = "Budgets", clock = "Clock" }
+  local NAMES = { s = "Session", session = "Session", child = "Session", tree = "Budgets", clock = "Clock",
+    scheduler = "Scheduler" }
   -- The session's fields that hold its collaborators: a.<field>.x = ... sets
   -- a collaborator's field from outside it.
-  local HOLDERS = { tree = "Budgets", clock = "Clock" }
+  local HOLDERS = { tree = "Budgets", clock = "Clock", scheduler = "Scheduler" }
 
   local function read(path)
     local f = assert(io.open("lua/" .. path, "rb"))

@@ -82,7 +82,7 @@ local function close(self, collected)
     self:_refill_pool()
   end
   self:_end_children()
-  self:_drop_requests()
+  self.scheduler:drop_all()
   self:_teardown()
   local pool = self.opts.pool
   if pool and not self.parent and not self.pool_swept then

@@ -16,7 +16,7 @@ local function call_now(fn, arg, settle)
 end
 
 -- The engine's own turn of this loop (rlm.engine's _idle): the requests it
--- handed out, answered at once; or (rlm.subcalls' _call_now) one llm_query
+-- handed out, answered at once; or (the scheduler's call_now) one llm_query
 -- request, answered at once, its reply returned.
 local function answer_inline(s, req)
   if req then

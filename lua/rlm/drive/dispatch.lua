@@ -85,7 +85,7 @@ local function answer(s, ev, start)
   local o = s.opts
   if ev.type == "llm_query" and ev.batch_id and o.llm_query_batch then
     local reqs, prompts = { ev }, { ev.prompt }
-    for _, r in ipairs(s:_batch_rest(ev)) do
+    for _, r in ipairs(s.scheduler:batch_rest(ev)) do
       reqs[#reqs + 1], prompts[#prompts + 1] = r, r.prompt
     end
     -- A list of answers in order; a slot that is not a string is that
@@ -128,8 +128,9 @@ end
 -- stays first in the outbox, for poll(). The engine calls this itself under
 -- run() and step() (rlm.engine's _idle).
 function M.answer_out(s, start)
-  while s.outbox[1] do
-    local ev = s:_next_out()
+  local scheduler = s.scheduler
+  while scheduler:has_out() do
+    local ev = scheduler:next_out()
     if not ev then
       return
     end
@@ -138,7 +139,7 @@ function M.answer_out(s, start)
     elseif ev.type == "tool_call" then
       tools.start(s, ev, start)
     else
-      table.insert(s.outbox, 1, ev)
+      scheduler:put_back(ev)
       return
     end
   end

@@ -22,10 +22,6 @@ local function pass_through(...)
   return coroutine.yield(...)
 end
 
-local function take(queue)
-  return table.remove(queue, 1)
-end
-
 -- What one resume of the engine gave: it raised, ended, waits (IDLE), or
 -- a user callback inside it yielded (passed on, and the engine resumed
 -- with the answer). Varargs, not a table per resume.
@@ -75,7 +71,7 @@ end
 function M:_idle(quick)
   local inline = self.inline
   if inline and not self.closed and not self.failed then
-    if self.outbox[1] then
+    if self.scheduler:has_out() then
       inline(self)
       return
     end
@@ -134,13 +130,13 @@ function M:poll()
     self.terminal = { type = "error", err = self.failed }
   end
   if self.terminal then
-    self:_drop_requests()
+    self.scheduler:drop_all()
     return self.terminal
   end
-  local ev = self:_next_out()
+  local ev = self.scheduler:next_out()
   if not ev then
     self:_pump()
-    ev = self:_next_out() or self.terminal
+    ev = self.scheduler:next_out() or self.terminal
   end
   if ev and (ev.type == "step" or ev.type == "done" or ev.type == "error") then
     self.stepped = true
@@ -162,73 +158,17 @@ function M:_refill_pool()
   end
 end
 
--- Whether request id is still wanted: not answered, and (passed on from a
--- child) the child has not ended.
-function M:_wants(id)
-  local route = self.routes[id]
-  return self.pending[id] ~= nil and (not route or route.child:_wants(route.id))
-end
-
--- The next event for the outside, leaving out the requests of children
--- that ended before they were handed out.
-function M:_next_out()
-  while true do
-    local ev = take(self.outbox)
-    if not ev or not ev.id or self:_wants(ev.id) then
-      return ev
-    end
-    self.pending[ev.id], self.routes[ev.id] = nil, nil
-  end
-end
-
 -- The answer to a request poll() handed out: reply(id, text[, usage]), or
 -- reply(id, nil, message) when the call failed.
 -- A reply to a request that is no longer wanted (the run ended, the
 -- session was closed, the exec it belonged to is over, or it was answered
 -- already) is dropped: returns false. One poll() never handed out raises.
 function M:reply(id, text, usage)
-  local req = self.pending[id]
-  if not req then
-    if type(id) == "number" and id >= 1 and id <= self.next_request_id and id == math.floor(id) then
-      return false
-    end
+  local taken = self.scheduler:reply(id, text, usage)
+  if taken == nil then
     error(("rlm: reply to unknown request %s"):format(tostring(id)), 2)
   end
-  self.pending[id] = nil
-  local route = self.routes[id]
-  if route then
-    -- A child's request: the answer is the child's, unless it has ended.
-    self.routes[id] = nil
-    if route.child.pending[route.id] then
-      route.child:reply(route.id, text, usage)
-    end
-    return true
-  end
-  if req.counted then
-    req.counted = nil
-    self:_release()
-  end
-  local r = { request = req, text = text, usage = usage }
-  if text == nil and type(usage) == "string" then
-    r.failed, r.message, r.usage = true, usage, nil
-  end
-  self.inbox[#self.inbox + 1] = r
-  return true
-end
-
--- The rest of a batch whose first request poll() just handed out: the
--- requests of the same batch that are out now, in order (they sit together
--- in the outbox). rlm.dispatch gives them to llm_query_batch in one call.
-function M:_batch_rest(first)
-  local rest = {}
-  while self.outbox[1] and self.outbox[1].batch_id == first.batch_id and self.outbox[1].type == "llm_query" do
-    local ev = self:_next_out()
-    if not ev then
-      break
-    end
-    rest[#rest + 1] = ev
-  end
-  return rest
+  return taken
 end
 
 -- A descriptor that is readable when the session has work to do; nil while
@@ -319,7 +259,7 @@ local CONTEXT_WAIT_MS = 1
 -- Milliseconds until the session must be polled even if fd() stays quiet:
 -- -1 for no timer, 0 to poll now.
 function M:timeout()
-  if #self.outbox > 0 or #self.inbox > 0 or self.terminal or not self.engine then
+  if self.scheduler:has_work() or self.terminal or not self.engine then
     return 0
   end
   if self.context_writing then

@@ -19,7 +19,7 @@ function M:_queue_child(call)
   -- the child whose room it takes has closed just before.)
   local refused = self.tree:child_refusal()
   if refused then
-    return self:_send_result(call, nil, refused)
+    return self.scheduler:send_result(call, nil, refused)
   end
   local child = self:_new_child(call)
   child.call = call
@@ -52,22 +52,10 @@ function M:_pump_children()
         table.remove(self.children, i)
         return child, ev
       elseif ev.type == "root_llm" or ev.type == "llm_query" or ev.type == "tool_call" then
-        self:_forward(child, ev)
+        self.scheduler:forward(child, ev)
       end -- a child's "step" is its own business
     end
   end
-end
-
--- Hands a child's request out as this session's own, with a new id.
-function M:_forward(child, ev)
-  local req = {}
-  for k, v in pairs(ev) do
-    req[k] = v
-  end
-  self.next_request_id = self.next_request_id + 1
-  req.id, req.counted = self.next_request_id, nil
-  self.routes[req.id] = { child = child, id = ev.id }
-  self:_hand_out(req)
 end
 
 -- A child ended: its answer (or why it failed) goes to the code that asked.
@@ -104,8 +92,8 @@ function M:_child_done(child, ev)
   if not ok then
     return nil, err
   end
-  ok, err = self:_send_result(call, text, problem)
-  if self.open_slots == 0 then
+  ok, err = self.scheduler:send_result(call, text, problem)
+  if not self.scheduler:busy() then
     self:_close_finished()
   end
   return ok, err

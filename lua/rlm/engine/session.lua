@@ -1,15 +1,16 @@
 -- A session's state: what one session and the nested sessions it starts
 -- share (the tree), its own fields, and how it fails. The methods of the
--- other modules (boot, wire, subcalls, nested, turn, finals, loop) are
--- mixed into the one Session class here; its collaborators (the tree's
--- budgets, rlm.engine.budgets; its deadlines, rlm.engine.clock) are
--- objects of their own; rlm (init.lua) adds
+-- other modules (boot, wire, nested, turn, finals, loop) are mixed into
+-- the one Session class here; its collaborators (the tree's budgets,
+-- rlm.engine.budgets; its deadlines, rlm.engine.clock; its sub-call
+-- scheduler, rlm.engine.subcalls) are objects of their own; rlm (init.lua) adds
 -- the public API and run()/step() (rlm.drive.blocking).
 local budgets = require("rlm.engine.budgets")
 local clock = require("rlm.engine.clock")
 local errors = require("rlm.base.errors")
 local prompt = require("rlm.engine.prompt")
 local protocol = require("rlm.base.protocol")
+local subcalls = require("rlm.engine.subcalls")
 local tools = require("rlm.engine.tools")
 local util = require("rlm.base.util")
 
@@ -40,22 +41,16 @@ local util = require("rlm.base.util")
 ---@field pool_swept boolean|nil the close looked at the pool's idle sandboxes
 ---@field max_values integer the most JSON values one line may hold
 ---@field sent boolean|nil a line just went to the driver (wire's poll skips a look at the pipe)
--- The engine's coroutine and its queues (rlm.engine.loop, rlm.engine.subcalls)
+-- Its sub-calls: requests out and replies in (rlm.engine.subcalls)
+---@field scheduler Scheduler
+-- The engine's coroutine (rlm.engine.loop)
 ---@field engine thread|nil the coroutine that runs the session
 ---@field waitset userdata|nil the set behind fd()
 ---@field pumped_at number|nil when the engine last ran (others wait for its probe meanwhile)
 ---@field stepped boolean|nil its first step is out
----@field outbox table requests and events not yet handed out by poll()
----@field inbox table replies not yet taken by the engine
----@field pending table id -> request handed out and not yet answered
----@field routes table id -> { child =, id = } for a request passed on from a child
----@field next_request_id integer
 ---@field inline function|nil under run()/step(): answers a request at once (rlm.drive.blocking)
 ---@field hook_token userdata|nil under run()/step(): the hook as it started; SIGINT armed (rlm.drive.blocking)
 ---@field sigint boolean|nil closed by a SIGINT: run()/step() raise "interrupted!" (rlm.drive.blocking)
----@field open_slots integer answers the driver still waits for, for its current call
----@field open_call integer|nil the id of the driver's current call
----@field open_tool boolean|nil that call is a tool's
 -- The conversation and its turns (rlm.engine.turn, finals, answer; rlm's ask)
 ---@field messages table the root model's conversation
 ---@field history table the steps so far (err.history, result.history)
@@ -97,16 +92,10 @@ local function new_session(o, parent, context_data, context_format, description)
     history = {},
     iterations = 0,
     next_exec_id = 0,
-    next_request_id = 0,
-    outbox = {}, -- requests and events not yet handed out by poll()
-    inbox = {}, -- replies not yet taken by the engine
-    pending = {}, -- id -> request handed out and not yet answered
-    routes = {}, -- id -> { child =, id = } for a request passed on from a child
     children = {}, -- nested sessions running for the current exec
     queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
     finished = {}, -- nested sessions that ended, their sandboxes kept till their call is answered
     started_children = 0,
-    open_slots = 0, -- answers the driver still waits for, for its current call
     max_values = protocol.max_values(o.max_message_bytes), -- JSON values in one line
   }, Session)
   -- Names the session in its events: "1" for the root, "1.2" for the second
@@ -118,6 +107,7 @@ local function new_session(o, parent, context_data, context_format, description)
     self.session_id = "1"
   end
   local tree = self.tree
+  self.scheduler = subcalls.new(self)
   self.clock = clock.new(o, function()
     return tree:wall_left()
   end)
@@ -230,6 +220,26 @@ function Session:_timeout_error()
     { timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
 end
 
+-- Checks what a model callback gave back: text, and optionally a usage
+-- table. Then the deadline, which a callback that blocked may have passed.
+function Session:_model_result(who, reply)
+  if reply.failed then
+    return self:_error("callback_error", who .. " raised: " .. tostring(reply.message))
+  end
+  if type(reply.text) ~= "string" then
+    return self:_error("callback_error", who .. " returned " .. type(reply.text) .. ", not a string")
+  end
+  local ok, err = self:_add_usage(who, reply.usage)
+  if not ok then
+    return nil, err
+  end
+  ok, err = self:_deadline_check()
+  if not ok then
+    return nil, err
+  end
+  return reply.text, reply.usage
+end
+
 function Session:_emit(ev)
   local cb = self.opts.on_event
   if not cb then
@@ -247,7 +257,7 @@ function Session:_emit(ev)
   return true
 end
 
-for _, methods in ipairs({ tools.methods, require("rlm.engine.answer").methods,
+for _, methods in ipairs({ require("rlm.engine.answer").methods,
   require("rlm.engine.finals").methods }) do
   for k, fn in pairs(methods) do
     assert(Session[k] == nil, k)
@@ -255,7 +265,7 @@ for _, methods in ipairs({ tools.methods, require("rlm.engine.answer").methods,
   end
 end
 
-for _, name in ipairs({ "wire", "boot", "subcalls", "nested", "turn", "loop" }) do
+for _, name in ipairs({ "wire", "boot", "nested", "turn", "loop" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
     if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
       assert(Session[k] == nil, k)

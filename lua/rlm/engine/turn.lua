@@ -16,7 +16,8 @@ local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, r
 -- Runs one block of code; answers the driver's calls back meanwhile.
 function M:_exec(code)
   self.next_exec_id = self.next_exec_id + 1
-  self.interrupted, self.open_call = nil, nil
+  self.interrupted = nil
+  self.scheduler:exec_started()
   local id = self.next_exec_id
   local ok, err = self:_send({ type = "exec", id = id, code = code })
   if not ok then
@@ -26,9 +27,9 @@ function M:_exec(code)
   while true do
     local kind, a, b, c = self:_wait(true, true)
     if kind == "query" then
-      ok, err = self:_quick_query(a, b, c)
+      ok, err = self.scheduler:quick_query(a, b, c)
     elseif kind == "reply" then
-      ok, err = self:_sub_answer(a)
+      ok, err = self.scheduler:answer(a)
     elseif kind == "soft" then
       ok, err = self:_interrupt()
     elseif kind == "child" then
@@ -41,7 +42,7 @@ function M:_exec(code)
       end
       ok = msg ~= nil
       if ok then
-        ok, err = self:_sub_query(msg)
+        ok, err = self.scheduler:query(msg)
       end
     end
     if not ok then
@@ -55,8 +56,7 @@ function M:_exec_done(msg, id)
     return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran"):format(msg.id, id))
   end
   -- A hostile driver may end an exec with calls still out.
-  self.open_slots = 0
-  self:_drop_held()
+  self.scheduler:exec_ended()
   self:_end_children()
   if not self.children[1] and self.driver then
     self.clock:resume(self.driver)
@@ -84,7 +84,7 @@ end
 -- the exec ends first.
 function M:_interrupt()
   self.interrupted = true
-  self:_drop_held()
+  self.scheduler:drop_held()
   self:_end_children()
   self.clock:interrupted(self.driver)
   self.driver:interrupt()
@@ -93,10 +93,9 @@ function M:_interrupt()
   if not ok then
     return nil, err
   end
-  if self.open_slots > 0 and self.open_call then
-    self.open_slots = 0
-    return self:_send({ type = self.open_tool and "tool_result" or "llm_result", id = self.open_call,
-      interrupted = true })
+  local answer = self.scheduler:interrupt_open()
+  if answer then
+    return self:_send(answer)
   end
   return true
 end
@@ -112,7 +111,7 @@ function M:_call_root(messages)
   -- The conversation itself, not a copy: it is only appended to, so a
   -- step costs the same at step 2,000 as at step 10 (docs/api.md: read it,
   -- do not modify it; copy what you keep).
-  local req = self:_request({ type = "root_llm", messages = messages, depth = self.depth })
+  local req = self.scheduler:request({ type = "root_llm", messages = messages, depth = self.depth })
   while true do
     local kind, a, b, c = self:_wait(true)
     if kind ~= "reply" and kind ~= "soft" then
@@ -125,7 +124,7 @@ function M:_call_root(messages)
     end
     if kind == "soft" then
       -- Given up: a late answer is dropped (reply() returns false).
-      self.pending[req.id] = nil
+      self.scheduler:forget(req.id)
       return nil, self:_root_failed(("root_llm did not answer within root_timeout_ms (%.0f ms)")
         :format(self.opts.root_timeout_ms), { timeout_ms = self.opts.root_timeout_ms })
     end
@@ -381,12 +380,12 @@ function M:_run_turns()
     local entry, err = self:_turn()
     if not entry and err.resumable and not self.closed then
       -- Reported, not the end: polled again, the turn is asked again.
-      self.outbox[#self.outbox + 1] = { type = "error", err = err }
+      self.scheduler:post({ type = "error", err = err })
       coroutine.yield(IDLE)
     elseif not entry then
       return { type = "error", err = err }
     else
-      self.outbox[#self.outbox + 1] = { type = "step", entry = entry }
+      self.scheduler:post({ type = "step", entry = entry })
       coroutine.yield(IDLE)
     end
   end

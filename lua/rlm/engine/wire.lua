@@ -35,8 +35,9 @@ function M:_wait(accept_replies, quick)
     end
   end
   while true do
-    if accept_replies and #self.inbox > 0 then
-      return "reply", table.remove(self.inbox, 1)
+    local reply = accept_replies and self.scheduler:take_reply()
+    if reply then
+      return "reply", reply
     end
     local due = self.clock:soft_due()
     if due then
@@ -62,7 +63,7 @@ function M:_wait(accept_replies, quick)
     -- step() that wait is next, and takes what is held first.
     local kind, a, b, c
     if not (self.sent and self.inline) then
-      kind, a, b, c = drv:poll(0, self.max_values, self.sent or self.outbox[1] ~= nil, quick)
+      kind, a, b, c = drv:poll(0, self.max_values, self.sent or self.scheduler:has_out(), quick)
       if kind then
         self.sent = false
         return kind, a, b, c
