@@ -72,16 +72,12 @@ end
 -- the sandbox this session took, and its next take starts it (rlm.engine.pool).
 local function close(self, collected)
   self.closed = true
-  if self.live_counted then -- a nested session: rlm.nested counted it
-    self.live_counted = nil
-    self.tree:child_closed()
-  end
   if self.refill and collected then
     self.refill.owed, self.refill = true, nil
   elseif self.refill then
     self:_refill_pool()
   end
-  self:_end_children()
+  self.nested:end_all()
   self.scheduler:drop_all()
   self:_teardown()
   local pool = self.opts.pool

@@ -120,7 +120,7 @@ end
 -- must wait (for fd() to be readable or timeout() ms). Never blocks, except
 -- for the spawn of the sandbox at the first call.
 function M:poll()
-  if self.refill and self.stepped and not self.parent and not self.children[1] then
+  if self.refill and self.stepped and not self.parent and not self.nested:running() then
     self:_refill_pool()
   end
   if not self.terminal and (self.failed or self.closed) then
@@ -215,7 +215,7 @@ end
 -- session, not closed): its own loop is then the session's wait.
 function M:_driver_alone()
   local d = self.driver
-  return d and not self.helper and not self.children[1] and not self.closed and d or nil
+  return d and not self.helper and not self.nested:running() and not self.closed and d or nil
 end
 
 -- Puts a process's descriptor into the set behind fd() (the root's, for a
@@ -266,15 +266,7 @@ function M:timeout()
     return CONTEXT_WAIT_MS
   end
   local d = self.driver or self.helper
-  local ms = self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
-  local children = self.children
-  for i = 1, #children do
-    local c = children[i]:timeout()
-    if ms < 0 or (c >= 0 and c < ms) then
-      ms = c
-    end
-  end
-  return ms
+  return self.nested:timeout(self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS))
 end
 
 return M

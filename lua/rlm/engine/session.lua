@@ -1,13 +1,15 @@
 -- A session's state: what one session and the nested sessions it starts
 -- share (the tree), its own fields, and how it fails. The methods of the
--- other modules (boot, wire, nested, turn, finals, loop) are mixed into
--- the one Session class here; its collaborators (the tree's budgets,
+-- other modules (boot, wire, turn, finals, loop) are mixed into the one
+-- Session class here; its collaborators (the tree's budgets,
 -- rlm.engine.budgets; its deadlines, rlm.engine.clock; its sub-call
--- scheduler, rlm.engine.subcalls) are objects of their own; rlm (init.lua) adds
+-- scheduler, rlm.engine.subcalls; its nested sessions, rlm.engine.nested)
+-- are objects of their own; rlm (init.lua) adds
 -- the public API and run()/step() (rlm.drive.blocking).
 local budgets = require("rlm.engine.budgets")
 local clock = require("rlm.engine.clock")
 local errors = require("rlm.base.errors")
+local nested = require("rlm.engine.nested")
 local prompt = require("rlm.engine.prompt")
 local protocol = require("rlm.base.protocol")
 local subcalls = require("rlm.engine.subcalls")
@@ -70,12 +72,7 @@ local util = require("rlm.base.util")
 -- Its deadlines
 ---@field clock Clock its deadlines (rlm.engine.clock)
 -- Its nested sessions (rlm.engine.nested)
----@field children table the nested sessions running for the current exec
----@field queued table nested sessions asked for past max_concurrent_sub_calls
----@field finished table nested sessions that ended, their sandboxes kept till their call is answered
----@field started_children integer how many it started (their session_id)
----@field call table|nil of a nested session: the rlm_query it answers
----@field live_counted boolean|nil of a nested session: counted in its tree's live children
+---@field nested Nested
 local Session = {}
 Session.__index = Session
 
@@ -92,22 +89,14 @@ local function new_session(o, parent, context_data, context_format, description)
     history = {},
     iterations = 0,
     next_exec_id = 0,
-    children = {}, -- nested sessions running for the current exec
-    queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
-    finished = {}, -- nested sessions that ended, their sandboxes kept till their call is answered
-    started_children = 0,
     max_values = protocol.max_values(o.max_message_bytes), -- JSON values in one line
   }, Session)
   -- Names the session in its events: "1" for the root, "1.2" for the second
   -- session its code started, and so on.
-  if parent then
-    parent.started_children = parent.started_children + 1
-    self.session_id = parent.session_id .. "." .. parent.started_children
-  else
-    self.session_id = "1"
-  end
+  self.session_id = parent and parent.nested:next_id() or "1"
   local tree = self.tree
   self.scheduler = subcalls.new(self)
+  self.nested = nested.new(self)
   self.clock = clock.new(o, function()
     return tree:wall_left()
   end)
@@ -144,6 +133,15 @@ function Session:_new_child(call)
   return new_session(o, self, text, "text", prompt.describe(text))
 end
 
+-- The root of its tree (itself, when it is not nested).
+function Session:_root()
+  local s = self
+  while s.parent do
+    s = s.parent
+  end
+  return s
+end
+
 -- Ends the session with err: the sandbox is torn down, and every later
 -- call returns the same err.
 function Session:_fail(err)
@@ -152,7 +150,7 @@ function Session:_fail(err)
   end
   err.history = self.history
   self.failed = self.failed or err
-  self:_end_children()
+  self.nested:end_all()
   self:_teardown()
   return nil, self.failed
 end
@@ -265,7 +263,7 @@ for _, methods in ipairs({ require("rlm.engine.answer").methods,
   end
 end
 
-for _, name in ipairs({ "wire", "boot", "nested", "turn", "loop" }) do
+for _, name in ipairs({ "wire", "boot", "turn", "loop" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
     if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
       assert(Session[k] == nil, k)

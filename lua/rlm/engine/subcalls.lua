@@ -346,7 +346,7 @@ function Scheduler:query(msg)
         batch_id = batch_id, model = msg.model }
       if nested then
         call.context, call.format = c.context, c.format
-        ok, err = s:_queue_child(call)
+        ok, err = s.nested:queue(call)
         if not ok then
           return nil, err
         end

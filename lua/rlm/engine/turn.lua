@@ -33,7 +33,7 @@ function M:_exec(code)
     elseif kind == "soft" then
       ok, err = self:_interrupt()
     elseif kind == "child" then
-      ok, err = self:_child_done(a, b)
+      ok, err = self.nested:done(a, b)
     else
       local msg
       msg, err = self:_driver_message(EXEC_REPLIES, kind, a, b, c)
@@ -57,8 +57,8 @@ function M:_exec_done(msg, id)
   end
   -- A hostile driver may end an exec with calls still out.
   self.scheduler:exec_ended()
-  self:_end_children()
-  if not self.children[1] and self.driver then
+  self.nested:end_all()
+  if not self.nested:running() and self.driver then
     self.clock:resume(self.driver)
   end
   local limit = self.opts.stdout_truncate_chars
@@ -85,7 +85,7 @@ end
 function M:_interrupt()
   self.interrupted = true
   self.scheduler:drop_held()
-  self:_end_children()
+  self.nested:end_all()
   self.clock:interrupted(self.driver)
   self.driver:interrupt()
   local ok, err = self:_emit({ type = "interrupt", step = self.iterations,

@@ -47,9 +47,8 @@ function M:_wait(accept_replies, quick)
     if not drv then
       return "closed"
     end
-    local nested = self.children[1] ~= nil
-    if nested then
-      local child, ev = self:_pump_children()
+    if self.nested:running() then
+      local child, ev = self.nested:pump()
       if child then
         return "child", child, ev
       end
