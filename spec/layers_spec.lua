@@ -214,21 +214,24 @@ describe("the session's objects", function()
     Clock = { file = "rlm/engine/clock.lua" },
     Scheduler = { file = "rlm/engine/subcalls.lua" },
     Nested = { file = "rlm/engine/nested.lua" },
+    Handle = { file = "rlm/engine/handle.lua" },
   }
   -- The files whose `self` is not a Session, and the class it is (false:
   -- no class of the session's; their fields are their own business).
   local SELF = {
     ["rlm/engine/budgets.lua"] = "Budgets", ["rlm/engine/clock.lua"] = "Clock",
     ["rlm/engine/subcalls.lua"] = "Scheduler", ["rlm/engine/nested.lua"] = "Nested",
+    ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
     ["rlm/engine/pool.lua"] = false, ["rlm/engine/start.lua"] = false, ["rlm/engine/options.lua"] = false,
     ["rlm/engine/prompt.lua"] = false, ["rlm/engine/reply.lua"] = false,
   }
   -- The names the code gives these objects besides `self`.
   local NAMES = { s = "Session", session = "Session", child = "Session", tree = "Budgets", clock = "Clock",
-    scheduler = "Scheduler", nested = "Nested" }
+    scheduler = "Scheduler", nested = "Nested", sandbox = "Handle" }
   -- The session's fields that hold its collaborators: a.<field>.x = ... sets
   -- a collaborator's field from outside it.
-  local HOLDERS = { tree = "Budgets", clock = "Clock", scheduler = "Scheduler", nested = "Nested" }
+  local HOLDERS = { tree = "Budgets", clock = "Clock", scheduler = "Scheduler", nested = "Nested",
+    sandbox = "Handle" }
 
   local function read(path)
     local f = assert(io.open("lua/" .. path, "rb"))

@@ -72,21 +72,14 @@ end
 -- the sandbox this session took, and its next take starts it (rlm.engine.pool).
 local function close(self, collected)
   self.closed = true
-  if self.refill and collected then
-    self.refill.owed, self.refill = true, nil
-  elseif self.refill then
-    self:_refill_pool()
+  local sandbox = self.sandbox
+  if sandbox.refill then
+    sandbox:refill_pool(collected)
   end
   self.nested:end_all()
   self.scheduler:drop_all()
-  self:_teardown()
-  local pool = self.opts.pool
-  if pool and not self.parent and not self.pool_swept then
-    -- The pool's sandboxes whose start ended meanwhile are vetted now, so
-    -- that the next take does not pay for it (rlm.pool).
-    self.pool_swept = true
-    pool:_sweep()
-  end
+  sandbox:teardown()
+  sandbox:sweep_pool()
   -- A loop that watches fd() lets go of it first, then closes it.
   if not dispatch.closing(self) then
     self:_close_waitset()

@@ -58,6 +58,47 @@ local function resumed(self, ok, first, ...)
   return resumed(self, coroutine.resume(self.engine, pass_through(first, ...)))
 end
 
+-- The next thing the engine must handle: "reply", reply (when
+-- accept_replies), "soft", kind (a soft deadline passed: the clock),
+-- "child", child, ev (a nested session ended) or a driver event (kind, ...;
+-- with `quick`, a lone llm_query as "query", prompt, id, busy: the
+-- sandbox's take). It never waits in C: with nothing to do it yields IDLE
+-- until poll() is called again (or, under run() and step(), waits: _idle).
+function M:_wait(accept_replies, quick)
+  local sandbox = self.sandbox
+  local kind, a, b, c = sandbox:pre_event()
+  if kind then
+    return kind, a, b, c
+  end
+  while true do
+    local reply = accept_replies and self.scheduler:take_reply()
+    if reply then
+      return "reply", reply
+    end
+    local due = self.clock:soft_due()
+    if due then
+      return "soft", due
+    end
+    if not sandbox.driver then
+      return "closed"
+    end
+    if self.nested:running() then
+      local child, ev = self.nested:pump()
+      if child then
+        return "child", child, ev
+      end
+    end
+    kind, a, b, c = sandbox:take(self.inline, self.scheduler:has_out(), quick)
+    if kind then
+      return kind, a, b, c
+    end
+    kind, a, b, c = self:_idle(quick)
+    if kind then
+      return kind, a, b, c
+    end
+  end
+end
+
 -- The engine has nothing to do until the driver or a reply wakes it: it
 -- yields IDLE to whoever drives it. Under run() and step() (rlm.blocking
 -- sets self.inline) it does that driver's work itself, without the yield
@@ -79,7 +120,7 @@ function M:_idle(quick)
     if ms ~= 0 then
       local d = self:_driver_alone()
       if d then
-        local kind, a, b, c = d:poll(ms, self.max_values, false, quick, self.hook_token)
+        local kind, a, b, c = d:poll(ms, self.sandbox.max_values, false, quick, self.hook_token)
         self.pumped_at = core.now_ms()
         if kind ~= "interrupted" then
           return kind, a, b, c
@@ -120,8 +161,8 @@ end
 -- must wait (for fd() to be readable or timeout() ms). Never blocks, except
 -- for the spawn of the sandbox at the first call.
 function M:poll()
-  if self.refill and self.stepped and not self.parent and not self.nested:running() then
-    self:_refill_pool()
+  if self.sandbox.refill and self.stepped and not self.parent and not self.nested:running() then
+    self.sandbox:refill_pool(false)
   end
   if not self.terminal and (self.failed or self.closed) then
     if not self.failed then
@@ -142,20 +183,6 @@ function M:poll()
     self.stepped = true
   end
   return ev
-end
-
--- A session that took a pooled sandbox starts its replacement (rlm.pool)
--- once its first step is out and no nested session runs, or at its close;
--- a nested session leaves that to the root of its tree, so that the
--- replacements of a batch do not start while the batch runs.
-function M:_refill_pool()
-  local pool = self.refill
-  self.refill = nil
-  if self.parent then
-    self:_root().refill = pool
-  else
-    pool:_fill()
-  end
 end
 
 -- The answer to a request poll() handed out: reply(id, text[, usage]), or
@@ -184,7 +211,7 @@ end
 function M:_waitset()
   if not self.waitset then
     self.waitset = assert(core.waitset())
-    for _, d in ipairs({ self.driver or false, self.helper or false }) do
+    for _, d in ipairs({ self.sandbox.driver or false, self.sandbox.helper or false }) do
       if d then
         assert(self.waitset:add(d:fd()))
       end
@@ -214,8 +241,8 @@ end
 -- The driver, when it is all the session watches (no probe, no nested
 -- session, not closed): its own loop is then the session's wait.
 function M:_driver_alone()
-  local d = self.driver
-  return d and not self.helper and not self.nested:running() and not self.closed and d or nil
+  local d = self.sandbox.driver
+  return d and not self.sandbox.helper and not self.nested:running() and not self.closed and d or nil
 end
 
 -- Puts a process's descriptor into the set behind fd() (the root's, for a
@@ -230,7 +257,7 @@ function M:_watch(d)
 end
 
 -- The driver d is no longer the session's (a pooled sandbox skipped at
--- its take, rlm.boot).
+-- its take, rlm.engine.boot).
 function M:_unwatch(d)
   if self.parent then
     return self.parent:_unwatch(d)
@@ -262,10 +289,11 @@ function M:timeout()
   if self.scheduler:has_work() or self.terminal or not self.engine then
     return 0
   end
-  if self.context_writing then
+  local sandbox = self.sandbox
+  if sandbox.context_writing then
     return CONTEXT_WAIT_MS
   end
-  local d = self.driver or self.helper
+  local d = sandbox.driver or sandbox.helper
   return self.nested:timeout(self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS))
 end
 

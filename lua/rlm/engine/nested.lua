@@ -60,7 +60,7 @@ function Nested:queue(call)
   call.t0 = core.now_ms()
   s:_root():_waitset() -- fd() covers its processes from now on
   self.children[#self.children + 1] = child
-  s.clock:pause(s.driver)
+  s.clock:pause(s.sandbox.driver)
   return true
 end
 
@@ -102,17 +102,17 @@ function Nested:done(child, ev)
   local call = self.calls[child]
   self.calls[child] = nil
   local next_call = table.remove(self.queued, 1)
-  if next_call or not child.driver then
+  if next_call or not child.sandbox.driver then
     self:close_child(child)
   else
-    s:_root():_waitset():remove(child.driver:fd())
+    s:_root():_waitset():remove(child.sandbox.driver:fd())
     self.finished[#self.finished + 1] = child
   end
   if next_call then
     self:queue(next_call)
   end
-  if not self.children[1] and s.driver then
-    s.clock:resume(s.driver)
+  if not self.children[1] and s.sandbox.driver then
+    s.clock:resume(s.sandbox.driver)
   end
   local text, problem
   if ev.type == "done" then

@@ -1,51 +1,40 @@
--- A session's state: what one session and the nested sessions it starts
--- share (the tree), its own fields, and how it fails. The methods of the
--- other modules (boot, wire, turn, finals, loop) are mixed into the one
--- Session class here; its collaborators (the tree's budgets,
--- rlm.engine.budgets; its deadlines, rlm.engine.clock; its sub-call
--- scheduler, rlm.engine.subcalls; its nested sessions, rlm.engine.nested)
--- are objects of their own; rlm (init.lua) adds
--- the public API and run()/step() (rlm.drive.blocking).
+-- A session: a small object that holds its collaborators, each made here
+-- with its own fields and a few named methods (docs/architecture.md, "Who
+-- owns what"): its sandbox (rlm.engine.handle), its sub-call scheduler
+-- (rlm.engine.subcalls), its nested sessions (rlm.engine.nested), the
+-- tree's budgets (rlm.engine.budgets, shared with its nested sessions) and
+-- its deadlines (rlm.engine.clock). What stays the session's own is the
+-- conversation and its turns (rlm.engine.turn, finals, answer: methods of
+-- this class) and the engine's coroutine, which drives them all
+-- (rlm.engine.loop); and here, how it fails and what it reports. The
+-- collaborators ask the session for those through its methods. rlm
+-- (init.lua) adds the public API and run()/step() (rlm.drive.blocking).
 local budgets = require("rlm.engine.budgets")
 local clock = require("rlm.engine.clock")
 local errors = require("rlm.base.errors")
+local handle = require("rlm.engine.handle")
 local nested = require("rlm.engine.nested")
 local prompt = require("rlm.engine.prompt")
-local protocol = require("rlm.base.protocol")
 local subcalls = require("rlm.engine.subcalls")
 local tools = require("rlm.engine.tools")
 local util = require("rlm.base.util")
 
 -- Every field of a session, in one place (spec/layers_spec.lua checks that
--- the engine sets no other), grouped by the job that owns it: the groups
--- are the collaborators the session is being split into (issue 26).
+-- the engine sets no other; each collaborator declares its own).
 ---@class Session
+-- Its collaborators, each made here with its own fields and methods
+---@field sandbox Handle its sandbox: the start, the wire to the driver (rlm.engine.handle, boot)
+---@field scheduler Scheduler its sub-calls: requests out, replies in (rlm.engine.subcalls)
+---@field nested Nested its nested sessions (rlm.engine.nested)
+---@field tree Budgets the budgets it shares with its nested sessions (rlm.engine.budgets)
+---@field clock Clock its deadlines (rlm.engine.clock)
 -- Who it is
 ---@field opts table the checked options (rlm.engine.options)
 ---@field parent Session|nil the session whose code started it (rlm_query)
 ---@field depth integer 0 for the root
 ---@field session_id string "1", "1.2", ...: names it in its events
----@field tree Budgets shared with its nested sessions: budgets, in-flight counts, the live children
 ---@field system_problem string|nil why its system_prompt function failed (a nested session ends with it)
--- The sandbox (rlm.engine.boot, rlm.engine.wire; the backend: rlm.sandbox.backend)
----@field driver userdata|nil the backend's handle
----@field helper userdata|nil the probe's helper process while it runs
----@field canaries userdata|nil the self-test's canaries until the first exec
----@field context_data string|nil the context until it is in the sandbox
----@field context_format string "text" or "json"
----@field context_writing boolean|nil a large context is being written on a thread of rlm.core's
----@field start string|nil "cold" or "warm" (from the pool)
----@field start_times table|nil when each part of the start happened (bench/)
----@field booting string|nil "hello", "boot" while the start is checked
----@field started boolean|nil the driver has said hello
----@field pre_events table|nil what a pooled sandbox said before it was taken, read first
----@field refill table|nil the pool that gets a replacement after the first step
----@field pool_swept boolean|nil the close looked at the pool's idle sandboxes
----@field max_values integer the most JSON values one line may hold
----@field sent boolean|nil a line just went to the driver (wire's poll skips a look at the pipe)
--- Its sub-calls: requests out and replies in (rlm.engine.subcalls)
----@field scheduler Scheduler
--- The engine's coroutine (rlm.engine.loop)
+-- The engine's coroutine (rlm.engine.loop) and who drives it
 ---@field engine thread|nil the coroutine that runs the session
 ---@field waitset userdata|nil the set behind fd()
 ---@field pumped_at number|nil when the engine last ran (others wait for its probe meanwhile)
@@ -69,10 +58,6 @@ local util = require("rlm.base.util")
 ---@field question string|nil the current follow-up question
 ---@field history_mark integer|nil where the current question's steps begin
 ---@field turn_base integer|nil the turns taken before the current question
--- Its deadlines
----@field clock Clock its deadlines (rlm.engine.clock)
--- Its nested sessions (rlm.engine.nested)
----@field nested Nested
 local Session = {}
 Session.__index = Session
 
@@ -84,17 +69,15 @@ local function new_session(o, parent, context_data, context_format, description)
     parent = parent,
     depth = parent and parent.depth + 1 or 0,
     tree = parent and parent.tree or budgets.new(o), -- one budget for the tree
-    context_data = context_data,
-    context_format = context_format,
     history = {},
     iterations = 0,
     next_exec_id = 0,
-    max_values = protocol.max_values(o.max_message_bytes), -- JSON values in one line
   }, Session)
   -- Names the session in its events: "1" for the root, "1.2" for the second
   -- session its code started, and so on.
   self.session_id = parent and parent.nested:next_id() or "1"
   local tree = self.tree
+  self.sandbox = handle.new(self, context_data, context_format)
   self.scheduler = subcalls.new(self)
   self.nested = nested.new(self)
   self.clock = clock.new(o, function()
@@ -151,7 +134,7 @@ function Session:_fail(err)
   err.history = self.history
   self.failed = self.failed or err
   self.nested:end_all()
-  self:_teardown()
+  self.sandbox:teardown()
   return nil, self.failed
 end
 
@@ -191,8 +174,9 @@ end
 -- A callback that blocked may have passed the driver's deadline: its
 -- keeper kills the sandbox then, and the session ends as the deadline says.
 function Session:_deadline_check()
-  if self.driver and self.driver:deadline_passed() then
-    self.driver:kill()
+  local drv = self.sandbox.driver
+  if drv and drv:deadline_passed() then
+    drv:kill()
     return self:_timeout_error()
   end
   return true
@@ -203,12 +187,13 @@ function Session:_timeout_error()
   if self.clock.wall_cut then
     return self:_fail(self.tree:wall_error())
   end
-  if self.booting == "hello" then
+  local booting = self.sandbox.booting
+  if booting == "hello" then
     return self:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
       .. "(%.0f ms); the sandbox was killed"):format(self.opts.start_timeout_ms),
       { timeout_ms = self.opts.start_timeout_ms })
-  elseif self.booting then
-    local ms = self:_boot_timeout_ms()
+  elseif booting then
+    local ms = self.sandbox:boot_timeout_ms()
     return self:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
       .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
   end
@@ -263,7 +248,7 @@ for _, methods in ipairs({ require("rlm.engine.answer").methods,
   end
 end
 
-for _, name in ipairs({ "wire", "boot", "turn", "loop" }) do
+for _, name in ipairs({ "turn", "loop" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
     if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
       assert(Session[k] == nil, k)

@@ -300,7 +300,7 @@ function Scheduler:query(msg)
   end
   if s.interrupted then
     -- Past step_timeout_ms: a call the code makes now is not run.
-    return s:_send({ type = "llm_result", id = msg.id, interrupted = true })
+    return s.sandbox:send({ type = "llm_result", id = msg.id, interrupted = true })
   end
   local calls, batch, nested = self:calls_of(msg)
   local ok, err, batch_id
@@ -407,7 +407,7 @@ function Scheduler:quick_query(prompt, id, busy)
     return nil, err
   end
   self.open_slots = 0
-  return s:_send_text(id, text)
+  return s.sandbox:send_text(id, text)
 end
 
 -- Under run() and step() (the session's inline: rlm.drive.blocking), a lone
@@ -420,7 +420,7 @@ end
 -- before its answer is the usual protocol_error).
 function Scheduler:call_now(call)
   local s = self.session
-  if not self.tree:has_room() or s.driver:timeout() == 0 then
+  if not self.tree:has_room() or s.sandbox.driver:timeout() == 0 then
     self:request(call)
     return true
   end
@@ -443,9 +443,9 @@ function Scheduler:send_result(call, text, problem)
   if text and not problem and not call.batch_index then
     -- A lone call's answer, the usual case: its line made by rlm.core (the
     -- same JSON the table would make, without building the table).
-    return s:_send_text(call.driver_id, text)
+    return s.sandbox:send_text(call.driver_id, text)
   end
-  return s:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
+  return s.sandbox:send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
     index = call.batch_index and call.batch_index - 1 or nil, count = call.count }, true)
 end
 

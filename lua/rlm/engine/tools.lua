@@ -190,8 +190,8 @@ local function send(s, scheduler, id, value, problem, name)
     end
   end
   text = text or json.encode({ type = "tool_result", id = id, error = problem })
-  if not s.driver:send(text) then
-    return s:_expect({}) -- the reason it cannot take input is queued
+  if not s.sandbox.driver:send(text) then
+    return s.sandbox:expect({}) -- the reason it cannot take input is queued
   end
   return true
 end
@@ -211,7 +211,7 @@ function M.call(s, scheduler, msg)
   end
   if s.interrupted then
     -- The step ran out of time: no call is made until the exec ends.
-    return s:_send({ type = "tool_result", id = msg.id, interrupted = true })
+    return s.sandbox:send({ type = "tool_result", id = msg.id, interrupted = true })
   end
   scheduler:open(msg.id, 1, true)
   if tree:tool_calls_spent() then

@@ -19,11 +19,11 @@ function M:_exec(code)
   self.interrupted = nil
   self.scheduler:exec_started()
   local id = self.next_exec_id
-  local ok, err = self:_send({ type = "exec", id = id, code = code })
+  local ok, err = self.sandbox:send({ type = "exec", id = id, code = code })
   if not ok then
     return nil, err
   end
-  self:_remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
+  self.sandbox:remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
   while true do
     local kind, a, b, c = self:_wait(true, true)
     if kind == "query" then
@@ -36,7 +36,7 @@ function M:_exec(code)
       ok, err = self.nested:done(a, b)
     else
       local msg
-      msg, err = self:_driver_message(EXEC_REPLIES, kind, a, b, c)
+      msg, err = self.sandbox:message(EXEC_REPLIES, kind, a, b, c)
       if msg and msg.type == "exec_result" then
         return self:_exec_done(msg, id)
       end
@@ -58,8 +58,8 @@ function M:_exec_done(msg, id)
   -- A hostile driver may end an exec with calls still out.
   self.scheduler:exec_ended()
   self.nested:end_all()
-  if not self.nested:running() and self.driver then
-    self.clock:resume(self.driver)
+  if not self.nested:running() and self.sandbox.driver then
+    self.clock:resume(self.sandbox.driver)
   end
   local limit = self.opts.stdout_truncate_chars
   msg.stdout = textlib.cut(msg.stdout, limit, false)
@@ -86,8 +86,8 @@ function M:_interrupt()
   self.interrupted = true
   self.scheduler:drop_held()
   self.nested:end_all()
-  self.clock:interrupted(self.driver)
-  self.driver:interrupt()
+  self.clock:interrupted(self.sandbox.driver)
+  self.sandbox.driver:interrupt()
   local ok, err = self:_emit({ type = "interrupt", step = self.iterations,
     timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
   if not ok then
@@ -95,7 +95,7 @@ function M:_interrupt()
   end
   local answer = self.scheduler:interrupt_open()
   if answer then
-    return self:_send(answer)
+    return self.sandbox:send(answer)
   end
   return true
 end
@@ -116,7 +116,7 @@ function M:_call_root(messages)
     local kind, a, b, c = self:_wait(true)
     if kind ~= "reply" and kind ~= "soft" then
       local _
-      _, err = self:_driver_message({ fatal = true }, kind, a, b, c)
+      _, err = self.sandbox:message({ fatal = true }, kind, a, b, c)
       if not err then
         err = select(2, self:_error("protocol_error", "the driver spoke while the root model was asked"))
       end
@@ -267,19 +267,19 @@ function M:_turn()
   if not ok then
     return nil, err
   end
-  self.clock:arm_root(self.driver)
+  self.clock:arm_root(self.sandbox.driver)
   local response
   response, err = self:_call_root(self.messages)
   if not response then
     if err.resumable then
-      self.clock:disarm(self.driver)
+      self.clock:disarm(self.sandbox.driver)
       self.iterations = self.iterations - 1 -- the turn is asked again
     end
     return nil, err
   end
-  self.clock:arm_step(self.driver)
+  self.clock:arm_step(self.sandbox.driver)
   local entry, texts = self:_act(response)
-  self:_remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
+  self.sandbox:remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
   if not entry then
     return nil, texts
   end
@@ -291,7 +291,7 @@ function M:_turn()
   if complaint ~= "" then
     texts[#texts + 1] = complaint
   end
-  self.clock:disarm(self.driver)
+  self.clock:disarm(self.sandbox.driver)
   texts[#texts + 1] = self:_status()
   ok, err = self:_record(entry, table.concat(texts, "\n\n"))
   if not ok then
@@ -352,10 +352,10 @@ function M:_run_turns()
   if self.system_problem then
     return { type = "error", err = select(2, self:_error("callback_error", self.system_problem)) }
   end
-  if not self.started then
+  if not self.sandbox.started then
     local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
     if ok then
-      ok, err = self:_start()
+      ok, err = self.sandbox:boot()
     end
     if not ok then
       return { type = "error", err = err }
