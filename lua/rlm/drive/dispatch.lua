@@ -6,7 +6,6 @@
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
 local errors = require("rlm.base.errors")
 local tools = require("rlm.engine.tools")
-local util = require("rlm.base.util")
 
 local M = {}
 
@@ -110,17 +109,6 @@ local function answer(s, ev, start)
       s:reply(ev.id, nil, tostring(text))
     end
   end)
-end
-
--- Runs the llm_query callback for request req now (rlm.blocking's
--- util.call_now), and returns the reply record that s:reply() would have
--- put in the inbox.
-function M.answer_now(s, req)
-  local ok, text, usage = util.call_now(s.opts.llm_query, req.prompt, { depth = req.depth or 0, model = req.model })
-  if not ok then
-    return { request = req, failed = true, message = text }
-  end
-  return { request = req, text = text, usage = usage }
 end
 
 -- Starts the callback for each request waiting in s's outbox, in order, as

@@ -11,6 +11,7 @@ local util = require("rlm.base.util")
 
 ---@class Budgets
 ---@field opts table the root session's options (the max_* budgets, cost_usd)
+---@field bounded boolean max_wall_ms, max_total_tokens or max_total_cost_usd is set: check has work
 ---@field t0 number|nil when the run began (max_wall_ms counts from here, over the tree)
 ---@field sub_calls integer sub-calls made (llm_query, rlm_query, in batches too)
 ---@field batches integer batches made (their batch_id)
@@ -27,6 +28,7 @@ local M = {}
 function M.new(opts)
   return setmetatable({
     opts = opts,
+    bounded = (opts.max_wall_ms or opts.max_total_tokens or opts.max_total_cost_usd) ~= nil,
     sub_calls = 0,
     batches = 0,
     tool_calls = 0,
@@ -57,6 +59,9 @@ end
 -- Checked before each root turn and each sub-call: nil, or the error the
 -- run ends with. It may call cost_usd (which may close the session).
 function Budgets:check()
+  if not self.bounded then
+    return nil
+  end
   local o = self.opts
   local left = self:wall_left()
   if left and left <= 0 then
@@ -163,7 +168,7 @@ end
 -- hand out.
 function Budgets:release()
   self.in_flight = self.in_flight - 1
-  local h = table.remove(self.held, 1)
+  local h = self.held[1] and table.remove(self.held, 1)
   if h then
     self.in_flight, h.req.counted = self.in_flight + 1, true
     return h.scheduler, h.req

@@ -65,15 +65,20 @@ end
 -- sandbox's take). It never waits in C: with nothing to do it yields IDLE
 -- until poll() is called again (or, under run() and step(), waits: _idle).
 function M:_wait(accept_replies, quick)
-  local sandbox = self.sandbox
-  local kind, a, b, c = sandbox:pre_event()
-  if kind then
-    return kind, a, b, c
+  -- The hot loop of every sub-call: the collaborators' state is read here
+  -- (changed only through their methods), a method call per look costs
+  -- PUC Lua more than the look (bench/llm_query.lua).
+  local sandbox, scheduler, children = self.sandbox, self.scheduler, self.nested.children
+  local kind, a, b, c
+  if sandbox.pre_events then
+    kind, a, b, c = sandbox:pre_event()
+    if kind then
+      return kind, a, b, c
+    end
   end
   while true do
-    local reply = accept_replies and self.scheduler:take_reply()
-    if reply then
-      return "reply", reply
+    if accept_replies and scheduler.inbox[1] then
+      return "reply", scheduler:take_reply()
     end
     local due = self.clock:soft_due()
     if due then
@@ -82,13 +87,13 @@ function M:_wait(accept_replies, quick)
     if not sandbox.driver then
       return "closed"
     end
-    if self.nested:running() then
+    if children[1] then
       local child, ev = self.nested:pump()
       if child then
         return "child", child, ev
       end
     end
-    kind, a, b, c = sandbox:take(self.inline, self.scheduler:has_out(), quick)
+    kind, a, b, c = sandbox:take(self.inline, scheduler.outbox[1] ~= nil, quick)
     if kind then
       return kind, a, b, c
     end
@@ -112,7 +117,7 @@ end
 function M:_idle(quick)
   local inline = self.inline
   if inline and not self.closed and not self.failed then
-    if self.scheduler:has_out() then
+    if self.scheduler.outbox[1] then
       inline(self)
       return
     end
@@ -242,7 +247,7 @@ end
 -- session, not closed): its own loop is then the session's wait.
 function M:_driver_alone()
   local d = self.sandbox.driver
-  return d and not self.sandbox.helper and not self.nested:running() and not self.closed and d or nil
+  return d and not self.sandbox.helper and not self.nested.children[1] and not self.closed and d or nil
 end
 
 -- Puts a process's descriptor into the set behind fd() (the root's, for a
@@ -286,7 +291,8 @@ local CONTEXT_WAIT_MS = 1
 -- Milliseconds until the session must be polled even if fd() stays quiet:
 -- -1 for no timer, 0 to poll now.
 function M:timeout()
-  if self.scheduler:has_work() or self.terminal or not self.engine then
+  local scheduler = self.scheduler
+  if scheduler.outbox[1] or scheduler.inbox[1] or self.terminal or not self.engine then
     return 0
   end
   local sandbox = self.sandbox
@@ -294,7 +300,11 @@ function M:timeout()
     return CONTEXT_WAIT_MS
   end
   local d = sandbox.driver or sandbox.helper
-  return self.nested:timeout(self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS))
+  local ms = self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
+  if self.nested.children[1] then
+    ms = self.nested:timeout(ms)
+  end
+  return ms
 end
 
 return M

@@ -39,7 +39,7 @@ local util = require("rlm.base.util")
 ---@field waitset userdata|nil the set behind fd()
 ---@field pumped_at number|nil when the engine last ran (others wait for its probe meanwhile)
 ---@field stepped boolean|nil its first step is out
----@field inline function|nil under run()/step(): answers a request at once (rlm.drive.blocking)
+---@field inline function|nil under run()/step(): answers the requests handed out at once (rlm.drive.blocking)
 ---@field hook_token userdata|nil under run()/step(): the hook as it started; SIGINT armed (rlm.drive.blocking)
 ---@field sigint boolean|nil closed by a SIGINT: run()/step() raise "interrupted!" (rlm.drive.blocking)
 -- The conversation and its turns (rlm.engine.turn, finals, answer; rlm's ask)
@@ -164,6 +164,9 @@ end
 -- A callback's usage, added to the tree's tokens: true, or the session
 -- ends (a usage of another shape).
 function Session:_add_usage(who, usage)
+  if usage == nil then
+    return true
+  end
   local err = self.tree:add_usage(who, usage)
   if err then
     return self:_fail(err)

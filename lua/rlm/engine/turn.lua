@@ -27,7 +27,7 @@ function M:_exec(code)
   while true do
     local kind, a, b, c = self:_wait(true, true)
     if kind == "query" then
-      ok, err = self.scheduler:quick_query(a, b, c)
+      ok, err = self.scheduler:lone(b, a, nil, c) -- prompt, id, busy: read in place by rlm.core
     elseif kind == "reply" then
       ok, err = self.scheduler:answer(a)
     elseif kind == "soft" then
