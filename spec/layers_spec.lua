@@ -179,11 +179,16 @@ describe("the sandbox seam (rlm.sandbox.backend)", function()
     ":adopt%(", ":interpreter_runs%(", "check_uids", "check_rlimits",
   }
 
-  it("is the only way the engine, the drivers and the hosts reach a sandbox", function()
+  -- The sandbox layer's modules that serve every backend: the pool, the
+  -- start's messages and checks, the rlimits the driver must set.
+  local NEUTRAL = { ["rlm/sandbox/pool.lua"] = true, ["rlm/sandbox/start.lua"] = true,
+    ["rlm/sandbox/selftest.lua"] = true }
+
+  it("is the only way the engine, the drivers, the hosts and the pool reach a sandbox", function()
     local wrong = {}
     for _, path in ipairs(lua_files()) do
       local layer = layer_of(module_name(path))
-      if layer == "engine" or layer == "drive" or layer == "api" then
+      if layer == "engine" or layer == "drive" or layer == "api" or NEUTRAL[path] then
         local f = assert(io.open("lua/" .. path, "rb"))
         local n = 0
         for line in f:lines() do
@@ -222,7 +227,7 @@ describe("the session's objects", function()
     ["rlm/engine/budgets.lua"] = "Budgets", ["rlm/engine/clock.lua"] = "Clock",
     ["rlm/engine/subcalls.lua"] = "Scheduler", ["rlm/engine/nested.lua"] = "Nested",
     ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
-    ["rlm/engine/pool.lua"] = false, ["rlm/engine/start.lua"] = false, ["rlm/engine/options.lua"] = false,
+    ["rlm/engine/options.lua"] = false,
     ["rlm/engine/prompt.lua"] = false, ["rlm/engine/reply.lua"] = false,
   }
   -- The names the code gives these objects besides `self`.

@@ -522,7 +522,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     for i, ev in ipairs(entry.events) do
       lines[i] = ev[2]
     end
-    local start = require("rlm.engine.start")
+    local start = require("rlm.sandbox.start")
     local bwrap = require("rlm.sandbox.bwrap")
     -- The real driver, seen through a stand-in that lies about one thing.
     local function seen(overrides)

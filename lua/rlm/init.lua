@@ -22,7 +22,15 @@ for k, fn in pairs(require("rlm.drive.blocking")) do
   assert(Session[k] == nil, k)
   Session[k] = fn
 end
-rlm.Pool = require("rlm.engine.pool")
+local Pool = require("rlm.sandbox.pool")
+rlm.Pool = Pool
+
+-- rlm.Pool.new{ size = N, <sandbox options> } -> Pool. Raises on misuse,
+-- naming the option; returns nil, err when the sandbox cannot be prepared.
+function Pool.new(opts)
+  local o, size = options.check_pool(opts, Pool.MAX_SIZE)
+  return Pool.open(o, size)
+end
 
 function Session.new(opts)
   local o = options.check(opts)
@@ -69,7 +77,7 @@ end
 
 -- Kills the sandbox (its /session goes with it). Safe to call more than
 -- once. From a finalizer (collected) it starts no process: the pool is owed
--- the sandbox this session took, and its next take starts it (rlm.engine.pool).
+-- the sandbox this session took, and its next take starts it (rlm.sandbox.pool).
 local function close(self, collected)
   self.closed = true
   local sandbox = self.sandbox

@@ -6,7 +6,7 @@
 local core = require("rlm.core")
 local backends = require("rlm.sandbox.backend")
 local selftest = require("rlm.sandbox.selftest")
-local start = require("rlm.engine.start")
+local start = require("rlm.sandbox.start")
 local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}

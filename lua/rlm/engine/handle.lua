@@ -78,7 +78,7 @@ end
 
 -- The pool ------------------------------------------------------------------
 
--- The pool that gets a replacement for this sandbox (rlm.engine.pool).
+-- The pool that gets a replacement for this sandbox (rlm.sandbox.pool).
 function Handle:owe_refill(pool)
   self.refill = pool
 end
@@ -113,7 +113,7 @@ end
 
 -- The wire ------------------------------------------------------------------
 
--- What a pooled sandbox said before its session took it (rlm.engine.pool),
+-- What a pooled sandbox said before its session took it (rlm.sandbox.pool),
 -- one event at a time (kind, ...), or nothing.
 function Handle:pre_event()
   local pre = self.pre_events

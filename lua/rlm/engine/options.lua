@@ -164,7 +164,7 @@ local schema = {
   answer_schema = { require("rlm.engine.answer").check_schema },
   fallback = { boolean, true },
   pool = { function(v)
-    return getmetatable(v) == require("rlm.engine.pool"), "an rlm.Pool"
+    return getmetatable(v) == require("rlm.sandbox.pool"), "an rlm.Pool"
   end },
 }
 

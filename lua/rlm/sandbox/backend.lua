@@ -1,5 +1,5 @@
 -- The sandbox seam: what the engine asks of a sandbox backend. The engine
--- (rlm.engine.boot, rlm.engine.pool) reaches a sandbox only through these
+-- (rlm.engine.boot, rlm.sandbox.pool) reaches a sandbox only through these
 -- functions and the handle that start returns; everything that knows how
 -- a sandbox is made (bubblewrap, the interpreter's probe, /proc) lives in
 -- the backend. docs/architecture.md says where a new backend goes.
