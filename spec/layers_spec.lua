@@ -225,7 +225,8 @@ describe("the session's objects", function()
   -- no class of the session's; their fields are their own business).
   local SELF = {
     ["rlm/engine/budgets.lua"] = "Budgets", ["rlm/engine/clock.lua"] = "Clock",
-    ["rlm/engine/subcalls.lua"] = "Scheduler", ["rlm/engine/nested.lua"] = "Nested",
+    ["rlm/engine/subcalls.lua"] = "Scheduler", ["rlm/engine/calls.lua"] = "Scheduler",
+    ["rlm/engine/nested.lua"] = "Nested",
     ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
     ["rlm/engine/options.lua"] = false,
     ["rlm/engine/prompt.lua"] = false, ["rlm/engine/reply.lua"] = false,

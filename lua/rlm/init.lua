@@ -5,9 +5,9 @@
 -- calls a model itself: it hands out requests through poll() and takes the
 -- answers back through reply(). run() and step() are small loops over
 -- poll() (rlm.drive.blocking); the adapters in rlm.adapters drive the same
--- engine from an event loop. This file is the public API; the jobs live in
--- lua/rlm/engine/ (session, boot, wire, budgets, clock, subcalls, nested,
--- turn, loop) and rlm.drive.blocking. docs/architecture.md shows the layers.
+-- engine from an event loop. This file is the public API; the session and
+-- its collaborators live in lua/rlm/engine/ (docs/architecture.md, "Who
+-- owns what"), the loops in lua/rlm/drive/.
 local dispatch = require("rlm.drive.dispatch")
 local options = require("rlm.engine.options")
 local prompt = require("rlm.engine.prompt")

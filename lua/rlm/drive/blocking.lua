@@ -17,7 +17,7 @@ end
 
 -- The engine's own turn of this loop (rlm.engine.loop's _idle): the
 -- requests it handed out, answered at once. (A lone llm_query it answers
--- itself while this is set: rlm.engine.subcalls' call.)
+-- itself while this is set: rlm.engine.calls' call.)
 local function answer_inline(s)
   return dispatch.answer_out(s, call_now)
 end
