@@ -250,9 +250,14 @@ function Handle:send_line(line)
   return self:sent_ok(self.driver:send(line))
 end
 
--- A lone llm_query's answer: its llm_result line, made by rlm.core.
+-- A lone llm_query's answer: its llm_result line, made by rlm.core. (The
+-- usual sub-call's send: sent_ok in place.)
 function Handle:send_text(id, text)
-  return self:sent_ok(self.driver:send_result(id, text))
+  if not self.driver:send_result(id, text) then
+    return self:expect({}) -- the reason it cannot take input is queued
+  end
+  self.sent = true
+  return true
 end
 
 -- A line went, or the driver cannot take input: why is queued, and read.

@@ -123,9 +123,10 @@ function M:_idle(quick)
     end
     local ms = self:timeout()
     if ms ~= 0 then
-      local d = self:_driver_alone()
-      if d then
-        local kind, a, b, c = d:poll(ms, self.sandbox.max_values, false, quick, self.hook_token)
+      local sandbox = self.sandbox
+      local d = sandbox.driver
+      if d and not sandbox.helper and not self.nested.children[1] then -- _driver_alone(), in place
+        local kind, a, b, c = d:poll(ms, sandbox.max_values, false, quick, self.hook_token)
         self.pumped_at = core.now_ms()
         if kind ~= "interrupted" then
           return kind, a, b, c
