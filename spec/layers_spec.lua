@@ -237,7 +237,7 @@ describe("the session's objects", function()
   -- The session's fields that hold its collaborators: a.<field>.x = ... sets
   -- a collaborator's field from outside it.
   local HOLDERS = { tree = "Budgets", clock = "Clock", scheduler = "Scheduler", nested = "Nested",
-    sandbox = "Handle" }
+    sandbox = "Handle", session = "Session" }
 
   local function read(path)
     local f = assert(io.open("lua/" .. path, "rb"))
@@ -369,6 +369,7 @@ describe("the session's objects", function()
     assert.are.same({}, (set_by("  local x, y = self.a, 2")))
     assert.are.same({}, (set_by("  if self.a == 1 then")))
     assert.are.same({ "Budgets" }, select(2, set_by("  self.tree.sub_calls = 0")))
+    assert.are.same({ "Session" }, select(2, set_by("  self.session.iterations = 0")))
   end)
 end)
 
