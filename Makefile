@@ -17,11 +17,15 @@ ABIS = 5.1 5.3 5.4
 LUAS = lua5.1 lua5.3 lua5.4 luajit
 abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
 
+# Everything the specs need (make test, CI's make deps); the demo needs far
+# less: Lua 5.4 and its headers, the core's build, the sandbox, and LuaSocket
+# and LuaSec for the real-model route (no other Lua, no chromium).
 DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
   lua-socket lua-sec openssl lua-luv chromium gcc make
+DEMO_PKGS = lua5.4 liblua5.4-dev lua-cjson libuv1-dev bubblewrap python3 lua-socket lua-sec gcc make
 
-.PHONY: all deps test check demo clean install bench fuzz soak lint
+.PHONY: all deps demo-deps test check demo clean install bench fuzz soak lint
 BUILD ?= build
 all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so)
 
@@ -29,12 +33,19 @@ $(BUILD)/%/rlm/core.so: $(SRC) $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -I$(INC_$*) -shared -o $@ $(SRC) $(LDFLAGS) $(LDLIBS)
 
-deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+# $(call apt_missing,PACKAGES[,APT FLAGS]): installs those of PACKAGES that
+# are not installed, and nothing else.
+apt_missing = @missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:" $$missing; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) $$missing; \
 	else echo "all Debian packages present"; fi
+
+deps:
+	$(call apt_missing,$(DEB_PKGS))
+
+demo-deps:
+	$(call apt_missing,$(DEMO_PKGS),--no-install-recommends)
 
 # LUA_PATH/LUA_CPATH for one Lua: our modules first, then the system's.
 lua_env = LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$(CURDIR)/spec/?.lua;;" \
@@ -52,11 +63,16 @@ check: deps
 	  LDFLAGS="-fsanitize=address,undefined" all
 	RLM_SPEC_BUILD=build-asan RLM_SPEC_PRELOAD=$(ASAN_LIB) ./spec/run lua5.1 lua5.3 lua5.4
 
-demo: deps
-	@$(MAKE) --no-print-directory all
+demo: demo-deps
+	@$(MAKE) --no-print-directory $(BUILD)/5.4/rlm/core.so
 	@$(call lua_env,lua5.4) lua5.4 examples/demo.lua
 	@echo; echo "=== the same task, the root model writing the paper's prose format ==="; echo
 	@$(call lua_env,lua5.4) RLM_DEMO_STYLE=prose lua5.4 examples/demo.lua
+
+# big.log: the demo's 20 MB of synthetic service logs (RLM_DEMO_MB for
+# another size), for the examples of README.md and docs/cli.md.
+big.log: examples/demo.lua
+	@$(call lua_env,lua5.4) lua5.4 examples/demo.lua --write $@
 
 # luacheck (Debian's lua-check) on every Lua file, and clang-format's view
 # of the C.
@@ -150,6 +166,45 @@ nvim-deps:
 	fi; \
 	echo "installing:" $$missing; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
+
+# make image: the sandbox image for the container backends
+# (docs/backends.md): Debian's essential set, python3, bubblewrap, libuv1,
+# the driver's files in /usr/local/share/rlm-keeper/ and rlm-keeper, run as
+# uid 10001. sandbox/image/build makes the root filesystem with mmdebstrap
+# (as root; Debian's archive is all the network it needs) into
+# $(IMAGE_TAR), reproducibly (the same packages give the same bytes), and
+# sandbox/image/import has Podman import it as $(IMAGE_TAG), with the
+# image's configuration (its user, and rlm-keeper as its command). Also
+# $(BUILD)/rlm-seccomp.json: Podman's seccomp profile with what bubblewrap
+# needs inside the container allowed (sandbox/image/seccomp.py says why
+# that gives the container nothing).
+# rlm-keeper is $(BUILD)/rlm-keeper, built by its own rule (csrc/rlm_keeper.c,
+# issue 27's other half); while that file does not exist, the image is
+# built without it (the driver, python3 and bubblewrap, no keeper, no CMD).
+IMAGE_VERSION := $(shell sed -n 's/.*_VERSION = "rlm \([^"]*\)".*/\1/p' lua/rlm/init.lua)
+IMAGE_TAG ?= localhost/rlm-sandbox:$(IMAGE_VERSION)
+IMAGE_TAR = $(BUILD)/rlm-sandbox-$(IMAGE_VERSION).tar
+IMAGE_KEEPER = $(if $(wildcard csrc/rlm_keeper.c),$(BUILD)/rlm-keeper)
+IMAGE_PKGS = mmdebstrap podman runc uidmap
+IMAGE_INPUTS = sandbox/image/build python/repl_driver.py python/probe.py \
+  $(wildcard python/_rlm_driver/*.py) lua/rlm/sandbox/bwrap.lua
+.PHONY: image image-deps
+image: image-deps $(IMAGE_TAR) $(BUILD)/rlm-seccomp.json
+	@sandbox/image/import $(IMAGE_TAR) $(IMAGE_TAG)
+image-deps:
+	@missing=$$(for p in $(IMAGE_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+$(IMAGE_TAR): $(IMAGE_INPUTS) $(IMAGE_KEEPER)
+	@mkdir -p $(dir $@)
+	sandbox/image/build $@.part $(IMAGE_KEEPER)
+	@mv $@.part $@
+	@echo "$@: $$(du -m $@ | cut -f1) MB"
+$(BUILD)/rlm-seccomp.json: sandbox/image/seccomp.py
+	@mkdir -p $(dir $@)
+	python3 sandbox/image/seccomp.py /usr/share/containers/seccomp.json $@
 
 clean:
 	rm -rf build build-asan lua/rlm/core.so

@@ -9,7 +9,7 @@ local M = {}
 
 -- In the order bench/run reports them; each is the module bench.<name>.
 M.FIGURES = { "cold_start", "step", "llm_query", "context", "watchdog", "host_cost", "concurrency", "start_gap",
-  "tools", "pool" }
+  "tools", "pool", "first_step", "tokens", "container", "jitter" }
 
 M.now_ms = core.now_ms
 M.MB = 2 ^ 20
@@ -412,6 +412,68 @@ function M.close_reaped(s)
     local ws = core.waitset()
     ws:wait(1)
     ws:close()
+  end
+end
+
+-- Blocks this thread for ms (a poll with nothing to wait on): what a
+-- blocking HTTP client does to the host while a model thinks.
+function M.sleep(ms)
+  local ws = core.waitset()
+  ws:wait(ms)
+  ws:close()
+end
+
+-- The CPU time (ms) the processes of a sandbox have used, from
+-- /proc/<pid>/schedstat (nanoseconds on the CPU).
+function M.tree_cpu_ms(drv)
+  local total = 0
+  for _, pid in ipairs(drv and drv:tree() or {}) do
+    local f = io.open("/proc/" .. pid .. "/schedstat", "r")
+    local ns = f and tonumber((f:read("*l") or ""):match("^(%d+)"))
+    if f then
+      f:close()
+    end
+    total = total + (ns or 0)
+  end
+  return total / 1e6
+end
+
+-- How long a pool's idle sandboxes must have used no CPU for the pool to
+-- count as settled: past their self-test, a driver warms up its first
+-- step's parts (its modules, the compiler) while it waits, and a sample
+-- that takes one before then would count that warm-up as its own.
+local QUIET_MS = 30
+
+-- Waits until every sandbox of the pool has run its self-test (`want` of
+-- them, all by default: one fewer while a root session's own replacement
+-- is still owed) and its warm-up: a pool at rest, as a server's is between
+-- requests.
+function M.settle_pool(pool, want)
+  local t0 = M.now_ms()
+  while true do
+    local st = pool:stats()
+    if st.ready >= (want or pool.size) and st.starting == 0 then
+      break
+    end
+    if M.now_ms() - t0 > 60000 then
+      error("the pool did not refill within 60 s")
+    end
+    M.sleep(5)
+  end
+  local function idle_cpu()
+    local total = 0
+    for _, entry in ipairs(pool.idle) do
+      total = total + M.tree_cpu_ms(entry.drv)
+    end
+    return total
+  end
+  local last, since = idle_cpu(), M.now_ms()
+  while M.now_ms() - since < QUIET_MS and M.now_ms() - t0 < 60000 do
+    M.sleep(5)
+    local now = idle_cpu()
+    if now ~= last then
+      last, since = now, M.now_ms()
+    end
   end
 end
 

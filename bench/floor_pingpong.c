@@ -17,6 +17,10 @@
  *       and the one line's round trip.
  *   floor_pingpong exit N -- ARGV...
  *       N times: spawns ARGV and waits for it to exit.
+ *   floor_pingpong hello N -- ARGV...
+ *       N times: spawns ARGV and reads its first line: one sample from
+ *       before the spawn to that line; then closes its stdin and reaps it
+ *       (untimed), before the next.
  *   floor_pingpong send FILE -- ARGV...
  *       reads FILE (untimed), spawns ARGV, reads its hello, then writes FILE
  *       plus a newline as one line and reads one reply line: prints the
@@ -166,10 +170,10 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 static void usage(void) {
-  fprintf(stderr,
-          "usage: floor_pingpong pingpong|first|phases|exit N [FD=PATH...] -- "
-          "ARGV...\n"
-          "       floor_pingpong send FILE -- ARGV...\n");
+  fprintf(stderr, "usage: floor_pingpong pingpong|first|phases|exit|hello N "
+                  "[FD=PATH...] -- "
+                  "ARGV...\n"
+                  "       floor_pingpong send FILE -- ARGV...\n");
   exit(2);
 }
 
@@ -272,6 +276,15 @@ int main(int argc, char **argv) {
     free(parts);
     free(samples);
     return 0;
+  } else if (strcmp(mode, "hello") == 0) {
+    for (long i = 0; i < n; i++) {
+      static child c;
+      long long t0 = now_ns();
+      spawn(&c, cargv);
+      read_line(&c, NULL, 0);
+      samples[i] = now_ns() - t0;
+      finish(&c);
+    }
   } else if (strcmp(mode, "exit") == 0) {
     for (long i = 0; i < n; i++) {
       child c;

@@ -74,8 +74,8 @@ local METHOD = [[
 Times are medians over the samples (n), with p99 where there are 100 samples or
 more; every floor is measured in the same run, and the ratio is the figure
 against it (for speeds, figure speed / floor speed). MB is 2^20 bytes. The
-root model is a scripted stand-in that answers at once; the REPL, the sandbox
-and the sub-calls are real.
+root model is a scripted stand-in that answers at once (figure 11's takes 50
+or 300 ms); the REPL, the sandbox and the sub-calls are real.
 
 Figures 2 and 3 run pinned to one CPU (`taskset`; rlm, its sandbox and the
 floors alike): a request/response exchange never runs both ends at once, and
@@ -163,12 +163,67 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    between requests); target ≤ 2 ms median, shown with its p90
    beside the cold start of figure 1 measured in the same run and figure
    1's floor. Then nested sessions drawing from the pool, timed in the REPL:
-   one `rlm_query`, and `rlm_query_batched` of 8 from one exec against it
-   (target ≤ 2×); the batch's note prints its CPU time (the host's thread,
-   the nested sandboxes, the root's) and the least time the machine's CPUs
-   allow for it. Last, the same one and 8 with each nested session's code
-   sleeping 20 ms in its sandbox before its answer (no target): with work
-   that does not need the CPUs, the batch's sessions run side by side.
+   one `rlm_query`, and `rlm_query_batched` of 8 from one exec. The batch's
+   floor is the least time the machine's CPUs allow for it: its CPU time
+   (medians: the host's thread from the root model's answer to the step's
+   end less the pool's refill, the 8 nested sandboxes from their take to
+   their close, the root's sandbox) as max(the host's thread, all of it /
+   the CPUs), since the host's thread serves the 8 one after another;
+   target ≤ 1.5x that floor (the note gives it against one nested session
+   too). Last, the same one and 8 with each nested session's code sleeping
+   20 ms in its sandbox before its answer: with work that does not need the
+   CPUs, the batch's sessions run side by side; target ≤ 1.3x one such
+   nested session.
+11. **The first answer with a model that takes its time**: from
+   `rlm.Session.new` to the end of the first step (`x = 1`) when the root
+   model answers after 50 ms and after 300 ms: under `step()`, a stand-in
+   that blocks (a wait on nothing, as a blocking HTTP client blocks the
+   host); under the luv adapter, one that returns and answers through
+   `done` from a luv timer (started from the loop's present time), where
+   the first step's end is the root model's second call. Each from a cold
+   start and from a pool of 1 taken warm (let refill and come to rest before
+   each sample), in 10 rounds of one sample of every case. Floor: max(start,
+   model latency) + one step, with the start (`Session.new` to the host's
+   last check of the sandbox, `start_times.checked`) and the step (from
+   there to the first step's end) the medians of samples taken the same way
+   in the same rounds with a model that answers at once, and the latency the
+   stand-in's own, timed inside it; target ≤ 1.1x: the model's first call
+   overlapping the sandbox's start. The note gives the sum start + latency +
+   step, what an engine that starts the sandbox before it calls the model
+   costs.
+12. **What the root model reads**: one run of a fixed scripted task
+   (`bench/tokens.lua`: 600 support tickets as a list of dicts, the
+   question which product has the most refund requests; 5 root turns: look,
+   filter with code, `llm_query_batched` over the hits in batches of 50
+   answered by a stand-in sub-model, count, `FINAL`), counting what the
+   root model is sent: the contents of every message (system prompt and
+   history) of every root call, summed, in bytes and in words (runs of
+   characters that are not white space; no tokenizer). Beside it our system
+   prompt alone, and the reference implementation's (alexzhang13/rlm's
+   `rlm/utils/prompts.py`, as its `build_rlm_system_prompt` sends it by
+   default), counted the same way once from the commit the note names (its
+   text is not in this repository). The counts are deterministic: n = 1.
+13. **The container** (`make image`; docs/backends.md): `podman run -i --rm`
+   of the sandbox image with the boundary's flags, each sample a new
+   container, from the spawn of podman to the first line its process
+   writes (`floor_pingpong hello`; the container is ended and reaped before
+   the next sample, untimed): python3 running the echo driver, and
+   rlm-keeper (with bubblewrap's flags) where the image holds it, each
+   beside the same program started on the host; and `podman run true` to
+   its exit (the engine's whole cost, `--rm`'s removal too) beside
+   `/bin/true`. No target: the figure says what a container costs a cold
+   start.
+14. **A batch under 429s** (`bench/jitter.lua`): 64 calls in one
+   `llm_query_batch` of `rlm.llm.openai` over LuaSocket, all side by side,
+   against `bench/rate_limited.py`, which answers 8 requests per 100 ms
+   window and a 429 without `Retry-After` to the rest, so the client's
+   backoff (retry_base_ms 100) decides when they come back: with full jitter
+   (the default) and without (`jitter = false`), median of 3. Beside each:
+   the requests sent, and the most that reached the server within 10 ms
+   after the first 64 (which go at once either way). Floor: the same 64
+   paced by a client that reads the server's clock once and sends 8 at the
+   start of each window, never refused. No target: the figure is the
+   difference between the two rows.
 ]]
 
 -- One row of RESULTS.md's table.

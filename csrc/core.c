@@ -152,6 +152,21 @@ static int core_utf8_clean(lua_State *L) {
   return 1;
 }
 
+/* core.utf8_str_size(s) -> bytes, chars, width: what the driver's str of
+ * s (a text context) holds, as rlm_utf8_str_size counts it; the floor of
+ * Session.new's check of the context against max_rss_bytes. */
+static int core_utf8_str_size(lua_State *L) {
+  size_t len;
+  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  uint64_t chars;
+  int width;
+  uint64_t bytes = rlm_utf8_str_size(s, len, &chars, &width);
+  lua_pushnumber(L, (lua_Number)bytes);
+  lua_pushnumber(L, (lua_Number)chars);
+  lua_pushinteger(L, width);
+  return 3;
+}
+
 static const luaL_Reg core_functions[] = {
     {"spawn", core_spawn},
     {"sandbox_argv", core_sandbox_argv},
@@ -168,6 +183,7 @@ static const luaL_Reg core_functions[] = {
     {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
     {"utf8_prefix", core_utf8_prefix},
+    {"utf8_str_size", core_utf8_str_size},
     {"utf8_clean", core_utf8_clean},
     {"utf8_valid", core_utf8_valid},
     {"plant_canaries", core_plant_canaries},

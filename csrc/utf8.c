@@ -104,3 +104,36 @@ size_t rlm_utf8_valid(const unsigned char *s, size_t len) {
   }
   return i;
 }
+
+uint64_t rlm_utf8_str_size(const unsigned char *s, size_t len, uint64_t *chars,
+                           int *width) {
+  uint64_t n = 0;
+  int w = 1;
+  size_t i = 0;
+  while (i < len) {
+    /* ASCII eight bytes at a time. */
+    while (len - i >= 8) {
+      uint64_t word;
+      memcpy(&word, s + i, sizeof(word));
+      if (word & 0x8080808080808080ULL)
+        break;
+      i += 8;
+      n += 8;
+    }
+    if (i == len)
+      break;
+    size_t k = rlm_utf8_sequence(s + i, len - i);
+    int need = k == 0   ? 2 /* a lone surrogate */
+               : k == 1 ? 1
+               : k == 2 ? (s[i] <= 0xC3 ? 1 : 2) /* below U+0100: Latin-1 */
+               : k == 3 ? 2
+                        : 4;
+    if (need > w)
+      w = need;
+    n++;
+    i += k == 0 ? 1 : k;
+  }
+  *chars = n;
+  *width = w;
+  return n * (uint64_t)w;
+}

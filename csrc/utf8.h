@@ -26,4 +26,13 @@ RLM_FN size_t rlm_utf8_sequence(const unsigned char *s, size_t len);
 /* The length of the longest prefix of s[0..len) that is valid UTF-8. */
 RLM_FN size_t rlm_utf8_valid(const unsigned char *s, size_t len);
 
+/* What CPython's str of s[0..len) decoded as UTF-8 with "surrogateescape"
+ * holds (the driver's text context): its characters in *chars (each byte
+ * that is not part of a valid sequence is one, U+DC80 to U+DCFF) and the
+ * bytes each takes in *width (PEP 393: 1 when every code point is below
+ * U+0100, 2 below U+10000, else 4). Returns *chars times *width, the
+ * characters' storage without the object's header. */
+RLM_FN uint64_t rlm_utf8_str_size(const unsigned char *s, size_t len,
+                                  uint64_t *chars, int *width);
+
 #endif

@@ -11,6 +11,7 @@
 --   RLM_DEMO_STYLE=prose  the scripted root model writes the paper's format
 --                  instead: blocks indented in a numbered list, ```python
 --                  fences, and the answer as a FINAL(...) line of prose
+-- `lua5.4 examples/demo.lua --write FILE` writes the logs alone (make big.log).
 local rlm = require("rlm")
 
 local MB = tonumber(os.getenv("RLM_DEMO_MB") or "20")
@@ -66,6 +67,19 @@ local function generate(bytes)
       math.random(0, 0x7fffffff))
   end
   return table.concat(out, "\n")
+end
+
+-- `lua5.4 examples/demo.lua --write FILE` (make big.log): the logs alone,
+-- for the examples of README.md and docs/cli.md to ask about.
+if arg and arg[1] == "--write" then
+  local path = arg[2] or "big.log"
+  local f = assert(io.open(path, "wb"))
+  local logs = generate(MB * 2 ^ 20)
+  assert(f:write(logs, "\n"))
+  assert(f:close())
+  print(("%s: %.1f MB of synthetic service logs; during incident INC-4471 a service failed: ask which, and why")
+    :format(path, #logs / 2 ^ 20))
+  os.exit(0)
 end
 
 -- The stand-in models --------------------------------------------------------

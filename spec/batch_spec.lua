@@ -102,6 +102,21 @@ describe("llm_query_batched", function()
     assert.are.same({ 5, 5, 5, 1 }, sizes)
   end)
 
+  it("takes llm_query_batch slots of { text =, usage = } and { error = }", function()
+    local result = assert(H.run({
+      root_llm = H.script({ fence([[
+a = llm_query_batched(['ok', 'bad', 'plain'])
+FINAL(repr([(isinstance(x, SubCallError), x) for x in a]))]]) }),
+      llm_query_batch = function()
+        return { { text = "OK", usage = { input_tokens = 7, output_tokens = 3 } },
+          { error = "HTTP 400: context too long" }, "PLAIN" }
+      end,
+    }))
+    assert.matches("%(False, 'OK'%), %(True, 'Error: llm_query failed: HTTP 400: context too long'%), "
+      .. "%(False, 'PLAIN'%)", result.answer)
+    assert.are.equal(10, result.tokens.total) -- the slot's usage counts
+  end)
+
   it("gives a failed sub-call its error in its slot, and the run goes on", function()
     local result = assert(H.run({
       llm_query = function(p)

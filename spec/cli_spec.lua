@@ -4,6 +4,7 @@ local H = require("helpers")
 local F = require("helpers.fake_openai")
 local errors = require("rlm.base.errors")
 local cjson = require("cjson")
+local socket = require("socket")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
 local BIN = root .. "/bin/rlm"
@@ -46,10 +47,34 @@ os.write(1, shown)
 sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 ]]
 
+-- Runs argv with its stderr on a pseudo-terminal, copying what the terminal
+-- shows to our stderr; stdin and stdout stay as they were.
+local PTY_ERR_RUN = [[
+import os, pty, sys
+saved_in, saved_out = os.dup(0), os.dup(1)
+pid, fd = pty.fork()
+if pid == 0:
+    os.dup2(saved_in, 0)
+    os.dup2(saved_out, 1)
+    os.execvp(sys.argv[1], sys.argv[1:])
+shown = b""
+while True:
+    try:
+        chunk = os.read(fd, 65536)
+    except OSError:  # EIO: the terminal's last writer has gone
+        break
+    if not chunk:
+        break
+    shown += chunk
+os.write(2, shown)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+]]
+
 -- Runs bin/rlm with args (a list, quoted here); opts.stdin feeds it,
 -- opts.env is a list of NAME=value set for it, opts.endpoint = false leaves
 -- out the --base-url/--model/--api-key-env the other runs get, opts.tty puts
--- its stdout on a pseudo-terminal. Returns code, stdout, stderr.
+-- its stdout on a pseudo-terminal, opts.tty_err its stderr. Returns code,
+-- stdout, stderr.
 local function rlm(args, opts)
   opts = opts or {}
   local words = {}
@@ -65,11 +90,12 @@ local function rlm(args, opts)
   end
   local out, err = os.tmpname(), os.tmpname()
   local env = { "env", "-u", "RLM_BASE_URL", "-u", "RLM_MODEL", "-u", "RLM_SUB_MODEL", "-u", "RLM_API_KEY_ENV",
-    "TMPDIR=" .. H.tmpdir }
+    "-u", "RLM_PROVIDER", "TMPDIR=" .. H.tmpdir }
   for _, e in ipairs(opts.env or {}) do
     env[#env + 1] = q(e)
   end
-  local runner = opts.tty and "python3 -c " .. q(PTY_RUN) .. " " or ""
+  local runner = opts.tty and "python3 -c " .. q(PTY_RUN) .. " "
+    or opts.tty_err and "python3 -c " .. q(PTY_ERR_RUN) .. " " or ""
   local cmd = ("%s %s%s %s %s >%s 2>%s"):format(table.concat(env, " "), runner, LUA, BIN, table.concat(words, " "),
     out, err)
   if opts.stdin then
@@ -118,10 +144,20 @@ describe("bin/rlm", function()
       assert.matches("Usage: rlm %[options%] %-%-context FILE", out)
       for _, flag in ipairs({ "--context", "--base-url", "--model", "--sub-model", "--api-key-env", "--max-iterations",
         "--step-timeout-ms", "--max-sub-calls", "--max-cost-usd", "--max-depth", "--max-wall-ms", "--trace",
-        "--log", "--verbatim", "rlm view",
+        "--log", "--verbatim", "--quiet", "rlm view",
         "RLM_BASE_URL", "RLM_MODEL", "RLM_SUB_MODEL", "RLM_API_KEY_ENV", "OPENAI_API_KEY" }) do
         assert.is_truthy(out:find(flag, 1, true), flag .. " is not in --help")
       end
+    end)
+
+    -- docs/api.md: step_timeout_ms counts the code and its sub-calls, not the
+    -- root model's reply (--help said "model calls included").
+    it("says what the step timeout counts, as docs/api.md does", function()
+      local _, out = rlm({ "--help" }, { endpoint = false })
+      local line = out:match("%-%-step%-timeout%-ms N[^\n]*\n[^\n]*")
+      assert.matches("one step's code and the sub%-calls it makes, not the%s+root model's reply", line)
+      assert.is_nil(out:find("model calls included", 1, true))
+      assert.matches("every sub%-call it makes %(not the root model's reply", slurp(root .. "/docs/api.md"))
     end)
 
     it("lists one distinct exit status per error kind, as docs/cli.md does", function()
@@ -154,12 +190,21 @@ describe("bin/rlm", function()
       { { "--context", "CTX" }, {}, "no QUESTION given" },
       { { "what?" }, {}, "no --context FILE given" },
       { { "--context", "CTX", "a", "b" }, {}, "one QUESTION only" },
-      { { "--api-key", "sk-oops", "--context", "CTX", "q" }, {}, "unknown flag --api-key" },
+      { { "--api-key", "sk-oops", "--context", "CTX", "q" }, {}, "unknown flag --api-key: the key is never a flag" },
       { { "-x", "--context", "CTX", "q" }, {}, "unknown flag -x" },
       { { "--max-iterations", "many", "--context", "CTX", "q" }, {}, "--max-iterations wants a number" },
       { { "--max-sub-calls", "1.5", "--context", "CTX", "q" }, {}, "--max-sub-calls wants an integer" },
-      { { "--max-iterations", "0", "--context", "CTX", "q" }, {}, "option 'max_iterations' must be an integer from 1 to 1000000" },
-      { { "--temperature", "9", "--context", "CTX", "q" }, {}, "option 'temperature'" },
+      { { "--max-iterations", "0", "--context", "CTX", "q" }, {}, "--max-iterations must be an integer from 1 to 1000000, got 0\n" },
+      { { "--temperature", "5", "--context", "CTX", "q" }, {}, "--temperature must be a number from 0 to 2, got 5\n" },
+      { { "--max-cost-usd=-1", "--price", "fake-root=1:1", "--price", "fake-sub=1:1", "--context", "CTX", "q" }, {},
+        "--max-cost-usd must be a number >= 0, got -1\n" },
+      { { "--max-iteration", "5", "--context", "CTX", "q" }, {}, "unknown flag --max-iteration; did you mean --max-iterations?" },
+      { { "--contxt", "CTX", "q" }, {}, "unknown flag --contxt; did you mean --context?" },
+      { { "--context-file", "CTX", "q" }, {}, "unknown flag --context-file; did you mean --context?" },
+      { { "-model", "m", "--context", "CTX", "q" }, {}, "unknown flag -model; did you mean --model?" },
+      { { "--verbose", "--context", "CTX", "q" }, {}, "unknown flag --verbose\n" },
+      { { "--max-rss-bytes", "10", "--context", "CTX", "q" }, {}, "rlm: --context cannot fit --max-rss-bytes (10 bytes): "
+        .. "its 37 bytes take at least 37 bytes of the sandbox's memory as Python objects; raise --max-rss-bytes" },
       { { "--context" }, {}, "--context wants a value" },
       { { "--trace=yes", "--context", "CTX", "q" }, {}, "--trace takes no value" },
       { { "--price", "fake-root=cheap", "--context", "CTX", "q" }, {}, "--price wants MODEL=IN:OUT" },
@@ -167,6 +212,7 @@ describe("bin/rlm", function()
       { { "--context", "CTX", "--context", "CTX", "q" }, {}, "is given twice" },
       { { "--max-cost-usd", "1", "--context", "CTX", "q" }, {}, "needs a price for model fake-root" },
       { { "--context", "CTX", "q" }, { endpoint = false }, "no model: give --model NAME or set RLM_MODEL" },
+      { { "--provider", "claude", "--context", "CTX", "q" }, {}, "--provider wants openai, anthropic or gemini" },
       { { "view" }, { endpoint = false }, "rlm view wants one log file" },
     }
     for _, case in ipairs(cases) do
@@ -247,6 +293,41 @@ describe("bin/rlm", function()
       assert.is_nil(srv:requests()[1].headers.authorization)
     end)
 
+    -- one row a case: the provider, its base URL on the fake, the path it
+    -- posts to, its key's default variable and header
+    local providers = {
+      { "anthropic", "", "/v1/messages", "ANTHROPIC_API_KEY", "x-api-key" },
+      { "gemini", "/v1beta", "/v1beta/models/m:generateContent", "GEMINI_API_KEY", "x-goog-api-key" },
+    }
+    for _, p in ipairs(providers) do
+      it(("asks %s with --provider %s, the key from $%s by default"):format(p[3], p[1], p[4]), function()
+        final_run("FINAL('from " .. p[1] .. "')")
+        local code, out, err = rlm({ "--provider", p[1], "--base-url", (srv.url:gsub("/v1$", p[2])),
+          "--model", "m", "--context", context_file, "q" }, { endpoint = false, env = { p[4] .. "=sk-fake-" .. p[1] } })
+        assert.are.equal(0, code, err)
+        assert.are.equal("from " .. p[1] .. "\n", out)
+        local req = srv:requests()[1]
+        assert.are.equal(p[3], req.path)
+        assert.are.equal("sk-fake-" .. p[1], req.headers[p[5]])
+        assert.is_nil(req.headers.authorization)
+      end)
+    end
+
+    it("runs a batch's sub-calls side by side: 8 of 1 s in about 1 s", function()
+      local replies = { { content = F.fence("r = llm_query_batched(['p%d' % i for i in range(8)])\n"
+        .. "FINAL(','.join(r))") } }
+      for _ = 1, 8 do
+        replies[#replies + 1] = { content = "a", delay_ms = 1000 }
+      end
+      srv:script(replies)
+      local t0 = socket.gettime()
+      local code, out, err = rlm({ "--context", context_file, "q" })
+      local secs = socket.gettime() - t0
+      assert.are.equal(0, code, err)
+      assert.are.equal("a,a,a,a,a,a,a,a\n", out)
+      assert.is_true(secs < 3.5, ("took %.2f s (one by one: 8 s and more)"):format(secs))
+    end)
+
     it("sees several --context files as a dict keyed by their names", function()
       final_run("import json\nFINAL(json.dumps(context, sort_keys=True))")
       local code, out, err = rlm({ "--context", context_file, "--context", "-", "q" }, { stdin = "from stdin" })
@@ -271,11 +352,117 @@ describe("bin/rlm", function()
       local code, out, err = rlm({ "--trace", "--context", context_file, "q" })
       assert.are.equal(0, code, err)
       assert.are.equal("traced\n", out)
+      -- the root calls streamed, their text shown once, as it came
+      local reqs = srv:requests()
+      assert.are.same({ true, false, true }, { reqs[1].json.stream, reqs[2].json.stream, reqs[3].json.stream })
+      assert.are.equal(1, select(2, err:gsub("```repl\n  FINAL%('traced'%)", "")), err)
+      assert.matches("%-%- root model:\n  ```repl\n  print%('looking'%)", err)
       assert.matches("== step 1", err)
       assert.matches("print%('looking'%)", err)
       assert.matches("%-%- output:\n  looking", err)
       assert.matches("llm_query 1 .-sub%?.-sub reply", err)
       assert.matches("== step 2", err)
+    end)
+  end)
+
+  describe("the status line", function()
+    local CLEAR = "\r\27[K"
+
+    local function two_steps()
+      srv:script({
+        { content = F.fence("x = llm_query('sub?')"), usage = { 1000, 200 } },
+        { content = "sub reply", usage = { 30, 4 } },
+        { content = F.fence("FINAL('the answer')"), usage = { 1300, 20 } },
+      })
+    end
+
+    -- The lines the terminal was shown, each as drawn over the last.
+    local function drawn(err)
+      local lines = {}
+      for line in (err .. CLEAR):gmatch("\r\27%[K([^\r]*)") do
+        if line ~= "" then
+          lines[#lines + 1] = line
+        end
+      end
+      return lines
+    end
+
+    it("is redrawn in place on a terminal, and cleared before the end; stdout gets the answer alone", function()
+      two_steps()
+      local code, out, err = rlm({ "--context", context_file, "q" }, { tty_err = true })
+      assert.are.equal(0, code, err)
+      assert.are.equal("the answer\n", out)
+      assert.is_nil(err:find("\n", 1, true), err) -- one line, drawn over itself
+      assert.are.equal(CLEAR, err:sub(-#CLEAR)) -- and cleared at the end
+      local lines = drawn(err)
+      local function shown(pattern)
+        for _, line in ipairs(lines) do
+          if line:find(pattern) then
+            return line
+          end
+        end
+        error(pattern .. " was never shown in:\n" .. table.concat(lines, "\n"))
+      end
+      shown("^rlm: starting the sandbox, 0 sub%-calls, 0 tokens, cost unknown, %d+%.%d s$")
+      shown("^rlm: step 1/20: root model, 0 sub%-calls, 0 tokens, cost unknown, %d+%.%d s$")
+      shown("^rlm: step 1/20: sub%-call 1, 0 sub%-calls, 1,200 tokens, cost unknown, %d+%.%d s$")
+      shown("^rlm: step 1/20: running code, 1 sub%-call, 1,234 tokens, cost unknown, %d+%.%d s$")
+      shown("^rlm: step 2/20: root model, 1 sub%-call, 1,234 tokens")
+      shown("^rlm: step 2/20: answered, 1 sub%-call, 2,554 tokens")
+    end)
+
+    it("shows the cost when both models have a price, and keeps within the terminal's width", function()
+      two_steps()
+      local code, out, err = rlm({ "--price", "fake-root=1000:1000", "--price", "fake-sub=1000:1000",
+        "--max-iterations", "7", "--context", context_file, "q" }, { tty_err = true, env = { "COLUMNS=60" } })
+      assert.are.equal(0, code, err)
+      assert.are.equal("the answer\n", out)
+      local lines = drawn(err)
+      assert.is_true(#lines > 3)
+      for _, line in ipairs(lines) do
+        assert.is_true(#line <= 59, line)
+      end
+      -- On 200 columns, the whole line: 2,554 tokens at 1,000 USD per million.
+      two_steps()
+      code, out, err = rlm({ "--price", "fake-root=1000:1000", "--price", "fake-sub=1000:1000",
+        "--max-iterations", "7", "--context", context_file, "q" }, { tty_err = true, env = { "COLUMNS=200" } })
+      assert.are.equal(0, code, err)
+      assert.are.equal("the answer\n", out)
+      assert.matches("rlm: step 2/7: answered, 1 sub%-call, 2,554 tokens, %$2%.5540, %d+%.%d s", err)
+    end)
+
+    it("stays below the --trace lines, cleared and drawn again around each", function()
+      two_steps()
+      local code, out, err = rlm({ "--trace", "--context", context_file, "q" }, { tty_err = true })
+      assert.are.equal(0, code, err)
+      assert.are.equal("the answer\n", out)
+      -- every trace line starts on a cleared line; none holds the status
+      assert.is_truthy(err:find(CLEAR .. "== step 1\r\n", 1, true), err)
+      for line in err:gmatch("[^\n]+") do
+        local status_at = line:find("rlm: step", 1, true)
+        assert.is_true(status_at == nil or line:sub(1, #CLEAR) == CLEAR, line)
+      end
+    end)
+
+    it("is not shown with --quiet, nor when stderr is not a terminal", function()
+      two_steps()
+      local code, out, err = rlm({ "--quiet", "--context", context_file, "q" }, { tty_err = true })
+      assert.are.equal(0, code, err)
+      assert.are.equal("the answer\n", out)
+      assert.are.equal("", err)
+      two_steps()
+      code, out, err = rlm({ "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.are.equal("the answer\n", out)
+      assert.are.equal("", err)
+    end)
+
+    it("is cleared before an error, which is one line", function()
+      srv:script({ { status = 400, json = { error = { message = "bad model" } } } })
+      local code, out, err = rlm({ "--context", context_file, "q" }, { tty_err = true })
+      assert.are.equal(19, code, err)
+      assert.are.equal("", out)
+      assert.matches("\r\27%[Krlm: callback_error: [^\r\n]*HTTP 400: bad model %(exit 19%)\r\n$", err)
     end)
   end)
 
@@ -398,9 +585,34 @@ describe("bin/rlm", function()
         local code, out, err = rlm(args)
         assert.are.equal(case[3], code, err)
         assert.are.equal("", out)
-        assert.matches("^rlm: " .. case[4] .. ": ", err)
+        -- one line: the kind, the message (no traceback), the status
+        assert.matches("^rlm: " .. case[4] .. ": [^\n]+ %(exit " .. case[3] .. "%)\n$", err)
       end)
     end
+
+    it("19 for a failed model call, in one line without the callback's traceback", function()
+      srv:script({ { status = 500, json = { error = { message = "model overloaded" } } } })
+      local code, out, err = rlm({ "--retries", "0", "--context", context_file, "q" })
+      assert.are.equal(19, code, err)
+      assert.are.equal("", out)
+      assert.are.equal(("rlm: callback_error: root_llm raised: rlm.llm.openai: POST %s/chat/completions: "
+        .. "HTTP 500: model overloaded (exit 19)\n"):format(srv.url), err)
+    end)
+
+    it("19 for a 404 from a base URL without /v1, naming the URL with it", function()
+      local bare = srv.url:gsub("/v1$", "")
+      for _, base in ipairs({ bare, bare .. "/" }) do
+        srv:script({ { status = 404, json = { error = { message = "no such route" } } } })
+        local code, _, err = rlm({ "--base-url", base, "--context", context_file, "q" })
+        assert.are.equal(19, code, err)
+        assert.is_truthy(err:find("HTTP 404: no such route; did you mean " .. bare .. "/v1? (exit 19)\n", 1, true), err)
+      end
+      -- with /v1, a 404 is the server's word alone
+      srv:script({ { status = 404, json = { error = { message = "no such model" } } } })
+      local code, _, err = rlm({ "--context", context_file, "q" })
+      assert.are.equal(19, code, err)
+      assert.is_nil(err:find("did you mean", 1, true), err)
+    end)
 
     -- A real SIGINT (Ctrl-C) while the code sleeps 30 s, or while the root
     -- model's HTTP reply is 1.5 s away (spec/helpers/sigint.py).
@@ -415,7 +627,7 @@ describe("bin/rlm", function()
         q(marker), LUA, BIN, table.concat(words, " "))))
       assert.is_true(r.started, r.stderr)
       assert.are.equal(20, r.status, r.stderr)
-      assert.matches("\nrlm: cancelled: interrupted %(SIGINT%)\n$", r.stderr)
+      assert.matches("\nrlm: cancelled: interrupted %(SIGINT%) %(exit 20%)\n$", r.stderr)
       assert.is_nil(r.stderr:find("traceback", 1, true), r.stderr)
       assert.is_nil(r.stderr:find("final answer", 1, true), r.stderr)
       assert.are.equal("", r.stdout)
@@ -438,7 +650,23 @@ describe("bin/rlm", function()
       local code, out, err = rlm({ "--context", "/nonexistent/file", "q" })
       assert.are.equal(1, code)
       assert.are.equal("", out)
-      assert.matches("cannot read /nonexistent/file", err)
+      assert.matches("cannot read /nonexistent/file: No such file or directory", err)
+    end)
+
+    it("finds the clone's modules when run as bin/rlm from the clone's top", function()
+      local out = H.sh(("cd %s && env -u LUA_PATH -u LUA_CPATH %s bin/rlm --model m --context /nonexistent/file q "
+        .. "2>&1; echo \"exit $?\""):format(q(root), LUA))
+      assert.are.equal("rlm: cannot read /nonexistent/file: No such file or directory\nexit 1", out)
+    end)
+
+    it("1 for a directory as --context, saying so", function()
+      srv:script({})
+      local code, out, err = rlm({ "--context", H.tmpdir, "q" })
+      assert.are.equal(1, code)
+      assert.are.equal("", out)
+      assert.are.equal("rlm: cannot read " .. H.tmpdir .. ": Is a directory (give its files, each with --context)\n",
+        err)
+      assert.are.same({}, srv:requests())
     end)
   end)
 

@@ -94,6 +94,57 @@ print(summary)]]), usage = { 100, 40 } },
     assert.matches("That is NOT the right answer", out)
   end)
 
+  -- make -n: what a target would run, without running it.
+  local function dry(target)
+    return H.sh(("make -n -C %s %s 2>&1"):format(q(root), target))
+  end
+
+  -- The package lists make would install from: the words of its loop.
+  local function packages(out)
+    local list = {}
+    for p in (out:match("for p in ([^;]*); do") or ""):gmatch("%S+") do
+      list[p] = true
+    end
+    return list
+  end
+
+  it("installs what the demo uses and nothing more, and builds the core for Lua 5.4 only", function()
+    local out = dry("demo")
+    local want = packages(out)
+    for _, p in ipairs({ "lua5.4", "liblua5.4-dev", "lua-cjson", "libuv1-dev", "bubblewrap", "python3", "lua-socket",
+      "lua-sec", "gcc", "make" }) do
+      assert.is_true(want[p], p .. " is not installed by make demo:\n" .. out)
+    end
+    for _, p in ipairs({ "chromium", "lua5.1", "lua5.3", "luajit", "lua-busted", "lua-luv" }) do
+      assert.is_nil(want[p], p .. " is installed by make demo:\n" .. out)
+    end
+    assert.is_truthy(out:find("--no-install-recommends", 1, true), out)
+    assert.is_nil(out:find("build/5.1", 1, true), out)
+    assert.is_nil(out:find("build/5.3", 1, true), out)
+    -- make test still installs everything the specs need
+    local test = packages(dry("test"))
+    for _, p in ipairs({ "chromium", "lua5.1", "lua5.3", "luajit", "lua-busted", "lua-luv", "bubblewrap" }) do
+      assert.is_true(test[p], p .. " is not installed by make test")
+    end
+  end)
+
+  -- README.md and docs/cli.md ask about big.log: make big.log writes it.
+  it("writes the docs' big.log with make big.log, the demo's logs", function()
+    assert.matches("examples/demo%.lua %-%-write big%.log", dry("big.log"))
+    for _, doc in ipairs({ "README.md", "docs/cli.md" }) do
+      local text = H.read_file(root .. "/" .. doc)
+      assert.is_truthy(text:find("big.log", 1, true), doc)
+      assert.is_truthy(text:find("make big.log", 1, true), doc .. " uses big.log and never says how to make it")
+    end
+    local path = H.tmpdir .. "/big.log"
+    local out = H.sh(("RLM_DEMO_MB=1 %s %s --write %s 2>&1"):format(LUA, DEMO, q(path)))
+    assert.matches("1%.%d MB of synthetic service logs", out)
+    local logs = H.read_file(path)
+    os.remove(path)
+    assert.is_true(#logs > 2 ^ 20)
+    assert.is_truthy(logs:find("payments-gateway ERROR root cause identified", 1, true))
+  end)
+
   it("refuses RLM_BASE_URL without RLM_MODEL", function()
     local code, out = demo({ "RLM_BASE_URL=" .. srv.url })
     assert.are.equal(2, code, out)

@@ -1,6 +1,7 @@
 -- rlm.diagnose: what the machine gives the sandbox, and the sentence that
 -- says which need is missing when bubblewrap cannot start.
 local diagnose = require("rlm.diagnose")
+local H = require("helpers")
 
 describe("rlm.diagnose", function()
   -- bubblewrap's output -> a pattern the explanation must match (one row a case)
@@ -55,6 +56,52 @@ describe("rlm.diagnose", function()
     local memory = rows["memory limit"].message
     assert.is_truthy(memory:match("^cgroup v[12]: ") or memory:match("^poll: .+kernel's own memory"), memory)
   end)
+
+  -- CapEff masks: everything; all but CAP_SYS_ADMIN (bit 21); all but
+  -- CAP_SETUID and CAP_SETGID (bits 7, 6); none.
+  it("reads which capabilities a root start needs are missing", function()
+    local function missing(mask)
+      return diagnose.missing_root_caps("Name:\tlua\nCapEff:\t" .. mask .. "\n")
+    end
+    assert.are.same({}, missing("000001ffffffffff"))
+    assert.are.same({ "CAP_SYS_ADMIN" }, missing("000001ffffdfffff"))
+    assert.are.same({ "CAP_SETGID", "CAP_SETUID" }, missing("000001ffffffff3f"))
+    assert.are.same({ "CAP_SETGID", "CAP_SETUID", "CAP_SYS_ADMIN" }, missing("0000000000000000"))
+  end)
+
+  -- As root, a start that the kernel refuses for want of a capability says
+  -- so, and blames no user namespace (issue 31: it said "spawning bwrap as
+  -- the sandbox's uid: Operation not permitted", or blamed the container's
+  -- user namespaces). A real session under setpriv, the capability dropped.
+  local is_root = H.sh("id -u"):match("^0") ~= nil
+  local has_setpriv = H.sh("command -v setpriv || true") ~= ""
+  local it_root = (is_root and has_setpriv) and it or function(name)
+    it(name, function()
+      print("\n# skipped: needs root and setpriv (util-linux) to drop a capability")
+    end)
+  end
+  local SESSION = [[
+local s = require("rlm").Session.new({ context = "x", tmpdir = os.getenv("TMPDIR"),
+  root_llm = function() return "```repl\nFINAL('ok')\n```" end, llm_query = print })
+local r, e = s:run()
+s:close()
+io.write(r and "answered" or tostring(e))
+]]
+  for _, case in ipairs({ { "sys_admin", "CAP_SYS_ADMIN" }, { "setuid,-setgid", "CAP_SETGID, CAP_SETUID" } }) do
+    it_root("names the missing " .. case[2] .. " when a root host cannot start the sandbox", function()
+      local script = os.tmpname()
+      local f = assert(io.open(script, "wb"))
+      f:write(SESSION)
+      f:close()
+      local out = H.sh(("TMPDIR=%s setpriv --bounding-set=-%s --inh-caps=-%s %s %s 2>&1"):format(H.tmpdir,
+        case[1], case[1], H.lua_name(), script))
+      os.remove(script)
+      assert.matches("^rlm: sandbox_unavailable: ", out)
+      assert.is_truthy(out:find("running as root without " .. case[2] .. " ", 1, true), out)
+      assert.is_nil(out:find("user namespaces are off", 1, true), out)
+      assert.is_nil(out:find("create user namespaces", 1, true), out)
+    end)
+  end
 
   it("reports a missing bubblewrap as an error naming the package", function()
     local rows = diagnose.checks({ bwrap = "/nonexistent/bwrap" })

@@ -123,7 +123,7 @@ describe("the layers of lua/rlm", function()
     assert.are.equal("engine", layer_of("rlm.engine.x"))
   end)
 
-  it("let rlm.llm.openai load and make a client where rlm.core is unavailable", function()
+  it("let rlm.llm.openai, .anthropic and .gemini load and make a client where rlm.core is unavailable", function()
     local lua = os.getenv("RLM_SPEC_LUA") or "lua5.4"
     -- A cpath with no rlm/core.so on it (the system's, for lua-cjson), and
     -- a searcher that refuses rlm.core should one be installed there.
@@ -142,6 +142,12 @@ describe("the layers of lua/rlm", function()
       local openai = require("rlm.llm.openai")
       local c = openai.new({ model = "m", api_key_env = "HOME", base_url = "http://127.0.0.1:1/v1",
         transport = function() return 200, '{"choices":[{"message":{"content":"hi"}}]}', {} end })
+      assert(c.root_llm({ { role = "user", content = "q" } }) == "hi")
+      c = require("rlm.llm.anthropic").new({ model = "m", api_key_env = "HOME", retries = 0,
+        transport = function() return 200, '{"content":[{"type":"text","text":"hi"}]}', {} end })
+      assert(c.root_llm({ { role = "user", content = "q" } }) == "hi")
+      c = require("rlm.llm.gemini").new({ model = "m", api_key_env = "HOME", retries = 0,
+        transport = function() return 200, '{"candidates":[{"content":{"parts":[{"text":"hi"}]}}]}', {} end })
       assert(c.root_llm({ { role = "user", content = "q" } }) == "hi")
       assert(package.loaded["rlm.core"] == nil)
       print("loaded without the core")

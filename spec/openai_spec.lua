@@ -20,6 +20,7 @@ local function client(opts)
     model = "fake-root",
     api_key_env = SECRET_ENV,
     retry_base_ms = 250,
+    jitter = false, -- the waits exactly; "jitter" below draws them
     timeout_ms = 10000,
     sleep = function(s)
       sleeps[#sleeps + 1] = s
@@ -339,12 +340,128 @@ describe("rlm.llm.openai", function()
       assert.are.same({ 0.25 }, c.sleeps)
     end)
 
+    -- one row a case: the status (and headers) of the reply retried
+    local retried = {
+      { 408 }, { 409 }, { 429 }, { 500 }, { 529 }, { 400, { ["x-should-retry"] = "true" } },
+    }
+    for _, case in ipairs(retried) do
+      it(("retry a %d%s"):format(case[1], case[2] and " that says x-should-retry: true" or ""), function()
+        srv:script({ { status = case[1], headers = case[2] }, { content = "second" } })
+        local c = client()
+        assert.are.equal("second", (c.root_llm(user("q"))))
+        assert.are.equal(2, #srv:requests())
+      end)
+    end
+
+    it("do not retry a 503 that says x-should-retry: false", function()
+      srv:script({ { status = 503, headers = { ["x-should-retry"] = "false" } }, { content = "never asked for" } })
+      raises("HTTP 503", client().root_llm, user("q"))
+      assert.are.equal(1, #srv:requests())
+    end)
+
+    it("honour a Retry-After that is an HTTP date", function()
+      local at = os.date("!%a, %d %b %Y %H:%M:%S GMT", os.time() + 30)
+      srv:script({ { status = 429, headers = { ["Retry-After"] = at } }, { content = "ok" } })
+      local c = client()
+      c.root_llm(user("q"))
+      assert.is_true(c.sleeps[1] > 28 and c.sleeps[1] <= 30, tostring(c.sleeps[1]))
+    end)
+
+    it("take a Retry-After date in the past as no wait", function()
+      srv:script({ { status = 429, headers = { ["Retry-After"] = "Sun, 06 Nov 1994 08:49:37 GMT" } },
+        { content = "ok" } })
+      local c = client()
+      c.root_llm(user("q"))
+      assert.are.same({ 0 }, c.sleeps)
+    end)
+
+    it("wait a uniform draw from 0 to the doubling bound (full jitter)", function()
+      local draws = { 0.5, 0.25, 0.999 }
+      srv:script({ { status = 500 }, { status = 500 }, { status = 500 }, { content = "ok" } })
+      local c = client({ jitter = true, retries = 3, random = function()
+        return table.remove(draws, 1)
+      end })
+      c.root_llm(user("q"))
+      assert.are.same({ 0.125, 0.125, 0.999 }, c.sleeps)
+    end)
+
+    it("draw different waits for calls that failed together", function()
+      local waits = {}
+      for i = 1, 8 do
+        srv:script({ { status = 429 }, { content = "ok" } })
+        local c = client({ jitter = true, retry_base_ms = 1000 })
+        c.root_llm(user("q"))
+        waits[i] = c.sleeps[1]
+      end
+      table.sort(waits)
+      assert.is_true(waits[1] >= 0 and waits[8] < 1)
+      assert.is_true(waits[8] - waits[1] > 0.1, "the draws hardly differ: " .. table.concat(waits, " "))
+    end)
+
     it("sleep for real without a sleep option", function()
       srv:script({ { status = 500 }, { content = "ok" } })
       local c = client({ sleep = false, retry_base_ms = 200 })
       local t0 = socket.gettime()
       assert.are.equal("ok", (c.root_llm(user("q"))))
       assert.is_true(socket.gettime() - t0 >= 0.19)
+    end)
+  end)
+
+  describe("llm_query_batch", function()
+    it("runs a batch's calls side by side over LuaSocket: 8 calls of 1 s in about 1 s", function()
+      local replies = {}
+      for i = 1, 8 do
+        replies[i] = { content = "slow " .. i, delay_ms = 1000, usage = { 1, 1 } }
+      end
+      srv:script(replies)
+      local c = client()
+      local prompts = {}
+      for i = 1, 8 do
+        prompts[i] = "p" .. i
+      end
+      local t0 = socket.gettime()
+      local answers = c.llm_query_batch(prompts)
+      local secs = socket.gettime() - t0
+      assert.are.equal(8, #answers)
+      local texts = {}
+      for i, a in ipairs(answers) do
+        texts[i] = a.text
+        assert.are.same({ input_tokens = 1, output_tokens = 1 }, a.usage)
+      end
+      table.sort(texts)
+      assert.are.same({ "slow 1", "slow 2", "slow 3", "slow 4", "slow 5", "slow 6", "slow 7", "slow 8" }, texts)
+      assert.is_true(secs >= 0.95 and secs < 2.5, ("took %.2f s"):format(secs))
+      assert.are.equal(8, c.usage().calls)
+    end)
+
+    it("gives a failed call its error in its slot, the key scrubbed", function()
+      srv:script({ { content = "fine" }, { status = 400, json = { error = { message = "bad key " .. secret } } } })
+      local answers = client({ retries = 0 }).llm_query_batch({ "a", "b" })
+      local ok_slot, bad_slot = answers[1], answers[2]
+      if ok_slot.error then
+        ok_slot, bad_slot = bad_slot, ok_slot
+      end
+      assert.are.equal("fine", ok_slot.text)
+      assert.matches("HTTP 400: bad key %[the API key%]", bad_slot.error)
+      assert.is_nil(bad_slot.error:find(secret, 1, true))
+    end)
+
+    it("waits out the 429s of its calls side by side too", function()
+      srv:script({ { status = 429, headers = { ["Retry-After"] = "1" } },
+        { status = 429, headers = { ["Retry-After"] = "1" } }, { content = "a" }, { content = "b" } })
+      local c = client({ sleep = false })
+      local t0 = socket.gettime()
+      local answers = c.llm_query_batch({ "a", "b" })
+      local secs = socket.gettime() - t0
+      assert.is_nil(answers[1].error or answers[2].error)
+      assert.are.equal(4, #srv:requests())
+      assert.is_true(secs >= 0.95 and secs < 1.6, ("took %.2f s (one sleep after the other takes 2)"):format(secs))
+    end)
+
+    it("is there only where calls can go side by side (a transport of LuaSocket, or gather)", function()
+      assert.is_nil(client({ transport = function() end }).llm_query_batch)
+      assert.is_function(client({ transport = luasocket.new() }).llm_query_batch)
+      assert.is_function(client({ transport = function() end, gather = function() end }).llm_query_batch)
     end)
   end)
 
@@ -503,6 +620,24 @@ describe("rlm.llm.openai", function()
       local status, body = post(luasocket.new({ cafile = c }))
       assert.are.equal(200, status)
       assert.matches("over tls", body)
+    end)
+
+    it("runs a batch side by side over TLS too (LuaSec's handshake and reads, non-blocking)", function()
+      local c, k = cert("good", "IP:127.0.0.1")
+      tls_srv = F.start(c, k)
+      local replies = {}
+      for i = 1, 4 do
+        replies[i] = { content = "t" .. i, delay_ms = 1000 }
+      end
+      tls_srv:script(replies)
+      local cl = openai.new({ base_url = tls_srv.url, model = "m", retries = 0, transport = luasocket.new({ cafile = c }) })
+      local t0 = socket.gettime()
+      local answers = cl.llm_query_batch({ "a", "b", "c", "d" })
+      local secs = socket.gettime() - t0
+      for i = 1, 4 do
+        assert.is_string(answers[i].text, answers[i].error)
+      end
+      assert.is_true(secs < 2.5, ("took %.2f s"):format(secs))
     end)
 
     it("refuses a certificate no trusted CA signed, before sending anything", function()

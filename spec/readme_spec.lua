@@ -2,7 +2,10 @@
 -- "spec/readme_spec.lua runs this block" marker goes into a file, and runs
 -- as `lua ask.lua big.log "question"` with RLM_BASE_URL and RLM_MODEL
 -- pointing at the stand-in OpenAI-compatible server, as the README's
--- command line shows for a local endpoint.
+-- command line shows for a local endpoint. Then docs/api.md's marked
+-- examples (the pool, the tools), run as they stand after a prelude that
+-- gives them what their prose assumes (rlm, text, q, root, sub), and what
+-- the docs say of the plugin managers, a cancel and the nginx example.
 local H = require("helpers")
 local F = require("helpers.fake_openai")
 
@@ -11,6 +14,20 @@ local LUA = os.getenv("RLM_SPEC_LUA") or "lua5.4"
 
 local function q(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function read(path)
+  local f = assert(io.open(root .. "/" .. path))
+  local text = f:read("*a")
+  f:close()
+  return text
+end
+
+-- The ```lua block after `<!-- spec/readme_spec.lua MARK -->` in path.
+local function marked_block(path, mark)
+  local after = read(path):match("<!%-%- spec/readme_spec%.lua " .. mark:gsub("%p", "%%%0") .. " %-%->%s*\n(.*)$")
+  assert(after, path .. " has no block marked " .. mark)
+  return assert(after:match("^```lua\n(.-)\n```\n"), "the marked block of " .. path .. " is not a ```lua block")
 end
 
 local function readme_block()
@@ -70,5 +87,80 @@ describe("README's first example", function()
     assert.are.equal("sub-model", reqs[2].json.model)
     assert.are.equal("Bearer sk-readme", reqs[1].headers.authorization)
     assert.matches("Which service failed%?", reqs[1].body)
+  end)
+end)
+
+describe("the docs' examples", function()
+  after_each(function()
+    assert.are.same({}, H.workdirs())
+  end)
+
+  local PRELUDE = [[
+local rlm = require("rlm")
+local text, q = "the log", "what is in it?"
+local root = (function()
+  local turn = 0
+  return function()
+    turn = turn + 1
+    return "```repl\n" .. ANSWER .. "\n```"
+  end
+end)()
+local sub = function(p) return "sub: " .. p end
+]]
+
+  local function run_block(block, answer, after)
+    local chunk = PRELUDE:gsub("ANSWER", function()
+      return ("%q"):format(answer) -- a Lua string
+    end) .. block .. "\n" .. (after or "")
+    local fn = assert((loadstring or load)(chunk, "=docs block"))
+    return fn()
+  end
+
+  it("runs docs/api.md's pool example as it stands", function()
+    local result, err = run_block(marked_block("docs/api.md", "runs this block: pool"),
+      "FINAL(type(context).__name__ + ' ' + context)", "return result, err")
+    assert.is_nil(err, err and tostring(err))
+    assert.are.equal("str the log", result.answer)
+  end)
+
+  it("runs docs/api.md's tools example as it stands", function()
+    local result, err = run_block(marked_block("docs/api.md", "runs this block: tools"),
+      "FINAL(f\"{add(2, 3)} {lookup('greeting')} {lookup('nope')} {type(now()).__name__}\")",
+      "local result, err = session:run()\nsession:close()\nreturn result, err")
+    assert.is_nil(err, err and tostring(err))
+    assert.are.equal("5 hello None int", result.answer)
+  end)
+
+  it("gives README's lazy.nvim spec as a file that returns it, with the clone's path", function()
+    local spec = assert((loadstring or load)(marked_block("README.md", "loads this block"), "=lazy spec"))()
+    assert.are.equal("table", type(spec))
+    assert.are.equal("~/src/rlm", spec.dir)
+    assert.are.equal("make nvim", spec.build)
+    assert.are.equal("function", type(spec.config))
+    local readme = read("README.md")
+    assert.is_nil(readme:find("OWNER", 1, true), "README.md still says OWNER")
+    assert.is_truthy(readme:find("use { \"~/src/rlm\", run = \"make nvim\"", 1, true))
+    assert.is_truthy(readme:find("Plug '~/src/rlm', { 'do': 'make nvim' }", 1, true))
+  end)
+
+  -- What docs/adapters.md says of a cancel, which spec/cancel_spec.lua and
+  -- the adapters' specs check: cancelled, never driver_exited.
+  it("says a cancel gives cancelled, and that apt's nginx Lua module removes Debian's luajit", function()
+    local doc = read("docs/adapters.md")
+    for sentence in doc:gsub("\n", " "):gmatch("[^.]+") do
+      if sentence:find("cancel", 1, true) then
+        assert.is_nil(sentence:find("driver_exited", 1, true), sentence)
+      end
+    end
+    assert.is_truthy(doc:find("session:close() cancels: the callback then gets a cancelled error", 1, true))
+    assert.is_truthy(doc:find("**`apt-get install nginx libnginx-mod-http-lua` removes Debian's `luajit`\npackage**",
+      1, true))
+  end)
+
+  it("has examples/openresty/nginx.conf cancel a session when its client goes away", function()
+    local conf = read("examples/openresty/nginx.conf")
+    local ask = assert(conf:match("location = /ask {(.-)}"), "no location = /ask")
+    assert.matches("\n%s*lua_check_client_abort on;", ask)
+    assert.matches("\n%s*lua_need_request_body on;", ask)
   end)
 end)

@@ -44,6 +44,7 @@ describe("the sandbox", function()
       assert.is_nil(result)
       assert.are.equal("sandbox_unavailable", err.kind)
       assert.matches("bubblewrap", err.message)
+      assert.is_truthy(err.message:find("apt-get install bubblewrap", 1, true), err.message) -- what to install
       assert.is_false(ran)
     end)
 

@@ -32,7 +32,7 @@ local NESTED = {
   { type = "session_start", depth = 0, query = "the question", t_ms = 0, cost_usd = 0 },
   { type = "step_start", depth = 0, step = 1, t_ms = 1 },
   { type = "root_response", depth = 0, step = 1, response = "parent response", latency_ms = 10,
-    usage = { input_tokens = 100, output_tokens = 10 } },
+    usage = { input_tokens = 100, output_tokens = 10 }, cost_usd = 0.1 },
   { type = "session_start", depth = 1, query = "child question", t_ms = 12 },
   { type = "step_start", depth = 1, step = 1, t_ms = 13 },
   { type = "exec_result", depth = 1, step = 1, block = 1, code = "child_code()", stdout = "child out" },
@@ -127,6 +127,69 @@ describe("rlm.view.html", function()
     assert.matches('id="total-tokens">175 (150 in, 25 out)<', page, 1, true)
     assert.matches('id="total-cost">$0.1250<', page, 1, true)
     assert.matches('id="total-wall">1.50 s<', page, 1, true)
+  end)
+
+  -- rlm.log leaves cost_usd out of a line when cost_usd() raises, as the
+  -- model client's does for a model without a price; the lines before the
+  -- first reply have $0.
+  it("says the cost is unknown when a reply's tokens have no price", function()
+    local events = {
+      { type = "session_start", depth = 0, query = "q", t_ms = 0, cost_usd = 0 },
+      { type = "step_start", depth = 0, step = 1, t_ms = 1, cost_usd = 0 },
+      { type = "root_response", depth = 0, step = 1, response = "r", latency_ms = 10,
+        usage = { input_tokens = 100, output_tokens = 10 } },
+      { type = "exec_result", depth = 0, step = 1, block = 1, code = "FINAL(1)", stdout = "" },
+      { type = "run_end", depth = 0, ok = true, answer = "1", iterations = 1, sub_calls = 0, t_ms = 20 },
+    }
+    local page = view.html(jsonl(events))
+    assert.matches('id="total-cost">unknown<', page, 1, true)
+    assert.matches("110 tok (100 in, 10 out) · cost unknown", page, 1, true)
+    assert.is_nil(page:find("$0.0000", 1, true))
+    -- priced: the rise in cost_usd
+    events[3].cost_usd, events[4].cost_usd, events[5].cost_usd = 0.0042, 0.0042, 0.0042
+    page = view.html(jsonl(events))
+    assert.matches('id="total-cost">$0.0042<', page, 1, true)
+  end)
+
+  it("shows each block's code once, highlighted, and the response's prose around it", function()
+    local code = "import re\n# find it\nhits = [l for l in context.split('\\n') if re.search(r'\\d+', l)]\n"
+      .. "print(len(hits), 3.5)"
+    local prose_code = "x = llm_query(\"sum up\")\nFINAL(x)"
+    local page = view.html(jsonl({
+      { type = "session_start", depth = 0, query = "q", t_ms = 0 },
+      { type = "step_start", depth = 0, step = 1, t_ms = 1 },
+      { type = "root_response", depth = 0, step = 1, response = "Let me look.\n```repl\n" .. code .. "\n```\nThen:\n"
+        .. "1. sum up\n   ```python\n   " .. prose_code:gsub("\n", "\n   ") .. "\n   ```\n"
+        .. "```repl\nnot_run()\n```" },
+      { type = "exec_result", depth = 0, step = 1, block = 1, code = code, stdout = "2 3.5" },
+      { type = "exec_result", depth = 0, step = 1, block = 2, code = prose_code, stdout = "" },
+    }))
+    -- the response keeps its prose; the fences that ran name their block
+    assert.matches("Let me look.\n[code of block 1: below]\nThen:\n1. sum up\n   [code of block 2: below]\n"
+      .. "```repl\nnot_run()\n```", page, 1, true)
+    assert.are.equal(1, count(page, "hits = [l"))
+    assert.are.equal(1, count(page, "sum up&quot;"))
+    -- Python, highlighted
+    assert.matches('<span class="k">import</span>', page, 1, true)
+    assert.matches('<span class="c"># find it</span>', page, 1, true)
+    assert.matches('<span class="b">context</span>', page, 1, true)
+    assert.matches('<span class="s">r&#39;\\d+&#39;</span>', page, 1, true)
+    assert.matches('<span class="n">3.5</span>', page, 1, true)
+    assert.matches('<span class="b">llm_query</span>(<span class="s">&quot;sum up&quot;</span>)', page, 1, true)
+  end)
+
+  it("shows a streamed root call's time to first token, not its pieces", function()
+    local page = view.html(jsonl({
+      { type = "session_start", depth = 0, query = "q", t_ms = 0 },
+      { type = "step_start", depth = 0, step = 1, t_ms = 100 },
+      { type = "root_delta", depth = 0, step = 1, text = "PIECE-ONE", t_ms = 450 },
+      { type = "root_delta", depth = 0, step = 1, text = "PIECE-TWO", t_ms = 900 },
+      { type = "root_response", depth = 0, step = 1, response = "the whole reply", latency_ms = 1000, t_ms = 1101 },
+      { type = "run_end", depth = 0, ok = true, answer = "a", iterations = 1, sub_calls = 0, t_ms = 1200 },
+    }))
+    assert.matches("first token 349 ms", page, 1, true) -- 450 - (1101 - 1000)
+    assert.matches('<pre class="text">the whole reply</pre>', page, 1, true)
+    assert.is_nil(page:find("PIECE", 1, true))
   end)
 
   it("shows events of unknown types, as text", function()
@@ -410,4 +473,52 @@ describe("the page in headless Chromium", function()
     assert.are.equal("\137PNG\r\n\26\n", png:sub(1, 8))
     assert.is_true(#png > 20000, #png)
   end)
+end)
+
+describe("rlm.tools.highlight.python", function()
+  local highlight = require("rlm.tools.highlight")
+
+  local function joined(code)
+    local out = {}
+    for i, piece in ipairs(highlight.python(code)) do
+      out[i] = piece[2]
+    end
+    return table.concat(out)
+  end
+
+  it("cuts any text into pieces that join up to it, bytes that are not UTF-8 included", function()
+    local alphabet = { "a", "_", "1", ".", "#", "'", '"', "'''", '"""', "\\", "\n", " ", "@", "r", "b", "f",
+      "def", "\255", "\195\169", "\226\128\174", "(", "e", "-", "\t" }
+    math.randomseed(31)
+    for _ = 1, 500 do
+      local parts = {}
+      for i = 1, math.random(0, 60) do
+        parts[i] = alphabet[math.random(#alphabet)]
+      end
+      local code = table.concat(parts)
+      assert.are.equal(code, joined(code))
+    end
+  end)
+
+  -- one row a case: code, the pieces with a class ({ class, text })
+  local cases = {
+    { "def f(): pass", { { "k", "def" }, { "k", "pass" } } },
+    { "x = 'a # b' # c", { { "s", "'a # b'" }, { "c", "# c" } } },
+    { "s = rb'\\'' + f\"{x}\"", { { "s", "rb'\\''" }, { "s", "f\"{x}\"" } } },
+    { "t = '''a\nb''' + 1e-3", { { "s", "'''a\nb'''" }, { "n", "1e" }, { "n", "3" } } },
+    { "@cache\ndef g(a @ b): return FINAL_VAR('x')",
+      { { "d", "@cache" }, { "k", "def" }, { "k", "return" }, { "b", "FINAL_VAR" }, { "s", "'x'" } } },
+    { "u = 'open\nv = 2", { { "s", "'open" }, { "n", "2" } } },
+  }
+  for _, case in ipairs(cases) do
+    it(("classes %q"):format(case[1]), function()
+      local got = {}
+      for _, piece in ipairs(highlight.python(case[1])) do
+        if piece[1] then
+          got[#got + 1] = piece
+        end
+      end
+      assert.are.same(case[2], got)
+    end)
+  end
 end)

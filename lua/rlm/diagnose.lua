@@ -68,6 +68,29 @@ local function seccomp_mode()
   return tonumber((read("/proc/self/status") or ""):match("\nSeccomp:%s*(%d)"))
 end
 
+-- The capabilities a root host's start uses: it drops to the sandbox's uid
+-- (setresgid, setresuid) in a mount namespace of the child's own, where it
+-- stages the driver's files (unshare(CLONE_NEWNS), mount): csrc/spawn.c.
+local ROOT_CAPS = { { "CAP_SETGID", 6 }, { "CAP_SETUID", 7 }, { "CAP_SYS_ADMIN", 21 } }
+
+-- Which of ROOT_CAPS this process lacks in its effective set (CapEff, a
+-- hex mask); empty when it has them all or /proc does not say.
+function M.missing_root_caps(status)
+  local hex = (status or read("/proc/self/status") or ""):match("\nCapEff:%s*(%x+)")
+  local missing = {}
+  if not hex then
+    return missing
+  end
+  for _, cap in ipairs(ROOT_CAPS) do
+    local at = #hex - math.floor(cap[2] / 4)
+    local digit = at >= 1 and tonumber(hex:sub(at, at), 16) or 0
+    if math.floor(digit / 2 ^ (cap[2] % 4)) % 2 == 0 then
+      missing[#missing + 1] = cap[1]
+    end
+  end
+  return missing
+end
+
 -- "docker", "podman", "lxc", "kubernetes", "container" or nil.
 function M.container()
   if read("/.dockerenv") then
@@ -163,6 +186,32 @@ function M.explain(out)
   if out:find("[Cc]reating new namespace") and out:find("No space left on device", 1, true) then
     return "the kernel's count of user namespaces is used up (user.max_user_namespaces,"
       .. " or a parent namespace's): raise it, or end what holds them"
+  end
+  -- A root host's own start, before bubblewrap runs (csrc/spawn.c: the
+  -- sandbox's uid, the staging mount namespace): a refusal there is the
+  -- capabilities it needs, or a seccomp filter; never user namespaces,
+  -- which bubblewrap makes later.
+  if out:find("as the sandbox's uid", 1, true) and (out:find("Operation not permitted", 1, true)
+    or out:find("Permission denied", 1, true)) then
+    local missing, blockers = M.missing_root_caps(), M.userns_blockers()
+    local as_user = #blockers == 0 and "run rlm as a user other than root (bubblewrap then needs unprivileged"
+      .. " user namespaces, which this kernel allows)"
+      or ("running rlm as a user other than root would need user namespaces, which are off here (%s)")
+        :format(table.concat(blockers, "; "))
+    if #missing > 0 then
+      return ("running as root without %s (dropped, as a container's default does): as root, rlm"):format(
+        table.concat(missing, ", ")) .. " starts the sandbox as a uid of its own (CAP_SETUID, CAP_SETGID) from"
+        .. " a mount namespace where it stages the driver's files (CAP_SYS_ADMIN); give the process those"
+        .. " capabilities, or " .. as_user .. " (see docs/containers.md)"
+    end
+    if seccomp_mode() == 2 then
+      return ("running as root under a seccomp filter (%s) that refuses unshare(CLONE_NEWNS) or mount:"):format(
+        where and ("the " .. where .. " container's") or "a service's or container's")
+        .. " as root, rlm starts the sandbox from a mount namespace of its own; allow those calls, or "
+        .. as_user .. " (see docs/containers.md)"
+    end
+    return "running as root, the kernel refused the sandbox's uid or its staging mount namespace"
+      .. " (setresuid, unshare(CLONE_NEWNS), mount): " .. as_user
   end
   if out:find("[Nn]o permissions to creat") or out:find("[Cc]reating new namespace")
     or out:find("uid map") or out:find("setting up uid") or out:find("[Oo]peration not permitted") then
@@ -264,6 +313,15 @@ function M.checks(opts)
     add("user namespaces", "ok", uid() == 0 and "running as root" or "unprivileged user namespaces are allowed")
   else
     add("user namespaces", "error", table.concat(blockers, "; "))
+  end
+  if uid() == 0 then
+    local missing = M.missing_root_caps()
+    if #missing > 0 then
+      add("root", "error", M.explain("spawning bwrap as the sandbox's uid: Operation not permitted"))
+    else
+      add("root", "ok", "running as root with CAP_SETUID, CAP_SETGID and CAP_SYS_ADMIN: the sandbox gets a uid"
+        .. " of its own")
+    end
   end
   local where, mode = M.container(), seccomp_mode()
   if where or mode == 2 then

@@ -13,27 +13,55 @@
 -- the statusline through require("rlm.nvim").status()), and the answer in a
 -- scratch buffer, rlm://answer.
 --
--- The models: an OpenAI-compatible endpoint through rlm.llm.openai over
+-- The models: provider ("openai", the default, for any OpenAI-compatible
+-- endpoint; "anthropic"; "gemini") through rlm.llm.<provider> over
 -- rlm.llm.transport.nvim (curl started by jobstart()). setup() options, each
--- with an environment fallback: base_url ($RLM_BASE_URL, default
--- https://api.openai.com/v1), model ($RLM_ROOT_MODEL, gpt-4o), sub_model
--- ($RLM_SUB_MODEL, gpt-4o-mini), api_key_env (the NAME of the variable that
--- holds the key, default "RLM_API_KEY"). root_llm and llm_query replace
--- those models; any other key not listed below goes to rlm.Session.new
--- (max_iterations, max_sub_calls, tmpdir, on_event, tools...).
+-- with an environment fallback: base_url ($RLM_BASE_URL, default the
+-- provider's), model ($RLM_ROOT_MODEL; gpt-4o, claude-sonnet-4-5 or
+-- gemini-2.5-flash), sub_model ($RLM_SUB_MODEL; gpt-4o-mini,
+-- claude-haiku-4-5 or gemini-2.5-flash-lite), api_key_env (the NAME of the
+-- variable that holds the key: "RLM_API_KEY" for openai,
+-- "ANTHROPIC_API_KEY", "GEMINI_API_KEY"), stream (true: the root model's
+-- text shows in the progress line as it comes). root_llm and llm_query
+-- replace those models; any other key not listed below goes to
+-- rlm.Session.new (max_iterations, max_sub_calls, tmpdir, on_event, tools...).
 --
 -- The model gets two host tools (docs/api.md, "Tools"): list_buffers() and
 -- read_buffer(name), the text of another loaded buffer by its name (or the
 -- end of its path), bounded by max_context_bytes. buffer_tools = false
 -- leaves them out; tools of your own (setup{ tools = ... }) come beside them.
 -- luacheck: read globals vim
-local adapter = require("rlm.adapters.nvim")
-
 local M = { config = {} }
+
+-- rlm.core is built by `make nvim` (the plugin manager's build step). When
+-- it is missing, require("rlm.nvim") and setup() still succeed, so that an
+-- init.lua goes on; setup() says so once (vim.notify), and each command
+-- says it again when used. Returns the adapter, or nil, the message.
+-- The first failure is kept: under Lua 5.1 a second require of a module
+-- that raised says only "loop or previous error loading module".
+local load_problem
+local function load_adapter()
+  if load_problem then
+    return nil, load_problem
+  end
+  local ok, adapter = pcall(require, "rlm.adapters.nvim")
+  if ok then
+    return adapter
+  end
+  local why = tostring(adapter)
+  if why:find("rlm.core", 1, true) then
+    local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/lua/rlm/nvim%.lua$") or "the plugin's directory"
+    why = ("rlm: the C core (lua/rlm/core.so) is not built: run `make nvim` in %s (lazy.nvim: build = "
+      .. "\"make nvim\", then :Lazy build rlm, and restart Neovim); :checkhealth rlm says what else is missing")
+      :format(here)
+  end
+  load_problem = why
+  return nil, why
+end
 
 -- setup() keys of the plugin itself; the others are session options.
 local PLUGIN_KEYS = {
-  base_url = true, model = true, sub_model = true, api_key_env = true,
+  provider = true, base_url = true, model = true, sub_model = true, api_key_env = true, stream = true,
   progress = true, cancel_key = true, max_context_bytes = true, buffer_tools = true,
 }
 M.defaults = {
@@ -55,18 +83,28 @@ local function option(name)
   return v
 end
 
+-- Each provider's defaults: model, sub-model, the key's variable.
+M.PROVIDERS = {
+  openai = { model = "gpt-4o", sub_model = "gpt-4o-mini", api_key_env = "RLM_API_KEY",
+    base_url = "https://api.openai.com/v1" },
+  anthropic = { model = "claude-sonnet-4-5", sub_model = "claude-haiku-4-5", api_key_env = "ANTHROPIC_API_KEY" },
+  gemini = { model = "gemini-2.5-flash", sub_model = "gemini-2.5-flash-lite", api_key_env = "GEMINI_API_KEY" },
+}
+
 -- The client for the endpoint, made when a question needs it (the key is
 -- read then, from the environment).
 local function default_client()
-  local openai = require("rlm.llm.openai")
-  local transport = require("rlm.llm.transport.nvim")
   local c = M.config
+  local provider = c.provider or "openai"
+  local defaults = M.PROVIDERS[provider]
+  local transport = require("rlm.llm.transport.nvim")
   local request, stop = transport.new()
-  return openai.new({
-    base_url = c.base_url or os.getenv("RLM_BASE_URL") or "https://api.openai.com/v1",
-    model = c.model or os.getenv("RLM_ROOT_MODEL") or "gpt-4o",
-    sub_model = c.sub_model or os.getenv("RLM_SUB_MODEL") or "gpt-4o-mini",
-    api_key_env = c.api_key_env or "RLM_API_KEY",
+  return require("rlm.llm." .. provider).new({
+    base_url = c.base_url or os.getenv("RLM_BASE_URL") or defaults.base_url,
+    model = c.model or os.getenv("RLM_ROOT_MODEL") or defaults.model,
+    sub_model = c.sub_model or os.getenv("RLM_SUB_MODEL") or defaults.sub_model,
+    api_key_env = c.api_key_env or defaults.api_key_env,
+    stream = c.stream == true,
     transport = request,
     sleep = transport.sleep,
   }), stop
@@ -277,7 +315,7 @@ function M.ask(question, context, what)
   end
   what = what or "the buffer"
   local t0 = uv().hrtime()
-  local step, subs = 0, 0
+  local step, subs, writing = 0, 0, ""
   local user_event = opts.on_event
   opts.on_event = function(ev)
     if user_event then
@@ -287,13 +325,17 @@ function M.ask(question, context, what)
       return
     end
     if ev.type == "step_start" and ev.depth == 0 then
-      step = ev.step
+      step, writing = ev.step, ""
     elseif ev.type == "sub_query" then
       subs = subs + 1
+    elseif ev.type == "root_delta" and ev.depth == 0 then
+      -- the tail of the root model's text as it comes, on one line
+      writing = (writing .. ev.text):gsub("%s+", " "):sub(-40)
     end
     local key = option("cancel_key")
-    show_progress(("rlm: %s, step %d, %d sub-calls, %.0f s%s"):format(what, step, subs,
-      (uv().hrtime() - t0) / 1e9, key and (" (" .. key .. " cancels)") or ""))
+    show_progress(("rlm: %s, step %d, %d sub-calls, %.0f s%s%s"):format(what, step, subs,
+      (uv().hrtime() - t0) / 1e9, writing ~= "" and (": " .. writing) or "",
+      key and (" (" .. key .. " cancels)") or ""))
   end
   M.last_answer, M.last_error, M.cancelled = nil, nil, false
   if M.session then
@@ -302,6 +344,10 @@ function M.ask(question, context, what)
     old:close()
   end
   local session
+  local adapter, why = load_adapter()
+  if not adapter then
+    error(why, 0)
+  end
   session = adapter.run(opts, function(err, result)
     if M.session ~= session then
       return -- cancelled, or superseded by a later question
@@ -359,8 +405,21 @@ end
 -- setup(config): the plugin's options (above) and session options; defines
 -- the commands.
 function M.setup(config)
-  M.config = config or {}
+  config = config or {}
+  if config.provider ~= nil and not M.PROVIDERS[config.provider] then
+    error(("rlm.nvim.setup: option 'provider' must be \"openai\", \"anthropic\" or \"gemini\", got %s")
+      :format(type(config.provider) == "string" and ("%q"):format(config.provider) or type(config.provider)), 2)
+  end
+  if config.stream ~= nil and type(config.stream) ~= "boolean" then
+    error("rlm.nvim.setup: option 'stream' must be a boolean, got " .. type(config.stream), 2)
+  end
+  M.config = config
   M.commands()
+  local _, why = load_adapter()
+  if why and not M.warned then
+    M.warned = true
+    vim.notify(why, vim.log.levels.ERROR)
+  end
   return M
 end
 

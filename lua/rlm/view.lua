@@ -11,6 +11,7 @@
 -- running, as a second wall.
 local cjson = require("cjson").new()
 local log = require("rlm.log")
+local highlight = require("rlm.tools.highlight")
 
 cjson.decode_max_depth(64)
 cjson.encode_invalid_numbers(true) -- a log may hold NaN; showing it is fine
@@ -244,8 +245,14 @@ local function build(events)
       run.ended = true
     elseif t == "session_start" or t == "step_start" then -- luacheck: ignore 542
       -- the run or step is made above
+    elseif t == "root_delta" then
+      -- a streamed root call: only when its first piece came is kept
+      if step and not step.delta_at then
+        step.delta_at = num(ev.t_ms)
+      end
     elseif step and t == "root_response" then
-      step.items[#step.items + 1] = { kind = "response", ev = ev }
+      step.items[#step.items + 1] = { kind = "response", ev = ev, first_delta = step.delta_at }
+      step.delta_at = nil
     elseif step and t == "exec_result" then
       step.items[#step.items + 1] = { kind = "block", ev = ev, calls = take_pending(step) }
     elseif t == "sub_query" then
@@ -281,6 +288,10 @@ local function run_figures(run)
     end
   end
   local usage = { input = 0, output = 0, total = 0, seen = false }
+  -- A reply that reported tokens on a line without cost_usd: the model has
+  -- no price (the writer leaves the field out when cost_usd() raises), and
+  -- the run's cost is unknown, not the $0 of the lines before it.
+  local unpriced = false
   local function visit(r)
     f.steps = f.steps + #r.steps
     for _, ev in ipairs(r.events) do
@@ -298,6 +309,7 @@ local function run_figures(run)
           usage.input, usage.output, usage.total = usage.input + u.input, usage.output + u.output,
             usage.total + u.total
           usage.seen = true
+          unpriced = unpriced or (u.total > 0 and not num(ev.cost_usd))
         end
       end
     end
@@ -324,7 +336,9 @@ local function run_figures(run)
   elseif span.ts.min then
     f.wall_ms = (span.ts.max - span.ts.min) * 1000
   end
-  if span.cost.min then
+  if unpriced then
+    f.cost_unknown = true
+  elseif span.cost.min then
     f.cost = span.cost.max - span.cost.min
   end
   local finish = run.finish
@@ -389,6 +403,10 @@ dl.fields { display: grid; grid-template-columns: max-content 1fr; gap: 4px 10px
 dl.fields dt { color: var(--muted); }
 dl.fields dd { margin: 0; }
 mark { background: var(--mark); color: inherit; }
+pre.code .k { color: #8a3ab9; font-weight: 600; } pre.code .b { color: #2457c5; } pre.code .s { color: #1b6e2e; }
+pre.code .c { color: var(--muted); font-style: italic; } pre.code .n { color: #a35200; } pre.code .d { color: #a35200; }
+@media (prefers-color-scheme: dark) { pre.code .k { color: #d7a6ff; } pre.code .b { color: #8ab4f8; }
+  pre.code .s { color: #8fd19e; } pre.code .n, pre.code .d { color: #f2b872; } }
 ]]
 
 -- The search: filters steps by their text and marks the matches; #q=term in
@@ -503,6 +521,23 @@ function Page:pre(label, text, class)
   self:add('<pre class="', class or "text", '">', esc(text), "</pre>")
 end
 
+-- Code, its Python highlighted (rlm.tools.highlight): each piece escaped
+-- as any text is, inside a span of its class.
+function Page:code(label, text)
+  if text == nil then
+    return
+  end
+  self:add("<h4>", esc(label), '</h4><pre class="code">')
+  for _, piece in ipairs(highlight.python(log.truncate(as_text(text), MAX_FIELD_CHARS))) do
+    if piece[1] then
+      self:add('<span class="', piece[1], '">', esc(piece[2]), "</span>")
+    else
+      self:add(esc(piece[2]))
+    end
+  end
+  self:add("</pre>")
+end
+
 function Page:badge(class, text)
   self:add('<span class="badge ', class, '">', esc(text), "</span>")
 end
@@ -608,9 +643,50 @@ function Page:calls(items)
   end
 end
 
+-- The lines of s without their common leading blanks.
+local function dedent(s)
+  local common
+  for line in s:gmatch("[^\n]+") do
+    if line:find("%S") then
+      local lead = line:match("^[ \t]*")
+      common = (not common or #lead < #common) and lead or common
+    end
+  end
+  if not common or common == "" then
+    return s
+  end
+  return (("\n" .. s):gsub("\n" .. common:gsub("%p", "%%%0"), "\n"):sub(2))
+end
+
+local function trimmed(s)
+  return (s:gsub("^%s+", ""):gsub("%s+$", ""))
+end
+
+-- The root response with each fenced block that ran as one of the step's
+-- blocks replaced by a line naming it: the code is shown once, highlighted,
+-- under "Code". A fence whose text is not a block's (not run, or run
+-- changed) stays.
+local function without_code(response, items)
+  if type(response) ~= "string" then
+    return response
+  end
+  local codes = {}
+  for _, item in ipairs(items) do
+    if item.kind == "block" and type(item.ev.code) == "string" then
+      codes[trimmed(item.ev.code)] = codes[trimmed(item.ev.code)] or item.ev.block or "?"
+    end
+  end
+  return (response:gsub("([ \t]*)```[%w_]*[ \t]*\n(.-)\n[ \t]*```", function(indent, body)
+    local block = codes[trimmed(dedent(indent .. body))] or codes[trimmed(body)]
+    if block then
+      return ("%s[code of block %s: below]"):format(indent, as_text(block))
+    end
+  end))
+end
+
 function Page:step(step)
   local ev = step.first
-  local blocks, subs, errs, root_ms, tokens = 0, 0, 0, nil, nil
+  local blocks, subs, errs, root_ms, tokens, first_token = 0, 0, 0, nil, nil, nil
   for _, item in ipairs(step.items) do
     if item.kind == "block" then
       blocks = blocks + 1
@@ -621,6 +697,10 @@ function Page:step(step)
     elseif item.kind == "response" then
       root_ms = (root_ms or 0) + (num(item.ev.latency_ms) or 0)
       tokens = usage_of(item.ev.usage) or tokens
+      local t, ms = num(item.ev.t_ms), num(item.ev.latency_ms)
+      if item.first_delta and t and ms and not first_token then
+        first_token = math.max(0, item.first_delta - (t - ms)) -- from the call's start
+      end
     end
   end
   local t0, t1 = num(ev.t_ms), step.last and num(step.last.t_ms)
@@ -634,7 +714,8 @@ function Page:step(step)
   self:add(' <span class="muted">', esc(joined(
     ("%d block%s"):format(blocks, blocks == 1 and "" or "s"),
     subs > 0 and ("%d sub-call%s"):format(subs, subs == 1 and "" or "s") or nil,
-    took, root_ms and ("root " .. fmt_ms(root_ms)) or nil, fmt_tokens(tokens)
+    took, root_ms and ("root " .. fmt_ms(root_ms)) or nil,
+    first_token and ("first token " .. fmt_ms(first_token)) or nil, fmt_tokens(tokens)
   )), "</span>")
   if errs > 0 then
     self:badge("err", errs == 1 and "error" or (errs .. " errors"))
@@ -646,10 +727,10 @@ function Page:step(step)
   for _, item in ipairs(step.items) do
     local e = item.ev
     if item.kind == "response" then
-      self:pre("Root response", e.response)
+      self:pre("Root response", without_code(e.response, step.items))
     elseif item.kind == "block" then
       self:add('<div class="block" data-block="', attr(e.block or ""), '">')
-      self:pre("Code, block " .. as_text(e.block or "?"), e.code, "code")
+      self:code("Code, block " .. as_text(e.block or "?"), e.code)
       self:calls(item.calls)
       self:pre("Output", e.stdout ~= "" and e.stdout or nil, "stdout")
       self:pre("Error", e.error, "error")
@@ -679,7 +760,8 @@ function Page:run(run)
     ("%d step%s"):format(f.steps, f.steps == 1 and "" or "s"),
     ("%d sub-call%s"):format(f.sub_calls, f.sub_calls == 1 and "" or "s"),
     f.tool_calls > 0 and ("%d tool call%s"):format(f.tool_calls, f.tool_calls == 1 and "" or "s") or nil,
-    fmt_tokens(f.tokens), fmt_usd(f.cost), f.wall_ms and ("wall " .. fmt_ms(f.wall_ms)) or nil
+    fmt_tokens(f.tokens), f.cost_unknown and "cost unknown" or fmt_usd(f.cost),
+    f.wall_ms and ("wall " .. fmt_ms(f.wall_ms)) or nil
   )
   self:add('<p class="meta">', esc(meta))
   if finish and finish.ok == false then
@@ -725,6 +807,7 @@ local function total_figures(model)
     if f.cost then
       t.cost = (t.cost or 0) + f.cost
     end
+    t.cost_unknown = t.cost_unknown or f.cost_unknown
     if f.wall_ms then
       t.wall_ms = (t.wall_ms or 0) + f.wall_ms
     end
@@ -744,7 +827,7 @@ function Page:header(model, malformed)
   item("total-sub-calls", "sub-calls", t.sub_calls)
   item("total-tokens", "tokens", t.tokens and ("%s (%s in, %s out)"):format(fmt_int(t.tokens.total),
     fmt_int(t.tokens.input), fmt_int(t.tokens.output)) or "—")
-  item("total-cost", "cost", fmt_usd(t.cost) or "—")
+  item("total-cost", "cost", not t.cost_unknown and fmt_usd(t.cost) or "unknown")
   item("total-wall", "wall time", fmt_ms(t.wall_ms) or "—")
   self:add("</dl>")
   if malformed > 0 then

@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""A stand-in for an OpenAI-compatible chat-completions server, for the specs.
+"""A stand-in for the model APIs, for the specs: OpenAI-compatible chat
+completions (POST .../chat/completions), Anthropic's Messages API (POST
+.../v1/messages) and Gemini's generateContent (POST
+.../models/NAME:generateContent, :streamGenerateContent?alt=sse); each
+reply is shaped as the path's API shapes it.
 
 Listens on 127.0.0.1 on a free port and prints "PORT PID" on its first line.
 Exits when told to (POST /_control/stop) or when its parent goes away.
@@ -10,7 +14,9 @@ Control (JSON bodies):
                            replies and forgets the requests recorded so far
   GET  /_control/requests  the requests recorded so far, in order
 
-Every other POST takes the next reply off the queue (a 400 when it is empty).
+Every other POST takes the next reply off the queue (a 400 when it is empty,
+unless started with --reply TEXT: then TEXT, with usage [10, 5], in the
+shape the request's API takes, streamed if it asked for a stream).
 Each is recorded with, when it carries a bearer token, "argv_hits": the pids
 of the processes whose command line holds that token, looked up while the
 request is in flight (a key must reach the server in a header, never argv).
@@ -24,7 +30,22 @@ A reply is an object; every field is optional:
   delay_ms  wait this long before answering
   chunked   send the body with chunked transfer encoding
   hangup    close the connection without answering
+  raw       write these bytes (latin-1) to the socket as the whole reply,
+            HTTP head included, then close: a hostile server
+  raw_tail, raw_repeat  with raw: then write raw_tail raw_repeat times
   keepalive keep the connection open after the reply (no "Connection: close")
+  cache     [cache_creation, cache_read] input tokens (Anthropic's usage
+            fields; cache_read is OpenAI's cached_tokens and Gemini's
+            cachedContentTokenCount)
+A request that asks for a stream ("stream": true, or Gemini's
+streamGenerateContent) gets server-sent events in its API's shape, the
+content in pieces:
+  pieces    the text's pieces (default: content cut in three)
+  event_delay_ms  wait this long before each event
+  cut_after drop the connection after this many events, without the
+            stream's end (chunked: mid-body; with "chunked": false the body
+            just ends early)
+  error_event  end with the API's error event carrying this message
 Each recorded request has "peer_port", the client's port: two requests with
 the same one came over one connection.
 """
@@ -37,6 +58,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATE = {"replies": [], "requests": []}
+DEFAULT_REPLY = None  # --reply TEXT
 LOCK = threading.Lock()
 
 
@@ -53,6 +75,116 @@ def argv_hits(token):
         except OSError:
             pass  # gone, or not ours to read
     return hits
+
+
+def api_of(path):
+    if "/chat/completions" in path:
+        return "openai"
+    if path.split("?")[0].endswith("/v1/messages"):
+        return "anthropic"
+    if ":generateContent" in path or ":streamGenerateContent" in path:
+        return "gemini"
+    return "openai"
+
+
+def pieces_of(reply):
+    if "pieces" in reply:
+        return reply["pieces"]
+    text = reply.get("content", "ok")
+    n = max(1, len(text) // 3)
+    return [text[i : i + n] for i in range(0, len(text), n)] or [""]
+
+
+def anthropic_usage(reply):
+    inp, out = reply["usage"]
+    creation, read = reply.get("cache", [0, 0])
+    return {"input_tokens": inp, "output_tokens": out, "cache_creation_input_tokens": creation,
+            "cache_read_input_tokens": read}
+
+
+def gemini_usage(reply, out=None):
+    inp, total_out = reply["usage"]
+    u = {"promptTokenCount": inp, "candidatesTokenCount": total_out if out is None else out}
+    u["totalTokenCount"] = inp + u["candidatesTokenCount"]
+    if reply.get("cache"):
+        u["cachedContentTokenCount"] = reply["cache"][1]
+    return u
+
+
+def whole_body(api, reply, model):
+    text = reply.get("content", "ok")
+    if api == "anthropic":
+        body = {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn"}
+        if "usage" in reply:
+            body["usage"] = anthropic_usage(reply)
+        return json.dumps(body).encode()
+    if api == "gemini":
+        body = {"candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                                "finishReason": "STOP", "index": 0}], "modelVersion": model}
+        if "usage" in reply:
+            body["usageMetadata"] = gemini_usage(reply)
+        return json.dumps(body).encode()
+    return completion(reply, model)
+
+
+def sse(data, event=None):
+    head = ("event: %s\n" % event) if event else ""
+    return (head + "data: " + (data if isinstance(data, str) else json.dumps(data)) + "\n\n").encode()
+
+
+def stream_events(api, reply, model):
+    """The events of a streamed reply, in order."""
+    pieces = pieces_of(reply)
+    if api == "anthropic":
+        start = {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
+                 "stop_reason": None}
+        if "usage" in reply:
+            start["usage"] = dict(anthropic_usage(reply), output_tokens=1)
+        events = [sse({"type": "message_start", "message": start}, "message_start"),
+                  sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                      "content_block_start"),
+                  sse({"type": "ping"}, "ping")]
+        events += [sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}},
+                       "content_block_delta") for p in pieces]
+        events.append(sse({"type": "content_block_stop", "index": 0}, "content_block_stop"))
+        if "error_event" in reply:
+            events.append(sse({"type": "error", "error": {"type": "overloaded_error",
+                                                          "message": reply["error_event"]}}, "error"))
+            return events
+        delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}
+        if "usage" in reply:
+            delta["usage"] = {"output_tokens": reply["usage"][1]}
+        events.append(sse(delta, "message_delta"))
+        events.append(sse({"type": "message_stop"}, "message_stop"))
+        return events
+    if api == "gemini":
+        events = [sse({"candidates": [{"content": {"role": "model", "parts": [{"text": p}]}, "index": 0}],
+                       "usageMetadata": gemini_usage(reply, 0) if "usage" in reply else None})
+                  for p in pieces[:-1]]
+        if "error_event" in reply:
+            events.append(sse({"error": {"code": 503, "message": reply["error_event"], "status": "UNAVAILABLE"}}))
+            return events
+        last = {"candidates": [{"content": {"role": "model", "parts": [{"text": pieces[-1]}]},
+                                "finishReason": "STOP", "index": 0}], "modelVersion": model}
+        if "usage" in reply:
+            last["usageMetadata"] = gemini_usage(reply)
+        events.append(sse(last))
+        return events
+    events = [sse({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model,
+                   "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}) for p in pieces]
+    if "error_event" in reply:
+        events.append(sse({"error": {"message": reply["error_event"], "type": "server_error"}}))
+        return events
+    events.append(sse({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model,
+                       "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    if "usage" in reply:
+        inp, out = reply["usage"]
+        events.append(sse({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model,
+                           "choices": [], "usage": {"prompt_tokens": inp, "completion_tokens": out,
+                                                    "total_tokens": inp + out}}))
+    events.append(sse("[DONE]"))
+    return events
 
 
 def completion(reply, model):
@@ -72,6 +204,8 @@ def completion(reply, model):
     if "usage" in reply:
         inp, out = reply["usage"]
         body["usage"] = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
+        if reply.get("cache"):
+            body["usage"]["prompt_tokens_details"] = {"cached_tokens": reply["cache"][1]}
     return json.dumps(body).encode()
 
 
@@ -101,6 +235,30 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.wfile.write(body)
         self.close_connection = not keepalive
+
+    def stream(self, api, reply, model):
+        chunked = reply.get("chunked", True)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+        for i, event in enumerate(stream_events(api, reply, model)):
+            if "cut_after" in reply and i >= reply["cut_after"]:
+                self.wfile.flush()
+                return  # closed without the stream's end (nor the last chunk)
+            if reply.get("event_delay_ms"):
+                time.sleep(reply["event_delay_ms"] / 1000)
+            if chunked:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            else:
+                self.wfile.write(event)
+            self.wfile.flush()
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
 
     def do_GET(self):
         if self.path == "/_control/requests":
@@ -135,11 +293,16 @@ class Handler(BaseHTTPRequestHandler):
             "peer_port": self.client_address[1],
         }
         auth = self.headers.get("Authorization") or ""
+        token = self.headers.get("x-api-key") or self.headers.get("x-goog-api-key")
         if auth.startswith("Bearer ") and len(auth) > len("Bearer "):
-            record["argv_hits"] = argv_hits(auth[len("Bearer ") :])
+            token = auth[len("Bearer ") :]
+        if token:
+            record["argv_hits"] = argv_hits(token)
         with LOCK:
             STATE["requests"].append(record)
             reply = STATE["replies"].pop(0) if STATE["replies"] else None
+        if reply is None and DEFAULT_REPLY is not None:
+            reply = {"content": DEFAULT_REPLY, "usage": [10, 5]}
         if reply is None:
             self.send(400, b'{"error": {"message": "fake_openai: no scripted reply left"}}')
             return
@@ -148,13 +311,33 @@ class Handler(BaseHTTPRequestHandler):
         if reply.get("hangup"):
             self.close_connection = True
             return
+        if "raw" in reply:
+            self.close_connection = True
+            try:
+                self.wfile.write(reply["raw"].encode("latin-1"))
+                for _ in range(reply.get("raw_repeat", 0)):
+                    self.wfile.write(reply["raw_tail"].encode("latin-1"))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up, as it should
+            return
+        api = api_of(self.path)
         model = parsed.get("model", "?") if isinstance(parsed, dict) else "?"
+        if api == "gemini":
+            model = self.path.split("/models/")[-1].split(":")[0]
+        streaming = (":streamGenerateContent" in self.path
+                     or (isinstance(parsed, dict) and parsed.get("stream") is True))
+        if streaming and "body" not in reply and "json" not in reply and reply.get("status", 200) == 200:
+            try:
+                self.stream(api, reply, model)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped reading
+            return
         if "body" in reply:
             body = reply["body"].encode()
         elif "json" in reply:
             body = json.dumps(reply["json"]).encode()
         else:
-            body = completion(reply, model)
+            body = whole_body(api, reply, model)
         try:
             self.send(reply.get("status", 200), body, reply.get("headers"), reply.get("chunked", False),
                       reply.get("keepalive", False))
@@ -169,6 +352,15 @@ def watch_parent(parent):
 
 
 def main():
+    global DEFAULT_REPLY
+    args = sys.argv[1:]
+    if len(args) >= 2 and args[0] == "--reply":
+        DEFAULT_REPLY = args[1]
+        args = args[2:]
+    sys.argv[1:] = args
+    # A batch's calls connect together: a backlog of 5 (socketserver's
+    # default) would drop SYNs and stall them a second.
+    ThreadingHTTPServer.request_queue_size = 256
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     if len(sys.argv) == 4 and sys.argv[1] == "--tls":

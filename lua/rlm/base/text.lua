@@ -119,6 +119,11 @@ end
 local utf8_prefix = core.utf8_prefix or lua_utf8_prefix
 M.utf8_prefix = utf8_prefix
 
+-- utf8_str_size(s) -> bytes, chars: what Python's str of s holds (PEP 393:
+-- 1, 2 or 4 bytes a character; a surrogate for each byte that is not
+-- UTF-8), and its characters. rlm.core's only (the session's checks).
+M.utf8_str_size = core.utf8_str_size
+
 function M.utf8_len(s)
   if core.utf8_prefix then
     return select(2, core.utf8_prefix(s, 2 ^ 53))

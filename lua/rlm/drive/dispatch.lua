@@ -56,7 +56,7 @@ local function argument(ev)
 end
 
 -- The callback with its second argument, info = { depth =, model = }: the
--- session's depth and llm_query's model= hint. Under an adapter the second
+-- session's depth and llm_query's model= hint (and a root call's delta). Under an adapter the second
 -- argument was done(text[, usage]); info is then callable and does what
 -- done does, so fn(arg, done) callbacks work as before. A Lua closure, so
 -- that a yield inside fn passes through it on every Lua.
@@ -66,9 +66,29 @@ local callable_info = { __call = function(info, ...)
   return dones[info](...)
 end }
 
-local function with_info(fn, ev)
+-- A root call's info.delta(text): a piece of the reply as it comes, emitted
+-- as a root_delta event by the session that asked. It returns false once
+-- the reply is no longer wanted (answered, given up, the session closed or
+-- failed: a raising on_event fails it), and the client may stop reading.
+local function delta_of(s, ev)
+  return function(text)
+    if not s.scheduler:wants(ev.id) then
+      return false
+    end
+    if type(text) ~= "string" or text == "" then
+      return true
+    end
+    local from = s.scheduler:origin(ev.id)
+    return from:_emit({ type = "root_delta", step = from.iterations, text = text }) == true
+  end
+end
+
+local function with_info(fn, ev, s)
   return function(arg, done)
     local info = { depth = ev.depth or 0, model = ev.model }
+    if ev.type == "root_llm" then
+      info.delta = delta_of(s, ev)
+    end
     if done then
       dones[info] = done
       setmetatable(info, callable_info)
@@ -87,22 +107,28 @@ local function answer(s, ev, start)
     for _, r in ipairs(s.scheduler:batch_rest(ev)) do
       reqs[#reqs + 1], prompts[#prompts + 1] = r, r.prompt
     end
-    -- A list of answers in order; a slot that is not a string is that
-    -- sub-call's error; a raise fails every slot.
-    return start(with_info(o.llm_query_batch, ev), prompts, function(ok, answers)
+    -- A list of answers in order: a string, or { text =, usage = }, or
+    -- { error = "message" }; any other slot is that sub-call's error; a
+    -- raise fails every slot.
+    return start(with_info(o.llm_query_batch, ev, s), prompts, function(ok, answers)
       if ok and type(answers) ~= "table" then
         ok, answers = false, "llm_query_batch returned " .. type(answers) .. ", not a list"
       end
       for i, r in ipairs(reqs) do
-        if ok then
-          s:reply(r.id, answers[i])
-        else
+        local slot = ok and answers[i]
+        if not ok then
           s:reply(r.id, nil, tostring(answers))
+        elseif type(slot) == "table" and type(slot.text) == "string" then
+          s:reply(r.id, slot.text, slot.usage)
+        elseif type(slot) == "table" and type(slot.error) == "string" then
+          s:reply(r.id, nil, slot.error)
+        else
+          s:reply(r.id, slot)
         end
       end
     end)
   end
-  start(with_info(o[ev.type], ev), argument(ev), function(ok, text, usage)
+  start(with_info(o[ev.type], ev, s), argument(ev), function(ok, text, usage)
     if ok then
       s:reply(ev.id, text, usage)
     else

@@ -12,9 +12,11 @@ local M = {}
 -- json.loads runs out of recursion (about 990).
 M.MAX_CONTEXT_DEPTH = 200
 
--- Whether s is UTF-8 that Python's strict decoder takes: true, or false
--- and the position of the first bad byte (rlm.base.text, csrc/utf8.c).
-local utf8_valid = require("rlm.base.text").utf8_valid
+-- UTF-8 (rlm.base.text, csrc/utf8.c): whether s is what Python's strict
+-- decoder takes (true, or false and the position of the first bad byte),
+-- and what its str holds.
+local textlib = require("rlm.base.text")
+local utf8_valid = textlib.utf8_valid
 
 local function path_to(path, k)
   if type(k) == "string" and k:match("^[%a_][%w_]*$") then
@@ -54,6 +56,41 @@ local function context_problem(v, path, depth)
     end
   end
   return nil
+end
+
+-- The fewest bytes of the sandbox's memory the context takes once the
+-- driver holds it as Python objects: a floor, so that a context refused for
+-- it could never have loaded (bench/context_fit.lua measures the real need
+-- beside it). A text context is one str, its characters' storage counted
+-- exactly by rlm.core (1, 2 or 4 bytes each, by the widest: PEP 393); the
+-- interpreter, the objects' headers and the load's copies come on top. A
+-- JSON table: its strings alike, each key once (json.loads shares equal
+-- keys), none of one character (it may be a shared singleton); numbers,
+-- booleans and the containers count 0.
+local function str_floor(s)
+  local bytes, chars = textlib.utf8_str_size(s)
+  return chars > 1 and bytes or 0
+end
+
+local function floor_bytes(v, keys)
+  if type(v) == "string" then
+    return str_floor(v)
+  elseif type(v) ~= "table" then
+    return 0
+  end
+  local n = 0
+  for k, item in pairs(v) do
+    if type(k) == "string" and not keys[k] then
+      keys[k] = true
+      n = n + str_floor(k)
+    end
+    n = n + floor_bytes(item, keys)
+  end
+  return n
+end
+
+function M.context_floor_bytes(v)
+  return floor_bytes(v, {})
 end
 
 local function context(v)
@@ -234,6 +271,15 @@ function M.check(opts)
   end
   if out.max_total_cost_usd and not out.cost_usd then
     error("rlm.Session.new: option 'max_total_cost_usd' needs option 'cost_usd'", 3)
+  end
+  -- A context that cannot fit is refused here, not after a sandbox's start
+  -- and a load that ends in memory_limit (a 2 GB one ran 29 s for that).
+  local floor = out.max_rss_bytes > 0 and M.context_floor_bytes(out.context) or 0
+  if floor > out.max_rss_bytes then
+    error(("rlm.Session.new: option 'context' cannot fit option 'max_rss_bytes' (%.0f bytes): its %s "
+      .. "take at least %.0f bytes of the sandbox's memory as Python objects; raise option 'max_rss_bytes' (0 "
+      .. "turns the limit off) or give less context"):format(out.max_rss_bytes, type(out.context) == "string"
+      and ("%.0f bytes"):format(#out.context) or "strings", floor), 3)
   end
   out.tmpdir = out.tmpdir or os.getenv("TMPDIR") or "/tmp"
   out.allowed_modules = out.allowed_modules or {}

@@ -126,6 +126,18 @@ function Scheduler:wants(id)
   return self.pending[id] ~= nil and (not route or route.child.scheduler:wants(route.id))
 end
 
+-- The session that asked for request id: this one, or (a request passed
+-- on from a child) the child that asked, through the routes.
+function Scheduler:origin(id)
+  local scheduler = self
+  local route = scheduler.routes[id]
+  while route do
+    scheduler, id = route.child.scheduler, route.id
+    route = scheduler.routes[id]
+  end
+  return scheduler.session
+end
+
 -- The next event for the outside, leaving out the requests of children
 -- that ended before they were handed out.
 function Scheduler:next_out()

@@ -101,12 +101,14 @@ function M.prepare(opts, context_data, wait, owner)
   end
   local bwrap = core.find_program(opts.bwrap)
   if not bwrap then
-    return unavailable(("bubblewrap (%q) was not found; the REPL never runs unsandboxed")
+    return unavailable(("bubblewrap (%q) was not found; the REPL never runs unsandboxed: install bubblewrap"
+      .. " 0.8 or later (Debian and Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)")
       :format(opts.bwrap))
   end
   local python = core.find_program(opts.python)
   if not python then
-    return unavailable(("the interpreter %q was not found"):format(opts.python))
+    return unavailable(("the interpreter %q was not found (Debian and Ubuntu: apt-get install python3)")
+      :format(opts.python))
   end
   local driver_py, ferr = probe.find_file("repl_driver.py")
   if not driver_py then

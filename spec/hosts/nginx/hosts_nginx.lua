@@ -252,21 +252,32 @@ function M.transport()
 end
 
 -- From the log phase: a session in the adapter's callback form, its models
--- rlm.llm.openai over the cosocket transport at ?url=BASE; the answer lands
--- in the shared dict under ?key=.
+-- rlm.llm.<?provider> (openai by default) over the cosocket transport at
+-- ?url=BASE, streaming its root calls with ?stream=1; the answer lands in
+-- the shared dict under ?key= (with " deltas=N" when streaming: the
+-- root_delta events that came).
 function M.transport_session()
   local transport = require("rlm.llm.transport.resty")
-  local models = require("rlm.llm.openai").new({
+  local provider = ngx.var.arg_provider or "openai"
+  local stream = ngx.var.arg_stream == "1"
+  local models = require("rlm.llm." .. provider).new({
     base_url = ngx.unescape_uri(ngx.var.arg_url or ""),
     model = "root-model",
     sub_model = "sub-model",
+    stream = stream,
     transport = transport.new({ resolve = { localhost = "127.0.0.1" } }),
     sleep = transport.sleep,
   })
   local key = ngx.var.arg_key
+  local deltas = 0
   resty.run({ context = "ERROR a\nok\nERROR b\n", tmpdir = tmpdir,
-    root_llm = models.root_llm, llm_query = models.llm_query }, function(err, result)
-    ngx.shared.rlm_results:set(key, result and result.answer or ("error: " .. tostring(err)))
+    root_llm = models.root_llm, llm_query = models.llm_query, on_event = function(ev)
+      if ev.type == "root_delta" then
+        deltas = deltas + 1
+      end
+    end }, function(err, result)
+    local answer = result and result.answer or ("error: " .. tostring(err))
+    ngx.shared.rlm_results:set(key, answer .. (stream and (" deltas=" .. deltas) or ""))
   end)
 end
 

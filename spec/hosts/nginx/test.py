@@ -599,6 +599,36 @@ def case_transport(srv):
             fake.stop()
 
 
+def case_providers(srv):
+    """rlm.llm.anthropic and rlm.llm.gemini over the cosocket transport, their
+    root calls streamed: a session in the callback form answers, each
+    provider's requests in its API's shape, the root model's text coming as
+    root_delta events, a 429 waited out."""
+    fake = Fake()
+    try:
+        for provider, base, path in (("anthropic", "http://127.0.0.1:%d" % fake.port, "/v1/messages"),
+                                     ("gemini", "http://127.0.0.1:%d/v1beta" % fake.port,
+                                      "/v1beta/models/root-model:streamGenerateContent?alt=sse")):
+            code = "```repl\nr = llm_query('say hi')\nFINAL(r + ' from ' + context.split()[0])\n```"
+            fake.script([
+                {"content": code, "pieces": [code[:9], code[9:30], code[30:]], "usage": [100, 20],
+                 "event_delay_ms": 20},
+                {"status": 429, "headers": {"retry-after-ms": "100"}, "json": {"error": {"message": "slow down"}}},
+                {"content": "hi", "usage": [5, 1]},
+            ])
+            key = "providers_" + provider
+            srv.get("/transport_timer?key=%s&provider=%s&stream=1&url=%s" % (
+                key, provider, urllib.parse.quote(base, safe="")))
+            got = wait_result(srv, key)
+            reqs = fake.requests()
+            paths = [r["path"] for r in reqs]
+            report(got == "hi from ERROR deltas=3" and len(reqs) == 3 and paths[0] == path,
+                   "rlm.llm.%s over the cosocket transport: a session answers, its root call streamed "
+                   "as root_delta events, a 429 waited out" % provider, "%r; paths %s" % (got, paths))
+    finally:
+        fake.stop()
+
+
 EXAMPLE = os.path.join(ROOT, "examples", "openresty")
 SECRET = "sk-rlm-hosts-%d" % os.getpid()
 
@@ -690,7 +720,7 @@ def main():
     print("# the worker's LuaJIT: " + srv.get("/luajit")[1].strip(), flush=True)
     try:
         for case in (case_session, case_concurrent, case_tools, case_phases, case_abort, case_unread_body, case_cancel,
-                     case_transport, case_reload):
+                     case_transport, case_providers, case_reload):
             try:
                 case(srv)
             except Exception as e:  # a case that broke is a failure, the others still run

@@ -371,6 +371,72 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
+-- 4c. The plugin with provider = "anthropic" and "gemini", stream = true:
+-- rlm.llm.anthropic and rlm.llm.gemini over curl, each request in its API's
+-- shape with the key in its header (curl's stdin, never its argv), the root
+-- model's text coming as root_delta events (curl -N), a 429 waited out.
+for _, p in ipairs({
+  { provider = "anthropic", env = "ANTHROPIC_API_KEY", header = "x-api-key", base = "",
+    path = "/v1/messages" },
+  { provider = "gemini", env = "GEMINI_API_KEY", header = "x-goog-api-key", base = "/v1beta",
+    path = "/v1beta/models/root-model:streamGenerateContent?alt=sse" },
+}) do
+  cases[#cases + 1] = function(next_case)
+    local plugin = require("rlm_ask")
+    local name = (":RlmAsk with provider = %q, streamed, over curl"):format(p.provider)
+    with_stand_in(name, next_case, function(base, server)
+      local function control(path, body)
+        local argv = { "curl", "-sS", base .. path }
+        if body then
+          vim.list_extend(argv, { "--data-binary", vim.json.encode(body) })
+        end
+        return vim.json.decode(vim.fn.system(argv))
+      end
+      local code = fence("r = llm_query('shout: ' + context.split()[0])\nFINAL(r)")
+      control("/_control/script", { replies = {
+        { content = code, pieces = { code:sub(1, 10), code:sub(11, 30), code:sub(31) }, usage = { 50, 10 },
+          event_delay_ms = 20 },
+        { status = 429, headers = { ["retry-after-ms"] = "200" }, json = { error = { message = "slow down" } } },
+        { content = "HELLO", usage = { 5, 1 } },
+      } })
+      local secret = "sk-rlm-nvim-" .. p.provider .. "-" .. my_pid
+      vim.env[p.env] = secret
+      vim.env.RLM_ROOT_MODEL, vim.env.RLM_SUB_MODEL = "root-model", "sub-model"
+      local deltas = {}
+      plugin.last_answer, plugin.last_error = nil, nil
+      plugin.setup({ provider = p.provider, stream = true, base_url = base .. p.base, tmpdir = tmpdir,
+        on_event = function(ev)
+          if ev.type == "root_delta" then
+            deltas[#deltas + 1] = ev.text
+          end
+        end })
+      vim.api.nvim_buf_set_lines(0, 0, -1, false, { "hello world" })
+      vim.cmd("RlmAsk what does it say?")
+      wait_for(function()
+        return plugin.last_answer ~= nil or plugin.last_error ~= nil
+      end, 30000, function()
+        local reqs = control("/_control/requests")
+        local keyed, leaked = #reqs == 3, false
+        for _, r in ipairs(reqs) do
+          keyed = keyed and r.headers[p.header] == secret and r.headers.authorization == nil
+          leaked = leaked or (type(r.argv_hits) == "table" and #r.argv_hits > 0)
+        end
+        vim.fn.jobstop(server)
+        vim.env[p.env] = nil
+        local usage = plugin.client and plugin.client.usage() or {}
+        report(plugin.last_answer == "HELLO" and reqs[1] and reqs[1].path == p.path and keyed and not leaked
+          and table.concat(deltas) == code and #deltas == 3 and usage.input_tokens == 55,
+          name, plugin.last_error and tostring(plugin.last_error)
+            or ("%q; first path %s; key in its header only: %s; deltas %d (%q); tokens in %s"):format(
+              tostring(plugin.last_answer), reqs[1] and reqs[1].path or "none", tostring(keyed and not leaked),
+              #deltas, table.concat(deltas), tostring(usage.input_tokens)))
+        plugin.setup({})
+        next_case()
+      end)
+    end)
+  end
+end
+
 -- 4b. :RlmCancel while the plugin's root model call is in flight (a reply
 -- the stand-in server holds for 5 s): the session ends and its curl is gone
 -- within 0.5 s, not at the reply's end.

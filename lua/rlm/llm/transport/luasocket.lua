@@ -1,5 +1,9 @@
--- rlm.llm.transport.luasocket: the blocking HTTP(S) transport for scripts
--- and the CLI. new(opts) returns a transport(request) for rlm.llm.openai.
+-- rlm.llm.transport.luasocket: the HTTP(S) transport for scripts and the
+-- CLI. new(opts) returns a transport(request) for the model clients
+-- (rlm.llm.openai, .anthropic, .gemini). A request blocks its caller, except
+-- inside gather() (rlm.llm.transport.luasocket_loop): there every wait
+-- yields to one select() over all the batch's sockets, so a batch's calls
+-- run side by side.
 --
 -- Why LuaSocket (with LuaSec for https) and not lua-curl: Debian 12's
 -- lua-curl (0.3.0) is built for Lua 5.1 and 5.2 only (`dpkg -L lua-curl`
@@ -9,14 +13,17 @@
 -- nothing, so the API key never reaches a command line. A libcurl binding in
 -- the C core would add HTTP/2 and proxies; nothing here needs them.
 --
--- Two things LuaSocket and LuaSec leave to the caller, done here: one
--- deadline for the whole request (their timeouts are per read and fixed per
--- module), and TLS host name checking (LuaSec 1.2 checks the certificate
--- chain, not that the certificate names the host).
+-- What LuaSocket and LuaSec leave to the caller, done here: one deadline
+-- for the whole request (their timeouts are per read), TLS host name
+-- checking (LuaSec 1.2 checks the certificate chain, not that the
+-- certificate names the host), and HTTP itself (socket.http neither streams
+-- a reply to its reader with its status known nor works on non-blocking
+-- sockets): the sockets are non-blocking, and every wait goes through
+-- luasocket_loop.wait; the reply is read by rlm.llm.transport.http1.
 local socket = require("socket")
-local http = require("socket.http")
-local ltn12 = require("ltn12")
 local checks = require("rlm.base.checks")
+local http1 = require("rlm.llm.transport.http1")
+local loop = require("rlm.llm.transport.luasocket_loop")
 
 local M = {}
 
@@ -73,36 +80,47 @@ function M.certificate_names_host(cert, host)
   return false
 end
 
--- A connection for socket.http whose every operation gets the time left
--- until one deadline, and that does TLS itself when tls is set.
+-- A non-blocking connection whose every wait ends by one deadline.
 local Conn = {}
 Conn.__index = Conn
 
-local function new_conn(deadline, tls)
+local function would_block(err)
+  if err == "timeout" or err == "wantread" then
+    return "r"
+  elseif err == "wantwrite" then
+    return "w"
+  end
+end
+
+function Conn:_wait(mode)
+  return loop.wait(self.sock, mode, self.deadline)
+end
+
+function Conn:connect(host, port)
   local sock, err = socket.tcp()
   if not sock then
     return nil, err
   end
-  return setmetatable({ sock = sock, deadline = deadline, tls = tls }, Conn)
-end
-
-function Conn:_arm()
-  local left = self.deadline - socket.gettime()
-  if left <= 0 then
-    return false
+  self.sock = sock
+  sock:settimeout(0)
+  local ok
+  ok, err = sock:connect(host, port)
+  if not ok and err == "timeout" then -- in progress
+    ok, err = self:_wait("w")
+    if not ok then
+      return nil, err
+    end
+    err = sock:getoption("error") -- SO_ERROR: how the connect ended
+    ok = err == nil
   end
-  self.sock:settimeout(left)
+  if not ok then
+    return nil, err
+  end
   return true
 end
 
--- socket.http sets its module-wide timeout; the deadline rules instead.
-function Conn.settimeout()
-  return 1
-end
-
-function Conn:_handshake(host)
+function Conn:handshake(host, tls)
   local ssl = require("ssl")
-  local tls = self.tls
   if not tls.context then
     local context, err = ssl.newcontext(tls.params) -- loads the CA bundle once
     if not context then
@@ -115,74 +133,76 @@ function Conn:_handshake(host)
     return nil, "TLS: " .. tostring(err)
   end
   self.sock = conn
+  conn:settimeout(0)
   conn:sni(host)
-  if not self:_arm() then
-    return nil, "timeout"
-  end
-  local ok
-  ok, err = conn:dohandshake()
-  if not ok then
-    return nil, "TLS handshake with " .. host .. ": " .. tostring(err)
+  while true do
+    local ok
+    ok, err = conn:dohandshake()
+    if ok then
+      break
+    end
+    local mode = would_block(err)
+    if not mode then
+      return nil, "TLS handshake with " .. host .. ": " .. tostring(err)
+    end
+    ok, err = self:_wait(mode)
+    if not ok then
+      return nil, err
+    end
   end
   local cert = conn:getpeercertificate()
   if not cert or not M.certificate_names_host(cert, host) then
     return nil, "TLS: the certificate of " .. host .. " does not name it"
   end
-  return 1
+  return true
 end
 
-function Conn:connect(host, port)
-  if not self:_arm() then
-    return nil, "timeout"
+function Conn:send(data)
+  local i = 1
+  while i <= #data do
+    local last, err, partial = self.sock:send(data, i)
+    if last then
+      i = last + 1
+    else
+      i = (partial or i - 1) + 1
+      local mode = would_block(err)
+      if not mode then
+        return nil, err
+      end
+      local ok, werr = self:_wait(mode == "r" and "r" or "w")
+      if not ok then
+        return nil, werr
+      end
+    end
   end
-  local ok, err = self.sock:connect(host, port)
-  if not ok then
-    return nil, err
-  end
-  if self.tls then
-    return self:_handshake(host)
-  end
-  return 1
+  return true
 end
 
-function Conn:send(...)
-  if not self:_arm() then
-    return nil, "timeout", 0
+-- Some bytes, at most n, waiting for them: the source of http1.reader.
+function Conn:receive(n)
+  while true do
+    local data, err, partial = self.sock:receive(n)
+    if data then
+      return data
+    elseif partial and partial ~= "" then
+      return partial
+    elseif err == "closed" then
+      return nil, "closed"
+    end
+    local mode = would_block(err)
+    if not mode then
+      return nil, err
+    end
+    local ok, werr = self:_wait(mode)
+    if not ok then
+      return nil, werr
+    end
   end
-  return self.sock:send(...)
-end
-
-function Conn:receive(...)
-  if not self:_arm() then
-    return nil, "timeout", ""
-  end
-  return self.sock:receive(...)
 end
 
 function Conn:close()
-  return self.sock:close()
-end
-
-function Conn:getfd()
-  return self.sock:getfd()
-end
-
-function Conn:dirty()
-  return self.sock:dirty()
-end
-
--- A sink that keeps at most max bytes.
-local function bounded_sink(chunks, max)
-  local size = 0
-  return function(chunk)
-    if chunk then
-      size = size + #chunk
-      if size > max then
-        return nil, ("the reply is longer than %d bytes"):format(max)
-      end
-      chunks[#chunks + 1] = chunk
-    end
-    return 1
+  if self.sock then
+    self.sock:close()
   end
 end
 
@@ -192,11 +212,23 @@ local SCHEMA = {
   max_body_bytes = { checks.integer(1) },
 }
 
+-- The transports new() made: the client runs their batches with gather.
+local made = setmetatable({}, { __mode = "k" })
+
+-- Whether transport is one of this module's (rlm.llm.client asks).
+function M.made(transport)
+  return made[transport] == true
+end
+
+M.gather = loop.gather
+M.sleep = loop.sleep
+
 -- new([opts]) -> transport. opts: cafile (a PEM bundle of trusted CAs;
 -- default Debian's), capath (a hashed CA directory), max_body_bytes.
 -- transport(request) -> status, body, headers (lower-case names), or nil,
 -- message when no HTTP reply came (refused, reset, timeout, TLS).
--- request = { url =, method = "POST", headers = {}, body =, timeout_ms = }.
+-- request = { url =, method = "POST", headers = {}, body =, timeout_ms =,
+-- on_chunk = }: with on_chunk, a 2xx reply's body goes to it as it comes.
 function M.new(opts)
   opts = checks.options("rlm.llm.transport.luasocket.new", opts, SCHEMA)
   local max_body = opts.max_body_bytes or M.DEFAULT_MAX_BODY_BYTES
@@ -209,38 +241,45 @@ function M.new(opts)
     capath = opts.capath,
   } }
 
-  return function(request)
-    local scheme = request.url:match("^(%a+)://")
-    scheme = scheme and scheme:lower()
-    if scheme ~= "http" and scheme ~= "https" then
-      return nil, "unsupported URL (http:// or https:// only): " .. request.url
+  local function exchange(conn, request)
+    local scheme, host, port, target = http1.parse_url(request.url or "")
+    if not scheme then
+      return nil, host
     end
-    local deadline = socket.gettime() + (request.timeout_ms or 60000) / 1000
-    local headers = { ["user-agent"] = "rlm (LuaSocket)" }
-    for k, v in pairs(request.headers or {}) do
-      headers[k:lower()] = v
+    local lines, err = http1.request_lines(request, scheme, host, port, target, "rlm (LuaSocket)",
+      { connection = "close" })
+    if not lines then
+      return nil, err
     end
-    local body = request.body
-    if body then
-      headers["content-length"] = tostring(#body)
+    local ok
+    ok, err = conn:connect(host, port)
+    if ok and scheme == "https" then
+      ok, err = conn:handshake(host, tls)
     end
-    local chunks = {}
-    local ok, status, reply_headers = http.request({
-      url = request.url,
-      method = request.method or (body and "POST" or "GET"),
-      headers = headers,
-      source = body and ltn12.source.string(body) or nil,
-      sink = bounded_sink(chunks, max_body),
-      redirect = false,
-      create = function()
-        return new_conn(deadline, scheme == "https" and tls or nil)
-      end,
-    })
+    if ok then
+      ok, err = conn:send(table.concat(lines))
+    end
     if not ok then
-      return nil, tostring(status)
+      return nil, err
     end
-    return status, table.concat(chunks), reply_headers or {}
+    local reader = http1.reader(function(n)
+      return conn:receive(n)
+    end)
+    local status, body, headers = http1.read_reply(reader, request, max_body)
+    if not status then
+      return nil, body
+    end
+    return status, body, headers
   end
+
+  local function transport(request)
+    local conn = setmetatable({ deadline = socket.gettime() + (request.timeout_ms or 60000) / 1000 }, Conn)
+    local status, body, headers = exchange(conn, request)
+    conn:close()
+    return status, body, headers
+  end
+  made[transport] = true
+  return transport
 end
 
 return M

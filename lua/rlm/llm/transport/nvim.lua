@@ -14,6 +14,7 @@
 local unpack = require("rlm.base.util").unpack
 
 local checks = require("rlm.base.checks")
+local http1 = require("rlm.llm.transport.http1")
 
 local M = {}
 
@@ -127,6 +128,13 @@ function M.new(opts)
       config[#config + 1] = "header = " .. quoted(name .. ": " .. value)
     end
     config[#config + 1] = "url = " .. quoted(request.url)
+    if request.on_chunk then
+      return suspend(function(finish)
+        M._stream(curl, request, config, body_in, cleanup, max_body, jobs, function()
+          return stopped
+        end, finish)
+      end)
+    end
     return suspend(function(finish)
       local stdout, stderr = {}, {}
       local job = vim.fn.jobstart({ curl, "-sS", "-K", "-", "-X", request.method or "POST",
@@ -173,6 +181,98 @@ function M.new(opts)
     end)
   end
   return transport, stop
+end
+
+-- A request with on_chunk (a streamed reply): curl writes the reply's head
+-- and body to its stdout as they come (-i -N), the head is read (bounded),
+-- and a 2xx body goes to on_chunk piece by piece; any other body is kept,
+-- up to max_body bytes. on_chunk's false (or nil, message) stops the job.
+function M._stream(curl, request, config, body_in, cleanup, max_body, jobs, is_stopped, finish)
+  local head, status, headers = {}, nil, nil
+  local held, parts, stderr = 0, {}, {}
+  local failed -- why the reply was given up
+  local job
+  local function take(bytes)
+    if failed or bytes == "" then
+      return
+    end
+    if not status then
+      head[#head + 1] = bytes
+      local all = table.concat(head)
+      while true do
+        local i = all:find("\r\n\r\n", 1, true)
+        if not i then
+          if #all > http1.MAX_HEAD_BYTES then
+            failed = ("a reply head longer than %d bytes"):format(http1.MAX_HEAD_BYTES)
+          end
+          head = { all }
+          return
+        end
+        local code, parsed = http1.parse_head(all:sub(1, i - 1))
+        if not code then
+          failed = parsed
+          return
+        end
+        all = all:sub(i + 4)
+        if code >= 200 then
+          status, headers, head = code, parsed, nil
+          bytes = all
+          break
+        end
+      end
+      if bytes == "" then
+        return
+      end
+    end
+    if status >= 200 and status < 300 then
+      local ok, err = request.on_chunk(bytes)
+      if not ok then
+        failed = err or "the reply's reader stopped it"
+      end
+    else
+      held = held + #bytes
+      if held > max_body then
+        failed = ("the reply is longer than %d bytes"):format(max_body)
+      else
+        parts[#parts + 1] = bytes
+      end
+    end
+    if failed and job then
+      vim.fn.jobstop(job)
+    end
+  end
+  job = vim.fn.jobstart({ curl, "-sS", "-N", "-i", "-K", "-", "-X", request.method or "POST",
+    "--data-binary", "@" .. body_in, "--max-time", ("%.3f"):format((request.timeout_ms or 300000) / 1000),
+    "--proto", "=http,https" }, {
+    -- Each call's lines: the first continues the last one of the call
+    -- before, so joined with "\n" call after call they are the bytes.
+    on_stdout = function(_, data)
+      take(table.concat(data, "\n"))
+    end,
+    on_stderr = function(_, data)
+      stderr[#stderr + 1] = table.concat(data, " ")
+    end,
+    on_exit = function(j, code)
+      jobs[j] = nil
+      cleanup()
+      if is_stopped() then
+        return finish(nil, "cancelled")
+      elseif failed then
+        return finish(nil, failed)
+      elseif code ~= 0 or not status then
+        local why = table.concat(stderr, " "):gsub("%s+$", "")
+        return finish(nil, ("curl exit %d: %s"):format(code, why ~= "" and why or "no reply"))
+      end
+      finish(status, table.concat(parts), headers)
+    end,
+  })
+  if job <= 0 then
+    cleanup()
+    return finish(nil, ("could not start %s (jobstart returned %d)"):format(curl, job))
+  end
+  jobs[job] = true
+  vim.fn.chansend(job, table.concat(config, "\n") .. "\n")
+  vim.fn.chanclose(job, "stdin")
 end
 
 -- A sleep for rlm.llm.openai's retries that yields to the editor.

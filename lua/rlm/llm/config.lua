@@ -1,9 +1,7 @@
--- The options of rlm.llm.openai.new: their checks, defaults and the check
--- of a whole cfg. Split from lua/rlm/llm/openai.lua, the client itself;
--- see docs/llm.md.
+-- The options every model client takes (rlm.llm.openai, rlm.llm.anthropic,
+-- rlm.llm.gemini): their checks and defaults, and the check of a whole cfg
+-- against them plus a provider's own. See docs/llm.md.
 local M = {}
-
-local NAME = "rlm.llm.openai"
 
 local checks = require("rlm.base.checks")
 local callable, integer, non_empty_string = checks.callable, checks.integer, checks.non_empty_string
@@ -19,7 +17,8 @@ local function env_name(v)
     "the NAME of an environment variable (letters, digits, _) that holds the key, not the key"
 end
 
-local function number_in(lo, hi)
+-- A number from lo to hi: a provider's temperature range.
+function M.number_in(lo, hi)
   return function(v)
     return type(v) == "number" and v >= lo and v <= hi, ("a number from %s to %s"):format(lo, hi)
   end
@@ -37,10 +36,14 @@ local function string_map(v)
   return true
 end
 
-local PRICE_FIELDS = { input_per_mtok = true, output_per_mtok = true }
+-- Per million tokens: input and output always; cached input read and
+-- written (prompt caching) when the provider bills them apart.
+M.PRICE_FIELDS = { input_per_mtok = true, output_per_mtok = true, cache_read_per_mtok = false,
+  cache_write_per_mtok = false }
 
 local function price_table(v)
-  local want = "a table of model names to { input_per_mtok = n, output_per_mtok = n }"
+  local want = "a table of model names to { input_per_mtok = n, output_per_mtok = n[, cache_read_per_mtok = n, "
+    .. "cache_write_per_mtok = n] }"
   if type(v) ~= "table" then
     return false, want
   end
@@ -49,13 +52,13 @@ local function price_table(v)
       return false, want
     end
     for field in pairs(p) do
-      if not PRICE_FIELDS[field] then
+      if M.PRICE_FIELDS[field] == nil then
         return false, ("%s (prices[%q] has unknown field '%s')"):format(want, model, tostring(field))
       end
     end
-    for field in pairs(PRICE_FIELDS) do
+    for field, required in pairs(M.PRICE_FIELDS) do
       local n = p[field]
-      if type(n) ~= "number" or n < 0 or n >= math.huge then
+      if (required or n ~= nil) and (type(n) ~= "number" or n < 0 or n >= math.huge) then
         return false, ("%s (prices[%q].%s must be a number >= 0)"):format(want, model, field)
       end
     end
@@ -81,33 +84,59 @@ local function model_choice(v)
   return true
 end
 
--- name = { check, default }; no default means optional.
-local schema = {
+-- The common rows: name = { check, default, required = }; no default
+-- means optional. A provider's own rows (and its base_url default, its
+-- temperature range, its max_tokens default) come on top: see M.schema.
+local COMMON = {
   base_url = { base_url, required = true },
   model = { model_choice, required = true },
   sub_model = { model_choice },
   api_key_env = { env_name, secret = true },
-  temperature = { number_in(0, 2) },
+  temperature = { M.number_in(0, 2) },
   max_tokens = { integer(1) },
   timeout_ms = { positive_number, 300000 },
   retries = { integer(0), 2 },
   retry_base_ms = { non_negative_number, 500 },
   retry_max_ms = { non_negative_number, 60000 },
+  jitter = { checks.boolean, true },
+  random = { callable },
   prices = { price_table },
   headers = { string_map },
   transport = { callable },
   sleep = { callable },
+  gather = { callable },
+  stream = { checks.boolean, false },
 }
 
--- The option names, sorted (rlm.llm.openai.options).
-local names = checks.names(schema)
-M.names = names
+-- The schema of a provider: the common rows with its changes. spec = {
+-- base_url = "default URL" (else it is required), temperature = { lo, hi },
+-- max_tokens = default, options = { name = rule } }.
+function M.schema(spec)
+  local schema = {}
+  for k, rule in pairs(COMMON) do
+    schema[k] = rule
+  end
+  if spec.base_url then
+    schema.base_url = { base_url, spec.base_url }
+  end
+  if spec.temperature then
+    schema.temperature = { M.number_in(spec.temperature[1], spec.temperature[2]) }
+  end
+  if spec.max_tokens then
+    schema.max_tokens = { integer(1), spec.max_tokens }
+  end
+  for k, rule in pairs(spec.options or {}) do
+    schema[k] = rule
+  end
+  return schema
+end
 
--- cfg checked, with the defaults filled in; a raise that names the
--- option otherwise, at the level of new's caller. A wrong api_key_env may
--- be the key itself: its rule is secret, never echoed.
-function M.check(cfg)
-  return checks.options(NAME .. ".new", cfg, schema, names, 3)
+-- cfg checked against schema, with the defaults filled in; a raise that
+-- names the option otherwise, at the level of the provider's new()'s
+-- caller (new -> rlm.llm.client.new -> here). A wrong api_key_env may be
+-- the key itself: its rule is secret, never echoed.
+function M.check(where, cfg, schema, names)
+  return checks.options(where, cfg, schema, names, 4)
 end
 
 return M
