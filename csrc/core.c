@@ -107,6 +107,16 @@ static int core_utf8_prefix(lua_State *L) {
   return 2;
 }
 
+/* core.utf8_valid(s) -> bytes: the length of the longest prefix of s that
+ * is valid UTF-8 (#s when all of it is), as rlm_utf8_valid reads it: what
+ * Python's strict decoder takes. */
+static int core_utf8_valid(lua_State *L) {
+  size_t len;
+  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  lua_pushinteger(L, (lua_Integer)rlm_utf8_valid(s, len));
+  return 1;
+}
+
 /* core.utf8_clean(s) -> string: s as valid UTF-8, each byte that is not
  * part of a valid sequence replaced by U+FFFD; s itself when it is valid.
  * One pass, so the log's repair is linear in #s (at most 3 * #s out). */
@@ -167,6 +177,7 @@ static const luaL_Reg core_functions[] = {
     {"utf8_prefix", core_utf8_prefix},
     {"utf8_str_size", core_utf8_str_size},
     {"utf8_clean", core_utf8_clean},
+    {"utf8_valid", core_utf8_valid},
     {"plant_canaries", core_plant_canaries},
     {NULL, NULL},
 };

@@ -68,7 +68,7 @@ describe("Session.new", function()
 
   it("starts nothing until run or step", function()
     local s = rlm.Session.new(base())
-    assert.is_nil(s.driver)
+    assert.is_nil(s.sandbox.driver)
     s:close()
   end)
 end)

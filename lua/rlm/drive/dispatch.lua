@@ -6,7 +6,6 @@
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
 local errors = require("rlm.base.errors")
 local tools = require("rlm.engine.tools")
-local util = require("rlm.base.util")
 
 local M = {}
 
@@ -67,30 +66,19 @@ local callable_info = { __call = function(info, ...)
   return dones[info](...)
 end }
 
--- The session that asked for request id of s: a nested session's requests
--- come out through its parents' (their routes).
-local function origin(s, id)
-  local route = s.routes[id]
-  while route do
-    s, id = route.child, route.id
-    route = s.routes[id]
-  end
-  return s
-end
-
 -- A root call's info.delta(text): a piece of the reply as it comes, emitted
 -- as a root_delta event by the session that asked. It returns false once
 -- the reply is no longer wanted (answered, given up, the session closed or
 -- failed: a raising on_event fails it), and the client may stop reading.
 local function delta_of(s, ev)
   return function(text)
-    if not s:_wants(ev.id) then
+    if not s.scheduler:wants(ev.id) then
       return false
     end
     if type(text) ~= "string" or text == "" then
       return true
     end
-    local from = origin(s, ev.id)
+    local from = s.scheduler:origin(ev.id)
     return from:_emit({ type = "root_delta", step = from.iterations, text = text }) == true
   end
 end
@@ -116,7 +104,7 @@ local function answer(s, ev, start)
   local o = s.opts
   if ev.type == "llm_query" and ev.batch_id and o.llm_query_batch then
     local reqs, prompts = { ev }, { ev.prompt }
-    for _, r in ipairs(s:_batch_rest(ev)) do
+    for _, r in ipairs(s.scheduler:batch_rest(ev)) do
       reqs[#reqs + 1], prompts[#prompts + 1] = r, r.prompt
     end
     -- A list of answers in order: a string, or { text =, usage = }, or
@@ -149,24 +137,14 @@ local function answer(s, ev, start)
   end)
 end
 
--- Runs the llm_query callback for request req now (rlm.blocking's
--- util.call_now), and returns the reply record that s:reply() would have
--- put in the inbox.
-function M.answer_now(s, req)
-  local ok, text, usage = util.call_now(s.opts.llm_query, req.prompt, { depth = req.depth or 0, model = req.model })
-  if not ok then
-    return { request = req, failed = true, message = text }
-  end
-  return { request = req, text = text, usage = usage }
-end
-
 -- Starts the callback for each request waiting in s's outbox, in order, as
 -- next() does once poll() hands them out; an event that is not a request
 -- stays first in the outbox, for poll(). The engine calls this itself under
 -- run() and step() (rlm.engine's _idle).
 function M.answer_out(s, start)
-  while s.outbox[1] do
-    local ev = s:_next_out()
+  local scheduler = s.scheduler
+  while scheduler:has_out() do
+    local ev = scheduler:next_out()
     if not ev then
       return
     end
@@ -175,7 +153,7 @@ function M.answer_out(s, start)
     elseif ev.type == "tool_call" then
       tools.start(s, ev, start)
     else
-      table.insert(s.outbox, 1, ev)
+      scheduler:put_back(ev)
       return
     end
   end

@@ -104,12 +104,12 @@ end
 -- but the final lines.
 function S:_last_chance()
   self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
-  self.clock:arm_root(self.driver)
+  self.clock:arm_root(self.sandbox.driver)
   local response, err = self:_call_root(self.messages)
   if not response then
     return nil, err
   end
-  self.clock:arm_step(self.driver)
+  self.clock:arm_step(self.sandbox.driver)
   local reply = reply_parser.parse(response)
   local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
   local final
@@ -125,7 +125,7 @@ function S:_last_chance()
   if not final and reply.text ~= "" then
     final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
   end
-  self.clock:disarm(self.driver)
+  self.clock:disarm(self.sandbox.driver)
   entry.final = final
   local checked
   checked, err = self:_check_answer(entry, "") -- rlm.answer

@@ -1,5 +1,4 @@
 -- Option checking for Session.new. Misuse raises, naming the option.
-local core = require("rlm.core")
 local checks = require("rlm.base.checks")
 local integer, non_negative_number = checks.integer, checks.non_negative_number
 local milliseconds, callable, string_ = checks.milliseconds, checks.callable, checks.string
@@ -13,39 +12,11 @@ local M = {}
 -- json.loads runs out of recursion (about 990).
 M.MAX_CONTEXT_DEPTH = 200
 
--- Whether s is UTF-8 that Python's strict decoder takes: no stray
--- continuation byte, no overlong form, no surrogate, nothing past U+10FFFF.
--- Returns true, or false and the position of the first bad byte.
-local function utf8_valid(s)
-  local i = 1
-  while true do
-    i = s:find("[\128-\255]", i)
-    if not i then
-      return true
-    end
-    -- n continuation bytes; the first in lo..hi, the others in 80..BF.
-    local c = s:byte(i)
-    local n, lo, hi
-    if c >= 0xC2 and c <= 0xDF then
-      n, lo, hi = 1, 0x80, 0xBF
-    elseif c >= 0xE0 and c <= 0xEF then
-      n, lo, hi = 2, c == 0xE0 and 0xA0 or 0x80, c == 0xED and 0x9F or 0xBF
-    elseif c >= 0xF0 and c <= 0xF4 then
-      n, lo, hi = 3, c == 0xF0 and 0x90 or 0x80, c == 0xF4 and 0x8F or 0xBF
-    else
-      return false, i
-    end
-    for j = 1, n do
-      local b = s:byte(i + j)
-      if not b or b < lo or b > hi then
-        return false, i
-      end
-      lo, hi = 0x80, 0xBF
-    end
-    i = i + n + 1
-  end
-end
-M.utf8_valid = utf8_valid
+-- UTF-8 (rlm.base.text, csrc/utf8.c): whether s is what Python's strict
+-- decoder takes (true, or false and the position of the first bad byte),
+-- and what its str holds.
+local textlib = require("rlm.base.text")
+local utf8_valid = textlib.utf8_valid
 
 local function path_to(path, k)
   if type(k) == "string" and k:match("^[%a_][%w_]*$") then
@@ -97,7 +68,7 @@ end
 -- keys), none of one character (it may be a shared singleton); numbers,
 -- booleans and the containers count 0.
 local function str_floor(s)
-  local bytes, chars = core.utf8_str_size(s)
+  local bytes, chars = textlib.utf8_str_size(s)
   return chars > 1 and bytes or 0
 end
 
@@ -257,7 +228,7 @@ local schema = {
   answer_schema = { require("rlm.engine.answer").check_schema },
   fallback = { boolean, true },
   pool = { function(v)
-    return getmetatable(v) == require("rlm.engine.pool"), "an rlm.Pool"
+    return getmetatable(v) == require("rlm.sandbox.pool"), "an rlm.Pool"
   end },
   sandbox = { sandbox_rule },
 }

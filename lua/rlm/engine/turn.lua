@@ -16,32 +16,33 @@ local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, r
 -- Runs one block of code; answers the driver's calls back meanwhile.
 function M:_exec(code)
   self.next_exec_id = self.next_exec_id + 1
-  self.interrupted, self.open_call = nil, nil
+  self.interrupted = nil
+  self.scheduler:exec_started()
   local id = self.next_exec_id
-  local ok, err = self:_send({ type = "exec", id = id, code = code })
+  local ok, err = self.sandbox:send({ type = "exec", id = id, code = code })
   if not ok then
     return nil, err
   end
-  self:_remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
+  self.sandbox:remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
   while true do
     local kind, a, b, c = self:_wait(true, true)
     if kind == "query" then
-      ok, err = self:_quick_query(a, b, c)
+      ok, err = self.scheduler:lone(b, a, nil, c) -- prompt, id, busy: read in place by rlm.core
     elseif kind == "reply" then
-      ok, err = self:_sub_answer(a)
+      ok, err = self.scheduler:answer(a)
     elseif kind == "soft" then
       ok, err = self:_interrupt()
     elseif kind == "child" then
-      ok, err = self:_child_done(a, b)
+      ok, err = self.nested:done(a, b)
     else
       local msg
-      msg, err = self:_driver_message(EXEC_REPLIES, kind, a, b, c)
+      msg, err = self.sandbox:message(EXEC_REPLIES, kind, a, b, c)
       if msg and msg.type == "exec_result" then
         return self:_exec_done(msg, id)
       end
       ok = msg ~= nil
       if ok then
-        ok, err = self:_sub_query(msg)
+        ok, err = self.scheduler:query(msg)
       end
     end
     if not ok then
@@ -55,11 +56,10 @@ function M:_exec_done(msg, id)
     return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran"):format(msg.id, id))
   end
   -- A hostile driver may end an exec with calls still out.
-  self.open_slots = 0
-  self:_drop_held()
-  self:_end_children()
-  if not self.children[1] and self.driver then
-    self.clock:resume(self.driver)
+  self.scheduler:exec_ended()
+  self.nested:end_all()
+  if not self.nested:running() and self.sandbox.driver then
+    self.clock:resume(self.sandbox.driver)
   end
   local limit = self.opts.stdout_truncate_chars
   msg.stdout = textlib.cut(msg.stdout, limit, false)
@@ -69,6 +69,35 @@ function M:_exec_done(msg, id)
     msg.error = (msg.error and msg.error .. "\n" or "") .. self:_interrupt_note()
   end
   return msg
+end
+
+-- What the model is told after an interrupted block.
+function M:_interrupt_note()
+  return ("[the step ran past step_timeout_ms (%.0f ms) and was interrupted: this block's changes were rolled "
+    .. "back and the rest of the turn's blocks did not run; do less per step (smaller chunks, fewer calls)]")
+    :format(self.opts.step_timeout_ms)
+end
+
+-- The step ran out of time: SIGINT to the driver (a KeyboardInterrupt in
+-- the code), the call it waits on answered with `interrupted`, and any call
+-- it makes from now on too; the sandbox dies at the hard deadline unless
+-- the exec ends first.
+function M:_interrupt()
+  self.interrupted = true
+  self.scheduler:drop_held()
+  self.nested:end_all()
+  self.clock:interrupted(self.sandbox.driver)
+  self.sandbox.driver:interrupt()
+  local ok, err = self:_emit({ type = "interrupt", step = self.iterations,
+    timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
+  if not ok then
+    return nil, err
+  end
+  local answer = self.scheduler:interrupt_open()
+  if answer then
+    return self.sandbox:send(answer)
+  end
+  return true
 end
 
 -- Asks the root model (through poll/reply) and waits for its answer. The
@@ -82,12 +111,12 @@ function M:_call_root(messages)
   -- The conversation itself, not a copy: it is only appended to, so a
   -- step costs the same at step 2,000 as at step 10 (docs/api.md: read it,
   -- do not modify it; copy what you keep).
-  local req = self:_request({ type = "root_llm", messages = messages, depth = self.depth })
+  local req = self.scheduler:request({ type = "root_llm", messages = messages, depth = self.depth })
   while true do
     local kind, a, b, c = self:_wait(true)
     if kind ~= "reply" and kind ~= "soft" then
       local _
-      _, err = self:_driver_message({ fatal = true }, kind, a, b, c)
+      _, err = self.sandbox:message({ fatal = true }, kind, a, b, c)
       if not err then
         err = select(2, self:_error("protocol_error", "the driver spoke while the root model was asked"))
       end
@@ -95,7 +124,7 @@ function M:_call_root(messages)
     end
     if kind == "soft" then
       -- Given up: a late answer is dropped (reply() returns false).
-      self.pending[req.id] = nil
+      self.scheduler:forget(req.id)
       return nil, self:_root_failed(("root_llm did not answer within root_timeout_ms (%.0f ms)")
         :format(self.opts.root_timeout_ms), { timeout_ms = self.opts.root_timeout_ms })
     end
@@ -238,19 +267,19 @@ function M:_turn()
   if not ok then
     return nil, err
   end
-  self.clock:arm_root(self.driver)
+  self.clock:arm_root(self.sandbox.driver)
   local response
   response, err = self:_call_root(self.messages)
   if not response then
     if err.resumable then
-      self.clock:disarm(self.driver)
+      self.clock:disarm(self.sandbox.driver)
       self.iterations = self.iterations - 1 -- the turn is asked again
     end
     return nil, err
   end
-  self.clock:arm_step(self.driver)
+  self.clock:arm_step(self.sandbox.driver)
   local entry, texts = self:_act(response)
-  self:_remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
+  self.sandbox:remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
   if not entry then
     return nil, texts
   end
@@ -262,7 +291,7 @@ function M:_turn()
   if complaint ~= "" then
     texts[#texts + 1] = complaint
   end
-  self.clock:disarm(self.driver)
+  self.clock:disarm(self.sandbox.driver)
   texts[#texts + 1] = self:_status()
   ok, err = self:_record(entry, table.concat(texts, "\n\n"))
   if not ok then
@@ -272,6 +301,7 @@ function M:_turn()
 end
 
 function M:_result(final)
+  local tokens = self.tree.tokens
   return {
     answer = final.answer,
     value = final.value,
@@ -282,9 +312,9 @@ function M:_result(final)
     reason = final.reason,
     iterations = self.iterations,
     sub_calls = self.tree.sub_calls,
-    tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },
+    tokens = { input = tokens.input, output = tokens.output, total = tokens.total },
     history = self.history,
-    sandbox = self.sandbox_info,
+    sandbox = self.sandbox.info,
   }
 end
 
@@ -305,10 +335,11 @@ end
 function M:_main()
   local ev = require("rlm.engine.fallback").after(self, self:_run_turns())
   local r, e = ev.result, ev.err
+  local tokens = self.tree.tokens
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
-    sub_calls = self.tree.sub_calls, tokens = { input = self.tokens.input, output = self.tokens.output,
-      total = self.tokens.total } })
+    sub_calls = self.tree.sub_calls, tokens = { input = tokens.input, output = tokens.output,
+      total = tokens.total } })
   if not ok and not e then
     return { type = "error", err = err }
   end
@@ -317,20 +348,20 @@ end
 
 function M:_run_turns()
   if not self.parent then
-    self.tree.t0 = core.now_ms() -- max_wall_ms counts from here, over the tree
+    self.tree:start_clock() -- max_wall_ms counts from here, over the tree
   end
   if self.system_problem then
     return { type = "error", err = select(2, self:_error("callback_error", self.system_problem)) }
   end
-  if not self.started then
+  if not self.sandbox.started then
     local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
     if ok then
-      ok, err = self:_start()
+      ok, err = self.sandbox:boot()
     end
-    local info = ok and self.sandbox_info
+    local info = ok and self.sandbox.info
     if info then
-      ok, err = self:_emit({ type = "sandbox_ready", start = self.start, backend = info.backend, mode = info.mode,
-        detail = info.detail, not_promised = info.not_promised })
+      ok, err = self:_emit({ type = "sandbox_ready", start = self.sandbox.start, backend = info.backend,
+        mode = info.mode, detail = info.detail, not_promised = info.not_promised })
     end
     if not ok then
       return { type = "error", err = err }
@@ -355,12 +386,12 @@ function M:_run_turns()
     local entry, err = self:_turn()
     if not entry and err.resumable and not self.closed then
       -- Reported, not the end: polled again, the turn is asked again.
-      self.outbox[#self.outbox + 1] = { type = "error", err = err }
+      self.scheduler:post({ type = "error", err = err })
       coroutine.yield(IDLE)
     elseif not entry then
       return { type = "error", err = err }
     else
-      self.outbox[#self.outbox + 1] = { type = "step", entry = entry }
+      self.scheduler:post({ type = "step", entry = entry })
       coroutine.yield(IDLE)
     end
   end

@@ -4,16 +4,17 @@
 -- configures and tests itself while nobody reads it. Once the pool sees it
 -- has said so (at stats(), at the refill after a take, or at the close of
 -- a root session that has the pool), it runs the checks that do not
--- depend on the session (rlm.engine.start's vet: hello, cgroup, self-test
+-- depend on the session (rlm.sandbox.start's vet: hello, cgroup, self-test
 -- result, uids); the session that takes it writes and seals its context, sends
--- load_context, and runs the checks that must follow it (rlm.boot). One
--- sandbox, one session: a sandbox taken is the session's, and never comes
--- back.
+-- load_context, and runs the checks that must follow it (rlm.engine.boot).
+-- One sandbox, one session: a sandbox taken is the session's, and never
+-- comes back. A sandbox's job, through the backend's seam: the engine only
+-- takes from it, and rlm (init.lua) checks Pool.new's options with the
+-- session's (rlm.engine.options) before they reach Pool.open.
 local core = require("rlm.core")
 local backends = require("rlm.sandbox.backend")
-local options = require("rlm.engine.options")
 local protocol = require("rlm.base.protocol")
-local start = require("rlm.engine.start")
+local start = require("rlm.sandbox.start")
 
 local Pool = {}
 Pool.__index = Pool
@@ -44,11 +45,10 @@ local function blocking_wait(helper)
   end
 end
 
---- rlm.Pool.new{ size = N, <sandbox options> } -> Pool. Raises on misuse,
--- naming the option; returns nil, err when the sandbox cannot be prepared
--- (no bubblewrap, no interpreter).
-function Pool.new(opts)
-  local o, size = options.check_pool(opts, Pool.MAX_SIZE)
+--- rlm.Pool.new{ size = N, <sandbox options> } -> Pool (rlm, init.lua,
+-- checks the options and calls this with them): returns nil, err when the
+-- sandbox cannot be prepared (no bubblewrap, no interpreter).
+function Pool.open(o, size)
   local self = setmetatable({ opts = o, size = size, idle = {},
     counts = { spawned = 0, taken = 0, cold = 0, dead = 0, failed = 0 } }, Pool)
   local backend = backends.for_options(o)
