@@ -45,6 +45,7 @@ build = {
     ["rlm.engine.answer"] = "lua/rlm/engine/answer.lua",
     ["rlm.engine.boot"] = "lua/rlm/engine/boot.lua",
     ["rlm.engine.budgets"] = "lua/rlm/engine/budgets.lua",
+    ["rlm.engine.cache"] = "lua/rlm/engine/cache.lua",
     ["rlm.engine.calls"] = "lua/rlm/engine/calls.lua",
     ["rlm.engine.clock"] = "lua/rlm/engine/clock.lua",
     ["rlm.engine.fallback"] = "lua/rlm/engine/fallback.lua",

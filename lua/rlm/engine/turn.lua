@@ -313,6 +313,7 @@ function M:_result(final)
     iterations = self.iterations,
     sub_calls = self.tree.sub_calls,
     tokens = { input = tokens.input, output = tokens.output, total = tokens.total },
+    cache_hits = self.tree.cache and self.tree.cache.hits or 0,
     history = self.history,
     sandbox = self.sandbox.info,
   }
@@ -339,7 +340,7 @@ function M:_main()
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
     sub_calls = self.tree.sub_calls, tokens = { input = tokens.input, output = tokens.output,
-      total = tokens.total } })
+      total = tokens.total }, cache_hits = self.tree.cache and self.tree.cache.hits or nil })
   if not ok and not e then
     return { type = "error", err = err }
   end
