@@ -48,6 +48,7 @@ build = {
     ["rlm.engine.cache"] = "lua/rlm/engine/cache.lua",
     ["rlm.engine.calls"] = "lua/rlm/engine/calls.lua",
     ["rlm.engine.clock"] = "lua/rlm/engine/clock.lua",
+    ["rlm.engine.compact"] = "lua/rlm/engine/compact.lua",
     ["rlm.engine.fallback"] = "lua/rlm/engine/fallback.lua",
     ["rlm.engine.finals"] = "lua/rlm/engine/finals.lua",
     ["rlm.engine.handle"] = "lua/rlm/engine/handle.lua",

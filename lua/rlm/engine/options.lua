@@ -176,6 +176,15 @@ local function sandbox_rule(v)
   return type(v) == "table", "a table"
 end
 
+-- compact: a table of fields, each an option of its own ('compact.at_tokens').
+local function compact_rule(v)
+  return type(v) == "table", 'a table { at_tokens = n[, keep_turns = k][, summary = "digest" | "model"] }'
+end
+
+local function summary_kind(v)
+  return v == "digest" or v == "model", '"digest" or "model"'
+end
+
 -- sub_call_cache: true (the built-in cache), false, or the host's cache: an
 -- object with get and set methods (called as cache:get(key), so that an
 -- ngx.shared dict is one as it is); its other fields are its own.
@@ -252,6 +261,11 @@ local schema = {
     return getmetatable(v) == require("rlm.sandbox.pool"), "an rlm.Pool"
   end },
   sandbox = { sandbox_rule },
+  compact = { compact_rule, fields = {
+    at_tokens = { integer(1000, 2 ^ 40), required = true },
+    keep_turns = { integer(1, 10 ^ 6), 4 },
+    summary = { summary_kind, "digest" },
+  } },
   sub_call_cache = { sub_call_cache, false },
 }
 
