@@ -234,35 +234,52 @@ FINAL(repr(out))]]) }),
     assert.equals(2, started)
   end)
 
-  it("is shared by the nested sessions of a tree, keyed by depth", function()
-    -- Two nested sessions (depth 1) ask the same prompt: paid once. The
-    -- root asks it too, at depth 0: another key, paid once more.
-    local paid = {}
-    local root = function(messages)
-      local question = messages[2].content
-      if question:find("child", 1, true) then
-        return fence("FINAL(llm_query('shared prompt'))")
+  for _, kind in ipairs({ "the built-in cache", "a host's store" }) do
+    it("is shared by the nested sessions of a tree, keyed by depth: " .. kind, function()
+      -- Two nested sessions (depth 1) ask the same prompt: paid once. The
+      -- root asks it too, at depth 0: another key, paid once more. A host's
+      -- store is asked through the root's poll() for the nested sessions too.
+      local store = { data = {} }
+      function store:get(key)
+        return self.data[key]
       end
-      if #messages == 2 then
-        return fence("r = rlm_query_batched(['child one', 'child two'])\n"
-          .. "mine = [llm_query('shared prompt'), llm_query('shared prompt')]\nFINAL(repr(r + mine))")
+      function store:set(key, value)
+        self.data[key] = value
       end
-      return "FINAL('unexpected')"
-    end
-    local result = assert(H.run({
-      root_llm = root,
-      llm_query = function(p, info)
-        paid[#paid + 1] = info.depth
-        return ("depth %d: %s"):format(info.depth, p)
-      end,
-      max_depth = 2, sub_call_cache = true,
-    }))
-    assert.equals("['depth 1: shared prompt', 'depth 1: shared prompt', 'depth 0: shared prompt', "
-      .. "'depth 0: shared prompt']", result.answer)
-    table.sort(paid)
-    assert.same({ 0, 1 }, paid)
-    assert.equals(2, result.cache_hits)
-  end)
+      local paid = {}
+      local root = function(messages)
+        local question = messages[2].content
+        if question:find("child", 1, true) then
+          return fence("FINAL(llm_query('shared prompt'))")
+        end
+        if #messages == 2 then
+          return fence("r = rlm_query_batched(['child one', 'child two'])\n"
+            .. "mine = [llm_query('shared prompt'), llm_query('shared prompt')]\nFINAL(repr(r + mine))")
+        end
+        return "FINAL('unexpected')"
+      end
+      local result = assert(H.run({
+        root_llm = root,
+        llm_query = function(p, info)
+          paid[#paid + 1] = info.depth
+          return ("depth %d: %s"):format(info.depth, p)
+        end,
+        max_depth = 2, sub_call_cache = kind == "a host's store" and store or true,
+      }))
+      assert.equals("['depth 1: shared prompt', 'depth 1: shared prompt', 'depth 0: shared prompt', "
+        .. "'depth 0: shared prompt']", result.answer)
+      table.sort(paid)
+      assert.same({ 0, 1 }, paid)
+      assert.equals(2, result.cache_hits)
+      if kind == "a host's store" then
+        local n = 0
+        for _ in pairs(store.data) do
+          n = n + 1
+        end
+        assert.equals(2, n)
+      end
+    end)
+  end
 end)
 
 describe("a host's cache (sub_call_cache = { get =, set = })", function()
