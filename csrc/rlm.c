@@ -16,6 +16,7 @@
 #include "plan.c"
 #include "sandbox.c"
 #include "seccomp.c"
+#include "sha256.c"
 #include "smallfile.c"
 #include "spawn.c"
 #include "uid.c"

@@ -226,6 +226,7 @@ describe("the session's objects", function()
     Scheduler = { file = "rlm/engine/subcalls.lua" },
     Nested = { file = "rlm/engine/nested.lua" },
     Handle = { file = "rlm/engine/handle.lua" },
+    Cache = { file = "rlm/engine/cache.lua" },
   }
   -- The files whose `self` is not a Session, and the class it is (false:
   -- no class of the session's; their fields are their own business).
@@ -234,6 +235,7 @@ describe("the session's objects", function()
     ["rlm/engine/subcalls.lua"] = "Scheduler", ["rlm/engine/calls.lua"] = "Scheduler",
     ["rlm/engine/nested.lua"] = "Nested",
     ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
+    ["rlm/engine/cache.lua"] = "Cache",
     ["rlm/engine/options.lua"] = false,
     ["rlm/engine/prompt.lua"] = false, ["rlm/engine/reply.lua"] = false,
   }

@@ -66,6 +66,7 @@ function Session:follow_up(question)
     { role = "user", content = prompt.follow_up(self.asked, question, SUMMARY_ANSWER_CHARS) },
   }
   self.final, self.terminal, self.turns_over = nil, nil, nil
+  self.compaction, self.root_sent = nil, nil -- a new conversation: nothing of it compacted yet
   self.turn_base = self.iterations
 end
 

@@ -4,6 +4,7 @@
 -- run. How a callback is started (at once, in a coroutine of its own, in a
 -- light thread) and how the host waits between polls is the host's: see
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
+local cache = require("rlm.engine.cache")
 local errors = require("rlm.base.errors")
 local tools = require("rlm.engine.tools")
 
@@ -152,6 +153,8 @@ function M.answer_out(s, start)
       answer(s, ev, start)
     elseif ev.type == "tool_call" then
       tools.start(s, ev, start)
+    elseif ev.type == "cache_get" or ev.type == "cache_set" then
+      cache.start(s, ev, start)
     else
       scheduler:put_back(ev)
       return
@@ -171,6 +174,8 @@ function M.next(s, start, stop)
       answer(s, ev, start)
     elseif ev.type == "tool_call" then
       tools.start(s, ev, start)
+    elseif ev.type == "cache_get" or ev.type == "cache_set" then
+      cache.start(s, ev, start)
     elseif ev.type == "done" or ev.type == "error" or ev.type == stop then
       return ev
     end

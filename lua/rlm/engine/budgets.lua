@@ -4,7 +4,9 @@
 -- flight (max_concurrent_sub_calls, over the whole tree, whoever drives it)
 -- and the room for nested sessions' sandboxes (max_live_sandboxes). The
 -- budget options are the same in every session of a tree: a nested session
--- copies its parent's.
+-- copies its parent's. And the tree's sub-call cache (rlm.engine.cache),
+-- which a hit answers without spending any of them.
+local cache = require("rlm.engine.cache")
 local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local util = require("rlm.base.util")
@@ -20,6 +22,7 @@ local util = require("rlm.base.util")
 ---@field in_flight integer sub-calls handed out and not yet answered
 ---@field held table { scheduler =, req = }: past max_concurrent_sub_calls, not yet handed out
 ---@field live_children integer nested sessions made and not yet closed
+---@field cache Cache|nil the sub-call cache the tree shares (option sub_call_cache), or nil
 local Budgets = {}
 Budgets.__index = Budgets
 
@@ -36,6 +39,7 @@ function M.new(opts)
     in_flight = 0,
     held = {},
     live_children = 0,
+    cache = cache.new(opts.sub_call_cache),
   }, Budgets)
 end
 

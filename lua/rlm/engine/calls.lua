@@ -2,7 +2,9 @@
 -- (rlm.engine.subcalls mixes them in: its queues are that file's job, the
 -- calls this one's): llm_query, llm_query_batched, rlm_query and
 -- rlm_query_batched, their checks against the budgets, how each goes out,
--- and the answers back to the driver. (A tool_call: rlm.engine.tools.)
+-- and the answers back to the driver, through the tree's sub-call cache
+-- when there is one. (A tool_call: rlm.engine.tools.)
+local cachelib = require("rlm.engine.cache")
 local core = require("rlm.core")
 local textlib = require("rlm.base.text")
 local tools = require("rlm.engine.tools")
@@ -16,7 +18,7 @@ local MAX_CAUSE_CHARS = 500
 -- The calls one message of the code asks for: { {prompt=, context=,
 -- format=} or a prompt string, ... }, whether it is a batch, and whether they are nested
 -- sessions. Past max_depth a nested session is one sub-model call that reads
--- the prompt and the context.
+-- the prompt and the context (marked rlm: not cached, as rlm_query is not).
 function M:calls_of(msg)
   local calls, batch = { msg }, msg.type == "llm_batch" or msg.type == "rlm_batch"
   if msg.type == "llm_batch" then
@@ -27,7 +29,7 @@ function M:calls_of(msg)
   local nested = msg.type == "rlm_query" or msg.type == "rlm_batch"
   if nested and self.session.depth + 1 >= self.opts.max_depth then
     for i, c in ipairs(calls) do
-      calls[i] = { prompt = c.context and (c.prompt .. "\n\n" .. c.context) or c.prompt }
+      calls[i] = { prompt = c.context and (c.prompt .. "\n\n" .. c.context) or c.prompt, rlm = true }
     end
     nested = false
   end
@@ -103,11 +105,17 @@ function M:query(msg)
   local calls, batch, nested = self:calls_of(msg)
   local ok, err, batch_id
   local n = #calls
+  -- With the cache, each call of an llm_query_batched is looked up first
+  -- and, when it misses, checked against the budgets on its own (call): a
+  -- hit spends nothing, so a batch past a budget may still be answered.
+  local cached = tree.cache ~= nil and kind == "llm_batch"
   self:open(msg.id, n, nil)
   if batch then
-    ok, err = s:_check_budget()
-    if not ok then
-      return nil, err
+    if not cached then
+      ok, err = s:_check_budget()
+      if not ok then
+        return nil, err
+      end
     end
     batch_id = tree:count_batch()
   end
@@ -116,7 +124,7 @@ function M:query(msg)
       c = { prompt = c }
     end
     local slot = batch and i or nil
-    if batch and tree:sub_calls_spent() then
+    if batch and not cached and tree:sub_calls_spent() then
       -- The rest of the batch is past the budget: one error for all of its
       -- slots, so what the host does stays bounded by the sub-calls left.
       self.open_slots = self.open_slots - (n - i)
@@ -139,18 +147,40 @@ end
 -- callback at once; or its error goes back to the code. true, or nil, err
 -- when the session ended. The usual call (a lone llm_query) reads the
 -- budgets' counts in place: a method call per look costs PUC Lua more than
--- the look (bench/llm_query.lua).
-function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested)
+-- the look (bench/llm_query.lua). With the tree's cache, an llm_query's
+-- call is looked up first (its key: rlm.engine.cache), before any budget:
+-- a hit is answered at once (hit), and the host's store answers through
+-- poll() first (looked_up calls this again with the key).
+function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested, key)
   local s, tree, o = self.session, self.tree, self.opts
   local problem = o.max_sub_prompt_chars and self:prompt_problem(prompt, slot)
   if problem then
     return self:send_result({ driver_id = driver_id, batch_index = slot }, nil, problem)
   end
+  local cache = tree.cache
+  if cache and not key and not nested and not (c and c.rlm) then
+    local t0 = core.now_ms()
+    key = cachelib.key(prompt, model, s.depth)
+    if cache.host then
+      self:request({ type = "cache_get", key = key, depth = s.depth, exec_id = s.next_exec_id,
+        call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot, count = count,
+          batch_id = batch_id } })
+      return true
+    end
+    local text = cache:get(key)
+    if text then
+      return self:hit(text, prompt, driver_id, slot, count, batch_id, t0)
+    end
+  end
   if tree.sub_calls >= o.max_sub_calls then -- tree:sub_calls_spent()
+    if slot then -- a batch's call looked up in the cache (else query() answered the batch's rest at once)
+      return self:send_result({ driver_id = driver_id, batch_index = slot }, nil,
+        ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
+    end
     return s:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
       :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
   end
-  if not slot and (tree.bounded or s.closed) then -- else _check_budget has nothing to check
+  if (not slot or key) and (tree.bounded or s.closed) then -- else _check_budget has nothing to check
     local ok, err = s:_check_budget()
     if not ok then
       return nil, err
@@ -159,7 +189,7 @@ function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested
   if slot or nested then
     local call = { type = not nested and "llm_query" or nil, prompt = prompt, depth = s.depth,
       driver_id = driver_id, exec_id = s.next_exec_id, index = tree:count_sub_call(), batch_index = slot,
-      batch_size = count, batch_id = batch_id, model = model }
+      batch_size = count, batch_id = batch_id, model = model, cache_key = key }
     if nested then
       call.context, call.format = c.context, c.format
       return s.nested:queue(call)
@@ -172,6 +202,9 @@ function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested
   local call = { type = "llm_query", prompt = prompt, depth = s.depth, driver_id = driver_id,
     exec_id = s.next_exec_id, index = tree:count_sub_call(), id = 0, t0 = 0 }
   call.model = model
+  if key then
+    call.cache_key = key
+  end
   -- Under run() and step() (the session's inline: rlm.drive.blocking) it
   -- is answered in this resume of the engine: the callback runs at once,
   -- as the loop would run it once poll() handed the request out, and its
@@ -227,6 +260,10 @@ function M:answer(reply)
   local req = reply.request
   if req.type == "tool_call" then
     return tools.answer(self.session, self, reply)
+  elseif req.type == "cache_get" then
+    return self:looked_up(req, reply)
+  elseif req.type == "cache_set" then
+    return true -- kept, or not: the call was answered already
   elseif reply.failed then
     return self:settle(req, false, reply.message)
   end
@@ -260,6 +297,9 @@ function M:settle(req, ok, text, usage)
     if not ok then
       return nil, err
     end
+    if req.cache_key then
+      self:remember(req.cache_key, text) -- only an answer: an error is never replayed as one
+    end
   end
   if self.opts.on_event then -- the event is built only for someone to see it
     local emitted, err = s:_emit({ type = "sub_query", step = s.iterations, prompt = req.prompt,
@@ -270,6 +310,49 @@ function M:settle(req, ok, text, usage)
     end
   end
   return self:send_result(req, text, slot_error)
+end
+
+-- The sub-call cache ---------------------------------------------------------
+
+-- A call answered from the cache: the same text, no sub-call, no tokens, no
+-- budget; counted in the tree's cache hits, its event marked cached.
+function M:hit(text, prompt, driver_id, slot, count, batch_id, t0)
+  local s = self.session
+  local n = self.tree.cache:count_hit()
+  if self.opts.on_event then
+    local ok, err = s:_emit({ type = "sub_query", step = s.iterations, prompt = prompt, response = text,
+      cached = true, cache_hit = n, latency_ms = core.now_ms() - t0, batch_index = slot, batch_size = count,
+      batch_id = batch_id })
+    if not ok then
+      return nil, err
+    end
+  end
+  return self:send_result({ driver_id = driver_id, batch_index = slot }, text)
+end
+
+-- The host's store answered a cache_get: a string is a hit; anything else
+-- (nil, a failed or raising get) a miss, and the call goes on its way.
+function M:looked_up(req, reply)
+  local s = self.session
+  if req.exec_id ~= s.next_exec_id or s.interrupted then
+    return true -- the exec it belonged to is over, or was interrupted
+  end
+  local a = req.call
+  if not reply.failed and type(reply.text) == "string" then
+    return self:hit(reply.text, a.prompt, a.driver_id, a.slot, a.count, a.batch_id, req.t0)
+  end
+  return self:call(a.prompt, a.driver_id, a.model, nil, a.c, a.slot, a.count, a.batch_id, false, req.key)
+end
+
+-- Keeps an answer under key: in the built-in store at once, in the host's
+-- through poll() (a cache_set request; nothing waits for its reply).
+function M:remember(key, text)
+  local cache = self.tree.cache
+  if cache.host then
+    self:request({ type = "cache_set", key = key, value = text, depth = self.session.depth })
+  else
+    cache:set(key, text)
+  end
 end
 
 return M

@@ -103,6 +103,10 @@ end
 -- else the response's plain text is (answer_source "text"). Nothing runs
 -- but the final lines.
 function S:_last_chance()
+  local compacted, why = self:_compact_if_due() -- option compact (rlm.engine.compact)
+  if not compacted then
+    return nil, why
+  end
   self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
   self.clock:arm_root(self.sandbox.driver)
   local response, err = self:_call_root(self.messages)

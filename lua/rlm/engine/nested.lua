@@ -1,10 +1,11 @@
 -- A session's nested sessions (rlm_query), its collaborator
 -- (rlm.engine.session creates it). A child runs as an engine inside its
 -- parent's: the parent pumps it while its exec waits, passes its requests
--- (root_llm, llm_query) out through its own poll() with the child's depth
--- (its scheduler's forward), and routes the replies back. Its descriptors
--- join the root's waitset. Each child counts against max_live_sandboxes
--- (the tree's Budgets) from its making to its close.
+-- (root_llm, llm_query, tool_call, cache_get, cache_set) out through its
+-- own poll() with the child's depth (its scheduler's forward), and routes
+-- the replies back. Its descriptors join the root's waitset. Each child
+-- counts against max_live_sandboxes (the tree's Budgets) from its making
+-- to its close.
 local core = require("rlm.core")
 local textlib = require("rlm.base.text")
 
@@ -84,7 +85,8 @@ function Nested:pump()
       elseif ev.type == "done" or ev.type == "error" then
         table.remove(self.children, i)
         return child, ev
-      elseif ev.type == "root_llm" or ev.type == "llm_query" or ev.type == "tool_call" then
+      elseif ev.type == "root_llm" or ev.type == "llm_query" or ev.type == "tool_call" or ev.type == "cache_get"
+        or ev.type == "cache_set" then
         scheduler:forward(child, ev)
       end -- a child's "step" is its own business
     end

@@ -176,6 +176,36 @@ local function sandbox_rule(v)
   return type(v) == "table", "a table"
 end
 
+-- compact: a table of fields, each an option of its own ('compact.at_tokens').
+local function compact_rule(v)
+  return type(v) == "table", 'a table { at_tokens = n[, keep_turns = k][, summary = "digest" | "model"] }'
+end
+
+local function summary_kind(v)
+  return v == "digest" or v == "model", '"digest" or "model"'
+end
+
+-- sub_call_cache: true (the built-in cache), false, or the host's cache: an
+-- object with get and set methods (called as cache:get(key), so that an
+-- ngx.shared dict is one as it is); its other fields are its own.
+local function sub_call_cache(v)
+  if type(v) == "boolean" then
+    return true
+  elseif type(v) ~= "table" and type(v) ~= "userdata" then
+    return false, "true, false, or a cache: an object with get(key) and set(key, value) methods"
+  end
+  for _, method in ipairs({ "get", "set" }) do
+    local found, fn = pcall(function()
+      return v[method]
+    end)
+    if not found or not callable(fn) then
+      return false, ("a function (a method: called as cache:%s(%s))"):format(method,
+        method == "get" and "key" or "key, value"), nil, method, found and fn or nil
+    end
+  end
+  return true
+end
+
 -- The checks, for other modules' option tables: rlm.base.checks.
 M.checks = checks
 
@@ -231,6 +261,12 @@ local schema = {
     return getmetatable(v) == require("rlm.sandbox.pool"), "an rlm.Pool"
   end },
   sandbox = { sandbox_rule },
+  compact = { compact_rule, fields = {
+    at_tokens = { integer(1000, 2 ^ 40), required = true },
+    keep_turns = { integer(1, 10 ^ 6), 4 },
+    summary = { summary_kind, "digest" },
+  } },
+  sub_call_cache = { sub_call_cache, false },
 }
 
 -- The last uid of the range, sandbox_uid_first + sandbox_uid_count - 1, is

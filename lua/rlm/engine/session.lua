@@ -4,8 +4,8 @@
 -- (rlm.engine.subcalls), its nested sessions (rlm.engine.nested), the
 -- tree's budgets (rlm.engine.budgets, shared with its nested sessions) and
 -- its deadlines (rlm.engine.clock). What stays the session's own is the
--- conversation and its turns (rlm.engine.turn, finals, answer: methods of
--- this class) and the engine's coroutine, which drives them all
+-- conversation and its turns (rlm.engine.turn, finals, answer, compact:
+-- methods of this class) and the engine's coroutine, which drives them all
 -- (rlm.engine.loop); and here, how it fails and what it reports. The
 -- collaborators ask the session for those through its methods. rlm
 -- (init.lua) adds the public API and run()/step() (rlm.drive.blocking).
@@ -58,6 +58,10 @@ local util = require("rlm.base.util")
 ---@field question string|nil the current follow-up question
 ---@field history_mark integer|nil where the current question's steps begin
 ---@field turn_base integer|nil the turns taken before the current question
+-- Compaction (option compact: rlm.engine.compact)
+---@field compaction table|nil the current question's: { head = its first user message, turns = compacted }
+---@field compactions integer|nil compactions run over the session's life
+---@field root_sent table|nil the last root call's size: { bytes =, tokens = (its usage's input) }
 local Session = {}
 Session.__index = Session
 
@@ -244,7 +248,7 @@ function Session:_emit(ev)
 end
 
 for _, methods in ipairs({ require("rlm.engine.answer").methods,
-  require("rlm.engine.finals").methods }) do
+  require("rlm.engine.finals").methods, require("rlm.engine.compact").methods }) do
   for k, fn in pairs(methods) do
     assert(Session[k] == nil, k)
     Session[k] = fn

@@ -102,8 +102,9 @@ end
 
 -- Asks the root model (through poll/reply) and waits for its answer. The
 -- driver is idle meanwhile: anything it says is an error, and the step
--- deadline still runs.
-function M:_call_root(messages)
+-- deadline still runs. A compaction's call (rlm.engine.compact) fails
+-- softly: false, why, and the digest stands in.
+function M:_call_root(messages, compaction)
   local ok, err = self:_check_budget()
   if not ok then
     return nil, err
@@ -111,7 +112,8 @@ function M:_call_root(messages)
   -- The conversation itself, not a copy: it is only appended to, so a
   -- step costs the same at step 2,000 as at step 10 (docs/api.md: read it,
   -- do not modify it; copy what you keep).
-  local req = self.scheduler:request({ type = "root_llm", messages = messages, depth = self.depth })
+  local req = self.scheduler:request({ type = "root_llm", messages = messages, depth = self.depth,
+    compaction = compaction })
   while true do
     local kind, a, b, c = self:_wait(true)
     if kind ~= "reply" and kind ~= "soft" then
@@ -125,23 +127,33 @@ function M:_call_root(messages)
     if kind == "soft" then
       -- Given up: a late answer is dropped (reply() returns false).
       self.scheduler:forget(req.id)
+      if compaction then
+        return false, ("root_llm did not answer within root_timeout_ms (%.0f ms)"):format(self.opts.root_timeout_ms)
+      end
       return nil, self:_root_failed(("root_llm did not answer within root_timeout_ms (%.0f ms)")
         :format(self.opts.root_timeout_ms), { timeout_ms = self.opts.root_timeout_ms })
     end
-    if a.request == req and not self.parent and (a.failed or type(a.text) ~= "string") then
-      return nil, self:_root_failed(a.failed and ("root_llm raised: " .. tostring(a.message))
-        or ("root_llm returned " .. type(a.text) .. ", not a string"))
+    if a.request == req and (compaction or not self.parent) and (a.failed or type(a.text) ~= "string") then
+      local why = a.failed and ("root_llm raised: " .. tostring(a.message))
+        or ("root_llm returned " .. type(a.text) .. ", not a string")
+      if compaction then
+        return false, why
+      end
+      return nil, self:_root_failed(why)
     elseif a.request == req then
       local text, usage = self:_model_result("root_llm", a)
       if not text then
         return nil, usage
       end
       ok, err = self:_emit({ type = "root_response", step = self.iterations, response = text,
-        latency_ms = core.now_ms() - req.t0, usage = usage })
+        latency_ms = core.now_ms() - req.t0, usage = usage, compaction = compaction })
       if not ok then
         return nil, err
       end
-      return text
+      if self.opts.compact and not compaction then
+        self:_sent(messages, usage) -- the size measure of compaction (rlm.engine.compact)
+      end
+      return text, usage
     end
   end
 end
@@ -264,6 +276,9 @@ end
 function M:_turn()
   self.iterations = self.iterations + 1
   local ok, err = self:_emit({ type = "step_start", step = self.iterations })
+  if ok then
+    ok, err = self:_compact_if_due() -- option compact (rlm.engine.compact)
+  end
   if not ok then
     return nil, err
   end
@@ -313,6 +328,8 @@ function M:_result(final)
     iterations = self.iterations,
     sub_calls = self.tree.sub_calls,
     tokens = { input = tokens.input, output = tokens.output, total = tokens.total },
+    cache_hits = self.tree.cache and self.tree.cache.hits or 0,
+    compactions = self.compactions or 0,
     history = self.history,
     sandbox = self.sandbox.info,
   }
@@ -339,7 +356,8 @@ function M:_main()
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
     sub_calls = self.tree.sub_calls, tokens = { input = tokens.input, output = tokens.output,
-      total = tokens.total } })
+      total = tokens.total }, cache_hits = self.tree.cache and self.tree.cache.hits or nil,
+    compactions = self.compactions })
   if not ok and not e then
     return { type = "error", err = err }
   end
