@@ -27,6 +27,8 @@
 
 #include "farside_checks.c"
 #include "farside_probe.c"
+#include "farside_relay.c"
 #include "farside_seccomp.c"
+#include "farside_start.c"
 
 #include "farside.c"
