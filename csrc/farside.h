@@ -173,6 +173,18 @@ static int read_rlimits(far *f, const start_msg *m, long i);
  * cgroup's (at its first line). */
 static void ready_checks(far *f);
 static void adopt(far *f);
+/* farside_probe.c's cache, which farside_seccomp.c keeps the namespaces'
+ * verdict in too: a key of at most KEY_MAX bytes made of lines (key_add;
+ * key_stat adds a file's size and time), the file named by its hash
+ * (fnv1a), and the entry read back for the same key only (cache_read) or
+ * written whole (cache_write). */
+#define KEY_MAX 16384
+static int key_add(char *key, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int key_stat(char *key, size_t *at, const char *path);
+static uint64_t fnv1a(const char *s);
+static char *cache_read(const char *file, const char *key);
+static void cache_write(const char *file, const char *key, const char *line);
 /* farside_seccomp.c's: which sandbox this keeper makes, and the fallback's
  * start. */
 static void choose_mode(far *f, const char *want, int found_python);
