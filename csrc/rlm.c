@@ -8,6 +8,9 @@
 #include "canary.c"
 #include "cgroup.c"
 #include "driver.c" /* with keeper.c, spawn.c, inspect.c: driver_impl.h */
+#include "driver_end.c"
+#include "driver_read.c"
+#include "driver_write.c"
 #include "framing.c"
 #include "inspect.c"
 #include "interrupt.c"
