@@ -29,9 +29,12 @@
 
 /* The Lua bindings (core.h), the module itself last: luaopen_rlm_core. */
 #include "core_canaries.c"
+#include "core_context.c"
 #include "core_driver.c"
 #include "core_hook.c"
+#include "core_inspect.c"
 #include "core_spawn.c"
+#include "core_stream.c"
 #include "core_waitset.c"
 
 #include "core.c"
