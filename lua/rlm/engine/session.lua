@@ -58,6 +58,9 @@ local util = require("rlm.base.util")
 ---@field question string|nil the current follow-up question
 ---@field history_mark integer|nil where the current question's steps begin
 ---@field turn_base integer|nil the turns taken before the current question
+-- The run's opening (rlm.engine.opening)
+---@field starting boolean|nil the sandbox starts: replies wait, callbacks' time is the start's
+---@field first_call table|nil the root call that went out while the sandbox started, till a turn takes it
 local Session = {}
 Session.__index = Session
 
@@ -251,7 +254,7 @@ for _, methods in ipairs({ require("rlm.engine.answer").methods,
   end
 end
 
-for _, name in ipairs({ "turn", "loop" }) do
+for _, name in ipairs({ "turn", "loop", "opening" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
     if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
       assert(Session[k] == nil, k)
