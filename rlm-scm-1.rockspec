@@ -54,6 +54,7 @@ build = {
     ["rlm.engine.handle"] = "lua/rlm/engine/handle.lua",
     ["rlm.engine.loop"] = "lua/rlm/engine/loop.lua",
     ["rlm.engine.nested"] = "lua/rlm/engine/nested.lua",
+    ["rlm.engine.opening"] = "lua/rlm/engine/opening.lua",
     ["rlm.engine.options"] = "lua/rlm/engine/options.lua",
     ["rlm.engine.prompt"] = "lua/rlm/engine/prompt.lua",
     ["rlm.engine.reply"] = "lua/rlm/engine/reply.lua",

@@ -5,6 +5,7 @@
 -- light thread) and how the host waits between polls is the host's: see
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
 local cache = require("rlm.engine.cache")
+local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local tools = require("rlm.engine.tools")
 
@@ -24,6 +25,7 @@ function M.claim(s, who, on_close)
       .. "one run at a time"):format(who, d.who), 3)
   end
   driving[s] = { who = who, on_close = on_close }
+  s.scheduler:reclaim()
 end
 
 -- Sets the on_close of the claim held on s.
@@ -129,6 +131,10 @@ local function answer(s, ev, start)
       end
     end)
   end
+  -- A root call may go out while its session's sandbox starts: the time its
+  -- callback holds the host's thread is not the start's (rlm.engine.opening).
+  local from = ev.type == "root_llm" and s.scheduler:origin(ev.id)
+  local t0 = from and core.now_ms()
   start(with_info(o[ev.type], ev, s), argument(ev), function(ok, text, usage)
     if ok then
       s:reply(ev.id, text, usage)
@@ -136,6 +142,9 @@ local function answer(s, ev, start)
       s:reply(ev.id, nil, tostring(text))
     end
   end)
+  if from then
+    from:_host_held(core.now_ms() - t0)
+  end
 end
 
 -- Starts the callback for each request waiting in s's outbox, in order, as

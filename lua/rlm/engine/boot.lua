@@ -153,7 +153,11 @@ function M:checks_taken(vetted, context_bytes)
   self.started = true
   self.booting = "boot"
   self.session.clock:set(self.driver, self:boot_timeout_ms())
-  local msg, err = self:expect({ ready = true, fatal = true })
+  local asked, err = self.session:_ask_first() -- as in checks
+  local msg
+  if asked then
+    msg, err = self:expect({ ready = true, fatal = true })
+  end
   if not msg then
     return nil, err
   end
@@ -194,7 +198,13 @@ function M:checks(canaries, context_bytes)
   local s, o, drv, times = self.session, self.opts, self.driver, self.start_times
   self.booting = "hello"
   s.clock:set(self.driver, o.start_timeout_ms)
-  local hello, err = self:expect({ hello = true, fatal = true })
+  -- Under run() and step() the root model's first call goes out now, with
+  -- the sandbox spawned (rlm.engine.opening); elsewhere it went already.
+  local asked, err = s:_ask_first()
+  local hello
+  if asked then
+    hello, err = self:expect({ hello = true, fatal = true })
+  end
   -- It only had to be there to leak into the spawn, which runs on the
   -- driver's own thread and is over once the driver speaks.
   canaries:close_leaked()

@@ -119,6 +119,14 @@ function M:_idle(quick)
   if inline and not self.closed and not self.failed then
     if self.scheduler.outbox[1] then
       inline(self)
+      -- A SIGINT while a callback blocked (in a coroutine the main thread's
+      -- hook does not reach) is taken now: the engine may next give the
+      -- loop a wait of 0 ms (the sandbox's start has lines waiting, the
+      -- run's first call being out while it starts), where the hook would
+      -- raise with the session still open.
+      if core.interrupted(self.hook_token) then
+        self:_interrupted()
+      end
       return
     end
     local ms = self:timeout()
@@ -293,7 +301,9 @@ local CONTEXT_WAIT_MS = 1
 -- -1 for no timer, 0 to poll now.
 function M:timeout()
   local scheduler = self.scheduler
-  if scheduler.outbox[1] or scheduler.inbox[1] or self.terminal or not self.engine then
+  -- The first call's reply waits while the sandbox starts (rlm.engine.opening):
+  -- no reason to poll at once.
+  if scheduler.outbox[1] or (scheduler.inbox[1] and not self.starting) or self.terminal or not self.engine then
     return 0
   end
   local sandbox = self.sandbox

@@ -62,6 +62,9 @@ local util = require("rlm.base.util")
 ---@field compaction table|nil the current question's: { head = its first user message, turns = compacted }
 ---@field compactions integer|nil compactions run over the session's life
 ---@field root_sent table|nil the last root call's size: { bytes =, tokens = (its usage's input) }
+-- The run's opening (rlm.engine.opening)
+---@field starting boolean|nil the sandbox starts: replies wait, callbacks' time is the start's
+---@field first_call table|nil the root call that went out while the sandbox started, till a turn takes it
 local Session = {}
 Session.__index = Session
 
@@ -255,7 +258,7 @@ for _, methods in ipairs({ require("rlm.engine.answer").methods,
   end
 end
 
-for _, name in ipairs({ "turn", "loop" }) do
+for _, name in ipairs({ "turn", "loop", "opening" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
     if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
       assert(Session[k] == nil, k)

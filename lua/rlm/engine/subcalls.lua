@@ -71,6 +71,26 @@ function Scheduler:put_back(ev)
   table.insert(self.outbox, 1, ev)
 end
 
+-- A driver takes the session (rlm.drive.dispatch's claim): a root call
+-- that a poll() of no driver's handed out and nobody answered goes out
+-- again, to this driver. The run's first call goes out at the first poll()
+-- (rlm.engine.opening), and a poll() that only started the sandbox, then
+-- run(), would otherwise wait on an answer nobody gives. (A driver answers
+-- each root call before it lets go: only such a poll() leaves one out.)
+function Scheduler:reclaim()
+  for _, req in pairs(self.pending) do
+    if req.type == "root_llm" then
+      local queued = false
+      for _, ev in ipairs(self.outbox) do
+        queued = queued or ev == req
+      end
+      if not queued then
+        table.insert(self.outbox, 1, req)
+      end
+    end
+  end
+end
+
 -- Something waits in the outbox.
 function Scheduler:has_out()
   return self.outbox[1] ~= nil
@@ -205,6 +225,10 @@ function Scheduler:reply(id, text, usage)
     self:release()
   end
   local r = { request = req, text = text, usage = usage }
+  if req.type == "root_llm" then
+    -- Its latency (root_response): a first call's reply waits for the start.
+    r.at = core.now_ms()
+  end
   if text == nil and type(usage) == "string" then
     r.failed, r.message, r.usage = true, usage, nil
   end

@@ -1,6 +1,5 @@
 -- Root turns: ask the root model, run its code, record the output; the
 -- engine's body. Reading the final answer is lua/rlm/engine/finals.lua's.
-local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local finals = require("rlm.engine.finals")
 local prompt = require("rlm.engine.prompt")
@@ -103,17 +102,21 @@ end
 -- Asks the root model (through poll/reply) and waits for its answer. The
 -- driver is idle meanwhile: anything it says is an error, and the step
 -- deadline still runs. A compaction's call (rlm.engine.compact) fails
--- softly: false, why, and the digest stands in.
-function M:_call_root(messages, compaction)
-  local ok, err = self:_check_budget()
-  if not ok then
-    return nil, err
+-- softly: false, why, and the digest stands in. req: the call already out
+-- (the first, asked as the sandbox started: rlm.engine.opening).
+function M:_call_root(messages, compaction, req)
+  local ok, err
+  if not req then
+    ok, err = self:_check_budget()
+    if not ok then
+      return nil, err
+    end
+    -- The conversation itself, not a copy: it is only appended to, so a
+    -- step costs the same at step 2,000 as at step 10 (docs/api.md: read
+    -- it, do not modify it; copy what you keep).
+    req = self.scheduler:request({ type = "root_llm", messages = messages, depth = self.depth,
+      compaction = compaction })
   end
-  -- The conversation itself, not a copy: it is only appended to, so a
-  -- step costs the same at step 2,000 as at step 10 (docs/api.md: read it,
-  -- do not modify it; copy what you keep).
-  local req = self.scheduler:request({ type = "root_llm", messages = messages, depth = self.depth,
-    compaction = compaction })
   while true do
     local kind, a, b, c = self:_wait(true)
     if kind ~= "reply" and kind ~= "soft" then
@@ -146,7 +149,7 @@ function M:_call_root(messages, compaction)
         return nil, usage
       end
       ok, err = self:_emit({ type = "root_response", step = self.iterations, response = text,
-        latency_ms = core.now_ms() - req.t0, usage = usage, compaction = compaction })
+        latency_ms = a.at - req.t0, usage = usage, compaction = compaction })
       if not ok then
         return nil, err
       end
@@ -274,17 +277,23 @@ end
 -- One root turn: ask the root model, run the code it wrote, record the
 -- output for the model. Returns the history entry, or nil, err.
 function M:_turn()
+  -- The run's first call went out as the sandbox started, and its step
+  -- began then (rlm.engine.opening); root_timeout_ms counts from it.
+  local first, ok, err = self.first_call, true, nil
+  self.first_call = nil
   self.iterations = self.iterations + 1
-  local ok, err = self:_emit({ type = "step_start", step = self.iterations })
-  if ok then
-    ok, err = self:_compact_if_due() -- option compact (rlm.engine.compact)
+  if not first then
+    ok, err = self:_emit({ type = "step_start", step = self.iterations })
+    if ok then
+      ok, err = self:_compact_if_due() -- option compact (rlm.engine.compact)
+    end
   end
   if not ok then
     return nil, err
   end
-  self.clock:arm_root(self.sandbox.driver)
+  self.clock:arm_root(self.sandbox.driver, first and first.t0)
   local response
-  response, err = self:_call_root(self.messages)
+  response, err = self:_call_root(self.messages, nil, first)
   if not response then
     if err.resumable then
       self.clock:disarm(self.sandbox.driver)
@@ -372,15 +381,7 @@ function M:_run_turns()
     return { type = "error", err = select(2, self:_error("callback_error", self.system_problem)) }
   end
   if not self.sandbox.started then
-    local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
-    if ok then
-      ok, err = self.sandbox:boot()
-    end
-    local info = ok and self.sandbox.info
-    if info then
-      ok, err = self:_emit({ type = "sandbox_ready", start = self.sandbox.start, backend = info.backend,
-        mode = info.mode, detail = info.detail, not_promised = info.not_promised })
-    end
+    local ok, err = self:_open() -- rlm.engine.opening: the start, the first call out meanwhile
     if not ok then
       return { type = "error", err = err }
     end
