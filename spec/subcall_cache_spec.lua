@@ -236,9 +236,13 @@ FINAL(repr(out))]]) }),
 
   for _, kind in ipairs({ "the built-in cache", "a host's store" }) do
     it("is shared by the nested sessions of a tree, keyed by depth: " .. kind, function()
-      -- Two nested sessions (depth 1) ask the same prompt: paid once. The
-      -- root asks it too, at depth 0: another key, paid once more. A host's
-      -- store is asked through the root's poll() for the nested sessions too.
+      -- Two nested sessions (depth 1), one after the other, ask the same
+      -- prompt: paid once. The root asks it too, at depth 0: another key,
+      -- paid once more. A host's store is asked through the root's poll()
+      -- for the nested sessions too. (One after the other: the cache keeps
+      -- answers, not calls in flight, so two sessions side by side that ask
+      -- at once may each pay, as the batch once did here when their first
+      -- root calls came to go out as their sandboxes started.)
       local store = { data = {} }
       function store:get(key)
         return self.data[key]
@@ -253,7 +257,7 @@ FINAL(repr(out))]]) }),
           return fence("FINAL(llm_query('shared prompt'))")
         end
         if #messages == 2 then
-          return fence("r = rlm_query_batched(['child one', 'child two'])\n"
+          return fence("r = [rlm_query('child one'), rlm_query('child two')]\n"
             .. "mine = [llm_query('shared prompt'), llm_query('shared prompt')]\nFINAL(repr(r + mine))")
         end
         return "FINAL('unexpected')"
