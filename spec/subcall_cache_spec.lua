@@ -184,6 +184,51 @@ FINAL(repr(out))]]) }),
     assert.matches("^Error: llm_query failed: [^|]*overloaded | ok b | ok a | ok b$", result.answer)
   end)
 
+  it("pays once for a prompt asked again while its call is out: a batch's repeats", function()
+    local fn, paid = counting()
+    local log = {}
+    local result = assert(H.run({
+      root_llm = H.script({ fence("FINAL(repr(llm_query_batched(['p', 'q', 'p', 'p', 'q', 'r'])))") }),
+      llm_query = fn, sub_call_cache = true,
+      on_event = function(ev)
+        log[#log + 1] = ev
+      end,
+    }))
+    assert.equals("['answer to p', 'answer to q', 'answer to p', 'answer to p', 'answer to q', 'answer to r']",
+      result.answer)
+    assert.same({ p = 1, q = 1, r = 1 }, paid.by)
+    assert.equals(3, result.sub_calls)
+    assert.equals(3, result.cache_hits)
+    local cached = {}
+    for _, ev in ipairs(events(log, "sub_query")) do
+      if ev.cached then
+        cached[#cached + 1] = ev.batch_index
+      end
+    end
+    table.sort(cached)
+    assert.same({ 3, 4, 5 }, cached) -- each repeat in its own slot
+  end)
+
+  it("sends the calls that waited on a failed one out themselves", function()
+    local calls = 0
+    local result = assert(H.run({
+      root_llm = H.script({ fence("FINAL(' | '.join(str(v) for v in llm_query_batched(['a', 'a', 'a'])))") }),
+      llm_query = function(p)
+        calls = calls + 1
+        if calls == 1 then
+          error("overloaded")
+        end
+        return "ok " .. p
+      end,
+      sub_call_cache = true,
+    }))
+    -- The first 'a' fails; the two that waited on it go out, one paying and
+    -- the other waiting on that one in its turn.
+    assert.equals(2, calls)
+    assert.equals(1, result.cache_hits)
+    assert.matches("^Error: llm_query failed: [^|]*overloaded | ok a | ok a$", result.answer)
+  end)
+
   it("does not count again the answers a rolled-back block kept (issue 28)", function()
     -- Turn 1: 'p' paid, then a hit, then the block raises: the driver keeps
     -- both answers. Turn 2 gets those two back from the driver (no request
@@ -334,8 +379,11 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
         error("store down")
       end, set = function() end },
     }))
-    assert.equals(12, paid.n)
-    assert.equals(0, result.cache_hits)
+    -- Nothing is ever found: the 6 lone calls are each paid; of the batch's
+    -- 6, a repeat waits for the same prompt's call out beside it (3 paid, 3
+    -- hits).
+    assert.equals(9, paid.n)
+    assert.equals(3, result.cache_hits)
   end)
 
   it("raises naming the method it lacks", function()
@@ -414,6 +462,41 @@ H.describe_luv("a host's cache under the luv adapter", function()
     assert.equals(3, paid.n)
     assert.equals(9, result.cache_hits)
     assert.equals(15, store.waits) -- 12 gets, 3 sets
+  end)
+end)
+
+H.describe_luv("calls in flight under the luv adapter", function()
+  after_each(H.assert_clean)
+
+  it("pays once for a prompt that sibling nested sessions ask side by side", function()
+    -- Each sub-call waits 50 ms on the loop: the two nested sessions ask
+    -- 'shared' while the other's call is out.
+    local paid
+    local root = function(messages)
+      local question = messages[2].content
+      if question:find("child", 1, true) then
+        return fence("FINAL(llm_query('shared'))")
+      end
+      return fence("FINAL(repr(rlm_query_batched(['child one', 'child two'])))")
+    end
+    for _, store in ipairs({ true, { data = {}, get = function(self, k)
+      return self.data[k]
+    end, set = function(self, k, v)
+      self.data[k] = v
+    end } }) do
+      paid = {}
+      local result = assert(L.run_session({
+        root_llm = root, max_depth = 2, sub_call_cache = store,
+        llm_query = function(p, info)
+          paid[#paid + 1] = info.depth
+          L.sleep(50)
+          return ("depth %d: %s"):format(info.depth, p)
+        end,
+      }))
+      assert.equals("['depth 1: shared', 'depth 1: shared']", result.answer)
+      assert.same({ 1 }, paid)
+      assert.equals(1, result.cache_hits)
+    end
   end)
 end)
 

@@ -18,6 +18,7 @@ local core = require("rlm.core")
 ---@field count integer entries held (built-in)
 ---@field bytes integer the bytes of their keys and values (built-in)
 ---@field hits integer calls answered from the cache, over the tree
+---@field flights table key -> the calls that wait for the one call of the tree out for key (waiters: see join)
 local Cache = {}
 Cache.__index = Cache
 
@@ -34,7 +35,8 @@ function M.new(v)
   if not v then
     return nil
   end
-  return setmetatable({ host = v ~= true and v or nil, entries = {}, count = 0, bytes = 0, hits = 0 }, Cache)
+  return setmetatable({ host = v ~= true and v or nil, entries = {}, count = 0, bytes = 0, hits = 0, flights = {} },
+    Cache)
 end
 
 -- The key of a call: what changes its answer, the prompt, the model hint
@@ -114,6 +116,38 @@ end
 function Cache:count_hit()
   self.hits = self.hits + 1
   return self.hits
+end
+
+-- Calls in flight: a call that missed, about to go out for key, joins the
+-- flight for key. true: another call of the tree is out for key, and this
+-- one waits for its answer (waiter: a cache_wait request of its
+-- scheduler's, which land gives back to it); false: none is, this one goes
+-- out, and whatever ends it lands the flight. So that the same prompt,
+-- asked side by side (a batch's repeats, sibling nested sessions), is paid
+-- once too.
+function Cache:join(key, waiter)
+  local flight = self.flights[key]
+  if flight then
+    flight[#flight + 1] = waiter
+    return true
+  end
+  self.flights[key] = {}
+  return false
+end
+
+-- A call out for key ended: its answer's text, or nil (it failed, or was
+-- dropped: then each waiter goes out itself, joining again). Each waiter
+-- gets it as a reply in its scheduler's inbox. Any answer for key is one
+-- for every call for key, so that whichever call lands a flight, none waits
+-- longer than the call it waits on.
+function Cache:land(key, text)
+  local flight = self.flights[key]
+  if flight then
+    self.flights[key] = nil
+    for _, waiter in ipairs(flight) do
+      waiter.scheduler:landed(waiter, text)
+    end
+  end
 end
 
 -- What a cache request's function returns: never nil (a model callback's

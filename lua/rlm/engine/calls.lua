@@ -157,9 +157,9 @@ function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested
   if problem then
     return self:send_result({ driver_id = driver_id, batch_index = slot }, nil, problem)
   end
-  local cache = tree.cache
+  local cache, t0 = tree.cache, nil
   if cache and not key and not nested and not (c and c.rlm) then
-    local t0 = core.now_ms()
+    t0 = core.now_ms()
     key = cachelib.key(prompt, model, s.depth)
     if cache.host then
       self:request({ type = "cache_get", key = key, depth = s.depth, exec_id = s.next_exec_id,
@@ -185,6 +185,11 @@ function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested
     if not ok then
       return nil, err
     end
+  end
+  if key and cache:join(key, { type = "cache_wait", scheduler = self, key = key, exec_id = s.next_exec_id,
+    t0 = t0 or core.now_ms(), call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot,
+    count = count, batch_id = batch_id } }) then
+    return true -- the same call is out: its answer comes as this one's (landed)
   end
   if slot or nested then
     local call = { type = not nested and "llm_query" or nil, prompt = prompt, depth = s.depth,
@@ -236,6 +241,7 @@ function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested
     held:hand_out(req)
   end
   if s.closed then
+    self:unflight(call)
     return s:_cancelled()
   end
   return self:settle(call, ok, text, usage)
@@ -260,7 +266,7 @@ function M:answer(reply)
   local req = reply.request
   if req.type == "tool_call" then
     return tools.answer(self.session, self, reply)
-  elseif req.type == "cache_get" then
+  elseif req.type == "cache_get" or req.type == "cache_wait" then
     return self:looked_up(req, reply)
   elseif req.type == "cache_set" then
     return true -- kept, or not: the call was answered already
@@ -274,6 +280,10 @@ end
 -- and usage, or failed (ok false: text is why). It goes back to the driver.
 function M:settle(req, ok, text, usage)
   local s = self.session
+  if req.cache_key then
+    -- The calls that wait for this one's answer get it (or go out).
+    self.tree.cache:land(req.cache_key, ok and type(text) == "string" and text or nil)
+  end
   if req.exec_id ~= s.next_exec_id or s.interrupted then
     return true -- the exec it belonged to is over, or was interrupted
   end
@@ -330,8 +340,10 @@ function M:hit(text, prompt, driver_id, slot, count, batch_id, t0)
   return self:send_result({ driver_id = driver_id, batch_index = slot }, text)
 end
 
--- The host's store answered a cache_get: a string is a hit; anything else
--- (nil, a failed or raising get) a miss, and the call goes on its way.
+-- The host's store answered a cache_get, or the call out for the same key
+-- ended (a cache_wait: Cache:land): a string is a hit; anything else (nil,
+-- a failed or raising get, a failed call) a miss, and the call goes on its
+-- way (joining the flight for its key first).
 function M:looked_up(req, reply)
   local s = self.session
   if req.exec_id ~= s.next_exec_id or s.interrupted then
@@ -352,6 +364,25 @@ function M:remember(key, text)
     self:request({ type = "cache_set", key = key, value = text, depth = self.session.depth })
   else
     cache:set(key, text)
+  end
+end
+
+-- The call this one waited on (waiter, a cache_wait request of this
+-- scheduler's) ended with text, or nil: a reply for the engine, as the
+-- host's get gives one.
+function M:landed(waiter, text)
+  local r = { request = waiter, text = text }
+  if text == nil then
+    r.failed, r.message = true, "the same call failed"
+  end
+  self.inbox[#self.inbox + 1] = r
+end
+
+-- A call out for key that will not be settled (its run ended, or the
+-- driver's call it belonged to): the calls that wait for it go out.
+function M:unflight(req)
+  if req.cache_key and self.tree.cache then
+    self.tree.cache:land(req.cache_key, nil)
   end
 end
 

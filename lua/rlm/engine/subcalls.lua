@@ -123,6 +123,11 @@ end
 
 -- Forgets the sub-calls this session has held back.
 function Scheduler:drop_held()
+  for _, h in ipairs(self.tree.held) do
+    if h.scheduler == self then
+      self:unflight(h.req)
+    end
+  end
   self.tree:drop_held(self)
 end
 
@@ -135,6 +140,10 @@ function Scheduler:drop_all()
       req.counted = nil
       self:release()
     end
+    self:unflight(req)
+  end
+  for _, r in ipairs(self.inbox) do
+    self:unflight(r.request) -- answered, but no longer taken
   end
   self.outbox, self.pending, self.routes = {}, {}, {}
 end
