@@ -111,7 +111,7 @@ function M.run(env)
     end
     for _ = 1, size.per_round do
       local session, ms = common.start(env)
-      local t = session.start_times
+      local t = session.sandbox.start_times
       common.close_reaped(session)
       real[#real + 1] = ms
       if t and t.exec and t.interpreter and t.configure and t.self_test and t.context and t.ready

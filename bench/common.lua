@@ -9,7 +9,7 @@ local M = {}
 
 -- In the order bench/run reports them; each is the module bench.<name>.
 M.FIGURES = { "cold_start", "step", "llm_query", "context", "watchdog", "host_cost", "concurrency", "start_gap",
-  "tools", "pool", "first_step", "tokens", "container", "jitter", "exec", "podman" }
+  "tools", "pool", "first_step", "tokens", "container", "jitter", "exec", "long_run", "podman" }
 
 M.now_ms = core.now_ms
 M.MB = 2 ^ 20
@@ -401,7 +401,7 @@ end
 -- 4 ms of CPU here) would otherwise overlap whatever the caller times next.
 -- The floor's helper reaps each of its sandboxes before its next sample.
 function M.close_reaped(s)
-  local pid = s.driver and s.driver:pid() or 0
+  local pid = s.sandbox.driver and s.sandbox.driver:pid() or 0
   s:close()
   local t0 = M.now_ms()
   while pid > 0 and M.now_ms() - t0 < 5000 do
@@ -483,7 +483,7 @@ function M.warm_take(env, pool)
   local c0 = core.thread_cpu_ms()
   local s, ms = M.start(env, { pool = pool })
   local cpu = core.thread_cpu_ms() - c0
-  assert(s.start == "warm", "a sample started cold")
+  assert(s.sandbox.start == "warm", "a sample started cold")
   s:close()
   return ms, cpu
 end

@@ -54,7 +54,7 @@ end
 -- The phases of one start, ms from Session.new.
 local PHASES = {
   { "rlm-keeper's hello read by the host", function(s, t)
-    return s.driver.hello_at and s.driver.hello_at - t.begin
+    return s.sandbox.driver.hello_at and s.sandbox.driver.hello_at - t.begin
   end },
   { "the driver's first line (its own stamp)", function(_, t)
     return t.interpreter and t.interpreter[1] - t.begin
@@ -82,7 +82,7 @@ local function cold(env, size, list)
     for _, b in ipairs(list) do
       for _ = 1, size.per_round do
         local s, ms = common.start(env, { sandbox = b.sandbox })
-        local t = s.start_times
+        local t = s.sandbox.start_times
         local o = out[b.name]
         o.total[#o.total + 1] = ms
         for i, p in ipairs(PHASES) do

@@ -83,11 +83,11 @@ local function blocking_sample(env, pool, latency_ms, lat)
   local s = rlm.Session.new(options(env, pool, latency_ms, lat))
   local entry, err = s:step()
   local ms = common.now_ms() - t0
-  local checked = s.start_times and s.start_times.checked
+  local checked = s.sandbox.start_times and s.sandbox.start_times.checked
   common.close_reaped(s)
   assert(checked, "the session has no start_times.checked")
   assert(entry and not entry.error, "the first step failed: " .. tostring(err or (entry and entry.error)))
-  assert(not pool or s.start == "warm", "a pooled sample started cold")
+  assert(not pool or s.sandbox.start == "warm", "a pooled sample started cold")
   return ms, checked - t0
 end
 
@@ -104,12 +104,12 @@ local function luv_sample(env, pool, latency_ms, lat, uv, adapter)
     uv.run("once")
   end
   uv.run("nowait")
-  local checked = s.start_times and s.start_times.checked
+  local checked = s.sandbox.start_times and s.sandbox.start_times.checked
   common.close_reaped(s)
   assert(not failure, failure)
   assert(checked, "the session has no start_times.checked")
   assert(t_end, "the root model was not called a second time")
-  assert(not pool or s.start == "warm", "a pooled sample started cold")
+  assert(not pool or s.sandbox.start == "warm", "a pooled sample started cold")
   return t_end - t0, checked - t0
 end
 

@@ -1,4 +1,4 @@
--- Figure 11, a batch under 429s: 64 llm_query calls in one llm_query_batch
+-- Figure 14, a batch under 429s: 64 llm_query calls in one llm_query_batch
 -- (rlm.llm.openai over LuaSocket, all side by side) against a stand-in that
 -- answers at most CAPACITY requests a window (bench/rate_limited.py) and a
 -- 429 without Retry-After to the rest, so that the client's backoff decides
@@ -162,7 +162,7 @@ function M.run(env)
         requests.median, med(runs.floor, "requests").median, size.calls, peak.median, med(runs.floor, "peak").median,
         failed.median, size.base_ms),
     })
-    rows[#rows + 1] = common.context_row("11", "  " .. mode[2] .. ": most retries within 10 ms", peak.median,
+    rows[#rows + 1] = common.context_row("14", "  " .. mode[2] .. ": most retries within 10 ms", peak.median,
       "requests", ("%d"):format(peak.median), peak.n, ("of %d requests sent; the first %d went at once"):format(
         requests.median, size.calls))
   end

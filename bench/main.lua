@@ -239,7 +239,21 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    round trip as figure 2's, one session per backend, pinned to one CPU,
    in 5 rounds each after a chunk of both pipe floors: `floor_pingpong`
    with the echo driver directly and through `cat | ... | cat`.
-16. **The podman backend** (`sandbox = { backend = "podman" }`,
+16. **A long run** (`bench/long_run.lua`): one scripted task of 30 root
+   turns over 40 documents (at each turn the stand-in root model prints
+   600 characters of one document and has the sub-model read 8 of them with
+   `llm_query_batched`, a window moving 3 documents a turn, the notes kept
+   in a variable of the turn; the last turn answers from turns 1, 2 and 5's
+   variables), run four ways. What the root model is sent, summed over the
+   run's root calls and counted as figure 12 counts it (bytes, and words:
+   runs of characters that are not white space), with `compact = {
+   at_tokens = 8000, keep_turns = 4 }` (a digest), and with `summary =
+   "model"` (the summary calls' input counted in), each beside the same
+   run without compaction, the floor; the note gives the largest single
+   call against the bound. Then the sub-calls paid with `sub_call_cache =
+   true` beside the same run without it (the floor), and the distinct
+   prompts, the least any cache pays. No target: deterministic, n = 1.
+17. **The podman backend** (`sandbox = { backend = "podman" }`,
    `bench/podman.lua`): the image `make image` builds, imported into a
    Podman store of the figure's own, each sandbox a new container (`run -i
    --rm --log-driver=passthrough` and the boundary's flags), beside the

@@ -1,4 +1,4 @@
--- Figure 16, the podman backend (sandbox = { backend = "podman" }): a
+-- Figure 17, the podman backend (sandbox = { backend = "podman" }): a
 -- session whose sandbox is a new container of the image make image builds
 -- (imported into a Podman store of the figure's own, as spec/podman_spec.lua
 -- does), against the local backend in the same run. Cold start as figure
@@ -25,7 +25,7 @@ local SIZES = {
 }
 
 local function note_row(name, note)
-  return { figure = "16", name = name, text = "-", note = note }
+  return { figure = "17", name = name, text = "-", note = note }
 end
 
 -- Closes s and waits (up to 10 s) until rlm.core's teardown of it is over.
@@ -39,7 +39,7 @@ end
 
 local PHASES = {
   { "rlm-keeper's hello read by the host (podman run to the keeper's start)", function(s, t)
-    return s.driver.hello_at and s.driver.hello_at - t.begin
+    return s.sandbox.driver.hello_at and s.sandbox.driver.hello_at - t.begin
   end },
   { "ready read by the host", function(_, t)
     return t.ready and t.ready - t.begin
@@ -107,7 +107,7 @@ local function figure(env, size, store)
         xs[#xs + 1] = ms
         if b.sandbox then
           for i, p in ipairs(PHASES) do
-            local v = p[2](s, s.start_times)
+            local v = p[2](s, s.sandbox.start_times)
             if v then
               phases[i][#phases[i] + 1] = v
             end
@@ -120,18 +120,18 @@ local function figure(env, size, store)
   local local_cold = common.summary(cold["local"])
   local podman_cold = common.summary(cold.podman)
   rows[#rows + 1] = common.time_row({
-    figure = "16", name = "cold start, the podman backend (a new container)", stats = podman_cold, floor = local_cold,
+    figure = "17", name = "cold start, the podman backend (a new container)", stats = podman_cold, floor = local_cold,
     floor_name = "cold start, the local backend, same run",
     note = "Session.new + first step (x = 1); each sample a new container, run -i --rm --log-driver=passthrough "
       .. "and the boundary's flags; the keeper's probe cached in the image",
   })
   for i, p in ipairs(PHASES) do
     if #phases[i] > 0 then
-      rows[#rows + 1] = common.context_row("16", "  phase, ms from Session.new: " .. p[1],
+      rows[#rows + 1] = common.context_row("17", "  phase, ms from Session.new: " .. p[1],
         common.median(phases[i]), "ms", ("%.3g ms"):format(common.median(phases[i])), #phases[i])
     end
   end
-  rows[#rows + 1] = common.context_row("16", "first session of each", list[2].first, "ms",
+  rows[#rows + 1] = common.context_row("17", "first session of each", list[2].first, "ms",
     table.concat(firsts, ", "), 1, "the host's interpreter probe (local); the engine's first ps (the sweep of "
       .. "containers left by a killed host) and its first container (podman)")
 
@@ -160,7 +160,7 @@ local function figure(env, size, store)
   end
   assert(ok, err)
   rows[#rows + 1] = common.time_row({
-    figure = "16", name = "step round trip, " .. list[2].label, stats = common.summary(times.podman),
+    figure = "17", name = "step round trip, " .. list[2].label, stats = common.summary(times.podman),
     fmt = common.fmt_us, floor = common.summary(times["local"]),
     floor_name = "step round trip, the local backend, same run", max_ratio = 2,
     note = ("%s; %d rounds taking turns; the stream's pipes are the container's stdio (passthrough)")
@@ -171,7 +171,7 @@ local function figure(env, size, store)
   local local_warm = common.summary(warm(env, nil, size.warm))
   local podman_warm = common.summary(warm(env, podman, size.warm))
   rows[#rows + 1] = common.time_row({
-    figure = "16", name = "warm pool take, the podman backend: Session.new{pool} + first step", stats = podman_warm,
+    figure = "17", name = "warm pool take, the podman backend: Session.new{pool} + first step", stats = podman_warm,
     floor = local_warm, floor_name = "the same take from a pool of the local backend, same run",
     note = ("the podman cold start in the same run: %.3g ms (%.2fx this take)")
       :format(podman_cold.median, podman_cold.median / podman_warm.median),

@@ -70,9 +70,9 @@ local function nested(env, pool, code, n, child_answer)
   end
   local close = rlm.Session.close
   local function counting_close(s)
-    if s.parent and s.driver and at_take[s.driver] then
+    if s.parent and s.sandbox.driver and at_take[s.sandbox.driver] then
       local c0 = thread_ms()
-      children = children + common.tree_cpu_ms(s.driver) - at_take[s.driver]
+      children = children + common.tree_cpu_ms(s.sandbox.driver) - at_take[s.sandbox.driver]
       refill = refill + thread_ms() - c0
     end
     return close(s)
@@ -96,12 +96,12 @@ local function nested(env, pool, code, n, child_answer)
   local ok, err = pcall(function()
     common.step(s)
     for _ = 1, n do
-      local root0 = common.tree_cpu_ms(s.driver)
+      local root0 = common.tree_cpu_ms(s.sandbox.driver)
       local _, entry = common.step(s)
       out[#out + 1] = tonumber(entry.stdout:match("[%d.]+"))
       cpu.host[#cpu.host + 1] = thread_ms() - host0 - refill
       cpu.children[#cpu.children + 1] = children
-      cpu.root[#cpu.root + 1] = common.tree_cpu_ms(s.driver) - root0
+      cpu.root[#cpu.root + 1] = common.tree_cpu_ms(s.sandbox.driver) - root0
     end
   end)
   rlm.Session.close = close

@@ -8,6 +8,7 @@
 #include "driver.h"
 #include "plan.h"
 #include "sandbox.h"
+#include "sha256.h"
 #include "utf8.h"
 
 #include <limits.h>
@@ -68,6 +69,22 @@ static int core_base64_decode(lua_State *L) {
   return n >= 0 ? 1 : 0;
 }
 
+/* core.sha256_hex(s) -> the SHA-256 of s, 64 lowercase hex digits (the
+ * sub-call cache's keys). */
+static int core_sha256_hex(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  uint8_t digest[32];
+  char hex[64];
+  rlm_sha256(s, len, digest);
+  for (int i = 0; i < 32; i++) {
+    hex[2 * i] = "0123456789abcdef"[digest[i] >> 4];
+    hex[2 * i + 1] = "0123456789abcdef"[digest[i] & 15];
+  }
+  lua_pushlstring(L, hex, sizeof(hex));
+  return 1;
+}
+
 static int core_now_ms(lua_State *L) {
   lua_pushnumber(L, (lua_Number)(uv_hrtime() / 1000) / 1000.0);
   return 1;
@@ -105,6 +122,16 @@ static int core_utf8_prefix(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)bytes);
   lua_pushinteger(L, (lua_Integer)chars);
   return 2;
+}
+
+/* core.utf8_valid(s) -> bytes: the length of the longest prefix of s that
+ * is valid UTF-8 (#s when all of it is), as rlm_utf8_valid reads it: what
+ * Python's strict decoder takes. */
+static int core_utf8_valid(lua_State *L) {
+  size_t len;
+  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  lua_pushinteger(L, (lua_Integer)rlm_utf8_valid(s, len));
+  return 1;
 }
 
 /* core.utf8_clean(s) -> string: s as valid UTF-8, each byte that is not
@@ -164,9 +191,11 @@ static const luaL_Reg core_functions[] = {
     {"reraise_interrupt", core_reraise_interrupt},
     {"thread_cpu_ms", core_thread_cpu_ms},
     {"base64_decode", core_base64_decode},
+    {"sha256_hex", core_sha256_hex},
     {"utf8_prefix", core_utf8_prefix},
     {"utf8_str_size", core_utf8_str_size},
     {"utf8_clean", core_utf8_clean},
+    {"utf8_valid", core_utf8_valid},
     {"plant_canaries", core_plant_canaries},
     {NULL, NULL},
 };

@@ -1,7 +1,8 @@
 /* core.h: what the binding files of rlm.core share (core.c, the module
  * table and its stateless functions; core_driver.c and core_spawn.c, the
- * Driver userdata and what makes one; core_hook.c, the SIGINT token;
- * core_canaries.c; core_waitset.c): the Driver's metatable name and
+ * Driver userdata and what makes one, with core_inspect.c, core_stream.c
+ * and core_context.c, the Driver's methods by job; core_hook.c, the SIGINT
+ * token; core_canaries.c; core_waitset.c): the Driver's metatable name and
  * state, each userdata's metatable maker, and the few helpers more than one
  * of them calls. */
 #ifndef RLM_CORE_H
@@ -11,10 +12,25 @@
 #include "driver.h"
 #include "unit.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
 #define DRIVER_MT "rlm.core.Driver"
 #define SEALED_MT "rlm.core.Sealed"
 #define ZIP_CACHE "rlm.core.zip"     /* { zip string, Sealed } */
 #define ENTRY_CACHE "rlm.core.entry" /* { bytecode string, Sealed } */
+
+/* A large late context's writer, a thread of its own (core_context.c). */
+typedef struct late_writer {
+  pthread_t thread;
+  int fd;
+  const char *data;
+  size_t len;
+  atomic_int done;   /* the thread is over */
+  atomic_int cancel; /* close(): stop after the slice being written */
+  int err;           /* errno of what failed; 0 */
+} late_writer;
 
 typedef struct driver_ud {
   rlm_driver *d;
@@ -45,6 +61,22 @@ RLM_FN const hook_state *opt_hook_token(lua_State *L, int i);
 /* The Sealed userdata's __gc (core_spawn.c): a shared sealed memfd of
  * plan.h's, the driver's zip or its entry's bytecode. */
 RLM_FN int blob_gc(lua_State *L);
+
+/* The Driver at index 1, raising when it is closed (core_driver.c). */
+RLM_FN driver_ud *check_driver(lua_State *L);
+/* core_context.c's: lets go of the context string once the keeper is done
+ * with it; joins a late context's writer (after at most one slice when
+ * cancelled) and returns its errno. */
+RLM_FN void release_context(lua_State *L, driver_ud *u);
+RLM_FN int late_writer_join(lua_State *L, driver_ud *u);
+/* core_stream.c's: lets go of a stream's raw bytes once they are written
+ * (force: now, the loop and its write queue being gone). */
+RLM_FN void release_raw(lua_State *L, driver_ud *u, int force);
+/* The Driver's methods kept by other files than core_driver.c, set into
+ * the table at the top (its __index) by open_driver. */
+RLM_FN void add_inspect_methods(lua_State *L);
+RLM_FN void add_stream_methods(lua_State *L);
+RLM_FN void add_context_methods(lua_State *L);
 
 /* Each userdata's metatable, made once at luaopen_rlm_core. */
 RLM_FN void open_driver(lua_State *L);

@@ -1,8 +1,9 @@
-/* driver_impl.h: what the four parts of the driver share (driver.c, the
- * loop side; keeper.c, the keeper thread; spawn.c, the child before its
- * exec; inspect.c, its processes as /proc shows them): the driver's struct,
- * its limits and the functions one part calls in another. Included by
- * those four alone, in the one unit (csrc/rlm.c). */
+/* driver_impl.h: what the parts of the driver share (the loop side:
+ * driver.c, its start, driver_read.c, driver_write.c and driver_end.c;
+ * keeper.c, the keeper thread; spawn.c, the child before its exec;
+ * inspect.c, its processes as /proc shows them): the driver's struct, its
+ * limits and the functions one part calls in another. Included by those
+ * seven alone, in the one unit (csrc/rlm.c). */
 #ifndef RLM_DRIVER_IMPL_H
 #define RLM_DRIVER_IMPL_H
 
@@ -153,11 +154,33 @@ enum { START_PENDING, START_OK, START_FAILED };
 #define FD_BASE (3 + MAX_INHERIT + 1)
 
 /* What one part calls in another (csrc/rlm.c includes them in any order).
- * The loop side's (driver.c), for the keeper: */
+ * The loop side's, for the keeper and for one another: the start's
+ * (driver.c), */
+static char **copy_strings(char *const *v, size_t n);
+/* the read side's (driver_read.c): the loop run, the queue of terminal
+ * events, the reads' callbacks and their stop, */
+static void run_loop(rlm_driver *d, uv_run_mode mode);
+static rlm_event *event_new(rlm_event_kind kind);
+static void queue_event(rlm_driver *d, rlm_event *ev);
+static void drop_lines(rlm_driver *d);
+static void stop_reading(rlm_driver *d);
+static void alloc_out(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+static void alloc_err(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void on_read_err(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void on_sigint_wake(uv_async_t *a);
+/* the end's (driver_end.c): a handle closed, the kills, a terminal event,
+ * the watchdog's breach, the exit's report and its grace, the free: */
+static void close_handle(rlm_driver *d, void *h);
 static void kill_launcher(rlm_driver *d);
 static void kill_sandbox(rlm_driver *d);
+static void terminate(rlm_driver *d, rlm_event_kind kind);
+static void check_breach(rlm_driver *d);
+static void maybe_queue_exit(rlm_driver *d);
+static void on_grace(uv_timer_t *t);
+static void on_process_exit(uv_poll_t *w, int status, int events);
 static void free_driver(rlm_driver *d);
-static char **copy_strings(char *const *v, size_t n);
+static void close_loop(rlm_driver *d);
 /* The keeper's (keeper.c), for the loop side: */
 static int start_keeper(rlm_driver *d);
 static void *keeper_main(void *arg);

@@ -1,14 +1,20 @@
 /* farside.h: rlm-keeper, the program that runs a session's sandbox on the
  * far side of a byte stream (docs/protocol.md, "The stream"). What its
- * files share: farside.c (the stream and the messages), farside_probe.c
- * (the interpreter's report, cached), farside_checks.c (the /proc checks
- * it reports). Built as one unit, csrc/rlm_keeper.c. */
+ * files share: farside.c (main: the arguments, the hello, the loop),
+ * farside_relay.c (the stream both ways, and the end), farside_start.c
+ * (the host's start, and the driver's), farside_probe.c (the interpreter's
+ * report, cached), farside_checks.c (the /proc checks it reports),
+ * farside_seccomp.c (which sandbox it makes, and the fallback's). Built as
+ * one unit, csrc/rlm_keeper.c. */
 #ifndef RLM_FARSIDE_H
 #define RLM_FARSIDE_H
 
+#include "canary.h"
 #include "driver.h"
+#include "jsonread.h"
 #include "unit.h"
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,5 +94,102 @@ RLM_FN int far_session_dir(char *dir, size_t len, const char *tmp,
 
 /* Removes a directory and everything in it, following no symlink. */
 RLM_FN int far_remove_tree(const char *path);
+
+/* --- the keeper's state, and what one of its files calls in another ---- */
+
+#define IN_CHUNK 65536
+#define OUT_HIGH 65536 /* take no driver event while more waits for stdout */
+
+/* A keeper's whole state (main's): where things are, the host's input,
+ * what waits for stdout, and the driver with what it was started with. */
+typedef struct far {
+  /* where things are */
+  const char *python_name, *bwrap_name, *cache_dir;
+  char driver_dir[PATH_MAX], python[PATH_MAX], bwrap[PATH_MAX];
+  int have_bwrap;
+  far_mode mode;                 /* the sandbox it makes (its hello says) */
+  char mode_why[PATH_MAX + 512]; /* why that one */
+  char session_dir[PATH_MAX];    /* the fallback's (far_session_dir); "" */
+  char home_env[PATH_MAX + 64];
+  /* the host's input */
+  char chunk[IN_CHUNK];
+  size_t chunk_at, chunk_end;
+  int in_eof;
+  char *line;
+  size_t line_len, line_cap, line_max;
+  uint64_t raw_left; /* context bytes still to come */
+  int ctx_fd;        /* the context memfd's writable end, until sealed */
+  int ctx_state;     /* 0 none yet, 1 coming, 2 sealed, -1 failed */
+  char ctx_err[160];
+  /* what waits for stdout */
+  char *out;
+  size_t out_len, out_off, out_cap;
+  int out_broken;
+  /* the driver */
+  rlm_driver *d;
+  int started, ended;
+  unsigned long lines_seen; /* the driver's lines so far */
+  int load_seen;            /* the host's load_context went to the driver */
+  far_rlimit want[FAR_MAX_RLIMITS];
+  size_t n_want;
+  rlm_canaries canaries;
+  int planted;
+  int cgroup_ok;
+  char cgroup_detail[200];
+  size_t max_line;
+} far;
+
+/* A message of the host's, parsed (jsonread.h): its text, its tokens, and
+ * the index of its object among them. */
+typedef struct start_msg {
+  const char *s;
+  rlm_jtok *t;
+  long root;
+} start_msg;
+
+/* farside_relay.c's: what waits for stdout (out_*: what does not fit sets
+ * out_broken), written without blocking (flush_some: -1 when the host is
+ * gone) or at the end for at most ms (flush_all); the host's input read so
+ * far, the driver's events; and the end (end_driver; fail says why first). */
+static void out_bytes(far *f, const char *s, size_t n);
+static void out_str(far *f, const char *s);
+static void out_fmt(far *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void out_json(far *f, const char *s, size_t n);
+static void out_jstr(far *f, const char *s);
+static int flush_some(far *f);
+static void flush_all(far *f, int ms);
+static void host_input(far *f);
+static void driver_event(far *f, rlm_event *ev);
+static void end_driver(far *f);
+static void fail(far *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* farside_start.c's: the host's start, and two of its field readers. */
+static void start(far *f, const start_msg *m);
+static int field_int(const start_msg *m, const char *key, int64_t min,
+                     int64_t max, int64_t *out);
+static int read_rlimits(far *f, const start_msg *m, long i);
+/* farside_checks.c's: the checks after the driver's ready, and the memory
+ * cgroup's (at its first line). */
+static void ready_checks(far *f);
+static void adopt(far *f);
+/* farside_probe.c's cache, which farside_seccomp.c keeps the namespaces'
+ * verdict in too: a key of at most KEY_MAX bytes made of lines (key_add;
+ * key_stat adds a file's size and time), the file named by its hash
+ * (fnv1a), and the entry read back for the same key only (cache_read) or
+ * written whole (cache_write). */
+#define KEY_MAX 16384
+static int key_add(char *key, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int key_stat(char *key, size_t *at, const char *path);
+static uint64_t fnv1a(const char *s);
+static char *cache_read(const char *file, const char *key);
+static void cache_write(const char *file, const char *key, const char *line);
+/* farside_seccomp.c's: which sandbox this keeper makes, and the fallback's
+ * start. */
+static void choose_mode(far *f, const char *want, int found_python);
+static int seccomp_plan(far *f, const far_probe *probe, rlm_driver_opts *o,
+                        int inherit[2], char **argv, char **env, char *err,
+                        size_t errlen);
 
 #endif

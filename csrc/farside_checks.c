@@ -1,8 +1,9 @@
 /* farside_checks.c: what rlm-keeper checks of its sandbox from outside,
  * in /proc, and reports to the host as checks (the local backend's host
  * reads the same in lua/rlm/sandbox/selftest.lua and bwrap.lua): every
- * process's uids, the driver's rlimits, and the descriptors that reach the
- * sandbox. */
+ * process's uids, the driver's rlimits, the descriptors that reach the
+ * sandbox, the interpreter's confinement, and its memory cgroup; the
+ * checks message sent after the driver's ready (ready_checks). */
 #include "farside.h"
 #include "smallfile.h"
 
@@ -191,4 +192,50 @@ int far_check_confinement(int pid, char *detail, size_t len) {
       "CapPrm=%llx CapBnd=%llx",
       pid, seccomp, nnp, eff, prm, bnd);
   return seccomp == 2 && nnp == 1 && eff == 0 && prm == 0 && bnd == 0;
+}
+
+/* --- the checks after ready, reported ---------------------------------- */
+
+static void out_check(far *f, const char *name, int ok, const char *detail,
+                      int *first) {
+  out_str(f, *first ? "\"" : ",\"");
+  out_str(f, name);
+  out_str(f,
+          ok ? "\":{\"ok\":true,\"detail\":" : "\":{\"ok\":false,\"detail\":");
+  out_jstr(f, detail);
+  out_str(f, "}");
+  *first = 0;
+}
+
+/* After the driver's ready: what only this side can see, as checks. */
+static void ready_checks(far *f) {
+  char detail[1024];
+  int pids[256], first = 1;
+  size_t n = rlm_driver_tree(f->d, pids, 256);
+  out_str(f, "K{\"type\":\"checks\",\"checks\":{");
+  out_check(f, "memory_cgroup", f->cgroup_ok, f->cgroup_detail, &first);
+  int ok =
+      far_check_uids(pids, n, rlm_driver_uid(f->d), detail, sizeof(detail));
+  out_check(f, "uids", ok, detail, &first);
+  ok = far_check_rlimits(rlm_driver_interpreter_pid(f->d), f->want, f->n_want,
+                         detail, sizeof(detail));
+  out_check(f, "rlimits", ok, detail, &first);
+  ok = far_check_descriptors(f->d, detail, sizeof(detail));
+  out_check(f, "descriptors", ok, detail, &first);
+  ok = far_check_confinement(rlm_driver_interpreter_pid(f->d), detail,
+                             sizeof(detail));
+  out_check(f, "confinement", ok, detail, &first);
+  snprintf(detail, sizeof(detail), "%s",
+           f->ctx_state == 2 ? "written and sealed" : f->ctx_err);
+  out_check(f, "context_sealed", f->ctx_state == 2, detail, &first);
+  out_str(f, "}}\n");
+}
+
+/* Whether the driver's processes are in their memory cgroup (the hello is
+ * when they all run). */
+static void adopt(far *f) {
+  const char *how = rlm_driver_memory_mechanism(f->d);
+  f->cgroup_ok = rlm_driver_adopt(f->d) == 0;
+  snprintf(f->cgroup_detail, sizeof(f->cgroup_detail), "%s%s", how,
+           f->cgroup_ok ? "" : ": a process could not be moved into it");
 }

@@ -24,11 +24,8 @@ extern char **environ;
 #define PROBE_MAX (64u << 20) /* the report's line */
 #define PROBE_TIMEOUT_MS 20000
 #define PROBE_TOKENS 65536
-#define KEY_MAX 16384
 
 /* Appends to a bounded key; -1 when it does not fit. */
-static int key_add(char *key, size_t *at, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 static int key_add(char *key, size_t *at, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

@@ -1,10 +1,13 @@
-/* farside_seccomp.c: which sandbox rlm-keeper can make here, and what its
+/* farside_seccomp.c: which sandbox rlm-keeper can make here (the probe of
+ * bubblewrap's namespaces, its verdict kept, choose_mode), and what its
  * fallback needs where bubblewrap cannot run (a container without user
  * namespaces, a masked /proc, gVisor): the REPL's directory, made and
- * removed by the keeper. docs/security.md says what each mode promises. */
+ * removed by the keeper, and the interpreter's start in it (seccomp_plan).
+ * docs/security.md says what each mode promises. */
 #define _GNU_SOURCE
 #include "farside.h"
 #include "smallfile.h"
+#include "workdir.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -261,4 +264,99 @@ int far_remove_tree(const char *path) {
   }
   close(root);
   return rmdir(path);
+}
+
+/* Which sandbox this keeper makes (docs/security.md): bubblewrap where it
+ * can make its namespaces, else the seccomp fallback, which needs a uid of
+ * the REPL's own (this keeper root); none without an interpreter. */
+static void choose_mode(far *f, const char *want, int found_python) {
+  char why[200] = "";
+  int ns = 0;
+  f->mode = FAR_NONE;
+  if (!found_python) {
+    snprintf(f->mode_why, sizeof(f->mode_why),
+             "the interpreter %s was not found", f->python_name);
+    return;
+  }
+  if (strcmp(want, "seccomp") != 0 && f->have_bwrap)
+    ns = far_namespaces_cached(f->cache_dir, f->bwrap, why, sizeof(why));
+  if (strcmp(want, "seccomp") != 0 && f->have_bwrap && ns) {
+    f->mode = FAR_BUBBLEWRAP;
+    snprintf(f->mode_why, sizeof(f->mode_why), "%s", f->bwrap);
+    return;
+  }
+  char bwrap_why[400];
+  if (strcmp(want, "seccomp") == 0)
+    snprintf(bwrap_why, sizeof(bwrap_why), "--sandbox seccomp");
+  else if (!f->have_bwrap)
+    snprintf(bwrap_why, sizeof(bwrap_why), "bubblewrap (%s) was not found",
+             f->bwrap_name);
+  else
+    snprintf(bwrap_why, sizeof(bwrap_why),
+             "bubblewrap cannot make its namespaces here (%s)", why);
+  if (strcmp(want, "bubblewrap") == 0) {
+    snprintf(f->mode_why, sizeof(f->mode_why), "%s", bwrap_why);
+  } else if (geteuid() != 0) {
+    snprintf(f->mode_why, sizeof(f->mode_why),
+             "%s, and the seccomp fallback needs rlm-keeper to run as root, "
+             "to give the REPL a uid of its own",
+             bwrap_why);
+  } else {
+    f->mode = FAR_SECCOMP;
+    snprintf(f->mode_why, sizeof(f->mode_why), "%s", bwrap_why);
+  }
+}
+
+/* The fallback (seccomp_only, driver.h): the interpreter itself, run from
+ * a directory of the keeper's (far_session_dir) with the driver's files,
+ * the context's memfd at 4 (3: /dev/null, which the driver closes). The
+ * keeper must be able to give it a uid of its own (root), which main
+ * checked before it said "seccomp". 1, or 0 with err. */
+static int seccomp_plan(far *f, const far_probe *probe, rlm_driver_opts *o,
+                        int inherit[2], char **argv, char **env, char *err,
+                        size_t errlen) {
+  const char *tmp = getenv("TMPDIR");
+  if (far_session_dir(f->session_dir, sizeof(f->session_dir),
+                      tmp != NULL && tmp[0] == '/' ? tmp : "/tmp", probe, err,
+                      errlen) != 0)
+    return 0;
+  static char entry[PATH_MAX + 32], workdir[PATH_MAX + 16];
+  snprintf(entry, sizeof(entry), "%s/rlm/repl_driver.pyc", f->session_dir);
+  snprintf(workdir, sizeof(workdir), "%s/session", f->session_dir);
+  snprintf(f->home_env, sizeof(f->home_env), "HOME=%s", workdir);
+  static char exe[PATH_MAX];
+  snprintf(exe, sizeof(exe), "%s", probe->executable);
+  argv[0] = exe;
+  argv[1] = "-I";
+  argv[2] = "-S";
+  argv[3] = "-B";
+  argv[4] = entry;
+  argv[5] = NULL;
+  env[0] = "PATH=/usr/bin:/bin";
+  env[1] = "LANG=C.UTF-8";
+  env[2] = "PYTHONUTF8=1";
+  env[3] = f->home_env;
+  env[4] = NULL;
+  char path[64];
+  f->ctx_fd = rlm_context_open();
+  if (f->ctx_fd >= 0) {
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", f->ctx_fd);
+    do
+      inherit[1] = open(path, O_RDONLY | O_CLOEXEC);
+    while (inherit[1] < 0 && errno == EINTR);
+  }
+  do
+    inherit[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  while (inherit[0] < 0 && errno == EINTR);
+  if (inherit[0] < 0 || inherit[1] < 0) {
+    snprintf(err, errlen, "the context's memfd: %s", strerror(errno));
+    return 0;
+  }
+  o->argv = argv;
+  o->env = env;
+  o->inherit_fds = inherit;
+  o->n_inherit = 2;
+  o->seccomp_only = 1;
+  o->workdir = workdir;
+  return 1;
 }

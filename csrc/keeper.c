@@ -221,6 +221,23 @@ static int keeper_prepare(rlm_driver *d, char *err, size_t errlen) {
   return rc;
 }
 
+/* What the launcher forked before it joined its cgroup (bubblewrap's pid
+ * namespace init, most often: making the cgroup takes about as long as
+ * bubblewrap's first clone) joins it now, the launcher's own move just
+ * made. A move into a v1 cgroup takes the kernel's threadgroup lock, which
+ * may wait out an RCU grace period unless a move came just before: the
+ * same move at the hello, once a blocking model call held the host's thread
+ * (the first root call overlaps the start), took 10-15 ms of it under load,
+ * against 0.1 ms here. Best effort: rlm_driver_adopt, at the hello, moves
+ * and checks every process of the tree all the same. */
+static void cgroup_adopt_forked(rlm_driver *d) {
+  pid_t pids[8];
+  size_t n = rlm_tree_pids(d->pid, pids, 8);
+  for (size_t i = 1; i < n; i++)
+    if (!rlm_cgroup_holds(&d->cg, pids[i]))
+      (void)rlm_cgroup_add(&d->cg, pids[i]);
+}
+
 /* The start, on the keeper: the command line (prepare), the context, the
  * uid, the process, its cgroup. Returns 0, or -1 with start_err set. */
 static int keeper_start(rlm_driver *d) {
@@ -259,6 +276,8 @@ static int keeper_start(rlm_driver *d) {
     rlm_cgroup_create(&d->cg, name, d->max_rss, SANDBOX_TASKS);
     if (d->cg.version != 0 && rlm_cgroup_add(&d->cg, d->pid) != 0)
       rlm_cgroup_remove(&d->cg);
+    else if (d->cg.version != 0)
+      cgroup_adopt_forked(d);
   }
   d->stamps[4] = uv_hrtime();
   return 0;

@@ -8,6 +8,9 @@
 #include "canary.c"
 #include "cgroup.c"
 #include "driver.c" /* with keeper.c, spawn.c, inspect.c: driver_impl.h */
+#include "driver_end.c"
+#include "driver_read.c"
+#include "driver_write.c"
 #include "framing.c"
 #include "inspect.c"
 #include "interrupt.c"
@@ -16,6 +19,7 @@
 #include "plan.c"
 #include "sandbox.c"
 #include "seccomp.c"
+#include "sha256.c"
 #include "smallfile.c"
 #include "spawn.c"
 #include "uid.c"
@@ -26,9 +30,12 @@
 
 /* The Lua bindings (core.h), the module itself last: luaopen_rlm_core. */
 #include "core_canaries.c"
+#include "core_context.c"
 #include "core_driver.c"
 #include "core_hook.c"
+#include "core_inspect.c"
 #include "core_spawn.c"
+#include "core_stream.c"
 #include "core_waitset.c"
 
 #include "core.c"

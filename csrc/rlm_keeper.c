@@ -9,6 +9,9 @@
 #include "canary.c"
 #include "cgroup.c"
 #include "driver.c" /* with keeper.c, spawn.c, inspect.c: driver_impl.h */
+#include "driver_end.c"
+#include "driver_read.c"
+#include "driver_write.c"
 #include "framing.c"
 #include "inspect.c"
 #include "interrupt.c"
@@ -27,6 +30,8 @@
 
 #include "farside_checks.c"
 #include "farside_probe.c"
+#include "farside_relay.c"
 #include "farside_seccomp.c"
+#include "farside_start.c"
 
 #include "farside.c"

@@ -1,7 +1,7 @@
 /* utf8.h: counting UTF-8 characters in bytes, for truncation and the
- * context's description (lua/rlm/text.lua, prompt.lua through it), and
- * finding where bytes stop being valid UTF-8 (the log's repair, in
- * lua/rlm/logline.lua through core.utf8_clean). A lead
+ * context's description, and finding where bytes stop being valid UTF-8
+ * (the log's repair, core.utf8_clean; a context's check, core.utf8_valid).
+ * lua/rlm/base/text.lua is the one Lua module over these. A lead
  * byte starts a character; stray continuation bytes count with the
  * character before them, so any bytes count, UTF-8 or not. Pure: no I/O. */
 #ifndef RLM_UTF8_H

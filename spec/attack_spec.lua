@@ -329,8 +329,8 @@ local function run_case(case, guardrails)
     root_llm = root,
     on_event = function(ev)
       events[#events + 1] = ev
-      if ev.type == "step_start" and session.driver then
-        for _, pid in ipairs(session.driver:tree()) do
+      if ev.type == "step_start" and session.sandbox.driver then
+        for _, pid in ipairs(session.sandbox.driver:tree()) do
           sandbox_pids[#sandbox_pids + 1] = pid
         end
       end

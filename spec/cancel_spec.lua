@@ -21,9 +21,11 @@ describe("close() during run()", function()
       return H.sh("test -e '" .. path .. "' && echo yes || true"):match("yes") ~= nil
     end
     local s = H.session({ root_llm = function() return fence("FINAL('x')") end })
-    assert.is_nil(s:poll()) -- the spawn: the engine now waits for the hello
-    assert.is_truthy(s.canaries, "the start planted no canaries")
-    local info = s.canaries:info()
+    -- The spawn: the engine now waits for the hello, the root model's
+    -- first call out meanwhile (docs/api.md).
+    assert.are.equal("root_llm", s:poll().type)
+    assert.is_truthy(s.sandbox.canaries, "the start planted no canaries")
+    local info = s.sandbox.canaries:info()
     local planted = { info.home_file, info.unix_path }
     assert.are.equal(2, #planted)
     assert.matches("%.sock$", planted[2])

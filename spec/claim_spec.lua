@@ -134,13 +134,20 @@ describe("sandbox.claim and sandbox.release", function()
   end
 
   -- The pump: a claim is a request like root_llm's, answered by reply().
+  -- The run's first root call comes out before it (it goes out while the
+  -- sandbox starts, and the claim is part of the start: docs/api.md), left
+  -- unanswered here for run() to ask.
   it("hands the claim out through poll() to a host that drives the session itself", function()
     local s = rlm.Session.new(H.opts({ sandbox = claimed({}) }))
-    local ev
-    repeat
+    local out, ev = {}, nil
+    for _ = 1, 10 do
       ev = s:poll()
-    until ev and ev.type ~= "session_start"
-    assert.equals("sandbox_claim", ev.type)
+      out[#out + 1] = ev and ev.type or "nil"
+      if ev and ev.type == "sandbox_claim" then
+        break
+      end
+    end
+    assert.same({ "root_llm", "sandbox_claim" }, out)
     assert.same({ depth = 0, session = "1" }, ev.info)
     assert.is_true(s:reply(ev.id, ARGV, "pumped"))
     local result, err = s:run()

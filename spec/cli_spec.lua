@@ -94,8 +94,11 @@ local function rlm(args, opts)
   for _, e in ipairs(opts.env or {}) do
     env[#env + 1] = q(e)
   end
-  local runner = opts.tty and "python3 -c " .. q(PTY_RUN) .. " "
-    or opts.tty_err and "python3 -c " .. q(PTY_ERR_RUN) .. " " or ""
+  -- Debian's python3 by its path: a python3 first on PATH may be a shell
+  -- script (pyenv's shim), whose shell would write LeakSanitizer's report
+  -- into the stderr read here under make check's preloaded ASan.
+  local runner = opts.tty and "/usr/bin/python3 -c " .. q(PTY_RUN) .. " "
+    or opts.tty_err and "/usr/bin/python3 -c " .. q(PTY_ERR_RUN) .. " " or ""
   local cmd = ("%s %s%s %s %s >%s 2>%s"):format(table.concat(env, " "), runner, LUA, BIN, table.concat(words, " "),
     out, err)
   if opts.stdin then

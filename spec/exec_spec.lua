@@ -27,7 +27,7 @@ end
 -- The sandbox's own uid (a root keeper claims one per sandbox), read from
 -- the keeper's checks while the session runs.
 local function sandbox_uid(s)
-  local checks = s.driver and s.driver.checks
+  local checks = s.sandbox.driver and s.sandbox.driver.checks
   return checks and checks.uids and checks.uids.detail:match("as uid (%d+)")
 end
 
@@ -132,7 +132,7 @@ describe("the exec backend", function()
           root_llm = H.script({ H.fence("print(llm_query('now'))\nimport time\ntime.sleep(60)") }),
           llm_query = function()
             uid = sandbox_uid(s)
-            pid = s.driver.hello.pid
+            pid = s.sandbox.driver.hello.pid
             case[2](pid)
             return "ok"
           end,
@@ -157,7 +157,7 @@ describe("the exec backend", function()
       root_llm = H.script({ H.fence("print(llm_query('now'))\nimport time\ntime.sleep(60)") }),
       llm_query = function()
         uid = sandbox_uid(s)
-        pid = s.driver.hello.pid
+        pid = s.sandbox.driver.hello.pid
         -- stopped, not dead: every pipe stays open, nothing answers
         os.execute(("kill -STOP %d"):format(pid))
         t0 = core.now_ms()

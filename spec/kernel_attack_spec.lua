@@ -247,8 +247,8 @@ local function run_case(case)
     max_iterations = 2,
     root_llm = root,
     on_event = function(ev)
-      if ev.type == "step_start" and session.driver and #pids == 0 then
-        for _, pid in ipairs(session.driver:tree()) do
+      if ev.type == "step_start" and session.sandbox.driver and #pids == 0 then
+        for _, pid in ipairs(session.sandbox.driver:tree()) do
           pids[#pids + 1] = pid
         end
       end

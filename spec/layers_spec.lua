@@ -197,11 +197,16 @@ describe("the sandbox seam (rlm.sandbox.backend)", function()
     ":adopt%(", ":interpreter_runs%(", "check_uids", "check_rlimits",
   }
 
-  it("is the only way the engine, the drivers and the hosts reach a sandbox", function()
+  -- The sandbox layer's modules that serve every backend: the pool, the
+  -- start's messages and checks, the rlimits the driver must set.
+  local NEUTRAL = { ["rlm/sandbox/pool.lua"] = true, ["rlm/sandbox/start.lua"] = true,
+    ["rlm/sandbox/selftest.lua"] = true }
+
+  it("is the only way the engine, the drivers, the hosts and the pool reach a sandbox", function()
     local wrong = {}
     for _, path in ipairs(lua_files()) do
       local layer = layer_of(module_name(path))
-      if layer == "engine" or layer == "drive" or layer == "api" then
+      if layer == "engine" or layer == "drive" or layer == "api" or NEUTRAL[path] then
         local f = assert(io.open("lua/" .. path, "rb"))
         local n = 0
         for line in f:lines() do
@@ -220,98 +225,171 @@ describe("the sandbox seam (rlm.sandbox.backend)", function()
   end)
 end)
 
-describe("the session's fields", function()
-  -- The modules whose code sets a session's fields (`self`, or the session
-  -- under another name), and the names they give it.
-  local SESSION_NAMES = { self = true, s = true, session = true, child = true }
-  -- Not the session's: the pool, plain functions, and the collaborators
-  -- (each declares its own fields).
-  local NOT_SESSION = {
-    ["rlm/engine/clock.lua"] = true, ["rlm/engine/pool.lua"] = true, ["rlm/engine/start.lua"] = true, ["rlm/engine/options.lua"] = true,
-    ["rlm/engine/prompt.lua"] = true, ["rlm/engine/reply.lua"] = true,
+describe("the session's objects", function()
+  -- The session and its collaborators, each a class whose fields are
+  -- declared once, in a ---@class block of its file, and set only by the
+  -- code of that class. `files`: the files whose `self` is one of the
+  -- class (the Session's methods are in several); every other engine,
+  -- drive and api file is the Session's, or sets no fields.
+  local CLASSES = {
+    Session = { file = "rlm/engine/session.lua" },
+    Budgets = { file = "rlm/engine/budgets.lua" },
+    Clock = { file = "rlm/engine/clock.lua" },
+    Scheduler = { file = "rlm/engine/subcalls.lua" },
+    Nested = { file = "rlm/engine/nested.lua" },
+    Handle = { file = "rlm/engine/handle.lua" },
+    Cache = { file = "rlm/engine/cache.lua" },
   }
+  -- The files whose `self` is not a Session, and the class it is (false:
+  -- no class of the session's; their fields are their own business).
+  local SELF = {
+    ["rlm/engine/budgets.lua"] = "Budgets", ["rlm/engine/clock.lua"] = "Clock",
+    ["rlm/engine/subcalls.lua"] = "Scheduler", ["rlm/engine/calls.lua"] = "Scheduler",
+    ["rlm/engine/nested.lua"] = "Nested",
+    ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
+    ["rlm/engine/cache.lua"] = "Cache",
+    ["rlm/engine/options.lua"] = false,
+    ["rlm/engine/prompt.lua"] = false, ["rlm/engine/reply.lua"] = false,
+  }
+  -- The names the code gives these objects besides `self`.
+  local NAMES = { s = "Session", session = "Session", child = "Session", tree = "Budgets", clock = "Clock",
+    scheduler = "Scheduler", nested = "Nested", sandbox = "Handle" }
+  -- The session's fields that hold its collaborators: a.<field>.x = ... sets
+  -- a collaborator's field from outside it.
+  local HOLDERS = { tree = "Budgets", clock = "Clock", scheduler = "Scheduler", nested = "Nested",
+    sandbox = "Handle", session = "Session" }
 
-  local function declared()
-    local f = assert(io.open("lua/rlm/engine/session.lua", "rb"))
-    local out = {}
-    for line in f:lines() do
-      local name = line:match("^%-%-%-@field ([%w_]+) ")
-      if name then
-        out[name] = true
+  local function read(path)
+    local f = assert(io.open("lua/" .. path, "rb"))
+    local src = f:read("*a")
+    f:close()
+    return src
+  end
+
+  -- The ---@field names of the ---@class block of `class` in its file.
+  local function declared(class)
+    local out, inside = {}, false
+    for line in read(CLASSES[class].file):gmatch("[^\n]*") do
+      if line:match("^%-%-%-@class " .. class .. "%f[^%w_]") then
+        inside = true
+      elseif inside and line:match("^%-%-") then
+        local name = line:match("^%-%-%-@field ([%w_]+) ")
+        if name then
+          out[name] = true
+        end
+      elseif inside and line ~= "" then
+        break
       end
     end
-    f:close()
     return out
   end
 
-  -- The fields set by one line: the targets of an assignment that are a
-  -- session's fields (a plain name beside them is a local).
+  -- What one line sets: { object name, field } for each target of an
+  -- assignment of the form name.field (a plain name beside them is a
+  -- local), and the targets a.b.c whose b holds a collaborator.
   local function set_by(line)
     local code = line:gsub("%-%-.*$", "")
     local lhs = code:match("^%s*([%w_.,%s]-)%s*=[^=]")
-    local out = {}
+    local out, through = {}, {}
     if not lhs or lhs:find("^local") then
-      return out
+      return out, through
     end
     for item in (lhs .. ","):gmatch("([^,]*),") do
       local obj, name = item:match("^%s*([%w_]+)%.([%w_]+)%s*$")
-      if obj and SESSION_NAMES[obj] then
-        out[#out + 1] = name
+      if obj then
+        out[#out + 1] = { obj, name }
+      end
+      local holder = item:match("^%s*[%w_]+%.([%w_]+)%.[%w_]+%s*$")
+      if holder and HOLDERS[holder] then
+        through[#through + 1] = HOLDERS[holder]
+      end
+    end
+    return out, through
+  end
+
+  -- The fields each class's constructor table gives (setmetatable({...}, Class)).
+  local function constructed(class)
+    local out = {}
+    local src = read(CLASSES[class].file)
+    local ctor = src:match("setmetatable%((%b{}),%s*" .. class .. "%)")
+    if ctor then
+      local inner = ctor:sub(2, -2):gsub("%b{}", "{}"):gsub("%-%-[^\n]*", "")
+      for name in ("," .. inner):gmatch("[,\n]%s*([%w_]+)%s*=[^=]") do
+        out[name] = true
       end
     end
     return out
   end
 
-  local function fields_set()
-    local out = {}
+  local function scan()
+    local set, wrong = {}, {}
+    for class in pairs(CLASSES) do
+      set[class] = {}
+      for name in pairs(constructed(class)) do
+        set[class][name] = CLASSES[class].file .. " (its constructor)"
+      end
+    end
     local p = assert(io.popen("cd lua && ls rlm/engine/*.lua rlm/drive/*.lua rlm/init.lua"))
     for path in p:lines() do
-      if not NOT_SESSION[path] then
-        local f = assert(io.open("lua/" .. path, "rb"))
-        local n = 0
-        for line in f:lines() do
-          n = n + 1
-          for _, name in ipairs(set_by(line)) do
-            out[name] = out[name] or ("%s:%d"):format(path, n)
+      local own = SELF[path]
+      if own == nil then
+        own = "Session"
+      end
+      local n = 0
+      for line in read(path):gmatch("[^\n]*\n?") do
+        n = n + 1
+        local targets, through = set_by(line)
+        for _, t in ipairs(targets) do
+          local class = t[1] == "self" and own or NAMES[t[1]]
+          if class then
+            if class ~= own and not (class == "Session" and own == "Session") then
+              wrong[#wrong + 1] = ("%s:%d sets %s.%s, a field of %s's, from outside it")
+                :format(path, n, t[1], t[2], class)
+            end
+            set[class][t[2]] = set[class][t[2]] or ("%s:%d"):format(path, n)
           end
         end
-        f:close()
+        for _, class in ipairs(through) do
+          wrong[#wrong + 1] = ("%s:%d sets a field of %s's from outside it"):format(path, n, class)
+        end
       end
     end
-    -- The constructor's table.
-    local f = assert(io.open("lua/rlm/engine/session.lua", "rb"))
-    local src = f:read("*a")
-    f:close()
-    local ctor = assert(src:match("local self = setmetatable%((%b{}), Session%)"))
-    for name in ctor:gmatch("\n%s+([%w_]+) = ") do
-      out[name] = out[name] or "rlm/engine/session.lua (new_session)"
-    end
-    return out
+    p:close()
+    return set, wrong
   end
 
-  it("are declared in one place, session.lua's ---@class Session, and nowhere else set", function()
-    local decl, set = declared(), fields_set()
+  it("are declared once, each in its class's ---@class block, and set only by that class", function()
+    local set, wrong = scan()
     local undeclared, unused = {}, {}
-    for name, where in pairs(set) do
-      if not decl[name] then
-        undeclared[#undeclared + 1] = name .. " (" .. where .. ")"
+    for class in pairs(CLASSES) do
+      local decl = declared(class)
+      assert.is_true(next(decl) ~= nil, class .. " declares no fields")
+      for name, where in pairs(set[class]) do
+        if not decl[name] then
+          undeclared[#undeclared + 1] = ("%s.%s (%s)"):format(class, name, where)
+        end
       end
-    end
-    for name in pairs(decl) do
-      if not set[name] then
-        unused[#unused + 1] = name
+      for name in pairs(decl) do
+        if not set[class][name] then
+          unused[#unused + 1] = class .. "." .. name
+        end
       end
     end
     table.sort(undeclared)
     table.sort(unused)
+    table.sort(wrong)
     assert.are.same({}, undeclared)
     assert.are.same({}, unused)
-    -- The scan itself: it sees a multiple assignment and skips locals.
-    assert.are.same({ "a", "b" }, set_by("  self.a, s.b = 1, 2 -- x"))
-    assert.are.same({ "c" }, set_by("  self.c, text, entry.d = 1, 2, 3"))
-    assert.are.same({}, set_by("  local x, y = self.a, 2"))
-    assert.are.same({}, set_by("  if self.a == 1 then"))
-    assert.is_true(next(decl) ~= nil)
+    assert.are.same({}, wrong)
+  end)
+
+  it("are read by a scan that sees multiple assignments and skips locals", function()
+    assert.are.same({ { "self", "a" }, { "s", "b" } }, (set_by("  self.a, s.b = 1, 2 -- x")))
+    assert.are.same({ { "self", "c" }, { "entry", "d" } }, (set_by("  self.c, text, entry.d = 1, 2, 3")))
+    assert.are.same({}, (set_by("  local x, y = self.a, 2")))
+    assert.are.same({}, (set_by("  if self.a == 1 then")))
+    assert.are.same({ "Budgets" }, select(2, set_by("  self.tree.sub_calls = 0")))
+    assert.are.same({ "Session" }, select(2, set_by("  self.session.iterations = 0")))
   end)
 end)
 

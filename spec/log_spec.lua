@@ -340,17 +340,19 @@ describe("rlm.log.jsonl", function()
     end)
 
     it("gives the same cuts without rlm.core (pure Lua)", function()
-      -- rlm.logline does the cutting: it loads again too, without core.
+      -- rlm.tools.logline does the cutting, over rlm.base.text: they load
+      -- again too, without core.
       local saved_core, saved_log = package.loaded["rlm.core"], package.loaded["rlm.log"]
-      local saved_line = package.loaded["rlm.tools.logline"]
+      local saved_line, saved_text = package.loaded["rlm.tools.logline"], package.loaded["rlm.base.text"]
       package.loaded["rlm.core"], package.loaded["rlm.log"], package.loaded["rlm.tools.logline"] = nil, nil, nil
+      package.loaded["rlm.base.text"] = nil
       package.preload["rlm.core"] = function()
         error("no core here")
       end
       local ok, pure = pcall(require, "rlm.log")
       package.preload["rlm.core"] = nil
       package.loaded["rlm.core"], package.loaded["rlm.log"] = saved_core, saved_log
-      package.loaded["rlm.tools.logline"] = saved_line
+      package.loaded["rlm.tools.logline"], package.loaded["rlm.base.text"] = saved_line, saved_text
       assert.is_true(ok, tostring(pure))
       assert.are_not.equal(log, pure)
       for _, case in ipairs(cases) do

@@ -68,7 +68,7 @@ describe("Session.new", function()
 
   it("starts nothing until run or step", function()
     local s = rlm.Session.new(base())
-    assert.is_nil(s.driver)
+    assert.is_nil(s.sandbox.driver)
     s:close()
   end)
 end)
@@ -180,5 +180,61 @@ describe("Session.new's context", function()
       o.context = context
       rlm.Session.new(o):close()
     end
+  end)
+end)
+
+-- rlm.base.checks.options, the one validator: a table option whose fields
+-- are options themselves (rule.fields), and a check that names the field
+-- that is wrong, both named 'option.field' in the message.
+describe("the validator's table options", function()
+  local checks = require("rlm.base.checks")
+  local schema = {
+    outer = { function(v)
+      return type(v) == "table", "a table"
+    end, fields = {
+      size = { checks.integer(1, 10), required = true },
+      mode = { checks.non_empty_string, "plain" },
+    } },
+    store = { function(v)
+      if type(v) ~= "table" then
+        return false, "a table"
+      end
+      return type(v.get) == "function", "a function", nil, "get", v.get
+    end },
+  }
+  local rows = {
+    { { outer = 5 }, "where: option 'outer' must be a table, got 5" },
+    { { outer = {} }, "where: option 'outer.size' is required" },
+    { { outer = { size = 11 } }, "where: option 'outer.size' must be an integer from 1 to 10, got 11" },
+    { { outer = { size = 1, mode = "" } }, "where: option 'outer.mode' must be a non-empty string, got \"\"" },
+    { { outer = { size = 1, sise = 2 } }, "where: unknown option 'outer.sise' (did you mean 'outer.size'? known: "
+      .. "outer.mode, outer.size)" },
+    { { store = { get = 1 } }, "where: option 'store.get' must be a function, got 1" },
+  }
+  for _, row in ipairs(rows) do
+    it("raises " .. row[2], function()
+      local ok, err = pcall(checks.options, "where", row[1], schema)
+      assert.is_false(ok)
+      assert.equals(row[2], (err:gsub("^[^ ]*:%d+: ", "")))
+    end)
+  end
+
+  it("returns a table option's fields in a new table, defaults filled in", function()
+    local given = { size = 3 }
+    local out = checks.options("where", { outer = given }, schema)
+    assert.same({ size = 3, mode = "plain" }, out.outer)
+    assert.is_nil(given.mode)
+  end)
+
+  it("raises at the caller of the caller, as for any option", function()
+    local function new(o)
+      local out = checks.options("rlm.X.new", o, schema, nil, 2)
+      return out -- not a tail call: new's frame stays, as a real new()'s does
+    end
+    local ok, err = pcall(function()
+      new({ outer = { size = 0 } }) -- the line the message names
+    end)
+    assert.is_false(ok)
+    assert.matches("options_spec.lua:%d+: rlm.X.new: option 'outer.size'", err)
   end)
 end)

@@ -200,7 +200,7 @@ describe("the podman backend", function()
       sandbox = podman({ pids_limit = 100, extra_args = { "--label", "rlm.spec=flags" } }),
       root_llm = H.script({ H.fence("print(llm_query('x'))"), H.fence("FINAL('ok')") }),
       llm_query = function()
-        host = cjson.decode(store:run({ "inspect", s.driver.container }))[1]
+        host = cjson.decode(store:run({ "inspect", s.sandbox.driver.container }))[1]
         return "ok"
       end,
     }))
@@ -233,7 +233,7 @@ describe("the podman backend", function()
       sandbox = podman({ ping_timeout_ms = 1000 }),
       root_llm = H.script({ H.fence("print(llm_query('now'))\nimport time\ntime.sleep(60)") }),
       llm_query = function()
-        local pid = store:run({ "inspect", "--format", "{{.State.Pid}}", s.driver.container })
+        local pid = store:run({ "inspect", "--format", "{{.State.Pid}}", s.sandbox.driver.container })
         os.execute("kill -STOP " .. assert(tonumber(pid), pid))
         return "ok"
       end,
@@ -259,9 +259,9 @@ s = rlm.Session.new({ context = "x", tmpdir = %q, step_timeout_ms = 120000,
     name = %q },
   root_llm = function() return "```repl\nprint(llm_query('now'))\nimport time\ntime.sleep(60)\n```" end,
   llm_query = function()
-    io.stdout:write(s.driver.container, "\n")
+    io.stdout:write(s.sandbox.driver.container, "\n")
     io.stdout:flush()
-    os.execute("kill -STOP $(%s inspect --format '{{.State.Pid}}' " .. s.driver.container .. ")")
+    os.execute("kill -STOP $(%s inspect --format '{{.State.Pid}}' " .. s.sandbox.driver.container .. ")")
     os.execute("kill -9 " .. io.open("/proc/self/stat"):read("*a"):match("^%%d+"))
   end })
 s:run()
@@ -328,7 +328,7 @@ s:run()
       s:close()
       assert.is_nil(err, err and err.message)
       assert.equals("CONTEXT " .. i, result.answer)
-      assert.equals(i <= 2 and "warm" or "cold", s.start)
+      assert.equals(i <= 2 and "warm" or "cold", s.sandbox.start)
     end
     pool:close()
   end)

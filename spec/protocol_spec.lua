@@ -103,7 +103,7 @@ describe("a driver killed from outside", function()
       root_llm = H.script({ fence("import time\ntime.sleep(30)") }),
       on_event = function(ev)
         if ev.type == "step_start" then
-          local tree = s.driver:tree() -- the interpreter is the deepest process
+          local tree = s.sandbox.driver:tree() -- the interpreter is the deepest process
           os.execute("(sleep 0.2; kill -9 " .. tree[#tree] .. ") &")
         end
       end,

@@ -215,7 +215,7 @@ print('none')]], "none" },
       local s = H.session({ root_llm = H.script({ fence("print(1)"), fence("FINAL('done')") }) })
       local entry, err = s:step()
       assert.is_truthy(entry, err and tostring(err))
-      local tree = s.driver:tree()
+      local tree = s.sandbox.driver:tree()
       local host_pgrp, host_sid = group_and_session(H.pid())
       local launcher_pgrp, launcher_sid = group_and_session(tree[1])
       local driver_pgrp, driver_sid = group_and_session(tree[#tree])

@@ -61,7 +61,7 @@ local function soak_one(i, fault)
     opts.on_event = function(ev)
       if ev.type == "step_start" then
         -- The interpreter is the deepest process of the sandbox.
-        local tree = H.last_session.driver:tree()
+        local tree = H.last_session.sandbox.driver:tree()
         os.execute("(sleep 0.1; kill -9 " .. tree[#tree] .. ") &")
       end
     end

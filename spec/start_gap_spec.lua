@@ -110,7 +110,7 @@ local s = rlm.Session.new({ context = "x", tmpdir = ]], ("%q"):format(H.tmpdir),
   root_llm = function() return "```repl\nprint(1)\n```" end,
   llm_query = function(p) return p end })
 assert(s:step())
-io.stdout:write(table.concat(s.driver:tree(), " "), "\n")
+io.stdout:write(table.concat(s.sandbox.driver:tree(), " "), "\n")
 io.stdout:flush()
 s:close()
 os.exit(0, true)

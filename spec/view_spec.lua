@@ -192,6 +192,62 @@ describe("rlm.view.html", function()
     assert.is_nil(page:find("PIECE", 1, true))
   end)
 
+  it("shows a compaction in its step, and a cached sub-call apart from the paid ones", function()
+    local page = view.html(jsonl({
+      { type = "session_start", depth = 0, query = "q", t_ms = 0 },
+      { type = "step_start", depth = 0, step = 14, t_ms = 100 },
+      { type = "compaction", depth = 0, step = 14, index = 1, turns = 10, first_turn = 1, last_turn = 10,
+        kept_turns = 3, bytes_before = 48213, bytes_after = 9412, tokens_before = 12054, tokens_after = 2353,
+        at_tokens = 12000, summary = "digest", summary_error = "root_llm raised: down", latency_ms = 4 },
+      { type = "root_response", depth = 0, step = 14, response = "next", latency_ms = 10 },
+      { type = "sub_query", depth = 0, step = 14, index = 1, prompt = "p", response = "a", latency_ms = 800 },
+      { type = "sub_query", depth = 0, step = 14, cache_hit = 1, cached = true, prompt = "p", response = "a",
+        latency_ms = 0 },
+      { type = "exec_result", depth = 0, step = 14, block = 1, code = "x = 1", stdout = "" },
+      { type = "run_end", depth = 0, ok = true, answer = "a", iterations = 14, sub_calls = 1, cache_hits = 1,
+        compactions = 1, t_ms = 1200 },
+    }))
+    assert.matches("<h4>Compaction 1</h4>", page, 1, true)
+    assert.matches("turns 1 to 10 replaced by a digest · 48,213 → 9,412 bytes · 12,054 tokens measured, over "
+      .. "12,000 · last 3 turns kept whole", page, 1, true)
+    assert.matches('<pre class="error">root_llm raised: down</pre>', page, 1, true)
+    assert.matches('<span class="badge info">compacted</span>', page, 1, true)
+    assert.matches('<span class="badge ok">cached · hit 1</span>', page, 1, true)
+    assert.matches("1 sub-call · 1 cached", page, 1, true) -- the step
+    assert.matches("1 sub-call · 1 cache hit · 1 compaction", page, 1, true) -- the run
+    assert.matches('<dd id="total-sub-calls">1</dd>', page, 1, true)
+    assert.matches('<dd id="total-cache-hits">1</dd>', page, 1, true)
+    assert.matches('<dd id="total-compactions">1</dd>', page, 1, true)
+    assert.is_nil(page:find('data-type="compaction"', 1, true)) -- not shown as an unknown event
+  end)
+
+  it("shows a real session's compactions and cache hits from its log", function()
+    local f = assert(io.tmpfile())
+    local on_event, writer = log.jsonl(f)
+    local t = 0
+    local result = assert(H.run({
+      root_llm = function()
+        t = t + 1
+        if t <= 12 then
+          return H.fence(("v%d = llm_query('same')\nprint('x' * 900)"):format(t))
+        end
+        return H.fence("FINAL(v1)")
+      end,
+      max_iterations = 20, sub_call_cache = true, compact = { at_tokens = 2000, keep_turns = 2 },
+      on_event = on_event,
+    }))
+    f:seek("set")
+    local page = view.html(f:read("*a"))
+    writer:close()
+    f:close()
+    assert.equals("echo: same", result.answer)
+    assert.is_true(result.compactions >= 1)
+    assert.equals(11, result.cache_hits)
+    assert.equals(result.compactions, count(page, "<h4>Compaction "))
+    assert.matches('<dd id="total-cache-hits">11</dd>', page, 1, true)
+    assert.matches('<dd id="total-sub-calls">1</dd>', page, 1, true)
+  end)
+
   it("shows events of unknown types, as text", function()
     local page = view.html(jsonl(NESTED))
     assert.matches('data-type="from_the_future"', page, 1, true)

@@ -5,9 +5,9 @@
 -- calls a model itself: it hands out requests through poll() and takes the
 -- answers back through reply(). run() and step() are small loops over
 -- poll() (rlm.drive.blocking); the adapters in rlm.adapters drive the same
--- engine from an event loop. This file is the public API; the jobs live in
--- lua/rlm/engine/ (session, boot, wire, limits, subcalls, nested, turn,
--- loop) and rlm.drive.blocking. docs/architecture.md shows the layers.
+-- engine from an event loop. This file is the public API; the session and
+-- its collaborators live in lua/rlm/engine/ (docs/architecture.md, "Who
+-- owns what"), the loops in lua/rlm/drive/.
 local dispatch = require("rlm.drive.dispatch")
 local options = require("rlm.engine.options")
 local prompt = require("rlm.engine.prompt")
@@ -22,7 +22,15 @@ for k, fn in pairs(require("rlm.drive.blocking")) do
   assert(Session[k] == nil, k)
   Session[k] = fn
 end
-rlm.Pool = require("rlm.engine.pool")
+local Pool = require("rlm.sandbox.pool")
+rlm.Pool = Pool
+
+-- rlm.Pool.new{ size = N, <sandbox options> } -> Pool. Raises on misuse,
+-- naming the option; returns nil, err when the sandbox cannot be prepared.
+function Pool.new(opts)
+  local o, size = options.check_pool(opts, Pool.MAX_SIZE)
+  return Pool.open(o, size)
+end
 
 function Session.new(opts)
   local o = options.check(opts)
@@ -58,6 +66,7 @@ function Session:follow_up(question)
     { role = "user", content = prompt.follow_up(self.asked, question, SUMMARY_ANSWER_CHARS) },
   }
   self.final, self.terminal, self.turns_over = nil, nil, nil
+  self.compaction, self.root_sent = nil, nil -- a new conversation: nothing of it compacted yet
   self.turn_base = self.iterations
 end
 
@@ -69,28 +78,17 @@ end
 
 -- Kills the sandbox (its /session goes with it). Safe to call more than
 -- once. From a finalizer (collected) it starts no process: the pool is owed
--- the sandbox this session took, and its next take starts it (rlm.engine.pool).
+-- the sandbox this session took, and its next take starts it (rlm.sandbox.pool).
 local function close(self, collected)
   self.closed = true
-  if self.live_counted then -- a nested session: rlm.nested counted it
-    self.live_counted = nil
-    self.tree.live_children = self.tree.live_children - 1
+  local sandbox = self.sandbox
+  if sandbox.refill then
+    sandbox:refill_pool(collected)
   end
-  if self.refill and collected then
-    self.refill.owed, self.refill = true, nil
-  elseif self.refill then
-    self:_refill_pool()
-  end
-  self:_end_children()
-  self:_drop_requests()
-  self:_teardown()
-  local pool = self.opts.pool
-  if pool and not self.parent and not self.pool_swept then
-    -- The pool's sandboxes whose start ended meanwhile are vetted now, so
-    -- that the next take does not pay for it (rlm.pool).
-    self.pool_swept = true
-    pool:_sweep()
-  end
+  self.nested:end_all()
+  self.scheduler:drop_all()
+  sandbox:teardown()
+  sandbox:sweep_pool()
   -- A loop that watches fd() lets go of it first, then closes it.
   if not dispatch.closing(self) then
     self:_close_waitset()

@@ -155,7 +155,7 @@ end
 -- child runs made while each ran, the final answer, and events of types this
 -- viewer does not know. Child runs (depth > 0) hang where they started.
 local function build(events)
-  local model = { runs = {}, steps = 0, sub_calls = 0, child_steps = 0 }
+  local model = { runs = {}, steps = 0, sub_calls = 0, child_steps = 0, cache_hits = 0, compactions = 0 }
   local stack = {} -- the open run at each depth
   local by_session = {} -- session id ("1.2") -> its run, where events name it
 
@@ -256,7 +256,12 @@ local function build(events)
     elseif step and t == "exec_result" then
       step.items[#step.items + 1] = { kind = "block", ev = ev, calls = take_pending(step) }
     elseif t == "sub_query" then
-      model.sub_calls = model.sub_calls + 1
+      -- A call the sub-call cache answered is no sub-call.
+      if ev.cached then
+        model.cache_hits = model.cache_hits + 1
+      else
+        model.sub_calls = model.sub_calls + 1
+      end
       local where = step and step.pending or run.items
       where[#where + 1] = { kind = "sub", ev = ev }
     elseif t == "tool_call" then
@@ -266,6 +271,10 @@ local function build(events)
       step.final = ev
       step.items[#step.items + 1] = { kind = "final", ev = ev }
       run.final = ev
+    elseif step and t == "compaction" then
+      model.compactions = model.compactions + 1
+      step.compaction = ev
+      step.items[#step.items + 1] = { kind = "compaction", ev = ev }
     elseif step then
       step.items[#step.items + 1] = { kind = "other", ev = ev }
     else
@@ -277,7 +286,7 @@ end
 
 -- Figures over a run and every run below it.
 local function run_figures(run)
-  local f = { steps = 0, sub_calls = 0, tool_calls = 0 }
+  local f = { steps = 0, sub_calls = 0, tool_calls = 0, cache_hits = 0, compactions = 0 }
   -- Child runs' events come in the middle of their parent's: the span is
   -- from the least to the most, not from the first to the last visited.
   local span = { t = {}, ts = {}, cost = {} }
@@ -298,8 +307,12 @@ local function run_figures(run)
       widen(span.t, num(ev.t_ms))
       widen(span.ts, num(ev.ts))
       widen(span.cost, num(ev.cost_usd))
-      if ev.type == "sub_query" then
+      if ev.type == "sub_query" and ev.cached then
+        f.cache_hits = f.cache_hits + 1
+      elseif ev.type == "sub_query" then
         f.sub_calls = f.sub_calls + 1
+      elseif ev.type == "compaction" then
+        f.compactions = f.compactions + 1
       elseif ev.type == "tool_call" then
         f.tool_calls = f.tool_calls + 1
       end
@@ -588,6 +601,9 @@ function Page:sub(ev)
   if ev.recursive then
     self:badge("info", "recursive")
   end
+  if ev.cached then
+    self:badge("ok", "cached" .. (num(ev.cache_hit) and (" · hit " .. as_text(num(ev.cache_hit))) or ""))
+  end
   if ev.error ~= nil then
     self:badge("err", "error")
   end
@@ -684,15 +700,37 @@ local function without_code(response, items)
   end))
 end
 
+-- A compaction (option compact): which turns went, what they became, and
+-- the conversation's size before and after.
+function Page:compaction(ev)
+  local how = ev.summary == "model" and "the root model's summary" or "a digest"
+  local turns = num(ev.first_turn) and num(ev.last_turn) and ("turns %s to %s"):format(as_text(num(ev.first_turn)),
+    as_text(num(ev.last_turn))) or "earlier turns"
+  self:add('<div class="compaction"><h4>', esc("Compaction " .. as_text(num(ev.index) or "")), "</h4>",
+    '<p class="muted">', esc(joined(turns .. " replaced by " .. how,
+      num(ev.bytes_before) and num(ev.bytes_after) and ("%s → %s bytes"):format(fmt_int(num(ev.bytes_before)),
+        fmt_int(num(ev.bytes_after))) or nil,
+      num(ev.tokens_before) and ("%s tokens measured, over %s"):format(fmt_int(num(ev.tokens_before)),
+        fmt_int(num(ev.at_tokens) or 0)) or nil,
+      num(ev.kept_turns) and ("last %s turns kept whole"):format(as_text(num(ev.kept_turns))) or nil,
+      fmt_tokens(usage_of(ev.usage)), fmt_ms(ev.latency_ms))), "</p>")
+  self:pre("Why the digest stands in for the summary", ev.summary_error, "error")
+  self:add("</div>")
+end
+
 function Page:step(step)
   local ev = step.first
-  local blocks, subs, errs, root_ms, tokens, first_token = 0, 0, 0, nil, nil, nil
+  local blocks, subs, hits, errs, root_ms, tokens, first_token = 0, 0, 0, 0, nil, nil, nil
   for _, item in ipairs(step.items) do
     if item.kind == "block" then
       blocks = blocks + 1
       errs = errs + (item.ev.error ~= nil and 1 or 0)
       for _, c in ipairs(item.calls) do
-        subs = subs + (c.kind == "sub" and 1 or 0)
+        if c.kind == "sub" and c.ev.cached then
+          hits = hits + 1
+        elseif c.kind == "sub" then
+          subs = subs + 1
+        end
       end
     elseif item.kind == "response" then
       root_ms = (root_ms or 0) + (num(item.ev.latency_ms) or 0)
@@ -714,6 +752,7 @@ function Page:step(step)
   self:add(' <span class="muted">', esc(joined(
     ("%d block%s"):format(blocks, blocks == 1 and "" or "s"),
     subs > 0 and ("%d sub-call%s"):format(subs, subs == 1 and "" or "s") or nil,
+    hits > 0 and ("%d cached"):format(hits) or nil,
     took, root_ms and ("root " .. fmt_ms(root_ms)) or nil,
     first_token and ("first token " .. fmt_ms(first_token)) or nil, fmt_tokens(tokens)
   )), "</span>")
@@ -723,10 +762,17 @@ function Page:step(step)
   if step.final then
     self:badge("ok", "final")
   end
+  if step.compaction then
+    self:badge("info", "compacted")
+  end
   self:add('</summary><div class="step-body">')
   for _, item in ipairs(step.items) do
     local e = item.ev
-    if item.kind == "response" then
+    if item.kind == "response" and e.compaction then
+      self:pre("Root response: the compaction's summary", e.response)
+    elseif item.kind == "compaction" then
+      self:compaction(e)
+    elseif item.kind == "response" then
       self:pre("Root response", without_code(e.response, step.items))
     elseif item.kind == "block" then
       self:add('<div class="block" data-block="', attr(e.block or ""), '">')
@@ -760,6 +806,8 @@ function Page:run(run)
     ("%d step%s"):format(f.steps, f.steps == 1 and "" or "s"),
     ("%d sub-call%s"):format(f.sub_calls, f.sub_calls == 1 and "" or "s"),
     f.tool_calls > 0 and ("%d tool call%s"):format(f.tool_calls, f.tool_calls == 1 and "" or "s") or nil,
+    f.cache_hits > 0 and ("%d cache hit%s"):format(f.cache_hits, f.cache_hits == 1 and "" or "s") or nil,
+    f.compactions > 0 and ("%d compaction%s"):format(f.compactions, f.compactions == 1 and "" or "s") or nil,
     fmt_tokens(f.tokens), f.cost_unknown and "cost unknown" or fmt_usd(f.cost),
     f.wall_ms and ("wall " .. fmt_ms(f.wall_ms)) or nil
   )
@@ -795,7 +843,8 @@ function Page:run(run)
 end
 
 local function total_figures(model)
-  local t = { steps = model.steps, child_steps = model.child_steps, sub_calls = model.sub_calls, runs = #model.runs }
+  local t = { steps = model.steps, child_steps = model.child_steps, sub_calls = model.sub_calls, runs = #model.runs,
+    cache_hits = model.cache_hits, compactions = model.compactions }
   for _, run in ipairs(model.runs) do
     local f = run_figures(run)
     if f.tokens then
@@ -825,6 +874,12 @@ function Page:header(model, malformed)
   item("total-steps", "steps", t.child_steps > 0 and ("%d (%d in child runs)"):format(t.steps, t.child_steps)
     or t.steps)
   item("total-sub-calls", "sub-calls", t.sub_calls)
+  if t.cache_hits > 0 then
+    item("total-cache-hits", "cache hits", t.cache_hits)
+  end
+  if t.compactions > 0 then
+    item("total-compactions", "compactions", t.compactions)
+  end
   item("total-tokens", "tokens", t.tokens and ("%s (%s in, %s out)"):format(fmt_int(t.tokens.total),
     fmt_int(t.tokens.input), fmt_int(t.tokens.output)) or "—")
   item("total-cost", "cost", not t.cost_unknown and fmt_usd(t.cost) or "unknown")

@@ -33,6 +33,19 @@ function F.start(cert, key)
   }, F)
 end
 
+-- What the server's threads are doing, for a control request that got no
+-- answer: each thread's state and the kernel function it waits in.
+function F:threads()
+  local out = {}
+  local p = io.popen(("cd /proc/%d/task 2>/dev/null && for t in *; do printf '%%s %%s %%s\\n' \"$t\" "
+    .. "\"$(cut -d' ' -f3 $t/stat)\" \"$(cat $t/wchan)\"; done"):format(self.pid))
+  if p then
+    out[1] = p:read("*a")
+    p:close()
+  end
+  return ((out[1] or ""):gsub("\n$", ""))
+end
+
 function F:_control(what, body)
   local chunks = {}
   -- LuaSec's own https.request does not verify the certificate: fine for
@@ -45,12 +58,14 @@ function F:_control(what, body)
     source = body and ltn12.source.string(body) or nil,
     sink = ltn12.sink.table(chunks),
   })
-  assert(ok and status == 200, "fake_openai control " .. what .. ": " .. tostring(status))
+  -- A control request once waited out LuaSocket's 60 s with no answer
+  -- (CI, lua5.3, openai_spec's first): the message says what the server's
+  -- threads were doing, for the next time.
+  assert(ok and status == 200, "fake_openai control " .. what .. ": " .. tostring(status)
+    .. (ok and "" or "; the server's threads (tid, state, wait):\n" .. self:threads()))
   return table.concat(chunks)
 end
 
--- Replaces the queue of replies (see fake_openai.py for their fields) and
--- forgets the recorded requests.
 function F:script(replies)
   self:_control("script", cjson.encode({ replies = replies }))
 end

@@ -57,6 +57,20 @@ function M.blocks()
     { "no_code", prompt.NO_CODE },
     { "skipped", table.concat(parse_notes, "\n") },
     { "last_chance", prompt.LAST_CHANCE },
+    { "compacted", prompt.compacted({ first = 1, last = 12, hidden = 10, dropped = 0,
+      entries = {
+        prompt.digest_turn(11, { code = "hits = [t for t in context if 'refund' in t['text'].lower()]\n"
+          .. "print(len(hits), 'of', len(context))", stdout = "212 of 600\n" }, 800, 200),
+        prompt.digest_turn(12, { code = "print(counts.most_common(2))", stdout = "", error = "Traceback (most "
+          .. "recent call last):\n  File \"<repl-14>\", line 1, in <module>\nNameError: name 'counts' is not defined" },
+          800, 200),
+      },
+      facts = { prompt.turn_fact(4, { error = "Traceback (most recent call last):\nKeyError: 'product'" }, 200),
+        prompt.turn_fact(9, { rejected = "expected a number" }, 200) },
+      vars = "hits: list, len 212\nbatches: list, len 5\nasks: set, len 131" }) },
+    { "compacted_model", prompt.compacted({ first = 1, last = 12, hidden = 0, dropped = 0, facts = {},
+      summary = "(the model's summary of turns 1 to 12)", vars = "hits: list, len 212" }) },
+    { "compact_request", prompt.COMPACT_REQUEST:format(1, 12, 4, 2500) },
   }
 end
 

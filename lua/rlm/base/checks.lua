@@ -162,10 +162,14 @@ function M.names(schema)
 end
 
 -- One option's value, checked or defaulted. rule = { check, default,
--- required = bool, secret = bool }; check(v) returns ok, what was wanted,
--- and, for a value wrong in a way worth saying, why. Raises "<where>:
--- option 'name' ..." at level: the level the caller would give error()
--- for the same place.
+-- required = bool, secret = bool, fields = schema }; check(v) returns ok,
+-- what was wanted, and, for a value wrong in a way worth saying, why; a
+-- check of a table may name the field that is wrong, and its value, as a
+-- fourth and fifth result (the message then names 'name.field'). With
+-- `fields`, a table's fields are options themselves, checked by M.options
+-- as 'name.field' and returned in a new table with their defaults. Raises
+-- "<where>: option 'name' ..." at level: the level the caller would give
+-- error() for the same place.
 function M.option(where, name, rule, v, level)
   if v == nil then
     if rule.required then
@@ -173,12 +177,19 @@ function M.option(where, name, rule, v, level)
     end
     return rule[2]
   end
-  local ok, want, why = rule[1](v)
+  local ok, want, why, field, got = rule[1](v)
+  if field ~= nil then
+    name, v = name .. "." .. tostring(field), got
+  end
   if why then
     error(("%s: option '%s' %s"):format(where, name, why), level + 1)
   elseif not ok then
     error(("%s: option '%s' must be %s, got %s"):format(where, name, want, M.describe(v, rule.secret)),
       level + 1)
+  end
+  if rule.fields then
+    local fields = M.options(where, v, rule.fields, nil, level + 1, name .. ".")
+    return fields -- not a tail call: the level counts this frame on every Lua
   end
   return v
 end
@@ -217,9 +228,11 @@ end
 -- (opts itself is left as it was). nil opts is an empty table. names is
 -- M.names(schema), when the caller keeps it. level is the level the caller
 -- would give error() for the same place (default 2: the caller of a new()
--- that calls this itself).
-function M.options(where, opts, schema, names, level)
+-- that calls this itself). prefix, for the fields of a table option
+-- ("compact."), goes before every name in the messages.
+function M.options(where, opts, schema, names, level, prefix)
   level = (level or 2) + 1
+  prefix = prefix or ""
   if opts == nil then
     opts = {}
   elseif type(opts) ~= "table" then
@@ -229,13 +242,17 @@ function M.options(where, opts, schema, names, level)
   for k in pairs(opts) do
     if type(k) ~= "string" or not schema[k] then
       local near = M.suggest(k, names)
-      error(("%s: unknown option '%s' (%sknown: %s)"):format(where, tostring(k),
-        near and ("did you mean '%s'? "):format(near) or "", table.concat(names, ", ")), level)
+      local known = {}
+      for i, name in ipairs(names) do
+        known[i] = prefix .. name
+      end
+      error(("%s: unknown option '%s%s' (%sknown: %s)"):format(where, prefix, tostring(k),
+        near and ("did you mean '%s%s'? "):format(prefix, near) or "", table.concat(known, ", ")), level)
     end
   end
   local out = {}
   for name, rule in pairs(schema) do
-    out[name] = M.option(where, name, rule, opts[name], level)
+    out[name] = M.option(where, prefix .. name, rule, opts[name], level)
   end
   return out
 end

@@ -116,18 +116,25 @@ now_resumed = function(w, ok, first, ...)
   return now_back(w, coroutine.yield(first, ...))
 end
 
-local function run_now(fn, ...)
-  assert(select("#", ...) <= 2, "rlm.util: run_now takes at most two arguments")
-  local n = #idle_workers
-  local w = idle_workers[n]
+-- run_now with its arguments counted: fn(a, b) when n is 2 (a model
+-- callback's: its argument and info), fn(a) or fn() for 1 or 0.
+local function run_argv(fn, n, a, b)
+  local idle = #idle_workers
+  local w = idle_workers[idle]
   if w then
-    idle_workers[n] = nil
+    idle_workers[idle] = nil
   else
     w = { co = coroutine.create(worker), slot = {} }
   end
   local slot = w.slot
-  slot.fn, slot.n, slot.a, slot.b = fn, select("#", ...), ...
+  slot.fn, slot.n, slot.a, slot.b = fn, n, a, b
   return now_resumed(w, coroutine.resume(w.co, slot))
+end
+
+local function run_now(fn, ...)
+  local n = select("#", ...)
+  assert(n <= 2, "rlm.util: run_now takes at most two arguments")
+  return run_argv(fn, n, ...)
 end
 
 -- fn(...) in the calling coroutine; finish(ok, results... | false,
@@ -211,7 +218,7 @@ function M.invoke(fn, arg, finish, pass_yields)
   if not pass_yields then
     return call(fn, returned, once, arg, done)
   end
-  returned(once, run_now(fn, arg, done))
+  returned(once, run_argv(fn, 2, arg, done))
   once(true, nil) -- it returned nothing and called no done(): "returned nil"
 end
 
@@ -249,7 +256,7 @@ end
 function M.call_now(fn, arg, info)
   local st = { __call = done_now }
   setmetatable(info, st)
-  return ended(info, st, run_now(fn, arg, info))
+  return ended(info, st, run_argv(fn, 2, arg, info))
 end
 
 -- Appends the items of each list to dst; returns dst.

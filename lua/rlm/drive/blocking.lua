@@ -15,13 +15,10 @@ local function call_now(fn, arg, settle)
   util.invoke(fn, arg, settle, true)
 end
 
--- The engine's own turn of this loop (rlm.engine's _idle): the requests it
--- handed out, answered at once; or (rlm.subcalls' _call_now) one llm_query
--- request, answered at once, its reply returned.
-local function answer_inline(s, req)
-  if req then
-    return dispatch.answer_now(s, req)
-  end
+-- The engine's own turn of this loop (rlm.engine.loop's _idle): the
+-- requests it handed out, answered at once. (A lone llm_query it answers
+-- itself while this is set: rlm.engine.calls' call.)
+local function answer_inline(s)
   return dispatch.answer_out(s, call_now)
 end
 

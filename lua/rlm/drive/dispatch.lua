@@ -4,10 +4,11 @@
 -- run. How a callback is started (at once, in a coroutine of its own, in a
 -- light thread) and how the host waits between polls is the host's: see
 -- rlm.blocking (run, step), rlm.async (event loops) and rlm.adapters.resty.
+local cache = require("rlm.engine.cache")
 local claim = require("rlm.engine.claim")
+local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local tools = require("rlm.engine.tools")
-local util = require("rlm.base.util")
 
 local M = {}
 
@@ -25,6 +26,7 @@ function M.claim(s, who, on_close)
       .. "one run at a time"):format(who, d.who), 3)
   end
   driving[s] = { who = who, on_close = on_close }
+  s.scheduler:reclaim()
 end
 
 -- Sets the on_close of the claim held on s.
@@ -68,30 +70,19 @@ local callable_info = { __call = function(info, ...)
   return dones[info](...)
 end }
 
--- The session that asked for request id of s: a nested session's requests
--- come out through its parents' (their routes).
-local function origin(s, id)
-  local route = s.routes[id]
-  while route do
-    s, id = route.child, route.id
-    route = s.routes[id]
-  end
-  return s
-end
-
 -- A root call's info.delta(text): a piece of the reply as it comes, emitted
 -- as a root_delta event by the session that asked. It returns false once
 -- the reply is no longer wanted (answered, given up, the session closed or
 -- failed: a raising on_event fails it), and the client may stop reading.
 local function delta_of(s, ev)
   return function(text)
-    if not s:_wants(ev.id) then
+    if not s.scheduler:wants(ev.id) then
       return false
     end
     if type(text) ~= "string" or text == "" then
       return true
     end
-    local from = origin(s, ev.id)
+    local from = s.scheduler:origin(ev.id)
     return from:_emit({ type = "root_delta", step = from.iterations, text = text }) == true
   end
 end
@@ -117,7 +108,7 @@ local function answer(s, ev, start)
   local o = s.opts
   if ev.type == "llm_query" and ev.batch_id and o.llm_query_batch then
     local reqs, prompts = { ev }, { ev.prompt }
-    for _, r in ipairs(s:_batch_rest(ev)) do
+    for _, r in ipairs(s.scheduler:batch_rest(ev)) do
       reqs[#reqs + 1], prompts[#prompts + 1] = r, r.prompt
     end
     -- A list of answers in order: a string, or { text =, usage = }, or
@@ -141,6 +132,10 @@ local function answer(s, ev, start)
       end
     end)
   end
+  -- A root call may go out while its session's sandbox starts: the time its
+  -- callback holds the host's thread is not the start's (rlm.engine.opening).
+  local from = ev.type == "root_llm" and s.scheduler:origin(ev.id)
+  local t0 = from and core.now_ms()
   start(with_info(o[ev.type], ev, s), argument(ev), function(ok, text, usage)
     if ok then
       s:reply(ev.id, text, usage)
@@ -148,17 +143,9 @@ local function answer(s, ev, start)
       s:reply(ev.id, nil, tostring(text))
     end
   end)
-end
-
--- Runs the llm_query callback for request req now (rlm.blocking's
--- util.call_now), and returns the reply record that s:reply() would have
--- put in the inbox.
-function M.answer_now(s, req)
-  local ok, text, usage = util.call_now(s.opts.llm_query, req.prompt, { depth = req.depth or 0, model = req.model })
-  if not ok then
-    return { request = req, failed = true, message = text }
+  if from then
+    from:_host_held(core.now_ms() - t0)
   end
-  return { request = req, text = text, usage = usage }
 end
 
 -- Starts the callback for each request waiting in s's outbox, in order, as
@@ -166,8 +153,9 @@ end
 -- stays first in the outbox, for poll(). The engine calls this itself under
 -- run() and step() (rlm.engine's _idle).
 function M.answer_out(s, start)
-  while s.outbox[1] do
-    local ev = s:_next_out()
+  local scheduler = s.scheduler
+  while scheduler:has_out() do
+    local ev = scheduler:next_out()
     if not ev then
       return
     end
@@ -175,10 +163,12 @@ function M.answer_out(s, start)
       answer(s, ev, start)
     elseif ev.type == "tool_call" then
       tools.start(s, ev, start)
+    elseif ev.type == "cache_get" or ev.type == "cache_set" then
+      cache.start(s, ev, start)
     elseif ev.type == "sandbox_claim" then
       claim.start(s, ev, start)
     else
-      table.insert(s.outbox, 1, ev)
+      scheduler:put_back(ev)
       return
     end
   end
@@ -196,6 +186,8 @@ function M.next(s, start, stop)
       answer(s, ev, start)
     elseif ev.type == "tool_call" then
       tools.start(s, ev, start)
+    elseif ev.type == "cache_get" or ev.type == "cache_set" then
+      cache.start(s, ev, start)
     elseif ev.type == "sandbox_claim" then
       claim.start(s, ev, start)
     elseif ev.type == "done" or ev.type == "error" or ev.type == stop then

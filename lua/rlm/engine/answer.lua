@@ -2,16 +2,14 @@
 -- checked here in Lua) and the `validate` callback. A final answer that
 -- fails either goes back to the model with the complaint, and the turn is
 -- spent (docs/api.md, "Typed answers").
-local cjson = require("cjson")
+local json = require("rlm.base.json")
 local textlib = require("rlm.base.text")
 local util = require("rlm.base.util")
 
 local M = {}
 M.methods = {}
 
-local json = cjson.new()
-json.decode_invalid_numbers(false)
-json.decode_max_depth(200)
+local null = json.null
 
 local TYPES = { string = true, number = true, integer = true, boolean = true, object = true, array = true,
   null = true }
@@ -130,13 +128,13 @@ end
 -- JSON's [] and {} decode alike).
 local function is_type(v, t)
   if t == "null" then
-    return v == cjson.null
+    return v == null
   elseif t == "integer" then
     return type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge
   elseif t == "object" then
-    return type(v) == "table" and v ~= cjson.null and util.is_json_object(v)
+    return type(v) == "table" and v ~= null and util.is_json_object(v)
   elseif t == "array" then
-    return type(v) == "table" and v ~= cjson.null and util.is_json_array(v)
+    return type(v) == "table" and v ~= null and util.is_json_array(v)
   end
   return type(v) == t
 end
@@ -145,7 +143,7 @@ local function show(v)
   if type(v) == "string" then
     return ("%q"):format(#v > 40 and v:sub(1, 40) .. "..." or v)
   end
-  return tostring(v == cjson.null and "null" or type(v) == "table" and "a " .. type(v) or v)
+  return tostring(v == null and "null" or type(v) == "table" and "a " .. type(v) or v)
 end
 
 -- Why value does not match schema (a path and what is wrong), or nil.
@@ -188,7 +186,7 @@ local function problem(v, s, path)
     if s.maximum and v > s.maximum then
       return ("%s must be <= %s (it is %s)"):format(path, tostring(s.maximum), tostring(v))
     end
-  elseif type(v) == "table" and v ~= cjson.null then
+  elseif type(v) == "table" and v ~= null then
     if util.is_json_array(v) and (s.items or s.minItems or s.maxItems) and not s.properties then
       if s.minItems and #v < s.minItems then
         return ("%s must hold at least %d items (it has %d)"):format(path, s.minItems, #v)
@@ -287,7 +285,7 @@ function M.prompt(o)
   if not o.answer_schema then
     return ""
   end
-  local ok, text = pcall(cjson.encode, o.answer_schema)
+  local ok, text = pcall(json.encode_plain, o.answer_schema)
   return "\n\nYour final answer must be a JSON value that matches this schema (JSON Schema): "
     .. (ok and text or "(see the question)") .. ". Build it in a variable and answer with "
     .. "FINAL_VAR(\"name\"); an answer that does not match is sent back to you with what is wrong."

@@ -1,15 +1,26 @@
--- Starting a session's sandbox: the spawn, the driver's hello, and the
--- checks that run before any model-written code (self-test, rlimits, uids).
+-- Starting a session's sandbox: the spawn (or the take of a pooled one),
+-- the driver's hello, and the checks that run before any model-written
+-- code (self-test, rlimits, uids). Methods of the session's Handle
+-- (rlm.engine.handle), which mixes them in: its start is this file's job,
+-- its wire that file's.
 local core = require("rlm.core")
 local backends = require("rlm.sandbox.backend")
 local claim = require("rlm.engine.claim")
 local selftest = require("rlm.sandbox.selftest")
-local start = require("rlm.engine.start")
+local start = require("rlm.sandbox.start")
 local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
 
--- What _take_sandbox returns for a pooled sandbox that exited before it
+-- After its hello, the rest of the boot (self-test, context) may take this
+-- long, or step_timeout_ms when that is longer.
+local BOOT_TIMEOUT_MS = 30000
+
+function M:boot_timeout_ms()
+  return math.max(BOOT_TIMEOUT_MS, self.opts.step_timeout_ms)
+end
+
+-- What take_pooled returns for a pooled sandbox that exited before it
 -- said a word: the take goes on to the next one, or a cold start.
 local SKIPPED = {}
 
@@ -17,35 +28,16 @@ local function pack(...)
   return { n = select("#", ...), ... }
 end
 
--- The only places that start and stop a sandbox (the backend's start,
--- drv:close): the start is below in _boot; _teardown ends the driver, the probe helper
--- of a session that is still asking, the canaries of a start it cut short,
--- and nothing else.
-function M:_teardown()
-  -- Closed while it started, or before its first exec: the engine that
-  -- would remove them is never resumed, and a garbage collection may be
-  -- far off.
-  self:_remove_canaries()
-  if self.helper then
-    backends.for_options(self.opts).forget(self)
-    self.helper:close()
-    self.helper = nil
-  end
-  if self.driver then
-    local drv = self.driver
-    self.driver = nil
-    drv:close()
-  end
-end
-
-function M:_load_context_message(context_bytes)
+function M:load_context_message(context_bytes)
   local o = self.opts
   return { type = "load_context", format = self.context_format, stdout_limit = o.stdout_truncate_chars,
     rlimits = selftest.session_rlimits(o, context_bytes),
     tools = require("rlm.engine.tools").specs(o) }
 end
 
-function M:_start()
+-- Starts the sandbox: a pooled one when the pool has one alive, else a
+-- cold start. true, or nil, err (the session has failed with it).
+function M:boot()
   -- When each part of the start happened, in ms on core.now_ms()'s clock
   -- (bench/cold_start.lua shows them as phases).
   self.start_times = { begin = core.now_ms() }
@@ -59,9 +51,9 @@ function M:_start()
       -- about as much as the whole warm start (bench/pool.lua).
       self.refill = pool
       self.canaries = entry.canaries
-      local ok, err = self:_take_sandbox(entry)
+      local ok, err = self:take_pooled(entry)
       if ok ~= SKIPPED then
-        return self:_started(ok, err)
+        return self:start_ended(ok, err)
       end
       self.canaries = nil
       entry = pool:_take()
@@ -70,44 +62,38 @@ function M:_start()
   self.start = "cold"
   -- Planted before the spawn, so that the leaked descriptor is there to leak.
   self.canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
-  return self:_started(self:_boot(self.canaries))
+  return self:start_ended(self:cold_start(self.canaries))
 end
 
 -- The start is over: after a failed one its canaries go now; after one
 -- that went well, once the first exec has gone to the driver, while it runs
--- (rlm.turn's _exec), or at the end of the first turn (their removal costs
--- the host's thread a tenth of a millisecond: unlinks). Until then the
--- session owns them, and _teardown removes them when it closes first.
-function M:_started(ok, err)
+-- (rlm.engine.turn's _exec), or at the end of the first turn
+-- (remove_canaries). Until then the handle owns them, and teardown removes
+-- them when the session closes first.
+function M:start_ended(ok, err)
   if not ok then
-    self:_remove_canaries()
+    self:remove_canaries()
   end
   return ok, err
-end
-
-function M:_remove_canaries()
-  if self.canaries then
-    self.canaries:remove()
-    self.canaries = nil
-  end
 end
 
 -- A pooled sandbox (rlm.pool): started and self-testing since its spawn.
 -- When the pool has run M.vet on it (entry.vetted), only what depends on
 -- the session is left: the context, written into its memfd and sealed now,
--- load_context, and the checks that must follow it (_checks_taken). A
+-- load_context, and the checks that must follow it (checks_taken). A
 -- sandbox that has not said all of its start yet gets every check of a
 -- cold start on what it said meanwhile (entry.events) and says next.
-function M:_take_sandbox(entry)
+function M:take_pooled(entry)
+  local s = self.session
   local times = self.start_times
   times.spawn = entry.spawned_at
   self.driver = entry.drv
-  self:_watch(entry.drv)
-  claim.adopt(self, entry.drv)
+  s:_watch(entry.drv)
+  claim.adopt(s, entry.drv)
   local vetted = entry.vetted
   if vetted and vetted.error then
     -- Its checks failed: no context goes into it.
-    return self:_error(vetted.error[1], vetted.error[2], vetted.error[3])
+    return s:_error(vetted.error[1], vetted.error[2], vetted.error[3])
   end
   if not vetted and not entry.events[1] then
     -- Not a word from it yet: it may have been spawned while bubblewrap
@@ -116,11 +102,11 @@ function M:_take_sandbox(entry)
     -- it, as a sandbox that died idle (rlm.pool); anything else is what
     -- the checks below read first.
     self.booting = "hello"
-    self.clock:set(self.driver, self.opts.start_timeout_ms)
-    local ev = pack(self:_wait(false))
+    s.clock:set(self.driver, self.opts.start_timeout_ms)
+    local ev = pack(s:_wait(false))
     if ev[1] == "exit" or ev[1] == "failed" then
       self.driver = nil
-      self:_unwatch(entry.drv)
+      s:_unwatch(entry.drv)
       self.opts.pool:_skip(entry)
       return SKIPPED
     end
@@ -144,80 +130,92 @@ function M:_take_sandbox(entry)
   end
   self.context_writing = nil
   if not ok then
-    return self:_error("sandbox_violation", "the context could not be sealed: " .. tostring(werr))
+    return s:_error("sandbox_violation", "the context could not be sealed: " .. tostring(werr))
   end
   local err
-  ok, err = self:_send(self:_load_context_message(context_bytes))
+  ok, err = self:send(self:load_context_message(context_bytes))
   if not ok then
     return nil, err
   end
   if vetted then
-    return self:_checks_taken(vetted, context_bytes)
+    return self:checks_taken(vetted, context_bytes)
   end
-  return self:_checks(entry.canaries, context_bytes)
+  return self:checks(entry.canaries, context_bytes)
 end
 
 -- The rest of the checks of a vetted pooled sandbox, once load_context is
 -- sent: its processes are the ones the pool checked (so their cgroup and
 -- uids are as checked), and after ready, as for a cold start, the rlimits
 -- (load_context lowered RLIMIT_AS and RLIMIT_CPU) and the descriptors.
-function M:_checks_taken(vetted, context_bytes)
+function M:checks_taken(vetted, context_bytes)
   local o, times = self.opts, self.start_times
   for k, v in pairs(vetted.times) do
     times[k] = v
   end
   self.started = true
   self.booting = "boot"
-  self.clock:set(self.driver, self:_boot_timeout_ms())
-  local msg, err = self:_expect({ ready = true, fatal = true })
+  self.session.clock:set(self.driver, self:boot_timeout_ms())
+  local asked, err = self.session:_ask_first() -- as in checks
+  local msg
+  if asked then
+    msg, err = self:expect({ ready = true, fatal = true })
+  end
   if not msg then
     return nil, err
   end
-  return self:_ready(msg, selftest.rlimits(o, context_bytes), vetted.tree)
+  return self:ready(msg, selftest.rlimits(o, context_bytes), vetted.tree)
 end
 
--- Spawns the sandbox (a cold start), then proves it as _checks says.
-function M:_boot(canaries)
-  local o = self.opts
+-- Spawns the sandbox (a cold start), then proves it as checks says.
+function M:cold_start(canaries)
+  local s, o = self.session, self.opts
   local context_bytes = #self.context_data
   local backend = backends.for_options(o)
   local spec, info = backend.prepare(o, self.context_data, function(helper)
-    return self:_wait_helper(helper)
-  end, self)
+    return self:wait_helper(helper)
+  end, s)
   if not spec then
-    return self:_fail(info)
+    return s:_fail(info)
   end
   if spec.claim then
+    -- The backend's sandbox is made for this start by the host's callback
+    -- (rlm.engine.claim): the session waits for it here.
     local err
-    spec, err = claim.session(self, backend, spec)
+    spec, err = claim.session(s, backend, spec)
     if not spec then
-      return self:_fail(err)
+      return s:_fail(err)
     end
   end
   self.start_times.spawn = core.now_ms()
   local drv, serr = start.spawn(backend, o, spec, info, canaries)
   if not drv then
-    return self:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(serr))
+    return s:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(serr))
   end
   self.driver = drv
-  self:_watch(drv)
+  s:_watch(drv)
   self.context_data = nil
-  local ok, err = self:_send(self:_load_context_message(context_bytes))
+  local ok, err = self:send(self:load_context_message(context_bytes))
   if not ok then
     return nil, err
   end
-  return self:_checks(canaries, context_bytes)
+  return self:checks(canaries, context_bytes)
 end
 
 -- Proves the sandbox before any model code can run (load_context is sent by
 -- now): the driver's hello, its cgroup, its self-test against the canaries;
 -- then the context is loaded, and the rlimits, uids and descriptors are
 -- read back from /proc.
-function M:_checks(canaries, context_bytes)
-  local o, drv, times = self.opts, self.driver, self.start_times
+function M:checks(canaries, context_bytes)
+  local s, o, drv, times = self.session, self.opts, self.driver, self.start_times
   self.booting = "hello"
-  self.clock:set(self.driver, o.start_timeout_ms)
-  local hello, err = self:_expect({ hello = true, fatal = true })
+  s.clock:set(self.driver, o.start_timeout_ms)
+  -- Under run() and step() the root model's first call goes out now, with
+  -- the sandbox spawned (rlm.engine.opening); elsewhere it went already.
+  local asked, err = s:_ask_first()
+  local hello
+  if asked then
+    hello, err = self:expect({ hello = true, fatal = true })
+  end
   -- It only had to be there to leak into the spawn, which runs on the
   -- driver's own thread and is over once the driver speaks.
   canaries:close_leaked()
@@ -227,11 +225,11 @@ function M:_checks(canaries, context_bytes)
   times.hello, times.exec, times.interpreter = core.now_ms(), drv:exec_ms(), start.driver_stamps(hello.t)
   local problem = start.hello_problem(hello)
   if problem then
-    return self:_error("protocol_error", problem)
+    return s:_error("protocol_error", problem)
   end
   self.started = true
   self.booting = "boot"
-  self.clock:set(self.driver, self:_boot_timeout_ms())
+  s.clock:set(self.driver, self:boot_timeout_ms())
   -- The driver says hello before it imports its package: this and the
   -- messages below overlap its imports.
   local adopted, died = backends.for_options(o).adopt(drv)
@@ -241,33 +239,33 @@ function M:_checks(canaries, context_bytes)
       -- after what it said before.
       local kind, a, b, c
       repeat
-        kind, a, b, c = self:_wait(false)
+        kind, a, b, c = s:_wait(false)
       until kind ~= "line"
-      return self:_driver_message({}, kind, a, b, c)
+      return self:message({}, kind, a, b, c)
     end
-    return self:_error("sandbox_violation", start.CGROUP_REFUSED)
+    return s:_error("sandbox_violation", start.CGROUP_REFUSED)
   end
   local msg
-  msg, err = self:_expect({ configured = true, fatal = true })
+  msg, err = self:expect({ configured = true, fatal = true })
   if not msg then
     return nil, err
   end
   times.configure = start.driver_stamps(msg.t)
-  msg, err = self:_expect({ self_test_result = true, fatal = true })
+  msg, err = self:expect({ self_test_result = true, fatal = true })
   if not msg then
     return nil, err
   end
   times.self_test = start.driver_stamps(msg.t)
   local kind, message, extra = start.self_test_error(msg, backends.for_options(o).describe(drv).mode)
   if kind then
-    return self:_error(kind, message, extra)
+    return s:_error(kind, message, extra)
   end
   local rlimits = selftest.rlimits(o, context_bytes)
-  msg, err = self:_expect({ ready = true, fatal = true })
+  msg, err = self:expect({ ready = true, fatal = true })
   if not msg then
     return nil, err
   end
-  return self:_ready(msg, rlimits)
+  return self:ready(msg, rlimits)
 end
 
 -- The checks after ready: the driver loaded its context, its rlimits are
@@ -275,21 +273,21 @@ end
 -- sandbox's uid, or, for a pooled sandbox the pool vetted, is one of the
 -- processes it checked (`tree`); then no descriptor but the session's
 -- pipes reaches the sandbox.
-function M:_ready(msg, rlimits, vetted_tree)
-  local times = self.start_times
+function M:ready(msg, rlimits, vetted_tree)
+  local s, times = self.session, self.start_times
   if msg.error then
-    return self:_error("protocol_error", "the driver could not load the context: " .. msg.error)
+    return s:_error("protocol_error", "the driver could not load the context: " .. msg.error)
   end
   times.context, times.ready = start.driver_stamps(msg.t), core.now_ms()
   local kind, message = backends.for_options(self.opts).check_ready(self.driver, rlimits, vetted_tree)
   if kind then
-    return self:_error(kind, message)
+    return s:_error(kind, message)
   end
   times.checked = core.now_ms()
   -- What sandbox it is, for the result and the sandbox_ready event.
-  self.sandbox_info = backends.for_options(self.opts).describe(self.driver)
+  self.info = backends.for_options(self.opts).describe(self.driver)
   self.booting = nil
-  self.clock:set(self.driver, 0)
+  s.clock:set(self.driver, 0)
   return true
 end
 return M

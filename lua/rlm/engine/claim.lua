@@ -1,20 +1,16 @@
--- A sandbox made for each start by the host's callbacks (the exec
--- backend's `sandbox.claim` and `sandbox.release`: docs/backends.md): a
--- Kubernetes SandboxClaim created and waited on, a container started. The
--- claim gives the stream's argv; the release, when the sandbox is closed,
--- deletes what the claim made.
---
--- They run as the host's other callbacks do. A session's claim is a
--- request handed out through poll() (type "sandbox_claim"): run() calls it
--- at once, an adapter as it calls root_llm, and its answer comes back
--- through reply(id, argv[, handle]). A pool has no loop of its own: its
--- claims run in a coroutine each (rlm.base.util.invoke), which a yield
--- leaves to whoever resumes it (the host's loop), and the sandbox starts
--- when the claim returns. A release runs the same way from close(), and
--- its failure is an event (sandbox_release_failed) for a session, a count
--- for a pool: never an error out of close().
+-- A session's sandbox claims (the exec backend's `sandbox.claim` and
+-- `sandbox.release`: docs/backends.md; what a claim's answer becomes, and
+-- a pool's claims, are rlm.sandbox.claim's). They run as the host's other
+-- callbacks do. A session's claim is a request handed out through poll()
+-- (type "sandbox_claim"): run() calls it at once, an adapter as it calls
+-- root_llm, and its answer comes back through reply(id, argv[, handle]),
+-- which the start (rlm.engine.boot) waits for. A release runs in a
+-- coroutine of its own from close() (rlm.sandbox.exec), and its failure is
+-- the session's event (sandbox_release_failed): never an error out of
+-- close().
 local errors = require("rlm.base.errors")
 local util = require("rlm.base.util")
+local sandbox_claim = require("rlm.sandbox.claim")
 local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
@@ -32,7 +28,7 @@ function M.reporter(s)
   end
 end
 
--- A sandbox a session took from a pool: its release's failure is the
+-- A sandbox session s took from a pool: its release's failure is the
 -- session's to hear of from now on.
 function M.adopt(s, drv)
   if drv.report_release then
@@ -40,26 +36,24 @@ function M.adopt(s, drv)
   end
 end
 
--- The claim of a session's cold start: handed out through poll(), waited
--- for. Returns the spec of the start (backend.claimed), or nil and the
--- error (sandbox_unavailable; cancelled when the session is closed
--- meanwhile).
+-- The claim of session s's cold start: handed out through poll(), waited
+-- for. Returns the spec of the start (the backend's claimed), or nil and
+-- the error (sandbox_unavailable; cancelled when the session is closed
+-- meanwhile). The root model's first call may be out meanwhile (rlm.engine.
+-- opening): its reply stays in the inbox for the first turn.
 function M.session(s, backend, spec)
-  local req = s:_request({ type = "sandbox_claim", info = { depth = s.depth, session = s.session_id },
+  local scheduler = s.scheduler
+  local req = scheduler:request({ type = "sandbox_claim", info = { depth = s.depth, session = s.session_id },
     claim = spec.claim, release = spec.release })
   while true do
-    for i, r in ipairs(s.inbox) do
-      if r.request == req then
-        table.remove(s.inbox, i)
-        if r.failed then
-          return nil, errors.new("sandbox_unavailable", "option 'sandbox.claim' failed: " .. tostring(r.message))
-        end
-        local out, why = backend.claimed(spec, r.text, r.usage, M.reporter(s))
-        if not out then
-          return nil, errors.new("sandbox_unavailable", why)
-        end
-        return out
+    local r = scheduler:take_reply_to(req)
+    if r then
+      local out, why = sandbox_claim.answered(backend, spec, not r.failed, r.failed and r.message or r.text,
+        r.usage, M.reporter(s))
+      if not out then
+        return nil, errors.new("sandbox_unavailable", why)
       end
+      return out
     end
     if s.closed or s.failed then
       return nil, s.failed or errors.new("cancelled", "the session was closed while its sandbox was claimed")
@@ -68,14 +62,15 @@ function M.session(s, backend, spec)
   end
 end
 
--- Starts request ev (type "sandbox_claim") the host's way, as rlm.dispatch
--- starts a model callback: start(fn, arg, settle). What a claim gives
--- after its session stopped waiting (closed, failed) is released as it is
--- given, whether it returned or called done(): it must not outlive the
--- session (an adapter drops an answer that comes after the run's end).
+-- Starts request ev (type "sandbox_claim") of session s the host's way, as
+-- rlm.drive.dispatch starts a model callback: start(fn, arg, settle). What
+-- a claim gives after its session stopped waiting (closed, failed) is
+-- released as it is given, whether it returned or called done(): it must
+-- not outlive the session (an adapter drops an answer that comes after the
+-- run's end).
 function M.start(s, ev, start)
   local function given(argv, handle)
-    if argv ~= nil and ev.release and not s:_wants(ev.id) then
+    if argv ~= nil and ev.release and not s.scheduler:wants(ev.id) then
       util.invoke(ev.release, handle == nil and argv or handle, function() end, false)
     end
     return argv, handle
@@ -92,41 +87,6 @@ function M.start(s, ev, start)
       s:reply(ev.id, nil, tostring(argv))
     end
   end)
-end
-
--- One claim of a pool's: the sandbox starts when it returns (pool:_start).
--- Returns false when it failed at once (the pool stops filling until its
--- next take), true otherwise.
-function M.pool_spawn(pool)
-  local backend, spec = pool.backend, pool.spec
-  local failed = false
-  pool.claiming = pool.claiming + 1
-  local function report(message)
-    pool.counts.release_failed = pool.counts.release_failed + 1
-    pool.release_error = message
-  end
-  util.invoke(spec.claim, { depth = 0, pool = true }, function(ok, argv, handle)
-    pool.claiming = pool.claiming - 1
-    local one, why
-    if ok then
-      one, why = backend.claimed(spec, argv, handle, report)
-    else
-      why = "option 'sandbox.claim' failed: " .. tostring(argv)
-    end
-    if not one then
-      pool.counts.failed = pool.counts.failed + 1
-      pool.claim_error, failed = why, true
-      return
-    end
-    if pool.closed then
-      backend.release_claim(one)
-      return
-    end
-    if not pool:_start(one) then
-      failed = true
-    end
-  end, false)
-  return not failed
 end
 
 return M

@@ -43,15 +43,27 @@ function Clock:set(drv, ms)
   drv:set_deadline(ms)
 end
 
--- The root call's clocks: root_timeout_ms (soft), and max_wall_ms (hard)
--- when it is set.
-function Clock:arm_root(drv)
+-- The root call's clocks: root_timeout_ms (soft) from `since` (the
+-- request's time, when it went out before: now by default), and max_wall_ms
+-- (hard) when it is set.
+function Clock:arm_root(drv, since)
   local left = self.wall_left()
   self.wall_cut = left ~= nil
   self.paused_left, self.soft_left = nil, nil
   self.deadline_at = left and core.now_ms() + math.max(left, 1) or nil
   drv:set_deadline(left and math.max(left, 1) or 0)
-  self.soft = { kind = "root", at = core.now_ms() + self.opts.root_timeout_ms }
+  self.soft = { kind = "root", at = (since or core.now_ms()) + self.opts.root_timeout_ms }
+end
+
+-- A callback held the host's thread for ms while the driver's deadline ran
+-- (a sandbox's start, rlm.engine.opening): the deadline, a timer of the
+-- driver's loop, which did not run meanwhile, gets them back. max_wall_ms
+-- counts every millisecond: its cut stays.
+function Clock:held(drv, ms)
+  local at = self.deadline_at
+  if at and not self.wall_cut and ms > 0 then
+    self:set(drv, math.max(at + ms - core.now_ms(), 1))
+  end
 end
 
 -- The REPL's clocks for one turn: the interrupt at step_timeout_ms, the

@@ -34,10 +34,10 @@ local function ask(s, reason)
     copy[i] = { role = m.role, content = m.content }
   end
   copy[#copy + 1] = { role = "user", content = M.PROMPT:format(reason) }
-  local req = s:_request({ type = "root_llm", messages = copy, depth = s.depth, fallback = true })
+  local req = s.scheduler:request({ type = "root_llm", messages = copy, depth = s.depth, fallback = true })
   local deadline = core.now_ms() + s.opts.step_timeout_ms
   while true do
-    local r = table.remove(s.inbox, 1)
+    local r = s.scheduler:take_reply()
     if r and r.request == req then
       if r.failed or type(r.text) ~= "string" then
         return nil

@@ -103,13 +103,17 @@ end
 -- else the response's plain text is (answer_source "text"). Nothing runs
 -- but the final lines.
 function S:_last_chance()
+  local compacted, why = self:_compact_if_due() -- option compact (rlm.engine.compact)
+  if not compacted then
+    return nil, why
+  end
   self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
-  self.clock:arm_root(self.driver)
+  self.clock:arm_root(self.sandbox.driver)
   local response, err = self:_call_root(self.messages)
   if not response then
     return nil, err
   end
-  self.clock:arm_step(self.driver)
+  self.clock:arm_step(self.sandbox.driver)
   local reply = reply_parser.parse(response)
   local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
   local final
@@ -125,7 +129,7 @@ function S:_last_chance()
   if not final and reply.text ~= "" then
     final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
   end
-  self.clock:disarm(self.driver)
+  self.clock:disarm(self.sandbox.driver)
   entry.final = final
   local checked
   checked, err = self:_check_answer(entry, "") -- rlm.answer

@@ -22,10 +22,6 @@ local function pass_through(...)
   return coroutine.yield(...)
 end
 
-local function take(queue)
-  return table.remove(queue, 1)
-end
-
 -- What one resume of the engine gave: it raised, ended, waits (IDLE), or
 -- a user callback inside it yielded (passed on, and the engine resumed
 -- with the answer). Varargs, not a table per resume.
@@ -62,6 +58,52 @@ local function resumed(self, ok, first, ...)
   return resumed(self, coroutine.resume(self.engine, pass_through(first, ...)))
 end
 
+-- The next thing the engine must handle: "reply", reply (when
+-- accept_replies), "soft", kind (a soft deadline passed: the clock),
+-- "child", child, ev (a nested session ended) or a driver event (kind, ...;
+-- with `quick`, a lone llm_query as "query", prompt, id, busy: the
+-- sandbox's take). It never waits in C: with nothing to do it yields IDLE
+-- until poll() is called again (or, under run() and step(), waits: _idle).
+function M:_wait(accept_replies, quick)
+  -- The hot loop of every sub-call: the collaborators' state is read here
+  -- (changed only through their methods), a method call per look costs
+  -- PUC Lua more than the look (bench/llm_query.lua).
+  local sandbox, scheduler, children = self.sandbox, self.scheduler, self.nested.children
+  local kind, a, b, c
+  if sandbox.pre_events then
+    kind, a, b, c = sandbox:pre_event()
+    if kind then
+      return kind, a, b, c
+    end
+  end
+  while true do
+    if accept_replies and scheduler.inbox[1] then
+      return "reply", scheduler:take_reply()
+    end
+    local due = self.clock:soft_due()
+    if due then
+      return "soft", due
+    end
+    if not sandbox.driver then
+      return "closed"
+    end
+    if children[1] then
+      local child, ev = self.nested:pump()
+      if child then
+        return "child", child, ev
+      end
+    end
+    kind, a, b, c = sandbox:take(self.inline, scheduler.outbox[1] ~= nil, quick)
+    if kind then
+      return kind, a, b, c
+    end
+    kind, a, b, c = self:_idle(quick)
+    if kind then
+      return kind, a, b, c
+    end
+  end
+end
+
 -- The engine has nothing to do until the driver or a reply wakes it: it
 -- yields IDLE to whoever drives it. Under run() and step() (rlm.blocking
 -- sets self.inline) it does that driver's work itself, without the yield
@@ -75,15 +117,24 @@ end
 function M:_idle(quick)
   local inline = self.inline
   if inline and not self.closed and not self.failed then
-    if self.outbox[1] then
+    if self.scheduler.outbox[1] then
       inline(self)
+      -- A SIGINT while a callback blocked (in a coroutine the main thread's
+      -- hook does not reach) is taken now: the engine may next give the
+      -- loop a wait of 0 ms (the sandbox's start has lines waiting, the
+      -- run's first call being out while it starts), where the hook would
+      -- raise with the session still open.
+      if core.interrupted(self.hook_token) then
+        self:_interrupted()
+      end
       return
     end
     local ms = self:timeout()
     if ms ~= 0 then
-      local d = self:_driver_alone()
-      if d then
-        local kind, a, b, c = d:poll(ms, self.max_values, false, quick, self.hook_token)
+      local sandbox = self.sandbox
+      local d = sandbox.driver
+      if d and not sandbox.helper and not self.nested.children[1] then -- _driver_alone(), in place
+        local kind, a, b, c = d:poll(ms, sandbox.max_values, false, quick, self.hook_token)
         self.pumped_at = core.now_ms()
         if kind ~= "interrupted" then
           return kind, a, b, c
@@ -124,8 +175,8 @@ end
 -- must wait (for fd() to be readable or timeout() ms). Never blocks, except
 -- for the spawn of the sandbox at the first call.
 function M:poll()
-  if self.refill and self.stepped and not self.parent and not self.children[1] then
-    self:_refill_pool()
+  if self.sandbox.refill and self.stepped and not self.parent and not self.nested:running() then
+    self.sandbox:refill_pool(false)
   end
   if not self.terminal and (self.failed or self.closed) then
     if not self.failed then
@@ -134,51 +185,18 @@ function M:poll()
     self.terminal = { type = "error", err = self.failed }
   end
   if self.terminal then
-    self:_drop_requests()
+    self.scheduler:drop_all()
     return self.terminal
   end
-  local ev = self:_next_out()
+  local ev = self.scheduler:next_out()
   if not ev then
     self:_pump()
-    ev = self:_next_out() or self.terminal
+    ev = self.scheduler:next_out() or self.terminal
   end
   if ev and (ev.type == "step" or ev.type == "done" or ev.type == "error") then
     self.stepped = true
   end
   return ev
-end
-
--- A session that took a pooled sandbox starts its replacement (rlm.pool)
--- once its first step is out and no nested session runs, or at its close;
--- a nested session leaves that to the root of its tree, so that the
--- replacements of a batch do not start while the batch runs.
-function M:_refill_pool()
-  local pool = self.refill
-  self.refill = nil
-  if self.parent then
-    self:_root().refill = pool
-  else
-    pool:_fill()
-  end
-end
-
--- Whether request id is still wanted: not answered, and (passed on from a
--- child) the child has not ended.
-function M:_wants(id)
-  local route = self.routes[id]
-  return self.pending[id] ~= nil and (not route or route.child:_wants(route.id))
-end
-
--- The next event for the outside, leaving out the requests of children
--- that ended before they were handed out.
-function M:_next_out()
-  while true do
-    local ev = take(self.outbox)
-    if not ev or not ev.id or self:_wants(ev.id) then
-      return ev
-    end
-    self.pending[ev.id], self.routes[ev.id] = nil, nil
-  end
 end
 
 -- The answer to a request poll() handed out: reply(id, text[, usage]), or
@@ -187,48 +205,11 @@ end
 -- session was closed, the exec it belonged to is over, or it was answered
 -- already) is dropped: returns false. One poll() never handed out raises.
 function M:reply(id, text, usage)
-  local req = self.pending[id]
-  if not req then
-    if type(id) == "number" and id >= 1 and id <= self.next_request_id and id == math.floor(id) then
-      return false
-    end
+  local taken = self.scheduler:reply(id, text, usage)
+  if taken == nil then
     error(("rlm: reply to unknown request %s"):format(tostring(id)), 2)
   end
-  self.pending[id] = nil
-  local route = self.routes[id]
-  if route then
-    -- A child's request: the answer is the child's, unless it has ended.
-    self.routes[id] = nil
-    if route.child.pending[route.id] then
-      route.child:reply(route.id, text, usage)
-    end
-    return true
-  end
-  if req.counted then
-    req.counted = nil
-    self:_release()
-  end
-  local r = { request = req, text = text, usage = usage }
-  if text == nil and type(usage) == "string" then
-    r.failed, r.message, r.usage = true, usage, nil
-  end
-  self.inbox[#self.inbox + 1] = r
-  return true
-end
-
--- The rest of a batch whose first request poll() just handed out: the
--- requests of the same batch that are out now, in order (they sit together
--- in the outbox). rlm.dispatch gives them to llm_query_batch in one call.
-function M:_batch_rest(first)
-  local rest = {}
-  while self.outbox[1] and self.outbox[1].batch_id == first.batch_id and self.outbox[1].type == "llm_query" do
-    local ev = self:_next_out()
-    if not ev then
-      break
-    end
-    rest[#rest + 1] = ev
-  end
-  return rest
+  return taken
 end
 
 -- A descriptor that is readable when the session has work to do; nil while
@@ -244,7 +225,7 @@ end
 function M:_waitset()
   if not self.waitset then
     self.waitset = assert(core.waitset())
-    for _, d in ipairs({ self.driver or false, self.helper or false }) do
+    for _, d in ipairs({ self.sandbox.driver or false, self.sandbox.helper or false }) do
       if d then
         assert(self.waitset:add(d:fd()))
       end
@@ -274,8 +255,8 @@ end
 -- The driver, when it is all the session watches (no probe, no nested
 -- session, not closed): its own loop is then the session's wait.
 function M:_driver_alone()
-  local d = self.driver
-  return d and not self.helper and not self.children[1] and not self.closed and d or nil
+  local d = self.sandbox.driver
+  return d and not self.sandbox.helper and not self.nested.children[1] and not self.closed and d or nil
 end
 
 -- Puts a process's descriptor into the set behind fd() (the root's, for a
@@ -290,7 +271,7 @@ function M:_watch(d)
 end
 
 -- The driver d is no longer the session's (a pooled sandbox skipped at
--- its take, rlm.boot).
+-- its take, rlm.engine.boot).
 function M:_unwatch(d)
   if self.parent then
     return self.parent:_unwatch(d)
@@ -319,20 +300,20 @@ local CONTEXT_WAIT_MS = 1
 -- Milliseconds until the session must be polled even if fd() stays quiet:
 -- -1 for no timer, 0 to poll now.
 function M:timeout()
-  if #self.outbox > 0 or #self.inbox > 0 or self.terminal or not self.engine then
+  local scheduler = self.scheduler
+  -- The first call's reply waits while the sandbox starts (rlm.engine.opening):
+  -- no reason to poll at once.
+  if scheduler.outbox[1] or (scheduler.inbox[1] and not self.starting) or self.terminal or not self.engine then
     return 0
   end
-  if self.context_writing then
+  local sandbox = self.sandbox
+  if sandbox.context_writing then
     return CONTEXT_WAIT_MS
   end
-  local d = self.driver or self.helper
+  local d = sandbox.driver or sandbox.helper
   local ms = self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
-  local children = self.children
-  for i = 1, #children do
-    local c = children[i]:timeout()
-    if ms < 0 or (c >= 0 and c < ms) then
-      ms = c
-    end
+  if self.nested.children[1] then
+    ms = self.nested:timeout(ms)
   end
   return ms
 end

@@ -1,48 +1,82 @@
--- Nested sessions (rlm_query): children pumped inside their parent.
+-- A session's nested sessions (rlm_query), its collaborator
+-- (rlm.engine.session creates it). A child runs as an engine inside its
+-- parent's: the parent pumps it while its exec waits, passes its requests
+-- (root_llm, llm_query, tool_call, cache_get, cache_set, sandbox_claim)
+-- out through its own poll() with the child's depth (its scheduler's
+-- forward), and routes the replies back. Its descriptors join the root's
+-- waitset. Each child counts against max_live_sandboxes (the tree's
+-- Budgets) from its making to its close.
 local core = require("rlm.core")
 local textlib = require("rlm.base.text")
 
+---@class Nested
+---@field session Session the parent
+---@field children table the nested sessions running for the current exec
+---@field queued table calls for nested sessions asked for past max_concurrent_sub_calls
+---@field finished table nested sessions that ended, their sandboxes kept till their call is answered
+---@field started integer how many it started (their session_id)
+---@field calls table child -> the rlm_query call it answers
+---@field counted table child -> true while it counts in the tree's live children
+local Nested = {}
+Nested.__index = Nested
+
 local M = {}
 
--- Nested sessions. A child runs as an engine inside this one's: this
--- session pumps it while its exec waits, passes its requests (root_llm,
--- llm_query) out through its own poll() with the child's depth, and routes
--- the replies back. Its descriptors join the root's waitset.
+function M.new(session)
+  return setmetatable({ session = session, children = {}, queued = {}, finished = {}, started = 0, calls = {},
+    counted = {} }, Nested)
+end
 
-function M:_queue_child(call)
-  if #self.children >= self.opts.max_concurrent_sub_calls then
+-- The session_id of the next child: "1.2" for the second one of "1".
+function Nested:next_id()
+  self.started = self.started + 1
+  return self.session.session_id .. "." .. self.started
+end
+
+-- A child runs (its parent's exec waits on it).
+function Nested:running()
+  return self.children[1] ~= nil
+end
+
+-- Starts a nested session for call, or queues it past
+-- max_concurrent_sub_calls.
+function Nested:queue(call)
+  local s = self.session
+  if #self.children >= s.opts.max_concurrent_sub_calls then
     self.queued[#self.queued + 1] = call
     return true
   end
   -- Past max_live_sandboxes the code gets an error for this call
-  -- (rlm.limits), and the run goes on. (A queued call is never refused:
-  -- the child whose room it takes has closed just before.)
-  local refused = self:_child_refusal()
+  -- (rlm.engine.budgets), and the run goes on. (A queued call is never
+  -- refused: the child whose room it takes has closed just before.)
+  local refused = s.tree:child_refusal()
   if refused then
-    return self:_send_result(call, nil, refused)
+    return s.scheduler:send_result(call, nil, refused)
   end
-  local child = self:_new_child(call)
-  child.call = call
-  -- Counted till it closes (rlm's Session:close), its sandbox with it.
-  child.live_counted = true
-  self.tree.live_children = self.tree.live_children + 1
+  local child = s:_new_child(call)
+  self.calls[child] = call
+  -- Counted till it closes (close_child), its sandbox with it.
+  self.counted[child] = true
+  s.tree:child_made()
   call.t0 = core.now_ms()
-  self:_root():_waitset() -- fd() covers its processes from now on
+  s:_root():_waitset() -- fd() covers its processes from now on
   self.children[#self.children + 1] = child
-  self.clock:pause(self.driver)
+  s.clock:pause(s.sandbox.driver)
   return true
 end
 
-function M:_root()
-  local s = self
-  while s.parent do
-    s = s.parent
+-- Closes a child; it no longer counts against max_live_sandboxes.
+function Nested:close_child(child)
+  if self.counted[child] then
+    self.counted[child] = nil
+    self.session.tree:child_closed()
   end
-  return s
+  child:close()
 end
 
 -- Runs each child until it waits; returns the first that ended, and how.
-function M:_pump_children()
+function Nested:pump()
+  local scheduler = self.session.scheduler
   for i, child in ipairs(self.children) do
     while true do
       local ev = child:poll()
@@ -51,24 +85,12 @@ function M:_pump_children()
       elseif ev.type == "done" or ev.type == "error" then
         table.remove(self.children, i)
         return child, ev
-      elseif ev.type == "root_llm" or ev.type == "llm_query" or ev.type == "tool_call"
-        or ev.type == "sandbox_claim" then
-        self:_forward(child, ev)
+      elseif ev.type == "root_llm" or ev.type == "llm_query" or ev.type == "tool_call" or ev.type == "cache_get"
+        or ev.type == "cache_set" or ev.type == "sandbox_claim" then
+        scheduler:forward(child, ev)
       end -- a child's "step" is its own business
     end
   end
-end
-
--- Hands a child's request out as this session's own, with a new id.
-function M:_forward(child, ev)
-  local req = {}
-  for k, v in pairs(ev) do
-    req[k] = v
-  end
-  self.next_request_id = self.next_request_id + 1
-  req.id, req.counted = self.next_request_id, nil
-  self.routes[req.id] = { child = child, id = ev.id }
-  self:_hand_out(req)
 end
 
 -- A child ended: its answer (or why it failed) goes to the code that asked.
@@ -77,20 +99,22 @@ end
 -- sandbox's teardown (its processes' exit) costs the CPUs about what its
 -- session did, and the rest of a batch should not wait behind it. Till
 -- then the root's loop no longer watches it, and nothing reads it.
-function M:_child_done(child, ev)
-  local call = child.call
+function Nested:done(child, ev)
+  local s = self.session
+  local call = self.calls[child]
+  self.calls[child] = nil
   local next_call = table.remove(self.queued, 1)
-  if next_call or not child.driver then
-    child:close()
+  if next_call or not child.sandbox.driver then
+    self:close_child(child)
   else
-    self:_root():_waitset():remove(child.driver:fd())
+    s:_root():_waitset():remove(child.sandbox.driver:fd())
     self.finished[#self.finished + 1] = child
   end
   if next_call then
-    self:_queue_child(next_call)
+    self:queue(next_call)
   end
-  if not self.children[1] and self.driver then
-    self.clock:resume(self.driver)
+  if not self.children[1] and s.sandbox.driver then
+    s.clock:resume(s.sandbox.driver)
   end
   local text, problem
   if ev.type == "done" then
@@ -98,38 +122,52 @@ function M:_child_done(child, ev)
   else
     problem = ("rlm_query failed (%s): %s"):format(ev.err.kind, textlib.error_line(ev.err.message))
   end
-  local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = call.prompt,
+  local ok, err = s:_emit({ type = "sub_query", step = s.iterations, prompt = call.prompt,
     response = text, error = problem, latency_ms = core.now_ms() - call.t0, index = call.index,
     batch_index = call.batch_index, batch_size = call.batch_size, batch_id = call.batch_id,
     recursive = true, iterations = child.iterations, error_kind = ev.err and ev.err.kind })
   if not ok then
     return nil, err
   end
-  ok, err = self:_send_result(call, text, problem)
-  if self.open_slots == 0 then
-    self:_close_finished()
+  ok, err = s.scheduler:send_result(call, text, problem)
+  if not s.scheduler:busy() then
+    self:close_finished()
   end
   return ok, err
 end
 
 -- The sandboxes of the children that ended and wait for their call's last
--- answer (_child_done) go.
-function M:_close_finished()
+-- answer (done) go.
+function Nested:close_finished()
   local finished = self.finished
   self.finished = {}
   for _, child in ipairs(finished) do
-    child:close()
+    self:close_child(child)
   end
 end
 
 -- Closes the children and forgets the queued ones (an exec or the session
 -- ended).
-function M:_end_children()
-  self:_close_finished()
+function Nested:end_all()
+  self:close_finished()
   for _, child in ipairs(self.children) do
-    child:close()
+    self.calls[child] = nil
+    self:close_child(child)
   end
   self.children, self.queued = {}, {}
-  self.clock:drop_pause()
+  self.session.clock:drop_pause()
 end
+
+-- The sooner of ms and every running child's timeout() (-1: none).
+function Nested:timeout(ms)
+  local children = self.children
+  for i = 1, #children do
+    local c = children[i]:timeout()
+    if ms < 0 or (c >= 0 and c < ms) then
+      ms = c
+    end
+  end
+  return ms
+end
+
 return M

@@ -1,5 +1,4 @@
 -- Option checking for Session.new. Misuse raises, naming the option.
-local core = require("rlm.core")
 local checks = require("rlm.base.checks")
 local integer, non_negative_number = checks.integer, checks.non_negative_number
 local milliseconds, callable, string_ = checks.milliseconds, checks.callable, checks.string
@@ -13,39 +12,11 @@ local M = {}
 -- json.loads runs out of recursion (about 990).
 M.MAX_CONTEXT_DEPTH = 200
 
--- Whether s is UTF-8 that Python's strict decoder takes: no stray
--- continuation byte, no overlong form, no surrogate, nothing past U+10FFFF.
--- Returns true, or false and the position of the first bad byte.
-local function utf8_valid(s)
-  local i = 1
-  while true do
-    i = s:find("[\128-\255]", i)
-    if not i then
-      return true
-    end
-    -- n continuation bytes; the first in lo..hi, the others in 80..BF.
-    local c = s:byte(i)
-    local n, lo, hi
-    if c >= 0xC2 and c <= 0xDF then
-      n, lo, hi = 1, 0x80, 0xBF
-    elseif c >= 0xE0 and c <= 0xEF then
-      n, lo, hi = 2, c == 0xE0 and 0xA0 or 0x80, c == 0xED and 0x9F or 0xBF
-    elseif c >= 0xF0 and c <= 0xF4 then
-      n, lo, hi = 3, c == 0xF0 and 0x90 or 0x80, c == 0xF4 and 0x8F or 0xBF
-    else
-      return false, i
-    end
-    for j = 1, n do
-      local b = s:byte(i + j)
-      if not b or b < lo or b > hi then
-        return false, i
-      end
-      lo, hi = 0x80, 0xBF
-    end
-    i = i + n + 1
-  end
-end
-M.utf8_valid = utf8_valid
+-- UTF-8 (rlm.base.text, csrc/utf8.c): whether s is what Python's strict
+-- decoder takes (true, or false and the position of the first bad byte),
+-- and what its str holds.
+local textlib = require("rlm.base.text")
+local utf8_valid = textlib.utf8_valid
 
 local function path_to(path, k)
   if type(k) == "string" and k:match("^[%a_][%w_]*$") then
@@ -97,7 +68,7 @@ end
 -- keys), none of one character (it may be a shared singleton); numbers,
 -- booleans and the containers count 0.
 local function str_floor(s)
-  local bytes, chars = core.utf8_str_size(s)
+  local bytes, chars = textlib.utf8_str_size(s)
   return chars > 1 and bytes or 0
 end
 
@@ -160,6 +131,36 @@ local function sandbox_rule(v)
   return type(v) == "table", "a table"
 end
 
+-- compact: a table of fields, each an option of its own ('compact.at_tokens').
+local function compact_rule(v)
+  return type(v) == "table", 'a table { at_tokens = n[, keep_turns = k][, summary = "digest" | "model"] }'
+end
+
+local function summary_kind(v)
+  return v == "digest" or v == "model", '"digest" or "model"'
+end
+
+-- sub_call_cache: true (the built-in cache), false, or the host's cache: an
+-- object with get and set methods (called as cache:get(key), so that an
+-- ngx.shared dict is one as it is); its other fields are its own.
+local function sub_call_cache(v)
+  if type(v) == "boolean" then
+    return true
+  elseif type(v) ~= "table" and type(v) ~= "userdata" then
+    return false, "true, false, or a cache: an object with get(key) and set(key, value) methods"
+  end
+  for _, method in ipairs({ "get", "set" }) do
+    local found, fn = pcall(function()
+      return v[method]
+    end)
+    if not found or not callable(fn) then
+      return false, ("a function (a method: called as cache:%s(%s))"):format(method,
+        method == "get" and "key" or "key, value"), nil, method, found and fn or nil
+    end
+  end
+  return true
+end
+
 -- The checks, for other modules' option tables: rlm.base.checks.
 M.checks = checks
 
@@ -212,9 +213,15 @@ local schema = {
   answer_schema = { require("rlm.engine.answer").check_schema },
   fallback = { boolean, true },
   pool = { function(v)
-    return getmetatable(v) == require("rlm.engine.pool"), "an rlm.Pool"
+    return getmetatable(v) == require("rlm.sandbox.pool"), "an rlm.Pool"
   end },
   sandbox = { sandbox_rule },
+  compact = { compact_rule, fields = {
+    at_tokens = { integer(1000, 2 ^ 40), required = true },
+    keep_turns = { integer(1, 10 ^ 6), 4 },
+    summary = { summary_kind, "digest" },
+  } },
+  sub_call_cache = { sub_call_cache, false },
 }
 
 -- The last uid of the range, sandbox_uid_first + sandbox_uid_count - 1, is

@@ -261,6 +261,111 @@ M.LAST_CHANCE = "You have no turns left: nothing more will run. Give your final 
   "on a line of its own, as FINAL(your answer) or FINAL_VAR(variable_name). If you do not have " ..
   "it, write your best answer as plain text; it will be taken as your answer, marked as such."
 
+-- Compaction (option compact, rlm.engine.compact): what the first user
+-- message holds, after the question, for the turns it replaced. t = {
+-- first =, last = (the turns replaced, of this question), summary = the
+-- model's text or nil, entries = the digest's lines (oldest first) or nil,
+-- hidden = turns of the digest left out for its size, facts = one line
+-- for each turn left out of the digest (all of them, under a summary)
+-- that had an error or a final answer, dropped = facts left out, vars =
+-- what SHOW_VARS() printed, or nil }.
+function M.compacted(t)
+  local how = t.summary and "replaced by the summary you wrote of them, below"
+    or "shown below as a digest (each turn's code, the first line of its output, its error and any "
+      .. "final answer), not whole"
+  local out = { ("[Earlier turns were compacted to keep this conversation short: turns %d to %d are %s. The "
+    .. "REPL lost nothing: every variable you set still holds its value (SHOW_VARS() lists them). The turns "
+    .. "after turn %d follow in full.]"):format(t.first, t.last, how, t.last) }
+  local facts = #t.facts > 0 and table.concat(t.facts, "\n") or nil
+  if t.dropped > 0 then
+    facts = ("(%d earlier turn%s with an error or a final answer not listed)\n"):format(t.dropped,
+      t.dropped == 1 and "" or "s") .. (facts or "")
+  end
+  if t.summary then
+    out[#out + 1] = "Your summary of turns " .. t.first .. " to " .. t.last .. ":\n" .. t.summary
+    if facts then
+      out[#out + 1] = "What the REPL recorded of those turns' errors and final answers:\n" .. facts
+    end
+  else
+    if t.hidden > 0 then
+      out[#out + 1] = ("Turns %d to %d: not shown (the digest keeps the most recent turns within half of "
+        .. "compact.at_tokens)%s"):format(t.first, t.first + t.hidden - 1,
+          facts and "; of them, these had an error or a final answer:\n" .. facts or ".")
+    end
+    out[#out + 1] = table.concat(t.entries, "\n")
+  end
+  out[#out + 1] = t.vars and ("Variables after turn %d (SHOW_VARS()):\n%s"):format(t.last, t.vars)
+    or "(The variables could not be listed: call SHOW_VARS() to see them.)"
+  return table.concat(out, "\n\n")
+end
+
+-- One compacted turn of the digest: its code (cut), the first line of its
+-- output, the last line of its error, the final answer it gave or had
+-- refused. e is its history entry.
+function M.digest_turn(turn, e, code_chars, line_chars)
+  local lines = { ("Turn %d:"):format(turn) }
+  local code = e.code or ""
+  if code == "" then
+    lines[#lines + 1] = "  (no code ran)"
+  else
+    code = textlib.cut(code, code_chars, false)
+    lines[#lines + 1] = "  code:\n    " .. code:gsub("\n", "\n    ")
+  end
+  local out = e.stdout or ""
+  if out:find("%S") then
+    local n, first = 0, nil
+    for line in out:gmatch("[^\n]+") do
+      n = n + 1
+      first = first or (line:find("%S") and line)
+    end
+    lines[#lines + 1] = ("  output (%d line%s, %s characters), its first: %s"):format(n, n == 1 and "" or "s",
+      thousands(textlib.utf8_len(out)), (textlib.cut(first, line_chars, false):gsub("\n", " ")))
+  elseif code ~= "" then
+    lines[#lines + 1] = "  output: (nothing printed)"
+  end
+  if e.error then
+    local last
+    for line in e.error:gmatch("[^\n]+") do
+      if line:find("%S") then
+        last = line
+      end
+    end
+    lines[#lines + 1] = "  error: " .. textlib.cut(last or e.error, line_chars, true):gsub("\n", " ")
+  end
+  if e.final then
+    lines[#lines + 1] = "  final answer given: " .. textlib.cut(tostring(e.final.answer), line_chars, false)
+      :gsub("\n", " ")
+  elseif e.rejected then
+    lines[#lines + 1] = "  a final answer was not accepted: " .. textlib.cut(tostring(e.rejected), line_chars,
+      false):gsub("\n", " ")
+  end
+  return table.concat(lines, "\n")
+end
+
+-- One line of a compacted turn left out of the digest: its error's last
+-- line, or the final answer it gave or had refused; nil when it had none.
+function M.turn_fact(turn, e, line_chars)
+  local final = e.final and ("final answer given: " .. tostring(e.final.answer))
+    or e.rejected and ("a final answer was not accepted: " .. tostring(e.rejected))
+  local err
+  for line in (e.error or ""):gmatch("[^\n]+") do
+    if line:find("%S") then
+      err = "error: " .. line
+    end
+  end
+  local fact = final or err
+  return fact and ("Turn %d: %s"):format(turn, (textlib.cut(fact, line_chars, false):gsub("\n", " "))) or nil
+end
+
+-- What the root model is asked for when option compact's summary is
+-- "model": turns first to last are to be replaced by its summary; keep
+-- turns stay whole; about `words` words.
+M.COMPACT_REQUEST = "This conversation is getting long: turns %d to %d will now be replaced by a summary "
+  .. "that you write, and you will go on from it and the last %d turn(s). Write that summary for yourself: "
+  .. "what the question needs, what you found and which variables hold it, what failed and why, and what is "
+  .. "left to do. Plain text: no code block and no FINAL line; at most about %d words. The REPL keeps every "
+  .. "variable."
+
 -- The turns at the end of which the model is warned.
 M.WARN_TURNS_LEFT = 2
 

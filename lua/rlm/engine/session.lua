@@ -1,60 +1,47 @@
--- A session's state: what one session and the nested sessions it starts
--- share (the tree), its own fields, and how it fails. The methods of the
--- other modules (boot, wire, limits, subcalls, nested, turn, finals,
--- loop) are mixed into the one Session class here; rlm (init.lua) adds
--- the public API and run()/step() (rlm.drive.blocking).
+-- A session: a small object that holds its collaborators, each made here
+-- with its own fields and a few named methods (docs/architecture.md, "Who
+-- owns what"): its sandbox (rlm.engine.handle), its sub-call scheduler
+-- (rlm.engine.subcalls), its nested sessions (rlm.engine.nested), the
+-- tree's budgets (rlm.engine.budgets, shared with its nested sessions) and
+-- its deadlines (rlm.engine.clock). What stays the session's own is the
+-- conversation and its turns (rlm.engine.turn, finals, answer, compact:
+-- methods of this class) and the engine's coroutine, which drives them all
+-- (rlm.engine.loop); and here, how it fails and what it reports. The
+-- collaborators ask the session for those through its methods. rlm
+-- (init.lua) adds the public API and run()/step() (rlm.drive.blocking).
+local budgets = require("rlm.engine.budgets")
 local clock = require("rlm.engine.clock")
 local errors = require("rlm.base.errors")
+local handle = require("rlm.engine.handle")
+local nested = require("rlm.engine.nested")
 local prompt = require("rlm.engine.prompt")
-local protocol = require("rlm.base.protocol")
+local subcalls = require("rlm.engine.subcalls")
 local tools = require("rlm.engine.tools")
 local util = require("rlm.base.util")
 
 -- Every field of a session, in one place (spec/layers_spec.lua checks that
--- the engine sets no other), grouped by the job that owns it: the groups
--- are the collaborators the session is being split into (issue 26).
+-- the engine sets no other; each collaborator declares its own).
 ---@class Session
+-- Its collaborators, each made here with its own fields and methods
+---@field sandbox Handle its sandbox: the start, the wire to the driver (rlm.engine.handle, boot)
+---@field scheduler Scheduler its sub-calls: requests out, replies in (rlm.engine.subcalls)
+---@field nested Nested its nested sessions (rlm.engine.nested)
+---@field tree Budgets the budgets it shares with its nested sessions (rlm.engine.budgets)
+---@field clock Clock its deadlines (rlm.engine.clock)
 -- Who it is
 ---@field opts table the checked options (rlm.engine.options)
 ---@field parent Session|nil the session whose code started it (rlm_query)
 ---@field depth integer 0 for the root
 ---@field session_id string "1", "1.2", ...: names it in its events
----@field tree table shared with its nested sessions: budgets, in-flight counts, the live children
----@field tokens table tree.tokens: input, output, total
 ---@field system_problem string|nil why its system_prompt function failed (a nested session ends with it)
--- The sandbox (rlm.engine.boot, rlm.engine.wire; the backend: rlm.sandbox.backend)
----@field driver userdata|nil the backend's handle
----@field helper userdata|nil the probe's helper process while it runs
----@field canaries userdata|nil the self-test's canaries until the first exec
----@field context_data string|nil the context until it is in the sandbox
----@field context_format string "text" or "json"
----@field context_writing boolean|nil a large context is being written on a thread of rlm.core's
----@field start string|nil "cold" or "warm" (from the pool)
----@field start_times table|nil when each part of the start happened (bench/)
----@field sandbox_info table|nil what sandbox the start made (backend.describe): result.sandbox
----@field booting string|nil "hello", "boot" while the start is checked
----@field started boolean|nil the driver has said hello
----@field pre_events table|nil what a pooled sandbox said before it was taken, read first
----@field refill table|nil the pool that gets a replacement after the first step
----@field pool_swept boolean|nil the close looked at the pool's idle sandboxes
----@field max_values integer the most JSON values one line may hold
----@field sent boolean|nil a line just went to the driver (wire's poll skips a look at the pipe)
--- The engine's coroutine and its queues (rlm.engine.loop, rlm.engine.subcalls)
+-- The engine's coroutine (rlm.engine.loop) and who drives it
 ---@field engine thread|nil the coroutine that runs the session
 ---@field waitset userdata|nil the set behind fd()
 ---@field pumped_at number|nil when the engine last ran (others wait for its probe meanwhile)
 ---@field stepped boolean|nil its first step is out
----@field outbox table requests and events not yet handed out by poll()
----@field inbox table replies not yet taken by the engine
----@field pending table id -> request handed out and not yet answered
----@field routes table id -> { child =, id = } for a request passed on from a child
----@field next_request_id integer
----@field inline function|nil under run()/step(): answers a request at once (rlm.drive.blocking)
+---@field inline function|nil under run()/step(): answers the requests handed out at once (rlm.drive.blocking)
 ---@field hook_token userdata|nil under run()/step(): the hook as it started; SIGINT armed (rlm.drive.blocking)
 ---@field sigint boolean|nil closed by a SIGINT: run()/step() raise "interrupted!" (rlm.drive.blocking)
----@field open_slots integer answers the driver still waits for, for its current call
----@field open_call integer|nil the id of the driver's current call
----@field open_tool boolean|nil that call is a tool's
 -- The conversation and its turns (rlm.engine.turn, finals, answer; rlm's ask)
 ---@field messages table the root model's conversation
 ---@field history table the steps so far (err.history, result.history)
@@ -71,30 +58,15 @@ local util = require("rlm.base.util")
 ---@field question string|nil the current follow-up question
 ---@field history_mark integer|nil where the current question's steps begin
 ---@field turn_base integer|nil the turns taken before the current question
--- Its deadlines
----@field clock Clock its deadlines (rlm.engine.clock)
--- Its nested sessions (rlm.engine.nested)
----@field children table the nested sessions running for the current exec
----@field queued table nested sessions asked for past max_concurrent_sub_calls
----@field finished table nested sessions that ended, their sandboxes kept till their call is answered
----@field started_children integer how many it started (their session_id)
----@field call table|nil of a nested session: the rlm_query it answers
----@field live_counted boolean|nil of a nested session: counted in tree.live_children
+-- Compaction (option compact: rlm.engine.compact)
+---@field compaction table|nil the current question's: { head = its first user message, turns = compacted }
+---@field compactions integer|nil compactions run over the session's life
+---@field root_sent table|nil the last root call's size: { bytes =, tokens = (its usage's input) }
+-- The run's opening (rlm.engine.opening)
+---@field starting boolean|nil the sandbox starts: replies wait, callbacks' time is the start's
+---@field first_call table|nil the root call that went out while the sandbox started, till a turn takes it
 local Session = {}
 Session.__index = Session
-
--- What a session and the nested sessions it starts share: one budget, one
--- cap on the sub-calls in flight, and the clock of the run.
-local function new_tree()
-  return {
-    sub_calls = 0,
-    tokens = { input = 0, output = 0, total = 0 },
-    in_flight = 0, -- sub-calls handed out and not yet answered
-    held = {}, -- { session =, req = }: past max_concurrent_sub_calls, not yet handed out
-    batches = 0,
-    live_children = 0, -- nested sessions made and not yet closed (max_live_sandboxes)
-  }
-end
 
 -- A session over context_data (text, or a JSON document); parent is the
 -- session whose code started it with rlm_query, or nil.
@@ -103,35 +75,20 @@ local function new_session(o, parent, context_data, context_format, description)
     opts = o,
     parent = parent,
     depth = parent and parent.depth + 1 or 0,
-    tree = parent and parent.tree or new_tree(),
-    context_data = context_data,
-    context_format = context_format,
+    tree = parent and parent.tree or budgets.new(o), -- one budget for the tree
     history = {},
     iterations = 0,
     next_exec_id = 0,
-    next_request_id = 0,
-    outbox = {}, -- requests and events not yet handed out by poll()
-    inbox = {}, -- replies not yet taken by the engine
-    pending = {}, -- id -> request handed out and not yet answered
-    routes = {}, -- id -> { child =, id = } for a request passed on from a child
-    children = {}, -- nested sessions running for the current exec
-    queued = {}, -- nested sessions asked for past max_concurrent_sub_calls
-    finished = {}, -- nested sessions that ended, their sandboxes kept till their call is answered
-    started_children = 0,
-    open_slots = 0, -- answers the driver still waits for, for its current call
-    max_values = protocol.max_values(o.max_message_bytes), -- JSON values in one line
   }, Session)
   -- Names the session in its events: "1" for the root, "1.2" for the second
   -- session its code started, and so on.
-  if parent then
-    parent.started_children = parent.started_children + 1
-    self.session_id = parent.session_id .. "." .. parent.started_children
-  else
-    self.session_id = "1"
-  end
-  self.tokens = self.tree.tokens
+  self.session_id = parent and parent.nested:next_id() or "1"
+  local tree = self.tree
+  self.sandbox = handle.new(self, context_data, context_format)
+  self.scheduler = subcalls.new(self)
+  self.nested = nested.new(self)
   self.clock = clock.new(o, function()
-    return self:_wall_left()
+    return tree:wall_left()
   end)
   -- A system_prompt function that fails: misuse at Session.new for the
   -- root; a nested session ends with callback_error when it starts.
@@ -166,6 +123,15 @@ function Session:_new_child(call)
   return new_session(o, self, text, "text", prompt.describe(text))
 end
 
+-- The root of its tree (itself, when it is not nested).
+function Session:_root()
+  local s = self
+  while s.parent do
+    s = s.parent
+  end
+  return s
+end
+
 -- Ends the session with err: the sandbox is torn down, and every later
 -- call returns the same err.
 function Session:_fail(err)
@@ -174,8 +140,8 @@ function Session:_fail(err)
   end
   err.history = self.history
   self.failed = self.failed or err
-  self:_end_children()
-  self:_teardown()
+  self.nested:end_all()
+  self.sandbox:teardown()
   return nil, self.failed
 end
 
@@ -187,6 +153,84 @@ end
 
 function Session:_error(kind, message, fields)
   return self:_fail(errors.new(kind, message, fields))
+end
+
+-- The budgets before a root turn or a sub-call (rlm.engine.budgets): true,
+-- or the session ends.
+function Session:_check_budget()
+  local err = self.tree:check()
+  if self.closed then
+    return self:_cancelled()
+  end
+  if err then
+    return self:_fail(err)
+  end
+  return true
+end
+
+-- A callback's usage, added to the tree's tokens: true, or the session
+-- ends (a usage of another shape).
+function Session:_add_usage(who, usage)
+  if usage == nil then
+    return true
+  end
+  local err = self.tree:add_usage(who, usage)
+  if err then
+    return self:_fail(err)
+  end
+  return true
+end
+
+-- A callback that blocked may have passed the driver's deadline: its
+-- keeper kills the sandbox then, and the session ends as the deadline says.
+function Session:_deadline_check()
+  local drv = self.sandbox.driver
+  if drv and drv:deadline_passed() then
+    drv:kill()
+    return self:_timeout_error()
+  end
+  return true
+end
+
+-- The driver's deadline passed: which one it was.
+function Session:_timeout_error()
+  if self.clock.wall_cut then
+    return self:_fail(self.tree:wall_error())
+  end
+  local booting = self.sandbox.booting
+  if booting == "hello" then
+    return self:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
+      .. "(%.0f ms); the sandbox was killed"):format(self.opts.start_timeout_ms),
+      { timeout_ms = self.opts.start_timeout_ms })
+  elseif booting then
+    local ms = self.sandbox:boot_timeout_ms()
+    return self:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
+      .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
+  end
+  return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms) and did not stop within "
+    .. "interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
+    :format(self.opts.step_timeout_ms, self.opts.interrupt_grace_ms),
+    { timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
+end
+
+-- Checks what a model callback gave back: text, and optionally a usage
+-- table. Then the deadline, which a callback that blocked may have passed.
+function Session:_model_result(who, reply)
+  if reply.failed then
+    return self:_error("callback_error", who .. " raised: " .. tostring(reply.message))
+  end
+  if type(reply.text) ~= "string" then
+    return self:_error("callback_error", who .. " returned " .. type(reply.text) .. ", not a string")
+  end
+  local ok, err = self:_add_usage(who, reply.usage)
+  if not ok then
+    return nil, err
+  end
+  ok, err = self:_deadline_check()
+  if not ok then
+    return nil, err
+  end
+  return reply.text, reply.usage
 end
 
 function Session:_emit(ev)
@@ -206,15 +250,15 @@ function Session:_emit(ev)
   return true
 end
 
-for _, methods in ipairs({ tools.methods, require("rlm.engine.answer").methods,
-  require("rlm.engine.finals").methods }) do
+for _, methods in ipairs({ require("rlm.engine.answer").methods,
+  require("rlm.engine.finals").methods, require("rlm.engine.compact").methods }) do
   for k, fn in pairs(methods) do
     assert(Session[k] == nil, k)
     Session[k] = fn
   end
 end
 
-for _, name in ipairs({ "wire", "boot", "limits", "subcalls", "nested", "turn", "loop" }) do
+for _, name in ipairs({ "turn", "loop", "opening" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
     if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
       assert(Session[k] == nil, k)

@@ -1,330 +1,303 @@
--- The code's llm_query calls: budgets, the in-flight cap over the tree of
--- sessions, requests handed out through poll() and the answers back.
+-- A session's sub-call scheduler, its collaborator (rlm.engine.session
+-- creates it): the requests it hands out through poll() and the replies
+-- that come back through reply(), the ids, the in-flight cap over the tree
+-- (its Budgets), the requests passed on from its nested sessions, and the
+-- driver's open call (the answers its code still waits for). The code's
+-- llm_query, llm_query_batched, rlm_query and rlm_query_batched (budgets,
+-- requests, and the answers back to the driver) are its methods from
+-- rlm.engine.calls. What it needs of its session (failing, events, the
+-- driver, nested sessions) it asks through the session's methods.
 local core = require("rlm.core")
-local textlib = require("rlm.base.text")
-local util = require("rlm.base.util")
+
+---@class Scheduler
+---@field session Session the session it schedules for
+---@field tree Budgets the tree's budgets (the session's)
+---@field opts table the session's options
+---@field outbox table requests and events not yet handed out by poll()
+---@field inbox table replies not yet taken by the engine
+---@field pending table id -> request handed out and not yet answered
+---@field routes table id -> { child =, id = } for a request passed on from a child
+---@field next_request_id integer the last request's id
+---@field open_slots integer answers the driver still waits for, for its current call
+---@field open_call integer|nil the id of the driver's current call
+---@field open_tool boolean|nil that call is a tool's
+local Scheduler = {}
+Scheduler.__index = Scheduler
 
 local M = {}
 
--- How much of a failed callback's message the code is shown.
-local MAX_CAUSE_CHARS = 500
+function M.new(session)
+  return setmetatable({
+    session = session,
+    tree = session.tree,
+    opts = session.opts,
+    outbox = {},
+    inbox = {},
+    pending = {},
+    routes = {},
+    next_request_id = 0,
+    open_slots = 0,
+  }, Scheduler)
+end
+
+-- The queues ---------------------------------------------------------------
 
 -- Hands a request to the outside world (through poll) and returns it.
 -- Sub-calls count against max_concurrent_sub_calls over the whole tree of
 -- sessions, whoever drives it.
-function M:_request(req)
+function Scheduler:request(req)
   self.next_request_id = self.next_request_id + 1
   req.id = self.next_request_id
-  if req.type == "llm_query" then
-    local tree = self.tree
-    if tree.in_flight >= self.opts.max_concurrent_sub_calls then
-      tree.held[#tree.held + 1] = { session = self, req = req } -- until one in flight answers
-      return req
-    end
-    tree.in_flight, req.counted = tree.in_flight + 1, true
+  if req.type == "llm_query" and not self.tree:admit(self, req) then
+    return req -- held until one in flight answers
   end
-  self:_hand_out(req)
+  self:hand_out(req)
   return req
 end
 
-function M:_hand_out(req)
+function Scheduler:hand_out(req)
   req.t0 = core.now_ms()
   self.pending[req.id] = req
   self.outbox[#self.outbox + 1] = req
 end
 
--- A counted sub-call is over: the next held one, of any session of the
--- tree, goes out.
-function M:_release()
-  local tree = self.tree
-  tree.in_flight = tree.in_flight - 1
-  local h = table.remove(tree.held, 1)
-  if h then
-    tree.in_flight, h.req.counted = tree.in_flight + 1, true
-    h.session:_hand_out(h.req)
+-- An event for poll() (a step's end, a resumable error).
+function Scheduler:post(ev)
+  self.outbox[#self.outbox + 1] = ev
+end
+
+-- An event next_out gave that is not for this loop: first again.
+function Scheduler:put_back(ev)
+  table.insert(self.outbox, 1, ev)
+end
+
+-- A driver takes the session (rlm.drive.dispatch's claim): a root call
+-- that a poll() of no driver's handed out and nobody answered goes out
+-- again, to this driver. The run's first call goes out at the first poll()
+-- (rlm.engine.opening), and a poll() that only started the sandbox, then
+-- run(), would otherwise wait on an answer nobody gives. (A driver answers
+-- each root call before it lets go: only such a poll() leaves one out.)
+function Scheduler:reclaim()
+  for _, req in pairs(self.pending) do
+    if req.type == "root_llm" then
+      local queued = false
+      for _, ev in ipairs(self.outbox) do
+        queued = queued or ev == req
+      end
+      if not queued then
+        table.insert(self.outbox, 1, req)
+      end
+    end
   end
 end
 
--- Forgets the sub-calls this session has held back (an exec ended with
--- calls still out).
-function M:_drop_held()
-  local held = self.tree.held
-  for i = #held, 1, -1 do
-    if held[i].session == self then
-      table.remove(held, i)
+-- Something waits in the outbox.
+function Scheduler:has_out()
+  return self.outbox[1] ~= nil
+end
+
+-- Something waits for poll() or for the engine.
+function Scheduler:has_work()
+  return self.outbox[1] ~= nil or self.inbox[1] ~= nil
+end
+
+-- The next reply for the engine, or nil.
+function Scheduler:take_reply()
+  return self.inbox[1] and table.remove(self.inbox, 1)
+end
+
+-- The reply to request req, taken out of the inbox wherever it is, or nil:
+-- the start's wait for its sandbox claim (rlm.engine.claim), which the
+-- reply to the root model's first call may come before.
+function Scheduler:take_reply_to(req)
+  for i, r in ipairs(self.inbox) do
+    if r.request == req then
+      return table.remove(self.inbox, i)
     end
   end
+end
+
+-- A request given up (a root call past root_timeout_ms): its late reply is
+-- dropped.
+function Scheduler:forget(id)
+  self.pending[id] = nil
+end
+
+-- A counted sub-call is over: the next held one, of any session of the
+-- tree, goes out.
+function Scheduler:release()
+  local scheduler, req = self.tree:release()
+  if scheduler then
+    scheduler:hand_out(req)
+  end
+end
+
+-- Forgets the sub-calls this session has held back.
+function Scheduler:drop_held()
+  for _, h in ipairs(self.tree.held) do
+    if h.scheduler == self then
+      self:unflight(h.req)
+    end
+  end
+  self.tree:drop_held(self)
 end
 
 -- Forgets every request this session has out or held (its run ended), so
 -- that they stop counting.
-function M:_drop_requests()
-  self:_drop_held()
+function Scheduler:drop_all()
+  self:drop_held()
   for _, req in pairs(self.pending) do
     if req.counted then
       req.counted = nil
-      self:_release()
+      self:release()
     end
+    self:unflight(req)
+  end
+  for _, r in ipairs(self.inbox) do
+    self:unflight(r.request) -- answered, but no longer taken
   end
   self.outbox, self.pending, self.routes = {}, {}, {}
 end
 
--- Checks what a model callback gave back: text, and optionally a usage
--- table. Then the deadline, which a callback that blocked may have passed.
-function M:_model_result(who, reply)
-  if reply.failed then
-    return self:_error("callback_error", who .. " raised: " .. tostring(reply.message))
-  end
-  if type(reply.text) ~= "string" then
-    return self:_error("callback_error", who .. " returned " .. type(reply.text) .. ", not a string")
-  end
-  local ok, err = self:_add_usage(who, reply.usage)
-  if not ok then
-    return nil, err
-  end
-  ok, err = self:_deadline_check()
-  if not ok then
-    return nil, err
-  end
-  return reply.text, reply.usage
+-- Whether request id is still wanted: not answered, and (passed on from a
+-- child) the child has not ended.
+function Scheduler:wants(id)
+  local route = self.routes[id]
+  return self.pending[id] ~= nil and (not route or route.child.scheduler:wants(route.id))
 end
 
--- The calls one message of the code asks for: { {prompt=, context=,
--- format=} or a prompt string, ... }, whether it is a batch, and whether they are nested
--- sessions. Past max_depth a nested session is one sub-model call that reads
--- the prompt and the context.
-function M:_calls_of(msg)
-  local calls, batch = { msg }, msg.type == "llm_batch" or msg.type == "rlm_batch"
-  if msg.type == "llm_batch" then
-    calls = msg.prompts -- strings: made calls one at a time, as they go out
-  elseif msg.type == "rlm_batch" then
-    calls = msg.queries
+-- The session that asked for request id: this one, or (a request passed
+-- on from a child) the child that asked, through the routes.
+function Scheduler:origin(id)
+  local scheduler = self
+  local route = scheduler.routes[id]
+  while route do
+    scheduler, id = route.child.scheduler, route.id
+    route = scheduler.routes[id]
   end
-  local nested = msg.type == "rlm_query" or msg.type == "rlm_batch"
-  if nested and self.depth + 1 >= self.opts.max_depth then
-    for i, c in ipairs(calls) do
-      calls[i] = { prompt = c.context and (c.prompt .. "\n\n" .. c.context) or c.prompt }
+  return scheduler.session
+end
+
+-- The next event for the outside, leaving out the requests of children
+-- that ended before they were handed out.
+function Scheduler:next_out()
+  local outbox = self.outbox
+  while true do
+    local ev = table.remove(outbox, 1)
+    if not ev or not ev.id or self:wants(ev.id) then
+      return ev
     end
-    nested = false
+    self.pending[ev.id], self.routes[ev.id] = nil, nil
   end
-  return calls, batch, nested
 end
 
--- Why a prompt may not go out, or nil. `slot` is its place in a batch.
-function M:_prompt_problem(p, slot)
-  local limit = self.opts.max_sub_prompt_chars
-  local chars = limit and textlib.utf8_len(p)
-  if not limit or chars <= limit then
+-- The rest of a batch whose first request poll() just handed out: the
+-- requests of the same batch that are out now, in order (they sit together
+-- in the outbox). rlm.dispatch gives them to llm_query_batch in one call.
+function Scheduler:batch_rest(first)
+  local rest, outbox = {}, self.outbox
+  while outbox[1] and outbox[1].batch_id == first.batch_id and outbox[1].type == "llm_query" do
+    local ev = self:next_out()
+    if not ev then
+      break
+    end
+    rest[#rest + 1] = ev
+  end
+  return rest
+end
+
+-- Hands a child's request out as this session's own, with a new id.
+function Scheduler:forward(child, ev)
+  local req = {}
+  for k, v in pairs(ev) do
+    req[k] = v
+  end
+  self.next_request_id = self.next_request_id + 1
+  req.id, req.counted = self.next_request_id, nil
+  self.routes[req.id] = { child = child, id = ev.id }
+  self:hand_out(req)
+end
+
+-- The answer to a request poll() handed out (the session's reply()): true,
+-- false when it is no longer wanted (the run ended, the session was
+-- closed, the exec it belonged to is over, or it was answered already),
+-- nil when poll() never handed it out.
+function Scheduler:reply(id, text, usage)
+  local req = self.pending[id]
+  if not req then
+    if type(id) == "number" and id >= 1 and id <= self.next_request_id and id == math.floor(id) then
+      return false
+    end
     return nil
   end
-  if slot then
-    return ("prompt %d is %d characters; the limit is %d (max_sub_prompt_chars): split it")
-      :format(slot, chars, limit)
-  end
-  return ("llm_query prompt is %d characters; the limit is %d (max_sub_prompt_chars): split it "
-    .. "into smaller pieces"):format(chars, limit)
-end
-
--- The code's llm_query, llm_query_batched, rlm_query or rlm_query_batched.
--- Every call that fits the budgets goes out at once (up to
--- max_concurrent_sub_calls in flight over the tree); the answers go back as
--- they come. In a batch, a call that does not fit gets its error in its
--- slot; a lone call past max_sub_calls ends the session.
-function M:_sub_query(msg)
-  if msg.type == "tool_call" then
-    return self:_tool_call(msg) -- rlm.tools
-  end
-  local o, tree = self.opts, self.tree
-  -- The driver waits for each call's answers before the next: so at most
-  -- one message's worth of prompts is ever held here.
-  if self.open_slots > 0 then
-    return self:_error("protocol_error", "the driver made a call before its last one was answered")
-  end
-  if self.interrupted then
-    -- Past step_timeout_ms: a call the code makes now is not run.
-    return self:_send({ type = "llm_result", id = msg.id, interrupted = true })
-  end
-  local calls, batch, nested = self:_calls_of(msg)
-  local ok, err
-  self.open_slots, self.open_call, self.open_tool = #calls, msg.id, nil
-  if batch then
-    ok, err = self:_check_budget()
-    if not ok then
-      return nil, err
+  self.pending[id] = nil
+  local route = self.routes[id]
+  if route then
+    -- A child's request: the answer is the child's, unless it has ended.
+    self.routes[id] = nil
+    if route.child.scheduler.pending[route.id] ~= nil then
+      route.child:reply(route.id, text, usage)
     end
-    tree.batches = tree.batches + 1
+    return true
   end
-  for i, c in ipairs(calls) do
-    if type(c) == "string" then
-      c = { prompt = c }
-    end
-    local slot = batch and i or nil
-    if batch and tree.sub_calls >= o.max_sub_calls then
-      -- The rest of the batch is past the budget: one error for all of its
-      -- slots, so what the host does stays bounded by the sub-calls left.
-      self.open_slots = self.open_slots - (#calls - i)
-      return self:_send_result({ driver_id = msg.id, batch_index = slot, count = #calls - i + 1 }, nil,
-        ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
-    end
-    local problem = self:_prompt_problem(c.prompt, slot)
-    if not problem and tree.sub_calls >= o.max_sub_calls then
-      return self:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
-        :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
-    end
-    if not problem and not batch then
-      ok, err = self:_check_budget()
-      if not ok then
-        return nil, err
-      end
-    end
-    if problem then
-      ok, err = self:_send_result({ driver_id = msg.id, batch_index = slot }, nil, problem)
-      if not ok then
-        return nil, err
-      end
-    else
-      tree.sub_calls = tree.sub_calls + 1
-      local call = { prompt = c.prompt, depth = self.depth, driver_id = msg.id, exec_id = self.next_exec_id,
-        index = tree.sub_calls, batch_index = slot, batch_size = batch and #calls or nil,
-        batch_id = batch and tree.batches or nil, model = msg.model }
-      if nested then
-        call.context, call.format = c.context, c.format
-        ok, err = self:_queue_child(call)
-        if not ok then
-          return nil, err
-        end
-      elseif not batch and self.inline then
-        call.type = "llm_query"
-        return self:_call_now(call)
-      else
-        call.type = "llm_query"
-        self:_request(call)
-      end
-    end
+  if req.counted then
+    req.counted = nil
+    self:release()
   end
+  local r = { request = req, text = text, usage = usage }
+  if req.type == "root_llm" then
+    -- Its latency (root_response): a first call's reply waits for the start.
+    r.at = core.now_ms()
+  end
+  if text == nil and type(usage) == "string" then
+    r.failed, r.message, r.usage = true, usage, nil
+  end
+  self.inbox[#self.inbox + 1] = r
   return true
 end
 
--- A lone llm_query with no model= hint, as rlm.core decoded it (d:poll's
--- "query", prompt, id, busy), under run() or step(): what _sub_query,
--- _call_now and _sub_answer do with { type = "llm_query", id =, prompt = }
--- when the callback answers with text, in one go: no message, request or
--- reply table, and the line made by rlm.core. Whatever is not that usual
--- case (a call refused or held back, more from the driver or a timer due
--- first, an interrupt, a limit on prompts, on_event, another loop than run()
--- or step(), a failed callback or a usage) takes their path.
-function M:_quick_query(prompt, id, busy)
-  local o, tree = self.opts, self.tree
-  if busy or not self.inline or self.open_slots > 0 or self.interrupted or o.max_sub_prompt_chars
-      or o.on_event or tree.sub_calls >= o.max_sub_calls or tree.in_flight >= o.max_concurrent_sub_calls then
-    return self:_sub_query({ type = "llm_query", id = id, prompt = prompt })
-  end
-  if o.max_wall_ms or o.max_total_tokens or o.max_total_cost_usd then
-    local ok, err = self:_check_budget()
-    if not ok then
-      return nil, err
-    end
-  end
-  tree.sub_calls = tree.sub_calls + 1
-  self.open_slots, self.open_call, self.open_tool = 1, id, nil
-  self.next_request_id = self.next_request_id + 1
-  tree.in_flight = tree.in_flight + 1
-  local exec_id = self.next_exec_id
-  local answered, text, usage = util.call_now(o.llm_query, prompt, { depth = self.depth })
-  self:_release()
-  if self.closed then
-    return self:_cancelled()
-  end
-  if not answered or type(text) ~= "string" or usage ~= nil or exec_id ~= self.next_exec_id
-      or self.interrupted then
-    local req = { type = "llm_query", prompt = prompt, depth = self.depth, driver_id = id, exec_id = exec_id,
-      index = tree.sub_calls, id = self.next_request_id }
-    if not answered then
-      return self:_sub_answer({ request = req, failed = true, message = text })
-    end
-    return self:_sub_answer({ request = req, text = text, usage = usage })
-  end
-  local ok, err = self:_deadline_check()
-  if not ok then
-    return nil, err
-  end
+-- The driver's open call ------------------------------------------------------
+
+-- The driver waits for the answers of a call it made: it may not make another.
+function Scheduler:busy()
+  return self.open_slots > 0
+end
+
+-- The driver made a call that waits for `slots` answers (a tool's: `tool`).
+function Scheduler:open(id, slots, tool)
+  self.open_slots, self.open_call, self.open_tool = slots, id, tool
+end
+
+-- The call's answers are all sent (a tool's one, or the rest of a batch).
+function Scheduler:close_open()
   self.open_slots = 0
-  return self:_send_text(id, text)
 end
 
--- Under run() and step() (self.inline: rlm.blocking), a lone llm_query is
--- answered in this resume of the engine: the callback runs at once, as the
--- loop would run it once poll() handed the request out, and its answer goes
--- back through _sub_answer, without the trip through the outbox, pending
--- and the inbox. It goes the usual way when the in-flight cap holds it
--- back, or when the driver's descriptor or a timer wants a look first (a
--- line read with this one: a hostile driver's second call before its
--- answer is the usual protocol_error).
-function M:_call_now(call)
-  local tree, drv = self.tree, self.driver
-  if tree.in_flight >= self.opts.max_concurrent_sub_calls or drv:timeout() == 0 then
-    self:_request(call)
-    return true
-  end
-  self.next_request_id = self.next_request_id + 1
-  call.id, call.t0 = self.next_request_id, core.now_ms()
-  tree.in_flight = tree.in_flight + 1
-  local reply = self.inline(self, call)
-  self:_release()
-  if self.closed then
-    return self:_cancelled()
-  end
-  return self:_sub_answer(reply)
+-- An exec begins: no call is open.
+function Scheduler:exec_started()
+  self.open_call = nil
 end
 
--- What the code receives for a call: text, or the error for its slot (a
--- batch) or to raise (a lone call).
-function M:_send_result(call, text, problem)
-  self.open_slots = self.open_slots - 1
-  if text and not problem and not call.batch_index then
-    -- A lone call's answer, the usual case: its line made by rlm.core (the
-    -- same JSON the table would make, without building the table).
-    return self:_send_text(call.driver_id, text)
-  end
-  return self:_send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
-    index = call.batch_index and call.batch_index - 1 or nil, count = call.count }, true)
+-- An exec ended (a hostile driver may end one with calls still out): no
+-- call is open, and what it held back is dropped.
+function Scheduler:exec_ended()
+  self.open_slots = 0
+  self:drop_held()
 end
 
--- The answer to one of the code's llm_query calls: back to the driver.
-function M:_sub_answer(reply)
-  local req = reply.request
-  if req.type == "tool_call" then
-    return self:_tool_answer(reply) -- rlm.tools
+-- The step ran out of time: the open call, if any, as the message that
+-- answers it with `interrupted` (the session sends it), or nil.
+function Scheduler:interrupt_open()
+  if self.open_slots > 0 and self.open_call then
+    self.open_slots = 0
+    return { type = self.open_tool and "tool_result" or "llm_result", id = self.open_call, interrupted = true }
   end
-  if req.exec_id ~= self.next_exec_id or self.interrupted then
-    return true -- the exec it belonged to is over, or was interrupted
-  end
-  local text, usage, slot_error
-  if reply.failed or type(reply.text) ~= "string" then
-    -- A failed call is the model's to handle: in its slot in a batch, an
-    -- exception (RuntimeError) the code can catch for a lone call. Only the
-    -- budgets end the run.
-    slot_error = reply.failed and ("llm_query failed: " .. textlib.cut(textlib.error_line(reply.message),
-      MAX_CAUSE_CHARS, false))
-      or ("llm_query failed: the callback returned " .. type(reply.text) .. ", not a string")
-  else
-    text, usage = self:_model_result("llm_query", reply)
-    if not text then
-      return nil, usage
-    end
-  end
-  if self.opts.on_event then -- the event is built only for someone to see it
-    local ok, err = self:_emit({ type = "sub_query", step = self.iterations, prompt = req.prompt,
-      response = text, error = slot_error, latency_ms = core.now_ms() - req.t0, index = req.index,
-      batch_index = req.batch_index, batch_size = req.batch_size, batch_id = req.batch_id, usage = usage })
-    if not ok then
-      return nil, err
-    end
-  end
-  return self:_send_result(req, text, slot_error)
 end
 
--- Nested sessions. A child runs as an engine inside this one's: this
--- session pumps it while its exec waits, passes its requests (root_llm,
--- llm_query) out through its own poll() with the child's depth, and routes
+-- The code's calls (rlm.engine.calls): the one path of every sub-call.
+for k, fn in pairs(require("rlm.engine.calls")) do
+  assert(Scheduler[k] == nil, k)
+  Scheduler[k] = fn
+end
+
 return M

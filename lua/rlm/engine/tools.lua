@@ -11,10 +11,6 @@ local util = require("rlm.base.util")
 
 local M = {}
 
--- Session methods, mixed into rlm.Session.
-M.methods = {}
-local S = M.methods
-
 local function set(words)
   local t = {}
   for w in words:gmatch("%S+") do
@@ -178,33 +174,55 @@ end
 
 M.NOTHING = "the tool returned nothing (a tool returns a JSON value; rlm.null is Python's None)"
 
--- The code called a tool: check it, count it, hand it out through poll().
--- A name the host never gave is a hostile driver: protocol_error. A call
--- past max_tool_calls is not made: the code gets a ToolError.
-function S:_tool_call(msg)
-  local o, tree = self.opts, self.tree
-  if self.open_slots > 0 then
-    return self:_error("protocol_error", "the driver made a call before its last one was answered")
+-- Sends a tool_result: the value, or the error the code raises as ToolError.
+local function send(s, scheduler, id, value, problem, name)
+  scheduler:close_open()
+  local text
+  if problem == nil then
+    local ok, encoded = pcall(json.encode, { type = "tool_result", id = id, value = value })
+    if not ok then
+      problem = ("tool %s returned a value JSON cannot carry: %s"):format(name, textlib.error_line(encoded))
+    elseif #encoded > s.opts.max_message_bytes then
+      problem = ("tool %s returned %d bytes of JSON, more than max_message_bytes (%d)")
+        :format(name, #encoded, s.opts.max_message_bytes)
+    else
+      text = encoded
+    end
+  end
+  text = text or json.encode({ type = "tool_result", id = id, error = problem })
+  if not s.sandbox.driver:send(text) then
+    return s.sandbox:expect({}) -- the reason it cannot take input is queued
+  end
+  return true
+end
+
+-- The code of session s called a tool: check it, count it, hand it out
+-- through poll() (s's scheduler). A name the host never gave is a hostile
+-- driver: protocol_error. A call past max_tool_calls is not made: the code
+-- gets a ToolError.
+function M.call(s, scheduler, msg)
+  local o, tree = s.opts, s.tree
+  if scheduler:busy() then
+    return s:_error("protocol_error", "the driver made a call before its last one was answered")
   end
   if not call_of(o, msg.name) then
-    return self:_error("protocol_error", ("the driver called a tool %q the host does not have")
+    return s:_error("protocol_error", ("the driver called a tool %q the host does not have")
       :format(msg.name:sub(1, M.MAX_NAME)))
   end
-  if self.interrupted then
+  if s.interrupted then
     -- The step ran out of time: no call is made until the exec ends.
-    return self:_send({ type = "tool_result", id = msg.id, interrupted = true })
+    return s.sandbox:send({ type = "tool_result", id = msg.id, interrupted = true })
   end
-  self.open_slots, self.open_call, self.open_tool = 1, msg.id, true
-  tree.tool_calls = tree.tool_calls or 0
-  if tree.tool_calls >= o.max_tool_calls then
-    return self:_tool_send(msg.id, nil, ("not called: the run's max_tool_calls (%d) are spent")
+  scheduler:open(msg.id, 1, true)
+  if tree:tool_calls_spent() then
+    return send(s, scheduler, msg.id, nil, ("not called: the run's max_tool_calls (%d) are spent")
       :format(o.max_tool_calls))
   end
-  local ok, err = self:_check_budget()
+  local ok, err = s:_check_budget()
   if not ok then
     return nil, err
   end
-  tree.tool_calls = tree.tool_calls + 1
+  local index = tree:count_tool_call()
   local positional, args = msg.args or {}, {}
   for i, v in ipairs(positional) do
     args[i] = v
@@ -215,8 +233,8 @@ function S:_tool_call(msg)
   end
   -- args (positional at 1..n, keywords by name) for poll() and the event;
   -- positional, argc and kwargs for the call.
-  self:_request({ type = "tool_call", name = msg.name, args = args, positional = positional, argc = #positional,
-    kwargs = kwargs, depth = self.depth, driver_id = msg.id, exec_id = self.next_exec_id, index = tree.tool_calls })
+  scheduler:request({ type = "tool_call", name = msg.name, args = args, positional = positional, argc = #positional,
+    kwargs = kwargs, depth = s.depth, driver_id = msg.id, exec_id = s.next_exec_id, index = index })
   return true
 end
 
@@ -225,9 +243,9 @@ local reason = textlib.error_line
 
 -- A tool answered (through reply()): its value or its error goes back to
 -- the code, and an event says so.
-function S:_tool_answer(reply)
+function M.answer(s, scheduler, reply)
   local req = reply.request
-  if req.exec_id ~= self.next_exec_id or self.interrupted then
+  if req.exec_id ~= s.next_exec_id or s.interrupted then
     return true -- the exec it belonged to is over, or was interrupted
   end
   local value, problem = reply.text, nil
@@ -236,38 +254,16 @@ function S:_tool_answer(reply)
   elseif value == nil then
     problem = M.NOTHING
   end
-  local ok, err = self:_deadline_check()
+  local ok, err = s:_deadline_check()
   if not ok then
     return nil, err
   end
-  ok, err = self:_emit({ type = "tool_call", step = self.iterations, name = req.name, args = req.args,
+  ok, err = s:_emit({ type = "tool_call", step = s.iterations, name = req.name, args = req.args,
     result = value, error = problem, latency_ms = core.now_ms() - req.t0, index = req.index })
   if not ok then
     return nil, err
   end
-  return self:_tool_send(req.driver_id, value, problem, req.name)
-end
-
--- Sends a tool_result: the value, or the error the code raises as ToolError.
-function S:_tool_send(id, value, problem, name)
-  self.open_slots = 0
-  local text
-  if problem == nil then
-    local ok, encoded = pcall(json.encode, { type = "tool_result", id = id, value = value })
-    if not ok then
-      problem = ("tool %s returned a value JSON cannot carry: %s"):format(name, reason(encoded))
-    elseif #encoded > self.opts.max_message_bytes then
-      problem = ("tool %s returned %d bytes of JSON, more than max_message_bytes (%d)")
-        :format(name, #encoded, self.opts.max_message_bytes)
-    else
-      text = encoded
-    end
-  end
-  text = text or json.encode({ type = "tool_result", id = id, error = problem })
-  if not self.driver:send(text) then
-    return self:_expect({}) -- the reason it cannot take input is queued
-  end
-  return true
+  return send(s, scheduler, req.driver_id, value, problem, req.name)
 end
 
 return M

@@ -1,6 +1,5 @@
 -- Root turns: ask the root model, run its code, record the output; the
 -- engine's body. Reading the final answer is lua/rlm/engine/finals.lua's.
-local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local finals = require("rlm.engine.finals")
 local prompt = require("rlm.engine.prompt")
@@ -16,32 +15,33 @@ local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, r
 -- Runs one block of code; answers the driver's calls back meanwhile.
 function M:_exec(code)
   self.next_exec_id = self.next_exec_id + 1
-  self.interrupted, self.open_call = nil, nil
+  self.interrupted = nil
+  self.scheduler:exec_started()
   local id = self.next_exec_id
-  local ok, err = self:_send({ type = "exec", id = id, code = code })
+  local ok, err = self.sandbox:send({ type = "exec", id = id, code = code })
   if not ok then
     return nil, err
   end
-  self:_remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
+  self.sandbox:remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
   while true do
     local kind, a, b, c = self:_wait(true, true)
     if kind == "query" then
-      ok, err = self:_quick_query(a, b, c)
+      ok, err = self.scheduler:lone(b, a, nil, c) -- prompt, id, busy: read in place by rlm.core
     elseif kind == "reply" then
-      ok, err = self:_sub_answer(a)
+      ok, err = self.scheduler:answer(a)
     elseif kind == "soft" then
       ok, err = self:_interrupt()
     elseif kind == "child" then
-      ok, err = self:_child_done(a, b)
+      ok, err = self.nested:done(a, b)
     else
       local msg
-      msg, err = self:_driver_message(EXEC_REPLIES, kind, a, b, c)
+      msg, err = self.sandbox:message(EXEC_REPLIES, kind, a, b, c)
       if msg and msg.type == "exec_result" then
         return self:_exec_done(msg, id)
       end
       ok = msg ~= nil
       if ok then
-        ok, err = self:_sub_query(msg)
+        ok, err = self.scheduler:query(msg)
       end
     end
     if not ok then
@@ -55,11 +55,10 @@ function M:_exec_done(msg, id)
     return self:_error("protocol_error", ("the driver answered exec %d while exec %d ran"):format(msg.id, id))
   end
   -- A hostile driver may end an exec with calls still out.
-  self.open_slots = 0
-  self:_drop_held()
-  self:_end_children()
-  if not self.children[1] and self.driver then
-    self.clock:resume(self.driver)
+  self.scheduler:exec_ended()
+  self.nested:end_all()
+  if not self.nested:running() and self.sandbox.driver then
+    self.clock:resume(self.sandbox.driver)
   end
   local limit = self.opts.stdout_truncate_chars
   msg.stdout = textlib.cut(msg.stdout, limit, false)
@@ -71,23 +70,58 @@ function M:_exec_done(msg, id)
   return msg
 end
 
--- Asks the root model (through poll/reply) and waits for its answer. The
--- driver is idle meanwhile: anything it says is an error, and the step
--- deadline still runs.
-function M:_call_root(messages)
-  local ok, err = self:_check_budget()
+-- What the model is told after an interrupted block.
+function M:_interrupt_note()
+  return ("[the step ran past step_timeout_ms (%.0f ms) and was interrupted: this block's changes were rolled "
+    .. "back and the rest of the turn's blocks did not run; do less per step (smaller chunks, fewer calls)]")
+    :format(self.opts.step_timeout_ms)
+end
+
+-- The step ran out of time: SIGINT to the driver (a KeyboardInterrupt in
+-- the code), the call it waits on answered with `interrupted`, and any call
+-- it makes from now on too; the sandbox dies at the hard deadline unless
+-- the exec ends first.
+function M:_interrupt()
+  self.interrupted = true
+  self.scheduler:drop_held()
+  self.nested:end_all()
+  self.clock:interrupted(self.sandbox.driver)
+  self.sandbox.driver:interrupt()
+  local ok, err = self:_emit({ type = "interrupt", step = self.iterations,
+    timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
   if not ok then
     return nil, err
   end
-  -- The conversation itself, not a copy: it is only appended to, so a
-  -- step costs the same at step 2,000 as at step 10 (docs/api.md: read it,
-  -- do not modify it; copy what you keep).
-  local req = self:_request({ type = "root_llm", messages = messages, depth = self.depth })
+  local answer = self.scheduler:interrupt_open()
+  if answer then
+    return self.sandbox:send(answer)
+  end
+  return true
+end
+
+-- Asks the root model (through poll/reply) and waits for its answer. The
+-- driver is idle meanwhile: anything it says is an error, and the step
+-- deadline still runs. A compaction's call (rlm.engine.compact) fails
+-- softly: false, why, and the digest stands in. req: the call already out
+-- (the first, asked as the sandbox started: rlm.engine.opening).
+function M:_call_root(messages, compaction, req)
+  local ok, err
+  if not req then
+    ok, err = self:_check_budget()
+    if not ok then
+      return nil, err
+    end
+    -- The conversation itself, not a copy: it is only appended to, so a
+    -- step costs the same at step 2,000 as at step 10 (docs/api.md: read
+    -- it, do not modify it; copy what you keep).
+    req = self.scheduler:request({ type = "root_llm", messages = messages, depth = self.depth,
+      compaction = compaction })
+  end
   while true do
     local kind, a, b, c = self:_wait(true)
     if kind ~= "reply" and kind ~= "soft" then
       local _
-      _, err = self:_driver_message({ fatal = true }, kind, a, b, c)
+      _, err = self.sandbox:message({ fatal = true }, kind, a, b, c)
       if not err then
         err = select(2, self:_error("protocol_error", "the driver spoke while the root model was asked"))
       end
@@ -95,24 +129,34 @@ function M:_call_root(messages)
     end
     if kind == "soft" then
       -- Given up: a late answer is dropped (reply() returns false).
-      self.pending[req.id] = nil
+      self.scheduler:forget(req.id)
+      if compaction then
+        return false, ("root_llm did not answer within root_timeout_ms (%.0f ms)"):format(self.opts.root_timeout_ms)
+      end
       return nil, self:_root_failed(("root_llm did not answer within root_timeout_ms (%.0f ms)")
         :format(self.opts.root_timeout_ms), { timeout_ms = self.opts.root_timeout_ms })
     end
-    if a.request == req and not self.parent and (a.failed or type(a.text) ~= "string") then
-      return nil, self:_root_failed(a.failed and ("root_llm raised: " .. tostring(a.message))
-        or ("root_llm returned " .. type(a.text) .. ", not a string"))
+    if a.request == req and (compaction or not self.parent) and (a.failed or type(a.text) ~= "string") then
+      local why = a.failed and ("root_llm raised: " .. tostring(a.message))
+        or ("root_llm returned " .. type(a.text) .. ", not a string")
+      if compaction then
+        return false, why
+      end
+      return nil, self:_root_failed(why)
     elseif a.request == req then
       local text, usage = self:_model_result("root_llm", a)
       if not text then
         return nil, usage
       end
       ok, err = self:_emit({ type = "root_response", step = self.iterations, response = text,
-        latency_ms = core.now_ms() - req.t0, usage = usage })
+        latency_ms = a.at - req.t0, usage = usage, compaction = compaction })
       if not ok then
         return nil, err
       end
-      return text
+      if self.opts.compact and not compaction then
+        self:_sent(messages, usage) -- the size measure of compaction (rlm.engine.compact)
+      end
+      return text, usage
     end
   end
 end
@@ -233,24 +277,33 @@ end
 -- One root turn: ask the root model, run the code it wrote, record the
 -- output for the model. Returns the history entry, or nil, err.
 function M:_turn()
+  -- The run's first call went out as the sandbox started, and its step
+  -- began then (rlm.engine.opening); root_timeout_ms counts from it.
+  local first, ok, err = self.first_call, true, nil
+  self.first_call = nil
   self.iterations = self.iterations + 1
-  local ok, err = self:_emit({ type = "step_start", step = self.iterations })
+  if not first then
+    ok, err = self:_emit({ type = "step_start", step = self.iterations })
+    if ok then
+      ok, err = self:_compact_if_due() -- option compact (rlm.engine.compact)
+    end
+  end
   if not ok then
     return nil, err
   end
-  self.clock:arm_root(self.driver)
+  self.clock:arm_root(self.sandbox.driver, first and first.t0)
   local response
-  response, err = self:_call_root(self.messages)
+  response, err = self:_call_root(self.messages, nil, first)
   if not response then
     if err.resumable then
-      self.clock:disarm(self.driver)
+      self.clock:disarm(self.sandbox.driver)
       self.iterations = self.iterations - 1 -- the turn is asked again
     end
     return nil, err
   end
-  self.clock:arm_step(self.driver)
+  self.clock:arm_step(self.sandbox.driver)
   local entry, texts = self:_act(response)
-  self:_remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
+  self.sandbox:remove_canaries() -- a turn with no code: the start's go now (rlm.boot)
   if not entry then
     return nil, texts
   end
@@ -262,7 +315,7 @@ function M:_turn()
   if complaint ~= "" then
     texts[#texts + 1] = complaint
   end
-  self.clock:disarm(self.driver)
+  self.clock:disarm(self.sandbox.driver)
   texts[#texts + 1] = self:_status()
   ok, err = self:_record(entry, table.concat(texts, "\n\n"))
   if not ok then
@@ -272,6 +325,7 @@ function M:_turn()
 end
 
 function M:_result(final)
+  local tokens = self.tree.tokens
   return {
     answer = final.answer,
     value = final.value,
@@ -282,9 +336,11 @@ function M:_result(final)
     reason = final.reason,
     iterations = self.iterations,
     sub_calls = self.tree.sub_calls,
-    tokens = { input = self.tokens.input, output = self.tokens.output, total = self.tokens.total },
+    tokens = { input = tokens.input, output = tokens.output, total = tokens.total },
+    cache_hits = self.tree.cache and self.tree.cache.hits or 0,
+    compactions = self.compactions or 0,
     history = self.history,
-    sandbox = self.sandbox_info,
+    sandbox = self.sandbox.info,
   }
 end
 
@@ -305,10 +361,12 @@ end
 function M:_main()
   local ev = require("rlm.engine.fallback").after(self, self:_run_turns())
   local r, e = ev.result, ev.err
+  local tokens = self.tree.tokens
   local ok, err = self:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
-    sub_calls = self.tree.sub_calls, tokens = { input = self.tokens.input, output = self.tokens.output,
-      total = self.tokens.total } })
+    sub_calls = self.tree.sub_calls, tokens = { input = tokens.input, output = tokens.output,
+      total = tokens.total }, cache_hits = self.tree.cache and self.tree.cache.hits or nil,
+    compactions = self.compactions })
   if not ok and not e then
     return { type = "error", err = err }
   end
@@ -317,21 +375,13 @@ end
 
 function M:_run_turns()
   if not self.parent then
-    self.tree.t0 = core.now_ms() -- max_wall_ms counts from here, over the tree
+    self.tree:start_clock() -- max_wall_ms counts from here, over the tree
   end
   if self.system_problem then
     return { type = "error", err = select(2, self:_error("callback_error", self.system_problem)) }
   end
-  if not self.started then
-    local ok, err = self:_emit({ type = "session_start", query = self.opts.query })
-    if ok then
-      ok, err = self:_start()
-    end
-    local info = ok and self.sandbox_info
-    if info then
-      ok, err = self:_emit({ type = "sandbox_ready", start = self.start, backend = info.backend, mode = info.mode,
-        detail = info.detail, not_promised = info.not_promised, container = info.container })
-    end
+  if not self.sandbox.started then
+    local ok, err = self:_open() -- rlm.engine.opening: the start, the first call out meanwhile
     if not ok then
       return { type = "error", err = err }
     end
@@ -355,12 +405,12 @@ function M:_run_turns()
     local entry, err = self:_turn()
     if not entry and err.resumable and not self.closed then
       -- Reported, not the end: polled again, the turn is asked again.
-      self.outbox[#self.outbox + 1] = { type = "error", err = err }
+      self.scheduler:post({ type = "error", err = err })
       coroutine.yield(IDLE)
     elseif not entry then
       return { type = "error", err = err }
     else
-      self.outbox[#self.outbox + 1] = { type = "step", entry = entry }
+      self.scheduler:post({ type = "step", entry = entry })
       coroutine.yield(IDLE)
     end
   end

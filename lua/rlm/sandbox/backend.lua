@@ -1,5 +1,5 @@
 -- The sandbox seam: what the engine asks of a sandbox backend. The engine
--- (rlm.engine.boot, rlm.engine.pool) reaches a sandbox only through these
+-- (rlm.engine.boot, rlm.sandbox.pool) reaches a sandbox only through these
 -- functions and the handle that start returns; everything that knows how
 -- a sandbox is made (bubblewrap, the interpreter's probe, /proc) lives in
 -- the backend. docs/architecture.md says where a new backend goes.
@@ -30,7 +30,7 @@
 --   describe(handle) -> { backend =, mode =, detail =, not_promised = }
 --       What sandbox it made: the backend's name, its mode ("bubblewrap",
 --       or rlm-keeper's "seccomp" fallback), why that one, and what the
---       mode does not promise (rlm.sandbox.selftest.NOT_PROMISED). The
+--       mode does not promise (rlm.sandbox.exec's, for its seccomp mode). The
 --       self-test is checked against the mode's promises.
 --   exit_hint(output) -> string
 --       What a failed start's output says about the machine ("" if
@@ -44,8 +44,9 @@
 -- spec from prepare has a `claim` function) also has
 --   claimed(spec, argv, handle, report) -> spec | nil, message
 --       The spec of one start with what the claim gave; report(message)
---       is told of a release that fails. The engine calls the claim as it
---       calls its other callbacks (rlm.engine.claim).
+--       is told of a release that fails. A session's claim is called as
+--       the host's other callbacks are (rlm.engine.claim), a pool's in a
+--       coroutine of its own (rlm.sandbox.claim).
 --   release_claim(spec)
 --       A claimed spec that will not be started.
 -- and its handle report_release(report): where a failed release goes

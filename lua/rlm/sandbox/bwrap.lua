@@ -6,8 +6,7 @@
 local core = require("rlm.core")
 local checks = require("rlm.base.checks")
 local errors = require("rlm.base.errors")
-local protocol = require("rlm.base.protocol")
-local selftest = require("rlm.sandbox.selftest")
+local probe = require("rlm.sandbox.probe")
 local util = require("rlm.base.util")
 
 local M = {}
@@ -21,30 +20,8 @@ M.default_modules = {
   "fractions", "decimal", "hashlib", "base64", "csv", "pprint", "io",
 }
 
-local PROBE_TIMEOUT_MS = 20000
-
 local function unavailable(message, fields)
   return nil, errors.new("sandbox_unavailable", message, fields)
-end
-
--- The file next to the modules, or nil, err naming why it is not.
-local function find_file(name)
-  local here = util.module_dir()
-  local problem
-  for _, candidate in ipairs({
-    here .. "/" .. name,                   -- installed: next to the modules
-    here .. "/../../python/" .. name,      -- a checkout: lua/rlm/ -> python/
-  }) do
-    local ok, why = util.file_exists(candidate)
-    if ok then
-      return candidate
-    end
-    problem = problem or why
-  end
-  if problem then
-    return unavailable(("python/%s cannot be opened: %s"):format(name, problem))
-  end
-  return unavailable(("python/%s was not found next to the rlm modules"):format(name))
 end
 
 -- The driver's package, beside repl_driver.py (python/ in a checkout, rlm/
@@ -86,108 +63,8 @@ local function fd_reserve_error()
   end
 end
 
--- One probe per (interpreter, module list) for the life of this Lua state.
--- While one is in flight, the entry is { pending = true, owner = session },
--- and other sessions of the state wait for it. The owner is held weakly: a
--- session dropped while it probes is collected (and its helper with it), and
--- the next session asks anew.
-local probe_cache = {}
-local WEAK_OWNER = { __mode = "v" }
-
--- Runs the probe as a helper process and reads its one line; wait(helper)
--- returns the helper's next event (the session's engine yields meanwhile).
-local function run_probe(python, modules, wait, driver_dir)
-  local script, ferr = find_file("probe.py")
-  if not script then
-    return nil, ferr
-  end
-  local argv = util.append({ python, "-I", "-S", script, "--driver", driver_dir }, modules)
-  local helper, err = core.helper(argv, PROBE_TIMEOUT_MS, 4 * 2 ^ 20)
-  if not helper then
-    return unavailable(("asking %s about its installation: %s%s"):format(python, err,
-      require("rlm.diagnose").hint(err)))
-  end
-  local out, status, problem = nil, nil, nil
-  while not status and not problem do
-    local kind, a, b = wait(helper)
-    if kind == "line" then
-      out = out or a
-    elseif kind == "exit" then
-      status = b ~= 0 and 128 + b or a
-    elseif kind == "timeout" then
-      problem = "timed out"
-    elseif kind == "failed" then
-      problem = a -- it could not be started
-    else
-      problem = "printed too much"
-    end
-  end
-  helper:close()
-  if problem then
-    return unavailable(("asking %s about its installation: %s%s"):format(python, problem,
-      require("rlm.diagnose").hint(problem)))
-  end
-  out = out or ""
-  local ok, info = pcall(protocol.decode_probe, out)
-  -- -1: the host reaped the helper itself (nginx's SIGCHLD handler waits
-  -- for any child), so its status is lost; its report still counts.
-  if not ok or (status ~= 0 and status ~= -1) or not info then
-    return unavailable(("%s did not describe its installation (exit %s): %s")
-      :format(python, tostring(status), out:sub(1, 200)))
-  end
-  -- The driver's package in one zip, with this interpreter's bytecode.
-  info.driver_zip = type(info.driver_zip) == "string" and core.base64_decode(info.driver_zip) or nil
-  info.driver_pyc = type(info.driver_pyc) == "string" and core.base64_decode(info.driver_pyc) or nil
-  if not info.driver_zip or not info.driver_pyc then
-    return unavailable(("%s could not pack the driver's package"):format(python))
-  end
-  return info
-end
-
--- How long a session waits for another's probe when that session is not
--- driven meanwhile (a host that polls one session and then blocks in
--- another's run()): past it, it asks too.
-local STALE_OWNER_MS = 250
-
-local function stale(entry)
-  local at = entry.owner.pumped_at
-  return at ~= nil and core.now_ms() - at > STALE_OWNER_MS
-end
-
-local function probe_key(python, modules, driver_dir)
-  return python .. "\0" .. driver_dir .. "\0" .. table.concat(modules, "\0")
-end
-
-local function probe(python, modules, wait, owner, driver_dir)
-  local key = probe_key(python, modules, driver_dir)
-  while probe_cache[key] and probe_cache[key].pending do
-    -- Another session of this Lua state is asking: wait for its answer.
-    local entry = probe_cache[key]
-    if entry.owner == nil then
-      probe_cache[key] = nil -- its session was dropped: ask in its place
-    elseif stale(entry) then
-      return run_probe(python, modules, wait, driver_dir)
-    else
-      wait(nil)
-    end
-  end
-  if probe_cache[key] then
-    return probe_cache[key]
-  end
-  probe_cache[key] = setmetatable({ pending = true, owner = owner }, WEAK_OWNER)
-  local info, err = run_probe(python, modules, wait, driver_dir)
-  probe_cache[key] = info
-  return info, err
-end
-
 -- A session that goes away while it probes lets the others ask.
-function M.forget(owner)
-  for key, entry in pairs(probe_cache) do
-    if entry.owner == owner then
-      probe_cache[key] = nil
-    end
-  end
-end
+M.forget = probe.forget
 
 -- The sys.path the driver gets: the interpreter's own, plus the directories
 -- that .pth files add only when bind_pth_paths asks for them.
@@ -234,7 +111,7 @@ function M.prepare(opts, context_data, wait, owner)
     return unavailable(("the interpreter %q was not found (Debian and Ubuntu: apt-get install python3)")
       :format(opts.python))
   end
-  local driver_py, ferr = find_file("repl_driver.py")
+  local driver_py, ferr = probe.find_file("repl_driver.py")
   if not driver_py then
     return nil, ferr
   end
@@ -242,7 +119,7 @@ function M.prepare(opts, context_data, wait, owner)
   local modules = util.append({}, M.default_modules, opts.allowed_modules)
   -- The package's files are read by the probe, which packs them (once per
   -- Lua state): a start that reuses its zip does not look at them again.
-  if not probe_cache[probe_key(python, modules, dir)] then
+  if not probe.asked(python, modules, dir) then
     for _, name in ipairs(M.driver_modules) do
       local ok, why = util.file_exists(dir .. "/" .. name)
       if not ok then
@@ -251,7 +128,7 @@ function M.prepare(opts, context_data, wait, owner)
       end
     end
   end
-  local info, perr = probe(python, modules, wait, owner, dir)
+  local info, perr = probe.report(python, modules, wait, owner, dir)
   if not info then
     return nil, perr
   end
@@ -317,8 +194,84 @@ function M.adopt(drv)
   return false, not drv:interpreter_runs()
 end
 
+-- What the host reads of a running sandbox's processes from /proc: the
+-- rows of /proc/<pid>/limits for the rlimits of rlm.sandbox.selftest.
+local ROWS = {
+  RLIMIT_AS = "Max address space",
+  RLIMIT_NPROC = "Max processes",
+  RLIMIT_FSIZE = "Max file size",
+  RLIMIT_NOFILE = "Max open files",
+  RLIMIT_CORE = "Max core file size",
+  RLIMIT_CPU = "Max cpu time",
+  RLIMIT_SIGPENDING = "Max pending signals",
+  RLIMIT_MSGQUEUE = "Max msgqueue size",
+  RLIMIT_MEMLOCK = "Max locked memory",
+}
+
+-- check_uids(pids, want) -> nil | "what is wrong": every sandbox process,
+-- as the host sees it (/proc/<pid>/status), runs with real, effective, saved
+-- and filesystem uid and gid `want` (the sandbox's uid on a root host, the
+-- host's own otherwise), and never as 0 when the host is root. Checked here
+-- because inside, bwrap's nested user namespace shows only its own ids.
+local function check_uids(pids, want)
+  local problems = {}
+  for _, pid in ipairs(pids) do
+    local f = io.open("/proc/" .. pid .. "/status", "r")
+    local text = f and f:read("*a") or ""
+    if f then
+      f:close()
+    end
+    for _, key in ipairs({ "Uid", "Gid" }) do
+      local ids = text:match("\n" .. key .. ":%s*([%d%s]-)\n")
+      local seen = {}
+      for id in (ids or ""):gmatch("%d+") do
+        seen[#seen + 1] = tonumber(id)
+      end
+      local fine = #seen == 4
+      for _, id in ipairs(seen) do
+        fine = fine and id == want and id ~= 0
+      end
+      if f and not fine then
+        problems[#problems + 1] = ("pid %d %s %s, wanted %d"):format(pid, key, ids or "?", want)
+      end
+    end
+  end
+  return #problems > 0 and table.concat(problems, "; ") or nil
+end
+
+local function parse_limit(s)
+  if s == "unlimited" then
+    return -1
+  end
+  return tonumber(s)
+end
+
+-- check_rlimits(pid, wanted) -> nil | "what is wrong". Soft and hard must be
+-- equal and no higher than asked (the host's own hard limit may be lower).
+local function check_rlimits(pid, wanted)
+  local f = io.open("/proc/" .. pid .. "/limits", "r")
+  if not f then
+    return "cannot read /proc/" .. pid .. "/limits"
+  end
+  local text = f:read("*a")
+  f:close()
+  local problems = {}
+  for name, want in pairs(wanted) do
+    local soft, hard = text:match(ROWS[name] .. "%s+(%S+)%s+(%S+)")
+    soft, hard = parse_limit(soft or ""), parse_limit(hard or "")
+    local fine = soft ~= nil and soft == hard
+      and (want < 0 and soft == -1 or want >= 0 and soft >= 0 and soft <= want)
+    if not fine then
+      problems[#problems + 1] = ("%s is %s/%s, wanted %.0f"):format(name, tostring(soft),
+        tostring(hard), want)
+    end
+  end
+  table.sort(problems)
+  return #problems > 0 and table.concat(problems, "; ") or nil
+end
+
 local function uid_error(tree, uid)
-  local problem = selftest.check_uids(tree, uid)
+  local problem = check_uids(tree, uid)
   if problem then
     return "sandbox_violation", "the sandbox runs as the wrong uid: " .. problem
   end
@@ -371,7 +324,7 @@ function M.check_ready(drv, rlimits, vetted_tree)
   end
   local problem = "the sandbox has no processes"
   if #tree > 0 then
-    problem = selftest.check_rlimits(tree[#tree], rlimits)
+    problem = check_rlimits(tree[#tree], rlimits)
   end
   if problem then
     return "sandbox_violation", "the driver's rlimits are not set: " .. problem
@@ -387,7 +340,6 @@ function M.check_ready(drv, rlimits, vetted_tree)
   return fd_error(drv:foreign_fds(vetted_tree and tree[#tree] or nil))
 end
 
--- Bubblewrap's own words on a failed start: what to change (rlm.diagnose).
 -- The option { backend = "bubblewrap" } has no other field.
 function M.check_option(where, v, level)
   checks.fields(where, "sandbox", v, { backend = { checks.backend_name } }, level + 1, ' for backend "bubblewrap"')
@@ -401,6 +353,7 @@ function M.describe()
   return { backend = "bubblewrap", mode = "bubblewrap", not_promised = {} }
 end
 
+-- Bubblewrap's own words on a failed start: what to change (rlm.diagnose).
 function M.exit_hint(output)
   return require("rlm.diagnose").hint(output)
 end

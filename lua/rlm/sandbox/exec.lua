@@ -477,12 +477,32 @@ function M.check_ready(h)
   end
 end
 
+-- What the seccomp fallback does not promise, by the bubblewrap check it
+-- has no counterpart of: the session's result and sandbox_ready event say
+-- it (docs/security.md, "The fallback").
+local NOT_PROMISED = {
+  bubblewrap = {},
+  seccomp = {
+    host_files = "no empty root: the REPL reads what the far side's files let any uid read "
+      .. "(the image's interpreter and libraries, /etc, world-readable files)",
+    own_init = "no pid namespace: the REPL sees the far side's processes in /proc (their command lines), "
+      .. "though it may signal or trace none of them",
+    pid_namespace = "no pid namespace (as own_init)",
+    proc_hidden = "/proc is the far side's, its host-global files as readable as they are there",
+    workdir_mount = "the workdir is a directory of the far side's filesystem (TMPDIR), not a tmpfs of its own: "
+      .. "workdir_max_bytes is no size cap (its bytes count against max_rss_bytes, each file is capped by "
+      .. "RLIMIT_FSIZE), and files the REPL writes in world-writable directories outside it (/tmp, /dev/shm) "
+      .. "outlive the session there",
+    network_interfaces = "the far side's network interfaces are there; no socket of any family can be made",
+  },
+}
+
 -- The mode the keeper said it makes (its hello), which the self-test is
 -- checked against, and what that mode does not promise.
 function M.describe(h)
   local hello = h.hello or {}
   return { backend = "exec", mode = h.sandbox, detail = type(hello.detail) == "string" and hello.detail or nil,
-    not_promised = selftest.NOT_PROMISED[h.sandbox] or {} }
+    not_promised = NOT_PROMISED[h.sandbox] or {} }
 end
 
 function M.exit_hint()

@@ -1,6 +1,8 @@
--- The host's half of the start-up self-test: the rlimits the driver must
--- set on itself, read back from /proc, and the descriptors that reach the
--- sandbox. The driver's half (python/repl_driver.py, self_test) runs inside.
+-- The rlimits the driver must set on itself, whatever the backend: the
+-- pool-level ones (configure) and the session's (load_context). The driver
+-- reports its self-test from inside (python/_rlm_driver/selftest.py); how
+-- a backend checks them from outside is its own (rlm.sandbox.bwrap reads
+-- them from /proc).
 local M = {}
 
 -- What the driver's self-test must report, ok, for each sandbox mode
@@ -15,37 +17,6 @@ M.PROMISED = {
     "descriptors", "environment", "host_sysctl", "device_nodes", "setuid_files" },
 }
 
--- What the seccomp fallback does not promise, by the bubblewrap check it
--- has no counterpart of: the session's result and sandbox_ready event say
--- it (docs/security.md, "The fallback").
-M.NOT_PROMISED = {
-  bubblewrap = {},
-  seccomp = {
-    host_files = "no empty root: the REPL reads what the far side's files let any uid read "
-      .. "(the image's interpreter and libraries, /etc, world-readable files)",
-    own_init = "no pid namespace: the REPL sees the far side's processes in /proc (their command lines), "
-      .. "though it may signal or trace none of them",
-    pid_namespace = "no pid namespace (as own_init)",
-    proc_hidden = "/proc is the far side's, its host-global files as readable as they are there",
-    workdir_mount = "the workdir is a directory of the far side's filesystem (TMPDIR), not a tmpfs of its own: "
-      .. "workdir_max_bytes is no size cap (its bytes count against max_rss_bytes, each file is capped by "
-      .. "RLIMIT_FSIZE), and files the REPL writes in world-writable directories outside it (/tmp, /dev/shm) "
-      .. "outlive the session there",
-    network_interfaces = "the far side's network interfaces are there; no socket of any family can be made",
-  },
-}
-
-local ROWS = {
-  RLIMIT_AS = "Max address space",
-  RLIMIT_NPROC = "Max processes",
-  RLIMIT_FSIZE = "Max file size",
-  RLIMIT_NOFILE = "Max open files",
-  RLIMIT_CORE = "Max core file size",
-  RLIMIT_CPU = "Max cpu time",
-  RLIMIT_SIGPENDING = "Max pending signals",
-  RLIMIT_MSGQUEUE = "Max msgqueue size",
-  RLIMIT_MEMLOCK = "Max locked memory",
-}
 
 -- The limits for a session, -1 meaning unlimited. The address space is a
 -- backstop behind the watchdog, so it leaves room for a mapped context and
@@ -88,68 +59,6 @@ function M.rlimits(opts, context_bytes)
     all[name] = v
   end
   return all
-end
-
--- check_uids(pids, want) -> nil | "what is wrong": every sandbox process,
--- as the host sees it (/proc/<pid>/status), runs with real, effective, saved
--- and filesystem uid and gid `want` (the sandbox's uid on a root host, the
--- host's own otherwise), and never as 0 when the host is root. Checked here
--- because inside, bwrap's nested user namespace shows only its own ids.
-function M.check_uids(pids, want)
-  local problems = {}
-  for _, pid in ipairs(pids) do
-    local f = io.open("/proc/" .. pid .. "/status", "r")
-    local text = f and f:read("*a") or ""
-    if f then
-      f:close()
-    end
-    for _, key in ipairs({ "Uid", "Gid" }) do
-      local ids = text:match("\n" .. key .. ":%s*([%d%s]-)\n")
-      local seen = {}
-      for id in (ids or ""):gmatch("%d+") do
-        seen[#seen + 1] = tonumber(id)
-      end
-      local fine = #seen == 4
-      for _, id in ipairs(seen) do
-        fine = fine and id == want and id ~= 0
-      end
-      if f and not fine then
-        problems[#problems + 1] = ("pid %d %s %s, wanted %d"):format(pid, key, ids or "?", want)
-      end
-    end
-  end
-  return #problems > 0 and table.concat(problems, "; ") or nil
-end
-
-local function parse_limit(s)
-  if s == "unlimited" then
-    return -1
-  end
-  return tonumber(s)
-end
-
--- check_rlimits(pid, wanted) -> nil | "what is wrong". Soft and hard must be
--- equal and no higher than asked (the host's own hard limit may be lower).
-function M.check_rlimits(pid, wanted)
-  local f = io.open("/proc/" .. pid .. "/limits", "r")
-  if not f then
-    return "cannot read /proc/" .. pid .. "/limits"
-  end
-  local text = f:read("*a")
-  f:close()
-  local problems = {}
-  for name, want in pairs(wanted) do
-    local soft, hard = text:match(ROWS[name] .. "%s+(%S+)%s+(%S+)")
-    soft, hard = parse_limit(soft or ""), parse_limit(hard or "")
-    local fine = soft ~= nil and soft == hard
-      and (want < 0 and soft == -1 or want >= 0 and soft >= 0 and soft <= want)
-    if not fine then
-      problems[#problems + 1] = ("%s is %s/%s, wanted %.0f"):format(name, tostring(soft),
-        tostring(hard), want)
-    end
-  end
-  table.sort(problems)
-  return #problems > 0 and table.concat(problems, "; ") or nil
 end
 
 return M

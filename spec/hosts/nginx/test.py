@@ -600,13 +600,14 @@ def case_transport(srv):
 
 
 def case_providers(srv):
-    """rlm.llm.anthropic and rlm.llm.gemini over the cosocket transport, their
-    root calls streamed: a session in the callback form answers, each
+    """rlm.llm.openai, rlm.llm.anthropic and rlm.llm.gemini over the cosocket
+    transport, their root calls streamed: a session in the callback form answers, each
     provider's requests in its API's shape, the root model's text coming as
     root_delta events, a 429 waited out."""
     fake = Fake()
     try:
-        for provider, base, path in (("anthropic", "http://127.0.0.1:%d" % fake.port, "/v1/messages"),
+        for provider, base, path in (("openai", "http://127.0.0.1:%d/v1" % fake.port, "/v1/chat/completions"),
+                                     ("anthropic", "http://127.0.0.1:%d" % fake.port, "/v1/messages"),
                                      ("gemini", "http://127.0.0.1:%d/v1beta" % fake.port,
                                       "/v1beta/models/root-model:streamGenerateContent?alt=sse")):
             code = "```repl\nr = llm_query('say hi')\nFINAL(r + ' from ' + context.split()[0])\n```"

@@ -371,11 +371,14 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
--- 4c. The plugin with provider = "anthropic" and "gemini", stream = true:
--- rlm.llm.anthropic and rlm.llm.gemini over curl, each request in its API's
--- shape with the key in its header (curl's stdin, never its argv), the root
--- model's text coming as root_delta events (curl -N), a 429 waited out.
+-- 4c. The plugin with provider = "openai", "anthropic" and "gemini", stream
+-- = true: rlm.llm.openai, .anthropic and .gemini over curl, each request in
+-- its API's shape with the key in its header (curl's stdin, never its argv),
+-- the root model's text coming as root_delta events (curl -N), a 429
+-- waited out.
 for _, p in ipairs({
+  { provider = "openai", env = "RLM_API_KEY", header = "authorization", prefix = "Bearer ", base = "/v1",
+    path = "/v1/chat/completions" },
   { provider = "anthropic", env = "ANTHROPIC_API_KEY", header = "x-api-key", base = "",
     path = "/v1/messages" },
   { provider = "gemini", env = "GEMINI_API_KEY", header = "x-goog-api-key", base = "/v1beta",
@@ -418,7 +421,8 @@ for _, p in ipairs({
         local reqs = control("/_control/requests")
         local keyed, leaked = #reqs == 3, false
         for _, r in ipairs(reqs) do
-          keyed = keyed and r.headers[p.header] == secret and r.headers.authorization == nil
+          keyed = keyed and r.headers[p.header] == (p.prefix or "") .. secret
+            and (p.header == "authorization" or r.headers.authorization == nil)
           leaked = leaked or (type(r.argv_hits) == "table" and #r.argv_hits > 0)
         end
         vim.fn.jobstop(server)

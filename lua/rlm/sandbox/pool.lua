@@ -4,17 +4,18 @@
 -- configures and tests itself while nobody reads it. Once the pool sees it
 -- has said so (at stats(), at the refill after a take, or at the close of
 -- a root session that has the pool), it runs the checks that do not
--- depend on the session (rlm.engine.start's vet: hello, cgroup, self-test
+-- depend on the session (rlm.sandbox.start's vet: hello, cgroup, self-test
 -- result, uids); the session that takes it writes and seals its context, sends
--- load_context, and runs the checks that must follow it (rlm.boot). One
--- sandbox, one session: a sandbox taken is the session's, and never comes
--- back.
+-- load_context, and runs the checks that must follow it (rlm.engine.boot).
+-- One sandbox, one session: a sandbox taken is the session's, and never
+-- comes back. A sandbox's job, through the backend's seam: the engine only
+-- takes from it, and rlm (init.lua) checks Pool.new's options with the
+-- session's (rlm.engine.options) before they reach Pool.open.
 local core = require("rlm.core")
 local backends = require("rlm.sandbox.backend")
-local claim = require("rlm.engine.claim")
-local options = require("rlm.engine.options")
+local claim = require("rlm.sandbox.claim")
 local protocol = require("rlm.base.protocol")
-local start = require("rlm.engine.start")
+local start = require("rlm.sandbox.start")
 
 local Pool = {}
 Pool.__index = Pool
@@ -45,11 +46,10 @@ local function blocking_wait(helper)
   end
 end
 
---- rlm.Pool.new{ size = N, <sandbox options> } -> Pool. Raises on misuse,
--- naming the option; returns nil, err when the sandbox cannot be prepared
--- (no bubblewrap, no interpreter).
-function Pool.new(opts)
-  local o, size = options.check_pool(opts, Pool.MAX_SIZE)
+--- rlm.Pool.new{ size = N, <sandbox options> } -> Pool (rlm, init.lua,
+-- checks the options and calls this with them): returns nil, err when the
+-- sandbox cannot be prepared (no bubblewrap, no interpreter).
+function Pool.open(o, size)
   local self = setmetatable({ opts = o, size = size, idle = {}, claiming = 0,
     counts = { spawned = 0, taken = 0, cold = 0, dead = 0, failed = 0, release_failed = 0 } }, Pool)
   local backend = backends.for_options(o)
@@ -73,12 +73,38 @@ function Pool.new(opts)
 end
 
 -- Starts one sandbox; returns at once (the keeper forks). A claimed one
--- (sandbox.claim) starts when its claim returns (rlm.engine.claim).
+-- (sandbox.claim) starts when its claim returns (_claim).
 function Pool:_spawn()
   if self.spec.claim then
-    return claim.pool_spawn(self)
+    return self:_claim()
   end
   return self:_start(self.spec)
+end
+
+-- One claim (rlm.sandbox.claim), in a coroutine of its own: the sandbox
+-- starts when it returns, and is released at once if the pool was closed
+-- meanwhile. A release of its sandbox that fails is counted
+-- (stats().release_failed) until a session takes it. Returns false when
+-- the claim or the start failed at once (the pool stops filling until its
+-- next take), true otherwise.
+function Pool:_claim()
+  local failed = false
+  self.claiming = self.claiming + 1
+  local function report()
+    self.counts.release_failed = self.counts.release_failed + 1
+  end
+  claim.run(self.backend, self.spec, { depth = 0, pool = true }, report, function(spec)
+    self.claiming = self.claiming - 1
+    if not spec then
+      self.counts.failed = self.counts.failed + 1
+      failed = true
+    elseif self.closed then
+      self.backend.release_claim(spec)
+    elseif not self:_start(spec) then
+      failed = true
+    end
+  end)
+  return not failed
 end
 
 -- Starts a sandbox from spec: its canaries first, so that their leaked

@@ -2,7 +2,7 @@
 -- pool's spawns: its first messages, the spawn through the backend
 -- (rlm.sandbox.backend), and the checks of what the driver says as it
 -- starts. Plain functions, not Session methods: rlm.engine.boot and
--- rlm.engine.pool share them.
+-- rlm.sandbox.pool share them.
 local json = require("rlm.base.json")
 local protocol = require("rlm.base.protocol")
 local selftest = require("rlm.sandbox.selftest")

@@ -1,0 +1,222 @@
+/* driver_write.c: the driver's write side: lines to its stdin (straight
+ * to the pipe when nothing waits before them, else copied into a bounded
+ * queue), a stream's channel byte before each and its raw bytes written
+ * from the caller's memory (the context after its message), and a stream's
+ * heartbeat, which pings a quiet far side and kills one that stays quiet.
+ *
+ * A write to a pipe without a reader would raise SIGPIPE, which kills the
+ * host unless it ignores it. The host holds a read end of the driver's
+ * stdin pipe for the driver's whole life (in_reader), so the pipe always has
+ * a reader: a write to a driver that died or closed its stdin fills the
+ * pipe (and then the bounded write queue) instead, and the process's exit
+ * says what happened. No signal mask is touched, and a write costs one
+ * system call. */
+#define _GNU_SOURCE
+#include "driver_impl.h"
+
+typedef struct write_req {
+  uv_write_t req;
+  size_t len;
+  char data[];
+} write_req;
+
+static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts, int n);
+
+static void on_write(uv_write_t *req, int status) {
+  (void)status; /* a failed write shows as the process's exit */
+  free(req);
+}
+
+int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
+  if (len > MAX_WRITE_QUEUE)
+    return -1; /* and a uv_buf_t's length holds it */
+  uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
+  return rlm_driver_sendv(d, &part, 1);
+}
+
+int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n) {
+  return send_line(d, d->channel, parts, n);
+}
+
+int rlm_driver_send_on(rlm_driver *d, char channel, const char *data,
+                       size_t len) {
+  if (len > MAX_WRITE_QUEUE || !d->channel)
+    return -1;
+  uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
+  return send_line(d, channel, &part, 1);
+}
+
+typedef struct raw_req {
+  uv_write_t req;
+  size_t len;
+} raw_req;
+
+static void on_raw_write(uv_write_t *req, int status) {
+  raw_req *r = (raw_req *)req;
+  rlm_driver *d = req->data;
+  (void)status; /* a failed write shows as the process's exit */
+  d->raw_pending--;
+  d->raw_bytes -= r->len;
+  free(r);
+}
+
+int rlm_driver_send_raw(rlm_driver *d, const char *data, size_t len) {
+  if (d->start_failed || d->kill_pending || d->exited || d->killed ||
+      d->in_closed || !d->channel)
+    return -1;
+  /* In slices a uv_buf_t's length holds; libuv keeps their order. */
+  const size_t slice = 1u << 30;
+  for (size_t at = 0; at < len; at += slice) {
+    size_t n = len - at < slice ? len - at : slice;
+    raw_req *r = malloc(sizeof(*r));
+    uv_buf_t buf = uv_buf_init((char *)data + at, (unsigned)n);
+    if (r == NULL ||
+        uv_write(&r->req, (uv_stream_t *)&d->in, &buf, 1, on_raw_write) != 0) {
+      free(r);
+      if (at > 0)
+        kill_sandbox(d); /* part of it went: the stream is broken */
+      return -1;
+    }
+    r->req.data = d;
+    r->len = n;
+    d->raw_pending++;
+    d->raw_bytes += n;
+  }
+  return 0;
+}
+
+int rlm_driver_raw_done(const rlm_driver *d) { return d->raw_pending == 0; }
+
+static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts,
+                     int n) {
+  /* While it starts, what is sent waits in the pipe. */
+  if (d->start_failed || d->kill_pending || d->exited || d->killed ||
+      d->in_closed || n < 1 || n > 8)
+    return -1;
+  uv_buf_t bufs[10];
+  size_t len = 0;
+  int first = 0;
+  if (channel) {
+    bufs[0] = uv_buf_init(channel == 'K' ? "K" : "D", 1);
+    first = 1;
+    len = 1;
+  }
+  for (int i = 0; i < n; i++) {
+    if (memchr(parts[i].base, '\n', parts[i].len) != NULL)
+      return -1;
+    bufs[first + i] = parts[i];
+    len += parts[i].len;
+  }
+  n += first;
+  /* A stream's raw context is the caller's memory, not the queue's (of
+   * which libuv may have written part at once). */
+  size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  queued -= queued < d->raw_bytes ? queued : d->raw_bytes;
+  if (queued + len > MAX_WRITE_QUEUE)
+    return -1;
+  /* The line and its newline straight to the pipe when nothing waits before
+   * it (a short line always fits); what the pipe does not take now is
+   * copied and queued. */
+  bufs[n] = uv_buf_init("\n", 1);
+  int sent = uv_try_write((uv_stream_t *)&d->in, bufs, (unsigned)n + 1);
+  if (sent == UV_EAGAIN || sent == UV_ENOSYS)
+    sent = 0;
+  else if (sent < 0)
+    return -1;
+  if ((size_t)sent == len + 1)
+    return 0;
+  size_t done = (size_t)sent, rest = len + 1 - done;
+  write_req *w = malloc(sizeof(*w) + rest);
+  if (w == NULL) {
+    if (done > 0)
+      kill_sandbox(d); /* part of a line went: the stream is broken */
+    return -1;
+  }
+  /* What is left of the parts and the newline, from byte `done` on. */
+  size_t at = 0, skip = done;
+  for (int i = 0; i <= n; i++) {
+    size_t take = bufs[i].len;
+    if (skip >= take) {
+      skip -= take;
+      continue;
+    }
+    memcpy(w->data + at, bufs[i].base + skip, take - skip);
+    at += take - skip;
+    skip = 0;
+  }
+  w->len = rest;
+  uv_buf_t buf = uv_buf_init(w->data, (unsigned)w->len);
+  if (uv_write(&w->req, (uv_stream_t *)&d->in, &buf, 1, on_write) != 0) {
+    free(w);
+    if (done > 0)
+      kill_sandbox(d); /* part of a line went: the stream is broken */
+    return -1;
+  }
+  return 0;
+}
+
+/* Whether the stream's output holds bytes the loop has not read yet (or
+ * its end): the far side spoke while the loop did not run. */
+static int output_waiting(rlm_driver *d) {
+  uv_os_fd_t fd;
+  if (d->paused)
+    return 1; /* a line waits to be taken: the host is the one not reading */
+  if (uv_fileno((uv_handle_t *)&d->out, &fd) != 0)
+    return 0;
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int n;
+  do
+    n = poll(&p, 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n > 0;
+}
+
+/* Every tick of a stream's heartbeat (rlm_driver_heartbeat): what the far
+ * side took of the write queue since the last tick counts as heard, as
+ * what it sent does (on_read_out); a quiet stream is pinged, and one that
+ * stays quiet lost_ms after its ping is killed. */
+static void on_heartbeat(uv_timer_t *t) {
+  rlm_driver *d = t->data;
+  uint64_t now = uv_now(&d->loop);
+  size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  if (queued < d->hb_queued || output_waiting(d)) {
+    d->hb_heard = now;
+    d->hb_waiting = 0;
+  }
+  d->hb_queued = queued;
+  if (d->hb_waiting) {
+    if (now - d->hb_ping_at >= d->hb_lost) {
+      terminate(d, RLM_EV_SILENT);
+      uv_stop(&d->loop); /* an event is queued: the wait is over */
+    }
+  } else if (now - d->hb_heard >= d->hb_every) {
+    uv_buf_t part = uv_buf_init(d->hb_ping, (unsigned)d->hb_ping_len);
+    if (send_line(d, 'K', &part, 1) == 0) {
+      d->hb_waiting = 1;
+      d->hb_ping_at = now;
+      d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+    }
+  }
+}
+
+int rlm_driver_heartbeat(rlm_driver *d, const char *ping, size_t len,
+                         unsigned every_ms, unsigned lost_ms) {
+  uv_timer_stop(&d->heartbeat);
+  if (every_ms == 0)
+    return 0;
+  if (!d->channel || len == 0 || len > sizeof(d->hb_ping) ||
+      memchr(ping, '\n', len) != NULL || lost_ms == 0)
+    return -1;
+  if (d->start_failed || d->exited || d->killed || d->terminal_queued)
+    return 0; /* its end is on its way */
+  memcpy(d->hb_ping, ping, len);
+  d->hb_ping_len = len;
+  d->hb_every = every_ms;
+  d->hb_lost = lost_ms;
+  uv_update_time(&d->loop);
+  d->hb_heard = uv_now(&d->loop);
+  d->hb_waiting = 0;
+  d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
+  uv_timer_start(&d->heartbeat, on_heartbeat, every_ms, every_ms);
+  return 0;
+}

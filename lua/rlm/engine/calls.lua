@@ -1,0 +1,389 @@
+-- The code's calls, methods of the session's Scheduler
+-- (rlm.engine.subcalls mixes them in: its queues are that file's job, the
+-- calls this one's): llm_query, llm_query_batched, rlm_query and
+-- rlm_query_batched, their checks against the budgets, how each goes out,
+-- and the answers back to the driver, through the tree's sub-call cache
+-- when there is one. (A tool_call: rlm.engine.tools.)
+local cachelib = require("rlm.engine.cache")
+local core = require("rlm.core")
+local textlib = require("rlm.base.text")
+local tools = require("rlm.engine.tools")
+local util = require("rlm.base.util")
+
+local M = {}
+
+-- How much of a failed callback's message the code is shown.
+local MAX_CAUSE_CHARS = 500
+
+-- The calls one message of the code asks for: { {prompt=, context=,
+-- format=} or a prompt string, ... }, whether it is a batch, and whether they are nested
+-- sessions. Past max_depth a nested session is one sub-model call that reads
+-- the prompt and the context (marked rlm: not cached, as rlm_query is not).
+function M:calls_of(msg)
+  local calls, batch = { msg }, msg.type == "llm_batch" or msg.type == "rlm_batch"
+  if msg.type == "llm_batch" then
+    calls = msg.prompts -- strings: made calls one at a time, as they go out
+  elseif msg.type == "rlm_batch" then
+    calls = msg.queries
+  end
+  local nested = msg.type == "rlm_query" or msg.type == "rlm_batch"
+  if nested and self.session.depth + 1 >= self.opts.max_depth then
+    for i, c in ipairs(calls) do
+      calls[i] = { prompt = c.context and (c.prompt .. "\n\n" .. c.context) or c.prompt, rlm = true }
+    end
+    nested = false
+  end
+  return calls, batch, nested
+end
+
+-- Why a prompt may not go out, or nil. `slot` is its place in a batch.
+function M:prompt_problem(p, slot)
+  local limit = self.opts.max_sub_prompt_chars
+  local chars = limit and textlib.utf8_len(p)
+  if not limit or chars <= limit then
+    return nil
+  end
+  if slot then
+    return ("prompt %d is %d characters; the limit is %d (max_sub_prompt_chars): split it")
+      :format(slot, chars, limit)
+  end
+  return ("llm_query prompt is %d characters; the limit is %d (max_sub_prompt_chars): split it "
+    .. "into smaller pieces"):format(chars, limit)
+end
+
+-- The one path of every sub-call the code makes. Each call of a message
+-- (query, or lone for an llm_query) goes through call: the checks, the
+-- count, then out as a request for poll() (a batch's, or any under an
+-- adapter), to a nested session, or under run() and step() to the
+-- callback at once (call_now). Each answer comes back through settle:
+-- from the inbox (answer) or from call_now. Only the reading of the line
+-- differs: rlm.core reads a lone llm_query's in place (d:poll's "query",
+-- bench/llm_query.lua), protocol.decode every other.
+
+-- A call the driver may not make now (refused is true when open_slots > 0
+-- or the step ran out of time): the session ends with a protocol_error
+-- when its last call is unanswered; past step_timeout_ms the call is not
+-- run, and gets `interrupted` back.
+function M:refuse(id)
+  local s = self.session
+  -- The driver waits for each call's answers before the next: so at most
+  -- one message's worth of prompts is ever held here.
+  if self.open_slots > 0 then
+    return s:_error("protocol_error", "the driver made a call before its last one was answered")
+  end
+  return s.sandbox:send({ type = "llm_result", id = id, interrupted = true })
+end
+
+-- The code's llm_query(prompt, model=): its driver id, prompt and model
+-- hint, however its line was read (rlm.core tells `busy`: whether the
+-- driver holds more).
+function M:lone(id, prompt, model, busy)
+  if self.open_slots > 0 or self.session.interrupted then
+    return self:refuse(id)
+  end
+  self.open_slots, self.open_call, self.open_tool = 1, id, nil
+  return self:call(prompt, id, model, busy)
+end
+
+-- The code's llm_query, llm_query_batched, rlm_query or rlm_query_batched
+-- (a tool_call: rlm.engine.tools), as protocol.decode read it. Every call
+-- that fits the budgets goes out at once (up to max_concurrent_sub_calls in
+-- flight over the tree); the answers go back as they come. In a batch, a
+-- call that does not fit gets its error in its slot; a lone call past
+-- max_sub_calls ends the session.
+function M:query(msg)
+  local s = self.session
+  local kind = msg.type
+  if kind == "tool_call" then
+    return tools.call(s, self, msg)
+  elseif kind == "llm_query" then
+    return self:lone(msg.id, msg.prompt, msg.model)
+  elseif self.open_slots > 0 or s.interrupted then
+    return self:refuse(msg.id)
+  end
+  local o, tree = self.opts, self.tree
+  local calls, batch, nested = self:calls_of(msg)
+  local ok, err, batch_id
+  local n = #calls
+  -- With the cache, each call of an llm_query_batched is looked up first
+  -- and, when it misses, checked against the budgets on its own (call): a
+  -- hit spends nothing, so a batch past a budget may still be answered.
+  local cached = tree.cache ~= nil and kind == "llm_batch"
+  self:open(msg.id, n, nil)
+  if batch then
+    if not cached then
+      ok, err = s:_check_budget()
+      if not ok then
+        return nil, err
+      end
+    end
+    batch_id = tree:count_batch()
+  end
+  for i, c in ipairs(calls) do
+    if type(c) == "string" then
+      c = { prompt = c }
+    end
+    local slot = batch and i or nil
+    if batch and not cached and tree:sub_calls_spent() then
+      -- The rest of the batch is past the budget: one error for all of its
+      -- slots, so what the host does stays bounded by the sub-calls left.
+      self.open_slots = self.open_slots - (n - i)
+      return self:send_result({ driver_id = msg.id, batch_index = slot, count = n - i + 1 }, nil,
+        ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
+    end
+    ok, err = self:call(c.prompt, msg.id, msg.model, nil, c, slot, batch and n or nil, batch_id, nested)
+    if not ok or not batch then
+      return ok, err
+    end
+  end
+  return true
+end
+
+-- One call of the code's: its prompt, the driver's id for the message and
+-- its model hint, whether the driver holds more (`busy`, when rlm.core
+-- read the line); of a batch's or an rlm_query's, c (with the context and
+-- format of a nested session's) and in a batch its slot of count. It goes out as a request for poll(), to
+-- a nested session, or (a lone call under run() and step()) to the
+-- callback at once; or its error goes back to the code. true, or nil, err
+-- when the session ended. The usual call (a lone llm_query) reads the
+-- budgets' counts in place: a method call per look costs PUC Lua more than
+-- the look (bench/llm_query.lua). With the tree's cache, an llm_query's
+-- call is looked up first (its key: rlm.engine.cache), before any budget:
+-- a hit is answered at once (hit), and the host's store answers through
+-- poll() first (looked_up calls this again with the key).
+function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested, key)
+  local s, tree, o = self.session, self.tree, self.opts
+  local problem = o.max_sub_prompt_chars and self:prompt_problem(prompt, slot)
+  if problem then
+    return self:send_result({ driver_id = driver_id, batch_index = slot }, nil, problem)
+  end
+  local cache, t0 = tree.cache, nil
+  if cache and not key and not nested and not (c and c.rlm) then
+    t0 = core.now_ms()
+    key = cachelib.key(prompt, model, s.depth)
+    if cache.host then
+      self:request({ type = "cache_get", key = key, depth = s.depth, exec_id = s.next_exec_id,
+        call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot, count = count,
+          batch_id = batch_id } })
+      return true
+    end
+    local text = cache:get(key)
+    if text then
+      return self:hit(text, prompt, driver_id, slot, count, batch_id, t0)
+    end
+  end
+  if tree.sub_calls >= o.max_sub_calls then -- tree:sub_calls_spent()
+    if slot then -- a batch's call looked up in the cache (else query() answered the batch's rest at once)
+      return self:send_result({ driver_id = driver_id, batch_index = slot }, nil,
+        ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
+    end
+    return s:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
+      :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
+  end
+  if (not slot or key) and (tree.bounded or s.closed) then -- else _check_budget has nothing to check
+    local ok, err = s:_check_budget()
+    if not ok then
+      return nil, err
+    end
+  end
+  if key and cache:join(key, { type = "cache_wait", scheduler = self, key = key, exec_id = s.next_exec_id,
+    t0 = t0 or core.now_ms(), call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot,
+    count = count, batch_id = batch_id } }) then
+    return true -- the same call is out: its answer comes as this one's (landed)
+  end
+  if slot or nested then
+    local call = { type = not nested and "llm_query" or nil, prompt = prompt, depth = s.depth,
+      driver_id = driver_id, exec_id = s.next_exec_id, index = tree:count_sub_call(), batch_index = slot,
+      batch_size = count, batch_id = batch_id, model = model, cache_key = key }
+    if nested then
+      call.context, call.format = c.context, c.format
+      return s.nested:queue(call)
+    end
+    self:request(call)
+    return true
+  end
+  -- A lone call: its table made with the id and time it gets as it goes
+  -- out (8 fields, no resize: PUC Lua sizes a table by its constructor).
+  local call = { type = "llm_query", prompt = prompt, depth = s.depth, driver_id = driver_id,
+    exec_id = s.next_exec_id, index = tree:count_sub_call(), id = 0, t0 = 0 }
+  call.model = model
+  if key then
+    call.cache_key = key
+  end
+  -- Under run() and step() (the session's inline: rlm.drive.blocking) it
+  -- is answered in this resume of the engine: the callback runs at once,
+  -- as the loop would run it once poll() handed the request out, and its
+  -- answer goes back through settle, without the trip through the outbox,
+  -- pending and the inbox. It goes the usual way under an adapter, when
+  -- the in-flight cap holds it back, or when the driver's descriptor or a
+  -- timer wants a look first (a line read with this one: a hostile
+  -- driver's second call before its answer is the usual protocol_error).
+  if not s.inline or tree.in_flight >= o.max_concurrent_sub_calls then -- not tree:has_room()
+    self:request(call)
+    return true
+  end
+  if busy == nil then
+    busy = s.sandbox.driver:timeout() == 0
+  end
+  if busy then
+    self:request(call)
+    return true
+  end
+  self.next_request_id = self.next_request_id + 1
+  call.id = self.next_request_id
+  if o.on_event then
+    call.t0 = core.now_ms() -- for the event's latency_ms, the one reader of it
+  end
+  tree:take_room()
+  local ok, text, usage = util.call_now(o.llm_query, prompt, { depth = s.depth, model = model })
+  local held, req = tree:release() -- self:release(), in place
+  if held then
+    held:hand_out(req)
+  end
+  if s.closed then
+    self:unflight(call)
+    return s:_cancelled()
+  end
+  return self:settle(call, ok, text, usage)
+end
+
+-- What the code receives for a call: text, or the error for its slot (a
+-- batch) or to raise (a lone call).
+function M:send_result(call, text, problem)
+  self.open_slots = self.open_slots - 1
+  local s = self.session
+  if text and not problem and not call.batch_index then
+    -- A lone call's answer, the usual case: its line made by rlm.core (the
+    -- same JSON the table would make, without building the table).
+    return s.sandbox:send_text(call.driver_id, text)
+  end
+  return s.sandbox:send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
+    index = call.batch_index and call.batch_index - 1 or nil, count = call.count }, true)
+end
+
+-- A reply the engine took from the inbox: back to the driver.
+function M:answer(reply)
+  local req = reply.request
+  if req.type == "tool_call" then
+    return tools.answer(self.session, self, reply)
+  elseif req.type == "cache_get" or req.type == "cache_wait" then
+    return self:looked_up(req, reply)
+  elseif req.type == "cache_set" then
+    return true -- kept, or not: the call was answered already
+  elseif reply.failed then
+    return self:settle(req, false, reply.message)
+  end
+  return self:settle(req, true, reply.text, reply.usage)
+end
+
+-- The answer to one of the code's calls, req: the callback gave ok, text
+-- and usage, or failed (ok false: text is why). It goes back to the driver.
+function M:settle(req, ok, text, usage)
+  local s = self.session
+  if req.cache_key then
+    -- The calls that wait for this one's answer get it (or go out).
+    self.tree.cache:land(req.cache_key, ok and type(text) == "string" and text or nil)
+  end
+  if req.exec_id ~= s.next_exec_id or s.interrupted then
+    return true -- the exec it belonged to is over, or was interrupted
+  end
+  local slot_error
+  if not ok or type(text) ~= "string" then
+    -- A failed call is the model's to handle: in its slot in a batch, an
+    -- exception (RuntimeError) the code can catch for a lone call. Only the
+    -- budgets end the run.
+    slot_error = not ok and ("llm_query failed: " .. textlib.cut(textlib.error_line(text), MAX_CAUSE_CHARS, false))
+      or ("llm_query failed: the callback returned " .. type(text) .. ", not a string")
+    text, usage = nil, nil
+  else
+    local err
+    if usage ~= nil then
+      ok, err = s:_add_usage("llm_query", usage)
+      if not ok then
+        return nil, err
+      end
+    end
+    ok, err = s:_deadline_check()
+    if not ok then
+      return nil, err
+    end
+    if req.cache_key then
+      self:remember(req.cache_key, text) -- only an answer: an error is never replayed as one
+    end
+  end
+  if self.opts.on_event then -- the event is built only for someone to see it
+    local emitted, err = s:_emit({ type = "sub_query", step = s.iterations, prompt = req.prompt,
+      response = text, error = slot_error, latency_ms = core.now_ms() - req.t0, index = req.index,
+      batch_index = req.batch_index, batch_size = req.batch_size, batch_id = req.batch_id, usage = usage })
+    if not emitted then
+      return nil, err
+    end
+  end
+  return self:send_result(req, text, slot_error)
+end
+
+-- The sub-call cache ---------------------------------------------------------
+
+-- A call answered from the cache: the same text, no sub-call, no tokens, no
+-- budget; counted in the tree's cache hits, its event marked cached.
+function M:hit(text, prompt, driver_id, slot, count, batch_id, t0)
+  local s = self.session
+  local n = self.tree.cache:count_hit()
+  if self.opts.on_event then
+    local ok, err = s:_emit({ type = "sub_query", step = s.iterations, prompt = prompt, response = text,
+      cached = true, cache_hit = n, latency_ms = core.now_ms() - t0, batch_index = slot, batch_size = count,
+      batch_id = batch_id })
+    if not ok then
+      return nil, err
+    end
+  end
+  return self:send_result({ driver_id = driver_id, batch_index = slot }, text)
+end
+
+-- The host's store answered a cache_get, or the call out for the same key
+-- ended (a cache_wait: Cache:land): a string is a hit; anything else (nil,
+-- a failed or raising get, a failed call) a miss, and the call goes on its
+-- way (joining the flight for its key first).
+function M:looked_up(req, reply)
+  local s = self.session
+  if req.exec_id ~= s.next_exec_id or s.interrupted then
+    return true -- the exec it belonged to is over, or was interrupted
+  end
+  local a = req.call
+  if not reply.failed and type(reply.text) == "string" then
+    return self:hit(reply.text, a.prompt, a.driver_id, a.slot, a.count, a.batch_id, req.t0)
+  end
+  return self:call(a.prompt, a.driver_id, a.model, nil, a.c, a.slot, a.count, a.batch_id, false, req.key)
+end
+
+-- Keeps an answer under key: in the built-in store at once, in the host's
+-- through poll() (a cache_set request; nothing waits for its reply).
+function M:remember(key, text)
+  local cache = self.tree.cache
+  if cache.host then
+    self:request({ type = "cache_set", key = key, value = text, depth = self.session.depth })
+  else
+    cache:set(key, text)
+  end
+end
+
+-- The call this one waited on (waiter, a cache_wait request of this
+-- scheduler's) ended with text, or nil: a reply for the engine, as the
+-- host's get gives one.
+function M:landed(waiter, text)
+  local r = { request = waiter, text = text }
+  if text == nil then
+    r.failed, r.message = true, "the same call failed"
+  end
+  self.inbox[#self.inbox + 1] = r
+end
+
+-- A call out for key that will not be settled (its run ended, or the
+-- driver's call it belonged to): the calls that wait for it go out.
+function M:unflight(req)
+  if req.cache_key and self.tree.cache then
+    self.tree.cache:land(req.cache_key, nil)
+  end
+end
+
+return M

@@ -1,0 +1,208 @@
+-- Compaction (option compact): when the root conversation passes
+-- compact.at_tokens, the turns before the last compact.keep_turns are
+-- replaced, in the first user message after the question, by a digest of
+-- them (each turn's code, the first line of its output, its error, any
+-- final answer) or by a summary the root model writes (compact.summary =
+-- "model"), with the REPL's variables as SHOW_VARS() lists them. The
+-- system prompt and the question stay as they are; the REPL keeps its
+-- state; the history (result.history, err.partial) keeps every turn. A
+-- part of the conversation, so Session methods, mixed in as turn.lua's are.
+local core = require("rlm.core")
+local prompt = require("rlm.engine.prompt")
+local textlib = require("rlm.base.text")
+
+local M = {}
+
+M.methods = {}
+local S = M.methods
+
+-- The size measure's rate where the model reports no usage: 4 bytes a
+-- token, the usual rate of English text under OpenAI's and Anthropic's
+-- tokenizers (code and other scripts take more tokens a byte).
+M.BYTES_PER_TOKEN = 4
+
+-- A digest's turn: its code cut to this many characters, its output's
+-- first line and its error's last to this many.
+M.CODE_CHARS = 800
+M.LINE_CHARS = 200
+
+-- A compaction aims at half of compact.at_tokens, so that the next one
+-- comes after some turns, not at the next: the digest (or the model's
+-- summary) gets what is left of that half beside what stays (the system
+-- prompt, the question, the kept turns, the variables, the notice). A
+-- summary gets at least SUMMARY_MIN_BYTES; a digest at least its newest
+-- turn.
+M.SUMMARY_MIN_BYTES = 1000
+
+-- The turns left out of the digest, or under a summary, still say which
+-- had an error or a final answer (given, or refused): a line each, the
+-- most recent MAX_FACTS of them.
+M.MAX_FACTS = 20
+local NOTICE_BYTES = 600 -- prompt.compacted's words around the digest
+-- The bytes the conversation's contents take.
+local function bytes_of(messages)
+  local n = 0
+  for i = 1, #messages do
+    n = n + #messages[i].content
+  end
+  return n
+end
+M.bytes_of = bytes_of
+
+-- A root call of this session's conversation was answered: what it sent,
+-- in bytes and (as its usage reported) tokens, for the measure below.
+function S:_sent(messages, usage)
+  self.root_sent = { bytes = bytes_of(messages), tokens = type(usage) == "table" and usage.input_tokens or nil }
+end
+
+-- The conversation's size in tokens as the next root call would send it:
+-- the input tokens the last call reported, and the bytes added since at
+-- BYTES_PER_TOKEN; without a report, all of its bytes at that rate.
+function S:_conversation_tokens(bytes)
+  local sent = self.root_sent
+  if sent and sent.tokens then
+    return sent.tokens + math.ceil(math.max(bytes - sent.bytes, 0) / M.BYTES_PER_TOKEN)
+  end
+  return math.ceil(bytes / M.BYTES_PER_TOKEN)
+end
+
+-- What SHOW_VARS() prints in the REPL now, or nil (no sandbox, an error):
+-- an exec of the engine's own, with no event and no turn.
+function S:_show_vars()
+  local d = self.sandbox.driver
+  if not d then
+    return true, nil
+  end
+  self.clock:arm_step(d)
+  local res, err = self:_exec("SHOW_VARS()")
+  if not res then
+    return nil, err
+  end
+  self.clock:disarm(self.sandbox.driver)
+  if res.error or res.interrupted then
+    return true, nil
+  end
+  return true, (res.stdout:gsub("\n+$", ""))
+end
+
+-- The digest of turns 1..last (of this question): one entry a turn, made
+-- again from its history entry each time, newest first within `budget`
+-- bytes (the newest always). Returns the entries (oldest first) and how many of the oldest
+-- were left out.
+function S:_digest(last, budget)
+  local base = self.history_mark or 0
+  local entries, used = {}, 0
+  local earliest = last + 1
+  for turn = last, 1, -1 do
+    local text = prompt.digest_turn(turn, self.history[base + turn] or {}, M.CODE_CHARS, M.LINE_CHARS)
+    if used + #text > budget and turn < last then
+      break
+    end
+    used = used + #text + 1
+    table.insert(entries, 1, text)
+    earliest = turn
+  end
+  return entries, earliest - 1
+end
+
+-- The facts of turns 1..upto (of this question) that had an error or a
+-- final answer: the most recent MAX_FACTS lines (oldest first), and how
+-- many more there were.
+function S:_facts(upto)
+  local base = self.history_mark or 0
+  local facts, dropped = {}, 0
+  for turn = upto, 1, -1 do
+    local fact = prompt.turn_fact(turn, self.history[base + turn] or {}, M.LINE_CHARS)
+    if fact and #facts < M.MAX_FACTS then
+      table.insert(facts, 1, fact)
+    elseif fact then
+      dropped = dropped + 1
+    end
+  end
+  return facts, dropped
+end
+
+-- The model's summary of the conversation: text, usage, or false, why (a
+-- failed call: the digest stands in) or nil, err (the session ended).
+function S:_model_summary(first, last, keep, words)
+  local copy = {}
+  for i, m in ipairs(self.messages) do
+    copy[i] = { role = m.role, content = m.content }
+  end
+  copy[#copy + 1] = { role = "user", content = prompt.COMPACT_REQUEST:format(first, last, keep, words) }
+  self.clock:arm_root(self.sandbox.driver)
+  local text, usage = self:_call_root(copy, true)
+  self.clock:disarm(self.sandbox.driver)
+  return text, usage
+end
+
+-- Before a root call: when the conversation passes compact.at_tokens and
+-- holds turns older than the last keep_turns, they go (see the top).
+-- true, or nil, err when the session ended meanwhile.
+function S:_compact_if_due()
+  local c = self.opts.compact
+  if not c then
+    return true
+  end
+  local messages = self.messages
+  local shown = math.floor((#messages - 2) / 2) -- whole turns: a response and its REPL output
+  local old = shown - c.keep_turns
+  if old < 1 then
+    return true
+  end
+  local before = bytes_of(messages)
+  local tokens = self:_conversation_tokens(before)
+  if tokens <= c.at_tokens then
+    return true
+  end
+  local stays = #messages[1].content + NOTICE_BYTES
+  for i = 3 + 2 * old, #messages do
+    stays = stays + #messages[i].content
+  end
+  local t0 = core.now_ms()
+  local state = self.compaction or { head = messages[2].content, turns = 0 }
+  local first, last = state.turns + 1, state.turns + old
+  local ok, vars = self:_show_vars()
+  if not ok then
+    return nil, vars
+  end
+  -- The digest, or the model's summary (about 6 bytes an English word),
+  -- in what is left of half the bound.
+  local budget = math.floor(c.at_tokens * M.BYTES_PER_TOKEN / 2) - stays - #state.head - #(vars or "")
+  local summary, usage, why
+  if c.summary == "model" then
+    budget = math.max(budget, M.SUMMARY_MIN_BYTES)
+    summary, usage = self:_model_summary(1, last, c.keep_turns, math.floor(budget / 6))
+    if summary == nil then
+      return nil, usage
+    elseif summary == false then
+      summary, why = nil, usage
+    else
+      summary = textlib.cut(summary, budget, false)
+    end
+  end
+  local entries, hidden
+  if not summary then
+    entries, hidden = self:_digest(last, budget)
+  end
+  local facts, dropped = self:_facts(summary and last or hidden)
+  local text = prompt.compacted({ first = 1, last = last, summary = summary, entries = entries, hidden = hidden,
+    facts = facts, dropped = dropped, vars = vars })
+  messages[2] = { role = "user", content = state.head .. "\n\n" .. text }
+  local n = #messages
+  for i = 3, n do
+    messages[i] = messages[i + 2 * old] -- nil past the kept turns
+  end
+  state.turns = last
+  self.compaction = state
+  self.compactions = (self.compactions or 0) + 1
+  self.root_sent = nil
+  local after = bytes_of(messages)
+  return self:_emit({ type = "compaction", step = self.iterations, index = self.compactions, turns = old,
+    first_turn = first, last_turn = last, kept_turns = c.keep_turns, bytes_before = before, bytes_after = after,
+    tokens_before = tokens, tokens_after = math.ceil(after / M.BYTES_PER_TOKEN), at_tokens = c.at_tokens,
+    summary = summary and "model" or "digest", summary_error = why, usage = usage,
+    latency_ms = core.now_ms() - t0 })
+end
+
+return M
