@@ -6,6 +6,11 @@ local H = require("helpers")
 -- bench.* lives at the root of the checkout, beside spec/.
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec"
 local root = here .. "/.."
+if root:sub(1, 1) ~= "/" then
+  -- Absolute: figure 13 mounts the echo driver into a container by it,
+  -- and podman takes a relative source for a named volume's name.
+  root = assert(os.getenv("PWD")) .. "/" .. root
+end
 package.path = root .. "/?.lua;" .. package.path
 local common = require("bench.common")
 

@@ -156,6 +156,24 @@ describe("sandbox.claim and sandbox.release", function()
     assert.equals("done", result.answer)
   end)
 
+  it("releases a claim answered through poll() when the session is closed before it starts", function()
+    local log = {}
+    local s = rlm.Session.new(H.opts({ sandbox = claimed(log) }))
+    local ev
+    for _ = 1, 10 do
+      ev = s:poll()
+      if ev and ev.type == "sandbox_claim" then
+        break
+      end
+    end
+    assert.equals("sandbox_claim", ev and ev.type)
+    assert.is_true(s:reply(ev.id, ARGV, "answered-then-closed"))
+    s:close() -- before any poll() gave the engine the answer
+    assert.same({ { "release", "answered-then-closed" } }, log)
+    s:close()
+    assert.equals(1, #log) -- once
+  end)
+
   it("fails a pool's claim into its counts, and starts its sessions cold", function()
     local calls = 0
     local pool = assert(rlm.Pool.new({ size = 1, tmpdir = H.tmpdir, sandbox = { backend = "exec",

@@ -84,7 +84,11 @@ describe("rlm_query", function()
       }, function(question, turn)
         assert.are.equal("count the vowels", question)
         if turn == 1 then
-          seen.during = { sandboxes = #H.children() }
+          -- The child's first root call goes out as its sandbox starts: the
+          -- spawn is on rlm.core's thread, and may not have forked yet.
+          seen.during = { sandboxes = #H.settled(H.children, function(kids)
+            return #kids >= 2
+          end) }
           return fence("n = llm_query('vowels in: ' + context)\nprint(n)")
         end
         return fence("FINAL(n + ' vowels')")

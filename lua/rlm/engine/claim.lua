@@ -45,6 +45,13 @@ function M.session(s, backend, spec)
   local scheduler = s.scheduler
   local req = scheduler:request({ type = "sandbox_claim", info = { depth = s.depth, session = s.session_id },
     claim = spec.claim, release = spec.release })
+  -- An answer the start never takes (the session closed first: drop_all)
+  -- is released there, as an answer given after the close is (start).
+  req.dropped = function(r)
+    if not r.failed and r.text ~= nil and spec.release then
+      util.invoke(spec.release, r.usage == nil and r.text or r.usage, function() end, false)
+    end
+  end
   while true do
     local r = scheduler:take_reply_to(req)
     if r then

@@ -154,7 +154,13 @@ function Scheduler:drop_all()
     self:unflight(req)
   end
   for _, r in ipairs(self.inbox) do
-    self:unflight(r.request) -- answered, but no longer taken
+    -- Answered, but no longer taken: what waits on it goes on.
+    self:unflight(r.request)
+    local dropped = r.request.dropped
+    if dropped then
+      r.request.dropped = nil -- once: a second close() drops again
+      dropped(r)
+    end
   end
   self.outbox, self.pending, self.routes = {}, {}, {}
 end
