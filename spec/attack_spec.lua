@@ -329,7 +329,8 @@ local function run_case(case, guardrails)
     root_llm = root,
     on_event = function(ev)
       events[#events + 1] = ev
-      if ev.type == "step_start" and session.sandbox.driver then
+      -- The whole tree once it is up (step_start may come before it).
+      if ev.type == "sandbox_ready" then
         for _, pid in ipairs(session.sandbox.driver:tree()) do
           sandbox_pids[#sandbox_pids + 1] = pid
         end

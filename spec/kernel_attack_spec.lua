@@ -247,7 +247,8 @@ local function run_case(case)
     max_iterations = 2,
     root_llm = root,
     on_event = function(ev)
-      if ev.type == "step_start" and session.sandbox.driver and #pids == 0 then
+      -- The whole tree once it is up (step_start may come before it).
+      if ev.type == "sandbox_ready" and #pids == 0 then
         for _, pid in ipairs(session.sandbox.driver:tree()) do
           pids[#pids + 1] = pid
         end

@@ -102,7 +102,9 @@ describe("a driver killed from outside", function()
     s = H.session({
       root_llm = H.script({ fence("import time\ntime.sleep(30)") }),
       on_event = function(ev)
-        if ev.type == "step_start" then
+        -- Once the sandbox is up (step_start may come before: the first
+        -- root call goes out as the sandbox starts).
+        if ev.type == "sandbox_ready" then
           local tree = s.sandbox.driver:tree() -- the interpreter is the deepest process
           os.execute("(sleep 0.2; kill -9 " .. tree[#tree] .. ") &")
         end

@@ -59,8 +59,9 @@ local function soak_one(i, fault)
   opts.kill_from_host = nil
   if kill then
     opts.on_event = function(ev)
-      if ev.type == "step_start" then
-        -- The interpreter is the deepest process of the sandbox.
+      if ev.type == "sandbox_ready" then
+        -- The interpreter is the deepest process of the sandbox (up now;
+        -- step_start may come before it).
         local tree = H.last_session.sandbox.driver:tree()
         os.execute("(sleep 0.1; kill -9 " .. tree[#tree] .. ") &")
       end
