@@ -58,9 +58,7 @@ end
 
 -- Shell and files ---------------------------------------------------------------
 
-function M.quote(s)
-  return "'" .. (tostring(s):gsub("'", "'\\''")) .. "'"
-end
+M.quote = require("rlm.base.util").shell_quote
 
 local function command(argv)
   local parts = {}

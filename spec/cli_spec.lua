@@ -5,6 +5,7 @@ local F = require("helpers.fake_openai")
 local errors = require("rlm.base.errors")
 local cjson = require("cjson")
 local socket = require("socket")
+local util = require("rlm.base.util")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
 local BIN = root .. "/bin/rlm"
@@ -13,9 +14,7 @@ local secret = assert(os.getenv("RLM_SPEC_SECRET"), "spec/run sets RLM_SPEC_SECR
 
 local srv
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local q = util.shell_quote
 
 local function slurp(path)
   local f = assert(io.open(path, "rb"))

@@ -14,6 +14,7 @@
 local H = require("helpers")
 local P = require("helpers.podman")
 local rlm = require("rlm")
+local util = require("rlm.base.util")
 
 local sh = H.sh
 local CI = os.getenv("CI") == "true"
@@ -23,17 +24,7 @@ local IMAGE = "localhost/rlm-sandbox:" .. VERSION
 local MEMORY = 128 * 2 ^ 20
 local PIDS = 32
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
-local function words(list)
-  local out = {}
-  for i, w in ipairs(list) do
-    out[i] = q(w)
-  end
-  return table.concat(out, " ")
-end
+local q, words = util.shell_quote, util.shell_words
 
 -- Podman's warning, on each run, where it starts a container without the
 -- limits asked for (rootless on cgroup v1: no delegation).

@@ -2,14 +2,13 @@
 -- "real" model (the fake OpenAI-compatible server) through rlm.llm.openai.
 local H = require("helpers")
 local F = require("helpers.fake_openai")
+local util = require("rlm.base.util")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
 local DEMO = root .. "/examples/demo.lua"
 local LUA = os.getenv("RLM_SPEC_LUA") or "lua5.4"
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local q = util.shell_quote
 
 -- Runs the demo with the environment `env` (NAME=value strings) on 1 MB of
 -- logs: exit code and output.

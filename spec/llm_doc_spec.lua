@@ -5,13 +5,12 @@
 local H = require("helpers")
 local cjson = require("cjson")
 local http = require("socket.http")
+local util = require("rlm.base.util")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
 local LUA = os.getenv("RLM_SPEC_LUA") or "lua5.4"
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local q = util.shell_quote
 
 local function doc_block()
   local f = assert(io.open(root .. "/docs/llm.md"))

@@ -8,13 +8,12 @@
 -- the docs say of the plugin managers, a cancel and the nginx example.
 local H = require("helpers")
 local F = require("helpers.fake_openai")
+local util = require("rlm.base.util")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
 local LUA = os.getenv("RLM_SPEC_LUA") or "lua5.4"
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local q = util.shell_quote
 
 local function read(path)
   local f = assert(io.open(root .. "/" .. path))

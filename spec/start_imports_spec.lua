@@ -34,9 +34,7 @@ local function words(s)
   return t
 end
 
-local function quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local quote = require("rlm.base.util").shell_quote
 
 -- The interpreter as a command, without the sanitizer build's preload (make
 -- check): its leak report is not the interpreter's output.

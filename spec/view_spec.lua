@@ -378,9 +378,7 @@ describe("rlm.view.html", function()
   end)
 end)
 
-local function shell_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local shell_quote = require("rlm.base.util").shell_quote
 
 -- Headless Chromium, when the machine has it (Debian: apt-get install
 -- chromium), or the one RLM_CHROMIUM names.

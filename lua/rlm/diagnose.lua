@@ -6,25 +6,17 @@
 -- limit would use. Plain Lua (io.popen and /proc), so any host may call it:
 -- :checkhealth rlm (rlm.health) shows it, and hint() turns a failed start
 -- into the sentence that says what to change (docs/containers.md).
+local util = require("rlm.base.util")
+
 local M = {}
 
-local function read(path)
-  local f = io.open(path, "r")
-  if not f then
-    return nil
-  end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = util.read_file
 
 local function read_number(path)
   return tonumber((read(path) or ""):match("^%s*(%-?%d+)"))
 end
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local q = util.shell_quote
 
 -- Runs a shell command; returns its exit code and its output (stdout and
 -- stderr, at most 4 KiB kept).

@@ -2,6 +2,7 @@
 -- needs"): the flags spec/container_spec.lua and bench/container.lua give
 -- it. No require of the spec's helpers: the bench loads this too
 -- (spec.helpers.podman).
+local util = require("rlm.base.util")
 local M = {}
 
 local function sh(cmd)
@@ -74,17 +75,7 @@ function M.bwrap_flags(seccomp_profile)
   return { "--security-opt", "unmask=/proc/*", "--security-opt", "seccomp=" .. seccomp_profile }
 end
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
-local function words(list)
-  local out = {}
-  for i, w in ipairs(list) do
-    out[i] = q(w)
-  end
-  return table.concat(out, " ")
-end
+local q, words = util.shell_quote, util.shell_words
 
 -- A Podman store of a spec's own (--root, --runroot, --tmpdir in a
 -- directory it made), with the image's tarball imported as `image`: the

@@ -305,6 +305,31 @@ function M.module_dir()
   return path:match("^(.*)/[^/]*/[^/]*$") or (path:find("/") and "." or "..")
 end
 
+-- The whole of a file: its bytes, or nil, why and the errno (io.open's).
+function M.read_file(path)
+  local f, msg, code = io.open(path, "rb")
+  if not f then
+    return nil, msg, code
+  end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- A word for sh, in single quotes (a quote within as '\'').
+function M.shell_quote(word)
+  return "'" .. tostring(word):gsub("'", "'\\''") .. "'"
+end
+
+-- A list of words for sh, each quoted, joined by spaces.
+function M.shell_words(list)
+  local out = {}
+  for i, w in ipairs(list) do
+    out[i] = M.shell_quote(w)
+  end
+  return table.concat(out, " ")
+end
+
 -- true, or false and why when the reason is not that the file is missing
 -- (EMFILE, EACCES: a file that is there but cannot be opened).
 function M.file_exists(path)

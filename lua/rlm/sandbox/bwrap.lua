@@ -216,13 +216,9 @@ local ROWS = {
 local function check_uids(pids, want)
   local problems = {}
   for _, pid in ipairs(pids) do
-    local f = io.open("/proc/" .. pid .. "/status", "r")
-    local text = f and f:read("*a") or ""
-    if f then
-      f:close()
-    end
+    local text = util.read_file("/proc/" .. pid .. "/status") -- nil: it has gone
     for _, key in ipairs({ "Uid", "Gid" }) do
-      local ids = text:match("\n" .. key .. ":%s*([%d%s]-)\n")
+      local ids = (text or ""):match("\n" .. key .. ":%s*([%d%s]-)\n")
       local seen = {}
       for id in (ids or ""):gmatch("%d+") do
         seen[#seen + 1] = tonumber(id)
@@ -231,7 +227,7 @@ local function check_uids(pids, want)
       for _, id in ipairs(seen) do
         fine = fine and id == want and id ~= 0
       end
-      if f and not fine then
+      if text and not fine then
         problems[#problems + 1] = ("pid %d %s %s, wanted %d"):format(pid, key, ids or "?", want)
       end
     end
@@ -249,12 +245,10 @@ end
 -- check_rlimits(pid, wanted) -> nil | "what is wrong". Soft and hard must be
 -- equal and no higher than asked (the host's own hard limit may be lower).
 local function check_rlimits(pid, wanted)
-  local f = io.open("/proc/" .. pid .. "/limits", "r")
-  if not f then
+  local text = util.read_file("/proc/" .. pid .. "/limits")
+  if not text then
     return "cannot read /proc/" .. pid .. "/limits"
   end
-  local text = f:read("*a")
-  f:close()
   local problems = {}
   for name, want in pairs(wanted) do
     local soft, hard = text:match(ROWS[name] .. "%s+(%S+)%s+(%S+)")

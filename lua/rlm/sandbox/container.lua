@@ -154,15 +154,7 @@ end
 -- later host can tell whether it still runs), and a token of this Lua
 -- state (two states of one process count apart).
 local owner
-local function read_all(path)
-  local f, msg, code = io.open(path, "rb")
-  if not f then
-    return nil, msg, code
-  end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read_all = util.read_file
 
 -- A process's start time (clock ticks after the boot) from its stat line:
 -- the 22nd field, the 20th after the command's closing parenthesis.
@@ -307,17 +299,7 @@ local function sweep(c, wait)
 end
 
 -- sh quoting: the script below is made of these words only.
-local function q(word)
-  return "'" .. word:gsub("'", "'\\''") .. "'"
-end
-
-local function quoted(list)
-  local out = {}
-  for i, w in ipairs(list) do
-    out[i] = q(w)
-  end
-  return table.concat(out, " ")
-end
+local q, quoted = util.shell_quote, util.shell_words
 
 -- The whole `run` of one container named `name`.
 local function run_argv(c, name)
