@@ -88,6 +88,28 @@ local function suspend(start)
   return unpack(results, 1, results.n)
 end
 
+-- Why curl failed: its exit code and what it said on stderr (lines).
+local function curl_failure(code, stderr)
+  local why = table.concat(stderr, " "):gsub("%s+$", "")
+  return ("curl exit %d: %s"):format(code, why ~= "" and why or "no reply")
+end
+
+-- Starts curl (argv, jobstart's opts) and hands it its config (the URL and
+-- the headers: its stdin, never its argv); the job is in jobs while it
+-- runs (stop() stops them). A job that cannot start cleans up and fails
+-- the request.
+local function start_curl(argv, opts, config, jobs, cleanup, finish)
+  local job = vim.fn.jobstart(argv, opts)
+  if job <= 0 then
+    cleanup()
+    return finish(nil, ("could not start %s (jobstart returned %d)"):format(argv[1], job))
+  end
+  jobs[job] = true
+  vim.fn.chansend(job, table.concat(config, "\n") .. "\n")
+  vim.fn.chanclose(job, "stdin")
+  return job
+end
+
 -- new([opts]) -> transport(request): status, body, headers | nil, message;
 -- and stop(), which ends the requests in flight (their curl is killed, each
 -- fails with "cancelled") and fails every later one: a cancelled session's
@@ -137,7 +159,7 @@ function M.new(opts)
     end
     return suspend(function(finish)
       local stdout, stderr = {}, {}
-      local job = vim.fn.jobstart({ curl, "-sS", "-K", "-", "-X", request.method or "POST",
+      start_curl({ curl, "-sS", "-K", "-", "-X", request.method or "POST",
         "--data-binary", "@" .. body_in, "-o", body_out, "-D", head_out, "-w", "%{http_code}",
         "--max-time", ("%.3f"):format((request.timeout_ms or 300000) / 1000),
         "--max-filesize", tostring(max_body), "--proto", "=http,https" }, {
@@ -158,8 +180,7 @@ function M.new(opts)
           local status = tonumber(table.concat(stdout, ""))
           if code ~= 0 or not status or status == 0 then
             cleanup()
-            local why = table.concat(stderr, " "):gsub("%s+$", "")
-            return finish(nil, ("curl exit %d: %s"):format(code, why ~= "" and why or "no reply"))
+            return finish(nil, curl_failure(code, stderr))
           end
           local body, size = read_file(body_out, max_body)
           local headers = parse_headers(read_file(head_out) or "")
@@ -170,14 +191,7 @@ function M.new(opts)
           end
           finish(status, body, headers)
         end,
-      })
-      if job <= 0 then
-        cleanup()
-        return finish(nil, ("could not start %s (jobstart returned %d)"):format(curl, job))
-      end
-      jobs[job] = true
-      vim.fn.chansend(job, table.concat(config, "\n") .. "\n")
-      vim.fn.chanclose(job, "stdin")
+      }, config, jobs, cleanup, finish)
     end)
   end
   return transport, stop
@@ -241,7 +255,7 @@ function M._stream(curl, request, config, body_in, cleanup, max_body, jobs, is_s
       vim.fn.jobstop(job)
     end
   end
-  job = vim.fn.jobstart({ curl, "-sS", "-N", "-i", "-K", "-", "-X", request.method or "POST",
+  job = start_curl({ curl, "-sS", "-N", "-i", "-K", "-", "-X", request.method or "POST",
     "--data-binary", "@" .. body_in, "--max-time", ("%.3f"):format((request.timeout_ms or 300000) / 1000),
     "--proto", "=http,https" }, {
     -- Each call's lines: the first continues the last one of the call
@@ -260,19 +274,11 @@ function M._stream(curl, request, config, body_in, cleanup, max_body, jobs, is_s
       elseif failed then
         return finish(nil, failed)
       elseif code ~= 0 or not status then
-        local why = table.concat(stderr, " "):gsub("%s+$", "")
-        return finish(nil, ("curl exit %d: %s"):format(code, why ~= "" and why or "no reply"))
+        return finish(nil, curl_failure(code, stderr))
       end
       finish(status, table.concat(parts), headers)
     end,
-  })
-  if job <= 0 then
-    cleanup()
-    return finish(nil, ("could not start %s (jobstart returned %d)"):format(curl, job))
-  end
-  jobs[job] = true
-  vim.fn.chansend(job, table.concat(config, "\n") .. "\n")
-  vim.fn.chanclose(job, "stdin")
+  }, config, jobs, cleanup, finish)
 end
 
 -- A sleep for rlm.llm.openai's retries that yields to the editor.
