@@ -60,6 +60,30 @@ end
 
 M.quote = require("rlm.base.util").shell_quote
 
+-- What the root model is sent, as figures 12 and 16 count it ------------------
+
+-- Words: runs of characters that are not white space (no tokenizer: the
+-- same measure for any model, and for the reference's prompt).
+function M.words(s)
+  local n = 0
+  for _ in s:gmatch("%S+") do
+    n = n + 1
+  end
+  return n
+end
+
+-- One root call's messages counted into sent ({ calls =, bytes =, words = }):
+-- its bytes, returned too.
+function M.count_sent(sent, messages)
+  local bytes = 0
+  for _, m in ipairs(messages) do
+    bytes = bytes + #m.content
+    sent.words = sent.words + M.words(m.content)
+  end
+  sent.calls, sent.bytes = sent.calls + 1, sent.bytes + bytes
+  return bytes
+end
+
 local function command(argv)
   local parts = {}
   for i, a in ipairs(argv) do

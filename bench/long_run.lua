@@ -58,14 +58,6 @@ local function sub_model(prompt)
   return ("Document %s is about %s"):format(n or "?", (rest or ""):sub(1, 80))
 end
 
-local function words(s)
-  local n = 0
-  for _ in s:gmatch("%S+") do
-    n = n + 1
-  end
-  return n
-end
-
 -- One run of the task: what the root model was sent, the sub-calls paid,
 -- and the result.
 local function run(env, turns, extra)
@@ -82,13 +74,7 @@ local function run(env, turns, extra)
       return sub_model(p)
     end,
     root_llm = function(messages)
-      sent.calls = sent.calls + 1
-      local bytes = 0
-      for _, m in ipairs(messages) do
-        bytes = bytes + #m.content
-        sent.words = sent.words + words(m.content)
-      end
-      sent.bytes = sent.bytes + bytes
+      local bytes = common.count_sent(sent, messages)
       sent.most = math.max(sent.most, bytes)
       if messages[#messages].content:find("will now be replaced by a summary that you write", 1, true) then
         return ("Summary so far: turns 1 to %d each read a window of documents with llm_query_batched and "

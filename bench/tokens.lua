@@ -22,7 +22,7 @@ local M = {}
 -- The reference implementation's default system prompt, as its
 -- build_rlm_system_prompt sends it with no custom tools and orchestrator
 -- left at its default (true): RLM_SYSTEM_PROMPT, then "\n\n" and
--- ORCHESTRATOR_ADDENDUM. Counted once with words() below from
+-- ORCHESTRATOR_ADDENDUM. Counted once with common.words() from
 -- rlm/utils/prompts.py at the commit named (the text is not kept here).
 -- RLM_SYSTEM_PROMPT_OLD is the longer prompt that file keeps, marked
 -- deprecated.
@@ -110,15 +110,6 @@ local function sub_model(prompt)
   return table.concat(out, "\n")
 end
 
--- Runs of characters that are not white space.
-local function words(s)
-  local n = 0
-  for _ in s:gmatch("%S+") do
-    n = n + 1
-  end
-  return n
-end
-
 local function counted(bytes, n)
   return ("%d bytes, %d words"):format(bytes, n)
 end
@@ -133,14 +124,8 @@ function M.run(env)
     max_iterations = #TURNS + 1,
     llm_query = sub_model,
     root_llm = function(messages)
-      sent.calls = sent.calls + 1
       system = system or messages[1].content
-      local bytes = 0
-      for _, m in ipairs(messages) do
-        bytes = bytes + #m.content
-        sent.words = sent.words + words(m.content)
-      end
-      sent.bytes = sent.bytes + bytes
+      local bytes = common.count_sent(sent, messages)
       sent.per_call[#sent.per_call + 1] = bytes
       return TURNS[math.min(sent.calls, #TURNS)]
     end,
@@ -153,7 +138,7 @@ function M.run(env)
   assert(result.answer == want, ("the scripted task answered %q, not %q"):format(result.answer, want))
   assert(sent.calls == #TURNS, ("%d root calls, not %d"):format(sent.calls, #TURNS))
 
-  local ours_bytes, ours_words = #system, words(system)
+  local ours_bytes, ours_words = #system, common.words(system)
   local ref = REFERENCE
   local history_bytes = sent.bytes - sent.calls * ours_bytes
   return {
