@@ -445,6 +445,17 @@ function M.sleep(ms)
   ws:close()
 end
 
+-- Closes s and waits (up to max_ms) until rlm.core's teardown of it is
+-- over: the local backend's sandbox reaped, a stream's far side ended, a
+-- container's client gone.
+function M.close_settled(s, max_ms)
+  s:close()
+  local t0 = M.now_ms()
+  while core.teardowns() > 0 and M.now_ms() - t0 < max_ms do
+    M.sleep(1)
+  end
+end
+
 -- The CPU time (ms) the processes of a sandbox have used, from
 -- /proc/<pid>/schedstat (nanoseconds on the CPU).
 function M.tree_cpu_ms(drv)

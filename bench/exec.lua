@@ -12,7 +12,6 @@
 -- session per backend, pinned to one CPU as figure 2's are; the pipe
 -- floors, direct and through the same two cats, measured in the same run.
 local common = require("bench.common")
-local core = require("rlm.core")
 
 local M = {}
 
@@ -20,12 +19,6 @@ local SIZES = {
   full = { rounds = 6, per_round = 5, steps = 1000, step_rounds = 5, trips = 2000 },
   tiny = { rounds = 1, per_round = 2, steps = 10, step_rounds = 1, trips = 50 },
 }
-
-local function sleep(ms)
-  local ws = core.waitset()
-  ws:wait(ms)
-  ws:close()
-end
 
 -- The three ways a session's sandbox runs here.
 local function backends(env)
@@ -41,14 +34,8 @@ local function backends(env)
   }
 end
 
--- Closes s and waits (up to 5 s) until rlm.core's teardown of it is over:
--- the local backend's sandbox reaped, a stream's far side ended.
 local function close_settled(s)
-  s:close()
-  local t0 = common.now_ms()
-  while core.teardowns() > 0 and common.now_ms() - t0 < 5000 do
-    sleep(1)
-  end
+  common.close_settled(s, 5000)
 end
 
 -- The phases of one start, ms from Session.new.

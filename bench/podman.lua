@@ -13,7 +13,6 @@
 -- step, beside the same take from a pool of the local backend. Where
 -- Podman or the image's tarball is missing, one row says so.
 local common = require("bench.common")
-local core = require("rlm.core")
 local P = require("spec.helpers.podman")
 local rlm = require("rlm")
 
@@ -28,13 +27,8 @@ local function note_row(name, note)
   return { figure = "17", name = name, text = "-", note = note }
 end
 
--- Closes s and waits (up to 10 s) until rlm.core's teardown of it is over.
 local function close_settled(s)
-  s:close()
-  local t0 = common.now_ms()
-  while core.teardowns() > 0 and common.now_ms() - t0 < 10000 do
-    common.sleep(1)
-  end
+  common.close_settled(s, 10000)
 end
 
 local PHASES = {
