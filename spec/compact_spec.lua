@@ -48,15 +48,7 @@ local function run(extra)
   return result, err, root.calls, log
 end
 
-local function of_type(log, kind)
-  local out = {}
-  for _, ev in ipairs(log) do
-    if ev.type == kind then
-      out[#out + 1] = ev
-    end
-  end
-  return out
-end
+local of_type = H.events_of
 
 -- 30 * 31 * 61 / 6 = 9455, and 1 + 4 + 25 = 30.
 local ANSWER = "9455 30"

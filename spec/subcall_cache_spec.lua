@@ -19,16 +19,7 @@ local function counting(usage)
   return fn, paid
 end
 
--- The events of one type, in order.
-local function events(log, kind)
-  local out = {}
-  for _, ev in ipairs(log) do
-    if ev.type == kind then
-      out[#out + 1] = ev
-    end
-  end
-  return out
-end
+local events = H.events_of
 
 -- A run that asks 3 prompts 4 times each over two turns, lone and batched;
 -- its answer is what the code received, in order.

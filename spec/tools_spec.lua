@@ -5,15 +5,7 @@ local L = require("helpers.luv")
 local rlm = require("rlm")
 local fence = H.fence
 
-local function events_of(evs, kind)
-  local out = {}
-  for _, ev in ipairs(evs) do
-    if ev.type == kind then
-      out[#out + 1] = ev
-    end
-  end
-  return out
-end
+local events_of = H.events_of
 
 local function stdout_of(result)
   local out = {}

@@ -205,6 +205,17 @@ function H.read_file(path)
   return s
 end
 
+-- The events of one type in log (a list of events), in order.
+function H.events_of(log, kind)
+  local out = {}
+  for _, ev in ipairs(log) do
+    if ev.type == kind then
+      out[#out + 1] = ev
+    end
+  end
+  return out
+end
+
 -- How many times `plain` occurs in s.
 function H.count(s, plain)
   local n, at = 0, 1
