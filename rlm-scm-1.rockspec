@@ -84,6 +84,7 @@ build = {
     ["rlm.sandbox.bwrap"] = "lua/rlm/sandbox/bwrap.lua",
     ["rlm.sandbox.claim"] = "lua/rlm/sandbox/claim.lua",
     ["rlm.sandbox.container"] = "lua/rlm/sandbox/container.lua",
+    ["rlm.sandbox.container_names"] = "lua/rlm/sandbox/container_names.lua",
     ["rlm.sandbox.exec"] = "lua/rlm/sandbox/exec.lua",
     ["rlm.sandbox.pool"] = "lua/rlm/sandbox/pool.lua",
     ["rlm.sandbox.probe"] = "lua/rlm/sandbox/probe.lua",

@@ -2,8 +2,9 @@
 -- rlm.sandbox.backend): a container of the sandbox image for each sandbox,
 -- started by the engine with the boundary's flags (docs/backends.md), and
 -- rlm-keeper in it at the far end of exec's stream. This module only
--- builds the command line and looks after the containers it names; the
--- stream, the keeper's protocol and its checks are rlm.sandbox.exec's.
+-- builds the command line and looks after the containers it names (the
+-- names and whose they are: rlm.sandbox.container_names); the stream, the
+-- keeper's protocol and its checks are rlm.sandbox.exec's.
 --
 -- No container outlives its session: each is named (the `name` prefix,
 -- this host's boot, pid and start time, a token of this Lua state and a
@@ -19,6 +20,7 @@ local checks = require("rlm.base.checks")
 local errors = require("rlm.base.errors")
 local util = require("rlm.base.util")
 local exec = require("rlm.sandbox.exec")
+local names = require("rlm.sandbox.container_names")
 
 local M = {}
 
@@ -150,70 +152,6 @@ function M.default_profile()
   return nil
 end
 
--- This host in a container's name: its boot, pid and start time (so that a
--- later host can tell whether it still runs), and a token of this Lua
--- state (two states of one process count apart).
-local owner
-local read_all = util.read_file
-
--- A process's start time (clock ticks after the boot) from its stat line:
--- the 22nd field, the 20th after the command's closing parenthesis.
-local function stat_start(stat)
-  local rest = stat and stat:match("^.*%)%s(.*)$")
-  if not rest then
-    return nil
-  end
-  local i = 0
-  for field in rest:gmatch("%S+") do
-    i = i + 1
-    if i == 20 then
-      return field
-    end
-  end
-end
-
-local function owner_id()
-  if owner then
-    return owner
-  end
-  local boot = (read_all("/proc/sys/kernel/random/boot_id") or ""):gsub("[^%x]", ""):sub(1, 8)
-  local stat = read_all("/proc/self/stat") or ""
-  local pid, start = stat:match("^(%d+)"), stat_start(stat)
-  local rand
-  local f = io.open("/dev/urandom", "rb")
-  if f then
-    rand = f:read(3)
-    f:close()
-  end
-  if #boot ~= 8 or not pid or not start or not rand or #rand ~= 3 then
-    return nil
-  end
-  owner = { boot = boot, pid = pid, start = start, seq = 0,
-    token = ("%02x%02x%02x"):format(rand:byte(1, 3)) }
-  return owner
-end
-
--- The next container name: <prefix>-<boot>-<pid>-<start>-<token>-<n>.
-local function next_name(prefix)
-  local o = owner_id()
-  o.seq = o.seq + 1
-  return ("%s-%s-%s-%s-%s-%d"):format(prefix, o.boot, o.pid, o.start, o.token, o.seq)
-end
-
--- Whether the host a name of ours names is gone: another boot's, or a pid
--- that is not running with that start time. A /proc that cannot be read
--- for another reason than the pid's absence counts as running.
-local function host_gone(boot, pid, start)
-  if boot ~= owner.boot then
-    return true
-  end
-  local stat, _, code = read_all("/proc/" .. pid .. "/stat")
-  if not stat then
-    return code == 2 -- ENOENT
-  end
-  return stat_start(stat) ~= start
-end
-
 -- Runs a helper (the engine's ps or rm) to its end: its lines, status and
 -- stderr, or nil and why it could not run.
 local function run_helper(argv, wait)
@@ -252,11 +190,11 @@ local function engine_argv(c, ...)
   return util.append(argv, ...)
 end
 
-local function rm_args(c, names)
+local function rm_args(c, containers)
   if c.backend == "podman" then
-    return util.append({ "rm", "-f", "--time", "0", "--ignore" }, names)
+    return util.append({ "rm", "-f", "--time", "0", "--ignore" }, containers)
   end
-  return util.append({ "rm", "-f" }, names)
+  return util.append({ "rm", "-f" }, containers)
 end
 
 -- The first start of a Lua state for an engine, its flags and a prefix
@@ -279,17 +217,7 @@ local function sweep(c, wait)
       c.engine, c.backend, table.concat(ps, " "), why, stderr and stderr ~= "" and ": "
       .. stderr:gsub("%s+$", ""):sub(-500) or ""))
   end
-  local gone = {}
-  local head = c.name .. "-"
-  for _, line in ipairs(lines) do
-    for name in line:gmatch("[^%s,]+") do -- docker lists a container's names with commas
-      local rest = name:sub(1, #head) == head and name:sub(#head + 1)
-      local boot, pid, start = (rest or ""):match("^(%x%x%x%x%x%x%x%x)%-(%d+)%-(%d+)%-%x+%-%d+$")
-      if boot and host_gone(boot, pid, start) then
-        gone[#gone + 1] = name
-      end
-    end
-  end
+  local gone = names.gone(c.name, lines)
   if gone[1] then
     -- What the rm says is not this start's business: a container may go
     -- meanwhile.
@@ -363,7 +291,7 @@ function M.prepare(opts, context_data, wait)
   local c = { backend = r.backend, image = r.image, global_args = r.global_args, runtime = r.runtime or nil,
     ulimits = r.ulimits, extra_args = r.extra_args, name = r.name, pids_limit = r.pids_limit, keeper = r.keeper,
     tmpdir = absolute(opts.tmpdir), keeper_args = {} }
-  if not owner_id() then
+  if not names.owner() then
     return unavailable("this host's boot id or its own /proc/self/stat could not be read: the containers "
       .. "could not be named")
   end
@@ -423,7 +351,7 @@ M.forget = exec.forget
 
 -- exec's start over a new container's command line.
 function M.start(spec, lines)
-  local name = next_name(spec.container.name)
+  local name = names.next(spec.container.name)
   local one = {}
   for k, val in pairs(spec) do
     one[k] = val

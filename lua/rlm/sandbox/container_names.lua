@@ -1,0 +1,91 @@
+-- The names of the containers the container backends start
+-- (rlm.sandbox.container): <prefix>-<boot>-<pid>-<start>-<token>-<n>, this
+-- host's boot, pid and start time (so that a later host can tell whether
+-- it still runs), a token of this Lua state (two states of one process
+-- count apart) and a count; and, from an engine's list, which of a
+-- prefix's containers belong to a host that is gone. Plain Lua over /proc.
+local util = require("rlm.base.util")
+
+local M = {}
+
+local read_all = util.read_file
+local owner
+
+-- A process's start time (clock ticks after the boot) from its stat line:
+-- the 22nd field, the 20th after the command's closing parenthesis.
+local function stat_start(stat)
+  local rest = stat and stat:match("^.*%)%s(.*)$")
+  if not rest then
+    return nil
+  end
+  local i = 0
+  for field in rest:gmatch("%S+") do
+    i = i + 1
+    if i == 20 then
+      return field
+    end
+  end
+end
+
+-- This host as a name says it: { boot =, pid =, start =, token = }, or nil
+-- when its boot id or its own stat line cannot be read.
+function M.owner()
+  if owner then
+    return owner
+  end
+  local boot = (read_all("/proc/sys/kernel/random/boot_id") or ""):gsub("[^%x]", ""):sub(1, 8)
+  local stat = read_all("/proc/self/stat") or ""
+  local pid, start = stat:match("^(%d+)"), stat_start(stat)
+  local rand
+  local f = io.open("/dev/urandom", "rb")
+  if f then
+    rand = f:read(3)
+    f:close()
+  end
+  if #boot ~= 8 or not pid or not start or not rand or #rand ~= 3 then
+    return nil
+  end
+  owner = { boot = boot, pid = pid, start = start, seq = 0,
+    token = ("%02x%02x%02x"):format(rand:byte(1, 3)) }
+  return owner
+end
+
+-- The next container name under prefix (M.owner() has answered).
+function M.next(prefix)
+  local o = M.owner()
+  o.seq = o.seq + 1
+  return ("%s-%s-%s-%s-%s-%d"):format(prefix, o.boot, o.pid, o.start, o.token, o.seq)
+end
+
+-- Whether the host a name of ours names is gone: another boot's, or a pid
+-- that is not running with that start time. A /proc that cannot be read
+-- for another reason than the pid's absence counts as running.
+local function host_gone(boot, pid, start)
+  if boot ~= owner.boot then
+    return true
+  end
+  local stat, _, code = read_all("/proc/" .. pid .. "/stat")
+  if not stat then
+    return code == 2 -- ENOENT
+  end
+  return stat_start(stat) ~= start
+end
+
+-- The containers of prefix whose host is gone, from the lines of an
+-- engine's `ps -a --format {{.Names}}`; no other name.
+function M.gone(prefix, lines)
+  local gone = {}
+  local head = prefix .. "-"
+  for _, line in ipairs(lines) do
+    for name in line:gmatch("[^%s,]+") do -- docker lists a container's names with commas
+      local rest = name:sub(1, #head) == head and name:sub(#head + 1)
+      local boot, pid, start = (rest or ""):match("^(%x%x%x%x%x%x%x%x)%-(%d+)%-(%d+)%-%x+%-%d+$")
+      if boot and host_gone(boot, pid, start) then
+        gone[#gone + 1] = name
+      end
+    end
+  end
+  return gone
+end
+
+return M
