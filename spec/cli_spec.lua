@@ -23,16 +23,18 @@ local function slurp(path)
   return s
 end
 
--- Runs argv with its stdout on a pseudo-terminal, copying what the terminal
--- shows to our stdout; stdin and stderr stay as they were. Exits as argv did.
+-- Runs argv with one of its descriptors (argv[1]: 1, stdout, or 2,
+-- stderr) on a pseudo-terminal, copying what the terminal shows to that
+-- descriptor of ours; the other two stay as they were. Exits as argv did.
 local PTY_RUN = [[
 import os, pty, sys
-saved_in, saved_err = os.dup(0), os.dup(2)
+on_tty = int(sys.argv[1])
+saved = {n: os.dup(n) for n in (0, 1, 2) if n != on_tty}
 pid, fd = pty.fork()
 if pid == 0:
-    os.dup2(saved_in, 0)
-    os.dup2(saved_err, 2)
-    os.execvp(sys.argv[1], sys.argv[1:])
+    for n, d in saved.items():
+        os.dup2(d, n)
+    os.execvp(sys.argv[2], sys.argv[2:])
 shown = b""
 while True:
     try:
@@ -42,30 +44,7 @@ while True:
     if not chunk:
         break
     shown += chunk
-os.write(1, shown)
-sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-]]
-
--- Runs argv with its stderr on a pseudo-terminal, copying what the terminal
--- shows to our stderr; stdin and stdout stay as they were.
-local PTY_ERR_RUN = [[
-import os, pty, sys
-saved_in, saved_out = os.dup(0), os.dup(1)
-pid, fd = pty.fork()
-if pid == 0:
-    os.dup2(saved_in, 0)
-    os.dup2(saved_out, 1)
-    os.execvp(sys.argv[1], sys.argv[1:])
-shown = b""
-while True:
-    try:
-        chunk = os.read(fd, 65536)
-    except OSError:  # EIO: the terminal's last writer has gone
-        break
-    if not chunk:
-        break
-    shown += chunk
-os.write(2, shown)
+os.write(on_tty, shown)
 sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 ]]
 
@@ -96,8 +75,8 @@ local function rlm(args, opts)
   -- Debian's python3 by its path: a python3 first on PATH may be a shell
   -- script (pyenv's shim), whose shell would write LeakSanitizer's report
   -- into the stderr read here under make check's preloaded ASan.
-  local runner = opts.tty and "/usr/bin/python3 -c " .. q(PTY_RUN) .. " "
-    or opts.tty_err and "/usr/bin/python3 -c " .. q(PTY_ERR_RUN) .. " " or ""
+  local runner = (opts.tty or opts.tty_err) and ("/usr/bin/python3 -c %s %d "):format(q(PTY_RUN), opts.tty and 1 or 2)
+    or ""
   local cmd = ("%s %s%s %s %s >%s 2>%s"):format(table.concat(env, " "), runner, LUA, BIN, table.concat(words, " "),
     out, err)
   if opts.stdin then
