@@ -42,19 +42,19 @@ $(BUILD)/rlm-keeper: $(KEEPER_SRC) $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -Wno-unused-function $(CFLAGS) $(XCFLAGS) -o $@ $(KEEPER_SRC) $(LDFLAGS) $(LDLIBS)
 
-# $(call apt_missing,PACKAGES[,APT FLAGS]): installs those of PACKAGES that
-# are not installed, and nothing else.
+# $(call apt_missing,PACKAGES): installs those of PACKAGES that are not
+# installed, without their recommended packages, and nothing else.
 apt_missing = @missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:" $$missing; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "all Debian packages present"; fi
 
 deps:
 	$(call apt_missing,$(DEB_PKGS))
 
 demo-deps:
-	$(call apt_missing,$(DEMO_PKGS),--no-install-recommends)
+	$(call apt_missing,$(DEMO_PKGS))
 
 # LUA_PATH/LUA_CPATH for one Lua: our modules first, then the system's.
 lua_env = LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$(CURDIR)/spec/?.lua;;" \
@@ -87,7 +87,7 @@ big.log: examples/demo.lua
 # of the C.
 lint:
 	@dpkg-query -W -f='$${Status}\n' lua-check clang-format 2>/dev/null | grep -c 'install ok installed' | grep -q 2 || \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua-check clang-format
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lua-check clang-format
 	luacheck lua spec bench examples bin/rlm
 	clang-format --dry-run --Werror csrc/*.c csrc/*.h fuzz/*.c
 
@@ -102,7 +102,7 @@ bench: deps
 FUZZ_SECONDS ?= 600
 fuzz: deps
 	@dpkg-query -W -f='$${Status}\n' clang libclang-rt-14-dev 2>/dev/null | grep -c 'install ok installed' | grep -q 2 || \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-14-dev
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang libclang-rt-14-dev
 	@mkdir -p build/fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -I$(INC_5.4) -o build/fuzz/framing_fuzz \
 	  fuzz/framing_fuzz.c -llua5.4
@@ -224,14 +224,20 @@ IMAGE_KEEPER = $(if $(wildcard csrc/rlm_keeper.c),$(BUILD)/rlm-keeper)
 IMAGE_PKGS = mmdebstrap podman runc uidmap
 IMAGE_INPUTS = sandbox/image/build python/repl_driver.py python/probe.py \
   $(wildcard python/_rlm_driver/*.py) lua/rlm/sandbox/bwrap.lua
-.PHONY: image image-deps
+.PHONY: image image-deps image-check image-tar-path
 image: image-deps $(IMAGE_TAR) $(BUILD)/rlm-seccomp.json
 	@sandbox/image/import $(IMAGE_TAR) $(IMAGE_TAG)
+# make image twice from scratch: the host's apt state must be as it was and
+# the two tarballs the same bytes (sandbox/image/check; .ci/run runs it).
+image-check:
+	@sandbox/image/check $(MAKE) BUILD=$(BUILD)
+image-tar-path:
+	@echo $(IMAGE_TAR)
 image-deps:
 	@missing=$$(for p in $(IMAGE_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:" $$missing; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 $(IMAGE_TAR): $(IMAGE_INPUTS) $(IMAGE_KEEPER)
 	@mkdir -p $(dir $@)
