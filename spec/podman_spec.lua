@@ -395,6 +395,10 @@ s:run()
 
   if P.hybrid_cgroups() then
     it_podman("needs runtime = \"runc\" on this host, and says so in crun's words", function()
+      -- make image installs runc, not crun: crun is optional here.
+      if H.sh("command -v crun || true") == "" then
+        return pending("crun is not installed (make image installs runc only): nothing to refuse this host")
+      end
       local _, err = H.run(opts({ sandbox = podman({ runtime = "crun" }) }))
       assert.equals("sandbox_unavailable", err.kind)
       assert.matches("cgroups in hybrid mode not supported", err.message, 1, true)
