@@ -188,11 +188,14 @@ H.describe_luv("the luv adapter", function()
   end)
 
   it("gives up a root model that has not answered at root_timeout_ms", function()
-    local err, t0
+    -- From before the run: the deadline counts from the call, which goes
+    -- out before the callback runs (and libuv's clock is the loop's last
+    -- look at it), so from inside the callback a loaded machine saw 284 ms.
+    local err
+    local t0 = core.now_ms()
     luv_adapter.run(H.opts({
       root_timeout_ms = 300,
       root_llm = function(_, done) -- never answers
-        t0 = core.now_ms()
         local _ = done
       end,
     }), function(e)
@@ -205,7 +208,7 @@ H.describe_luv("the luv adapter", function()
     assert.are.equal(300, err.timeout_ms)
     assert.is_true(err.resumable)
     local took = core.now_ms() - t0
-    assert.is_true(took >= 290 and took < 1500, ("took %.0f ms"):format(took))
+    assert.is_true(took >= 300 and took < 3000, ("took %.0f ms"):format(took))
   end)
 
   it("keeps the loop responsive while the REPL computes for a second", function()

@@ -17,7 +17,9 @@ describe("step_timeout_ms", function()
     { "a read that never returns", "import os\nr, w = os.pipe()\nos.read(r, 1)", guardrails = false },
   }
   for _, case in ipairs(slow) do
-    it("interrupts " .. case[1] .. " within the timeout plus 200 ms, and the run goes on", function()
+    -- The bound: the timeout plus a second (a machine at a load of 12), still
+    -- under the default interrupt_grace_ms (2 s) after which it is killed.
+    it("interrupts " .. case[1] .. " within the timeout plus 1 s, and the run goes on", function()
       local timeout = 700
       local t0, t1
       local result, err = H.run({
@@ -40,7 +42,7 @@ describe("step_timeout_ms", function()
       assert.is_nil(err)
       assert.are.equal("1 False", result.answer)
       assert.matches("KeyboardInterrupt", result.history[2].error)
-      assert.is_true(t1 - t0 < timeout + 200, ("took %.0f ms"):format(t1 - t0))
+      assert.is_true(t1 - t0 < timeout + 1000, ("took %.0f ms"):format(t1 - t0))
     end)
   end
 
@@ -55,7 +57,7 @@ describe("step_timeout_ms", function()
       .. "r, w = os.pipe()\nos.read(r, 1)", guardrails = false },
   }
   for _, case in ipairs(stubborn) do
-    it("kills " .. case[1] .. " within the timeout and the grace plus 200 ms", function()
+    it("kills " .. case[1] .. " within the timeout and the grace plus 1 s", function()
       local timeout, grace = 500, 300
       local t0
       local result, err = H.run({
@@ -72,7 +74,7 @@ describe("step_timeout_ms", function()
       assert.are.equal("step_timeout", err.kind)
       assert.are.equal(timeout, err.timeout_ms)
       assert.are.equal(grace, err.grace_ms)
-      assert.is_true(elapsed < timeout + grace + 200, ("took %.0f ms"):format(elapsed))
+      assert.is_true(elapsed < timeout + grace + 1000, ("took %.0f ms"):format(elapsed))
     end)
   end
 

@@ -198,8 +198,10 @@ for _, P in ipairs(PROVIDERS) do
         srv:script({ { content = "no usage here" } })
         local c = client()
         assert.are.equal(1, select("#", c.root_llm(user("q"))))
-        assert.are.equal(0, c.usage().input_tokens)
-        assert.are.equal(1, c.usage().calls)
+        local u = c.usage()
+        assert.are.equal(0, u.input_tokens + u.output_tokens)
+        assert.are.equal(1, u.calls)
+        assert.are.equal(0, c.cost_usd())
       end)
 
       it("sends llm_query to the sub-model as one user message", function()
@@ -257,6 +259,7 @@ for _, P in ipairs(PROVIDERS) do
           local c = client()
           assert.are.equal("later", (c.root_llm(user("q"))))
           assert.are.equal(2, #srv:requests())
+          assert.are.equal(1, #c.sleeps)
           assert.is_true(math.abs(c.sleeps[1] - case[2]) <= 1.01, tostring(c.sleeps[1]))
         end)
       end
@@ -269,7 +272,8 @@ for _, P in ipairs(PROVIDERS) do
 
       it("give up after retries, with the last status", function()
         srv:script({ { status = 500 }, { status = 502 }, { status = 503, json = P.error_body("down") } })
-        raises("HTTP 503: " .. P.detail .. "down %(after 2 retries%)", client().root_llm, user("q"))
+        raises("HTTP 503: " .. P.detail .. "down %(after 2 retries%)", client({ retries = 2 }).root_llm, user("q"))
+        assert.are.equal(3, #srv:requests())
       end)
     end)
 
@@ -407,10 +411,13 @@ for _, P in ipairs(PROVIDERS) do
       it("prices a model of its built-in table", function()
         local mod = P.mod
         local model = next(mod.prices)
-        srv:script({ { content = "x", usage = { 1000000, 0 } } })
+        srv:script({ { content = "x", usage = { 2000, 1000 } } })
         local c = client({ model = model })
         c.root_llm(user("q"))
-        assert.are.equal(mod.prices[model].input_per_mtok, c.cost_usd())
+        local p = mod.prices[model]
+        local want = (2000 * p.input_per_mtok + 1000 * p.output_per_mtok) / 1e6
+        assert.is_true(c.cost_usd() > 0)
+        assert.is_true(math.abs(c.cost_usd() - want) < 1e-12, tostring(c.cost_usd()))
       end)
     end)
 
@@ -480,19 +487,28 @@ for _, P in ipairs(PROVIDERS) do
 
     describe("llm_query_batch", function()
       it("runs 8 calls of 1 s side by side in about 1 s", function()
-        local replies, prompts = {}, {}
+        local replies, prompts, want = {}, {}, {}
         for i = 1, 8 do
           replies[i] = { content = "a" .. i, delay_ms = 1000, usage = { 1, 1 } }
           prompts[i] = "p" .. i
+          want[i] = "a" .. i
         end
         srv:script(replies)
+        local c = client()
         local t0 = socket.gettime()
-        local answers = client().llm_query_batch(prompts)
+        local answers = c.llm_query_batch(prompts)
         local secs = socket.gettime() - t0
-        for i = 1, 8 do
-          assert.is_string(answers[i].text)
+        assert.are.equal(8, #answers)
+        local texts = {}
+        for i, a in ipairs(answers) do
+          texts[i] = a.text
+          assert.are.same({ input_tokens = 1, output_tokens = 1 }, a.usage)
         end
-        assert.is_true(secs < 2.5, ("took %.2f s"):format(secs))
+        table.sort(texts)
+        assert.are.same(want, texts)
+        assert.are.equal(8, c.usage().calls)
+        -- one after the other: 8 s
+        assert.is_true(secs >= 0.95 and secs < 4, ("took %.2f s"):format(secs))
       end)
     end)
   end)
