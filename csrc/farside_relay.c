@@ -306,8 +306,9 @@ static void say_exit(far *f, const rlm_event *ev, uint64_t kills,
   size_t len = ev->data ? ev->len : 0;
   /* The line without its newline: at most max_line + 1 bytes (the channel
    * byte and the message), as the host frames it. */
-  size_t fixed = (size_t)n + rlm_json_escaped_len(mechanism, strlen(mechanism)) +
-                 2 + strlen(stderr_key) + 2 + 1;
+  size_t fixed = (size_t)n +
+                 rlm_json_escaped_len(mechanism, strlen(mechanism)) + 2 +
+                 strlen(stderr_key) + 2 + 1;
   size_t room = f->max_line + 1 > fixed ? f->max_line + 1 - fixed : 0;
   size_t from = len, used = 0;
   while (from > 0) {

@@ -75,7 +75,7 @@ describe("rlm.sandbox.container_names.gone over a procfs mounted hidepid=2", fun
     finally(function()
       H.sh("rmdir " .. dir)
     end)
-    local o = assert(names.owner())
+    local me = assert(names.owner())
     local code = ([[package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local names = require("rlm.sandbox.container_names")
 local o = names.owner()
@@ -90,6 +90,6 @@ io.write(#names.gone("rlm", { name }, %q), " ", #names.gone("rlm", { name }, "/p
     end)
     local out = H.sh(("unshare -m sh -c 'mount -t proc -o hidepid=2 proc %s && %s %s' 2>&1"):format(dir,
       H.lua_name(), script))
-    assert.equals("0 1", out, o.boot)
+    assert.equals("0 1", out, me.boot)
   end)
 end)
