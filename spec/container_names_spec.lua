@@ -65,11 +65,13 @@ describe("rlm.sandbox.container_names.gone", function()
 end)
 
 -- The same on a real procfs mounted hidepid=2, in a mount namespace of its
--- own (unshare -m, as root; a user's needs its own pid namespace too).
+-- own (unshare -m as root; a user's, in user and pid namespaces of its own:
+-- unshare -Urmpf).
 describe("rlm.sandbox.container_names.gone over a procfs mounted hidepid=2", function()
   it("keeps the container of a pid it cannot see", function()
-    if H.sh("id -u") ~= "0" or H.sh("unshare -m true 2>&1 && echo ok"):match("ok") == nil then
-      return pending("needs root and unshare -m (a mount namespace) to mount a procfs of its own")
+    local unshare = H.sh("id -u") == "0" and "unshare -m" or "unshare -Urmpf"
+    if not H.sh(unshare .. " true 2>&1 && echo ok"):match("ok$") then
+      return pending(("%s (namespaces of its own, to mount a procfs) is refused here"):format(unshare))
     end
     local dir = H.sh("mktemp -d /tmp/rlm-proc.XXXXXX"):gsub("%s+$", "")
     finally(function()
@@ -88,7 +90,7 @@ io.write(#names.gone("rlm", { name }, %q), " ", #names.gone("rlm", { name }, "/p
     finally(function()
       os.remove(script)
     end)
-    local out = H.sh(("unshare -m sh -c 'mount -t proc -o hidepid=2 proc %s && %s %s' 2>&1"):format(dir,
+    local out = H.sh(("%s sh -c 'mount -t proc -o hidepid=2 proc %s && %s %s' 2>&1"):format(unshare, dir,
       H.lua_name(), script))
     assert.equals("0 1", out, me.boot)
   end)
