@@ -121,6 +121,12 @@ struct rlm_driver {
   size_t n_stage;
   int child_fds[3 + MAX_INHERIT]; /* the child's 0, 1, 2, 3...; owned */
   int nfds;
+  /* The files behind child_fds 3... at the spawn (device, inode): what
+   * bubblewrap's own processes may still hold a while after it (its
+   * launcher and init close them only once the sandbox runs). */
+  dev_t handed_dev[MAX_INHERIT];
+  ino_t handed_ino[MAX_INHERIT];
+  int n_handed;
   const char *context; /* the caller's, until ctx_done */
   size_t context_len;
   int context_at; /* the context memfd's place among child_fds; -1: none */

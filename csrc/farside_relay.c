@@ -289,6 +289,42 @@ static void host_input(far *f) {
 
 /* --- the driver's events ------------------------------------------------ */
 
+/* The driver's exit, with as much of its stderr's tail as the host's line
+ * cap leaves room for once escaped: a control byte is six bytes of JSON,
+ * so the 4 KiB the driver keeps can be 24 KiB of line. */
+static void say_exit(far *f, const rlm_event *ev, uint64_t kills,
+                     uint64_t peak) {
+  static const char stderr_key[] = ",\"stderr\":";
+  char head[256];
+  int n = snprintf(head, sizeof(head),
+                   "K{\"type\":\"exit\",\"status\":%lld,\"signal\":%d,"
+                   "\"oom_kills\":%llu,\"peak\":%llu,\"mechanism\":",
+                   (long long)ev->exit_status, ev->term_signal,
+                   (unsigned long long)kills, (unsigned long long)peak);
+  const char *mechanism = rlm_driver_memory_mechanism(f->d);
+  const char *err = ev->data ? ev->data : "";
+  size_t len = ev->data ? ev->len : 0;
+  /* The line without its newline: at most max_line + 1 bytes (the channel
+   * byte and the message), as the host frames it. */
+  size_t fixed = (size_t)n +
+                 rlm_json_escaped_len(mechanism, strlen(mechanism)) + 2 +
+                 strlen(stderr_key) + 2 + 1;
+  size_t room = f->max_line + 1 > fixed ? f->max_line + 1 - fixed : 0;
+  size_t from = len, used = 0;
+  while (from > 0) {
+    size_t width = rlm_json_escaped_len(err + from - 1, 1);
+    if (used + width > room)
+      break;
+    used += width;
+    from--;
+  }
+  out_bytes(f, head, (size_t)n);
+  out_jstr(f, mechanism);
+  out_str(f, stderr_key);
+  out_json(f, err + from, len - from);
+  out_str(f, "}\n");
+}
+
 static void driver_event(far *f, rlm_event *ev) {
   uint64_t peak = 0, kills;
   switch (ev->kind) {
@@ -312,15 +348,7 @@ static void driver_event(far *f, rlm_event *ev) {
     return;
   case RLM_EV_EXIT:
     kills = rlm_driver_oom_kills(f->d, &peak);
-    out_fmt(f,
-            "K{\"type\":\"exit\",\"status\":%lld,\"signal\":%d,"
-            "\"oom_kills\":%llu,\"peak\":%llu,\"mechanism\":",
-            (long long)ev->exit_status, ev->term_signal,
-            (unsigned long long)kills, (unsigned long long)peak);
-    out_jstr(f, rlm_driver_memory_mechanism(f->d));
-    out_str(f, ",\"stderr\":");
-    out_json(f, ev->data ? ev->data : "", ev->data ? ev->len : 0);
-    out_str(f, "}\n");
+    say_exit(f, ev, kills, peak);
     break;
   case RLM_EV_TIMEOUT:
     out_str(f, "K{\"type\":\"timeout\"}\n");

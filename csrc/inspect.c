@@ -5,6 +5,11 @@
 #include "driver_impl.h"
 #include "smallfile.h"
 
+#ifdef __linux__
+#include <linux/magic.h>
+#include <sys/vfs.h>
+#endif
+
 size_t rlm_driver_tree(const rlm_driver *d, int *pids, size_t max) {
   if (!d->spawned || d->exited)
     return 0;
@@ -45,10 +50,31 @@ int rlm_driver_interpreter_pid(const rlm_driver *d) {
 #endif
 }
 
+/* Whether a descriptor of a bubblewrap process is its own hold on procfs:
+ * /proc (what it opens first, to close the rest through) or its own
+ * /proc/<pid>/fd (its walk over them), a directory on a procfs. */
+static int bwrap_proc_dir(int pid, const char *link, const char *target) {
+#ifdef __linux__
+  char own[32];
+  snprintf(own, sizeof(own), "/proc/%d/fd", pid);
+  struct statfs fs;
+  return (strcmp(target, "/proc") == 0 || strcmp(target, own) == 0) &&
+         statfs(link, &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC;
+#else
+  (void)pid, (void)link, (void)target;
+  return 0;
+#endif
+}
+
 /* Whether a descriptor's /proc link names something the sandbox may hold:
  * one of the session's pipes, or a kernel object bubblewrap made for itself
- * (signalfd, eventfd). */
-static int fd_is_ours(const rlm_driver *d, const char *target) {
+ * (signalfd, eventfd); in bubblewrap's own processes also a file the spawn
+ * handed to it (link: its /proc path), the same file and no other: its
+ * launcher lets the sandbox's setup go on before it closes them, and its
+ * init forks the interpreter before it does, so either may hold them still
+ * when the interpreter's first line comes (1 start in about 1,600 here). */
+static int fd_is_ours(const rlm_driver *d, int pid, const char *link,
+                      const char *target, int in_bwrap) {
   unsigned long ino;
   if (strncmp(target, "anon_inode:", 11) == 0)
     return 1;
@@ -56,7 +82,13 @@ static int fd_is_ours(const rlm_driver *d, const char *target) {
     for (int i = 0; i < 3; i++)
       if (ino == d->pipe_ino[i])
         return 1;
-  return 0;
+  struct stat st;
+  if (!in_bwrap || stat(link, &st) != 0)
+    return 0;
+  for (int i = 0; i < d->n_handed; i++)
+    if (st.st_dev == d->handed_dev[i] && st.st_ino == d->handed_ino[i])
+      return 1;
+  return bwrap_proc_dir(pid, link, target);
 }
 
 /* The foreign descriptors of one process; how many. */
@@ -68,6 +100,11 @@ static int pid_foreign_fds(const rlm_driver *d, int pid, rlm_fd_visitor visit,
   if (fds == NULL)
     return 0; /* it exited meanwhile */
   int found = 0;
+#ifdef __linux__
+  int in_bwrap = is_bwrap(pid) == 1;
+#else
+  int in_bwrap = 0;
+#endif
   struct dirent *ent;
   while ((ent = readdir(fds)) != NULL) {
     if (ent->d_name[0] < '0' || ent->d_name[0] > '9')
@@ -78,7 +115,7 @@ static int pid_foreign_fds(const rlm_driver *d, int pid, rlm_fd_visitor visit,
     if (len < 0)
       continue; /* the opendir's own descriptor, closed by now */
     target[len] = '\0';
-    if (!fd_is_ours(d, target)) {
+    if (!fd_is_ours(d, pid, link, target, in_bwrap)) {
       found++;
       visit(ud, pid, atoi(ent->d_name), target);
     }

@@ -266,7 +266,22 @@ static int posix_spawn_child(rlm_driver *d, const rlm_driver *o, const int *fds,
   return e;
 }
 
+/* Notes the files handed over at 3... (rlm_driver_foreign_fds reads them
+ * back in bubblewrap's processes). */
+static void note_handed(rlm_driver *d) {
+  d->n_handed = 0;
+  for (int i = 3; i < d->nfds; i++) {
+    struct stat st;
+    if (d->child_fds[i] >= 0 && fstat(d->child_fds[i], &st) == 0) {
+      d->handed_dev[d->n_handed] = st.st_dev;
+      d->handed_ino[d->n_handed] = st.st_ino;
+      d->n_handed++;
+    }
+  }
+}
+
 static int spawn_process(rlm_driver *d, char *err, size_t errlen) {
+  note_handed(d);
   int e = d->run_as != 0 || d->n_stage > 0 || d->seccomp_only
               ? fork_child(d, d, d->child_fds, d->nfds)
               : posix_spawn_child(d, d, d->child_fds, d->nfds);

@@ -197,6 +197,21 @@ describe("the exec backend", function()
     assert.matches("the driver sent", err.message)
   end)
 
+  -- The keeper's exit message holds the stderr's tail escaped: a control
+  -- byte is six bytes of JSON (\u0001), so its 4 KiB tail is 24 KiB of line.
+  it("says the driver's exit (status 3) within a small max_message_bytes when its stderr is control bytes",
+    function()
+      local _, err = H.run(opts({
+        max_message_bytes = 8204,
+        stdout_truncate_chars = 1,
+        guardrails = false,
+        root_llm = H.script({ H.fence("import os\nos.write(2, b'\\x01' * 8192)\nos._exit(3)") }),
+      }))
+      assert.equals("driver_exited", err.kind)
+      assert.matches("exited: exit status 3: \1+$", err.message)
+      assert.is_true(#err.message > 1000, #err.message)
+    end)
+
   -- A relay that changes what the keeper says of its checks.
   local checks_cases = {
     { "omits its checks", "grep --line-buffered -v '^K{\"type\":\"checks\"'", "reported no checks" },

@@ -477,3 +477,34 @@ describe("the container backends' options", function()
     end
   end
 end)
+
+-- An engine that never answers (a stand-in `podman` first on PATH whose
+-- every command sleeps): the sweep's `ps` of a Lua state's first start is
+-- bounded by start_timeout_ms, as the spawn's hello is.
+describe("a hung container engine", function()
+  after_each(H.assert_clean)
+
+  for _, backend in ipairs({ "podman", "docker" }) do
+    it(("ends a %s start at start_timeout_ms with sandbox_unavailable"):format(backend), function()
+      local bin = H.tmpdir .. "-hung-" .. backend
+      H.sh("mkdir -p " .. bin)
+      finally(function()
+        H.sh("rm -rf " .. bin)
+      end)
+      local f = assert(io.open(bin .. "/" .. backend, "w"))
+      f:write("#!/bin/sh\nexec sleep 600\n")
+      f:close()
+      H.sh("chmod 755 " .. bin .. "/" .. backend)
+      local t0 = core.now_ms()
+      -- (the engine's program by its path: as a stand-in first on PATH is
+      -- found)
+      local _, err = H.run(H.opts({ start_timeout_ms = 1500,
+        sandbox = { backend = backend, engine = bin .. "/" .. backend, name = "rlm-spec-hung" } }))
+      local took = core.now_ms() - t0
+      assert.equals("sandbox_unavailable", err.kind, err.message)
+      assert.matches("did not end within start_timeout_ms (1500 ms)", err.message, 1, true)
+      assert.matches(backend .. " ps -a", err.message, 1, true)
+      assert.is_true(took < 1500 + 8000, ("%.0f ms"):format(took))
+    end)
+  end
+end)

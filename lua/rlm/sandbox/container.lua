@@ -51,9 +51,6 @@ for _, n in ipairs(M.ULIMIT_NAMES) do
   ULIMIT_NAME[n] = true
 end
 
--- How long the engine's `ps` and `rm` of the first start may take.
-local HELPER_TIMEOUT_MS = 30000
-
 -- A word that cannot be read as a flag where the engine expects a value.
 local function value_word(v)
   return type(v) == "string" and v ~= "" and not v:find("\0", 1, true) and v:sub(1, 1) ~= "-"
@@ -152,22 +149,28 @@ function M.default_profile()
   return nil
 end
 
--- Runs a helper (the engine's ps or rm) to its end: its lines, status and
--- stderr, or nil and why it could not run.
-local function run_helper(argv, wait)
-  local helper, err = core.helper(argv, HELPER_TIMEOUT_MS, 4 * 2 ^ 20)
+-- Runs a helper (the engine's ps or rm) to its end, or to the start's
+-- deadline (c.deadline, on core.now_ms's clock: start_timeout_ms from the
+-- prepare): its lines, status and stderr, or nil and why it could not run.
+local function run_helper(c, argv, wait)
+  local left = math.floor(c.deadline - core.now_ms())
+  if left < 1 then
+    return nil, ("start_timeout_ms (%.0f ms) was spent before it ran"):format(c.start_timeout_ms)
+  end
+  local helper, err = core.helper(argv, left, 4 * 2 ^ 20)
   if not helper then
     return nil, err
   end
   local lines, status, stderr, problem = {}, nil, "", nil
   while not status and not problem do
-    local kind, a, b, c = wait(helper)
+    local kind, a, b, d = wait(helper)
     if kind == "line" then
       lines[#lines + 1] = a
     elseif kind == "exit" then
-      status, stderr = b ~= 0 and 128 + b or a, c or ""
+      status, stderr = b ~= 0 and 128 + b or a, d or ""
     elseif kind == "timeout" then
-      problem = ("it did not end within %d ms"):format(HELPER_TIMEOUT_MS)
+      problem = ("it did not end within start_timeout_ms (%.0f ms): the engine did not answer; it was killed")
+        :format(c.start_timeout_ms)
     elseif kind == "failed" then
       problem = a
     else
@@ -209,7 +212,7 @@ local function sweep(c, wait)
   end
   swept[key] = true
   local ps = { "ps", "-a", "--format", "{{.Names}}" }
-  local lines, status, stderr = run_helper(engine_argv(c, ps), wait)
+  local lines, status, stderr = run_helper(c, engine_argv(c, ps), wait)
   if not lines or status ~= 0 then
     swept[key] = nil
     local why = lines and ("exit %s"):format(tostring(status)) or status
@@ -221,7 +224,7 @@ local function sweep(c, wait)
   if gone[1] then
     -- What the rm says is not this start's business: a container may go
     -- meanwhile.
-    run_helper(engine_argv(c, rm_args(c, gone)), wait)
+    run_helper(c, engine_argv(c, rm_args(c, gone)), wait)
   end
   return true
 end
@@ -285,12 +288,16 @@ end
 
 -- prepare: the engine, sh and setsid found, the profile, the sweep of the
 -- first start, and exec's spec with what each start's command line needs.
+-- The engine's commands here (the sweep's ps and rm) share one
+-- start_timeout_ms, from the prepare: a hung engine ends the start then
+-- (sandbox_unavailable), and the spawn's own start_timeout_ms follows.
 function M.prepare(opts, context_data, wait)
   local v = opts.sandbox
   local r = M.read_option(v)
   local c = { backend = r.backend, image = r.image, global_args = r.global_args, runtime = r.runtime or nil,
     ulimits = r.ulimits, extra_args = r.extra_args, name = r.name, pids_limit = r.pids_limit, keeper = r.keeper,
-    tmpdir = absolute(opts.tmpdir), keeper_args = {} }
+    tmpdir = absolute(opts.tmpdir), keeper_args = {}, start_timeout_ms = opts.start_timeout_ms }
+  c.deadline = core.now_ms() + c.start_timeout_ms
   if not names.owner() then
     return unavailable("this host's boot id or its own /proc/self/stat could not be read: the containers "
       .. "could not be named")

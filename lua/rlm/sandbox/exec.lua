@@ -310,8 +310,13 @@ function Handle.context_written()
   return true
 end
 
+-- A number of a keeper message; a whole one as an integer where Lua has
+-- them (a JSON decoder's 3.0 would read "exit status 3.0").
 local function number(v)
-  return type(v) == "number" and v or 0
+  if type(v) ~= "number" then
+    return 0
+  end
+  return v == math.floor(v) and math.floor(v) or v
 end
 
 -- A keeper message: nil (noted), or the event it means.
