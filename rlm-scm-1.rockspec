@@ -35,6 +35,7 @@ build = {
     ["rlm.async"] = "lua/rlm/async.lua",
     ["rlm.base.checks"] = "lua/rlm/base/checks.lua",
     ["rlm.base.errors"] = "lua/rlm/base/errors.lua",
+    ["rlm.base.events"] = "lua/rlm/base/events.lua",
     ["rlm.base.json"] = "lua/rlm/base/json.lua",
     ["rlm.base.protocol"] = "lua/rlm/base/protocol.lua",
     ["rlm.base.text"] = "lua/rlm/base/text.lua",

@@ -1,7 +1,7 @@
 /* core_driver.c: the Driver userdata over driver.c: its lines in and out
- * (send, send_result, poll, wait, and fd and timeout for a host's own
- * loop), its control (kill, interrupt, the step deadline) and its close,
- * and the metatable, with the methods of core_inspect.c (what it tells of
+ * (send, poll, wait, and fd and timeout for a host's own loop), its
+ * control (kill, interrupt, the step deadline) and its close, and the
+ * metatable, with the methods of core_inspect.c (what it tells of
  * its sandbox), core_stream.c (a stream's own) and core_context.c (its
  * context). core_spawn.c makes one. */
 #define _GNU_SOURCE
@@ -11,9 +11,6 @@
 
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -36,40 +33,6 @@ static int driver_send(lua_State *L) {
   size_t len;
   const char *s = luaL_checklstring(L, 2, &len);
   if (rlm_driver_send(u->d, s, len) != 0)
-    return fail(L, "the driver cannot take input");
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* d:send_result(id, text) -> true | nil, message: the llm_result line
- * {"type":"llm_result","id":id,"text":text}, written from its parts (the
- * text as it is when it needs no escape) without making it a Lua string. */
-static int driver_send_result(lua_State *L) {
-  driver_ud *u = check_driver(L);
-  lua_Integer id = luaL_checkinteger(L, 2);
-  size_t len;
-  const char *text = luaL_checklstring(L, 3, &len);
-  char head[64];
-  int n = snprintf(head, sizeof(head),
-                   "{\"type\":\"llm_result\",\"id\":%lld,"
-                   "\"text\":\"",
-                   (long long)id);
-  size_t escaped = rlm_json_escaped_len(text, len);
-  if (escaped > MAX_WRITE_QUEUE)
-    return fail(L, "the driver cannot take input");
-  char *copy = NULL;
-  if (escaped != len) {
-    if ((copy = malloc(escaped)) == NULL)
-      return fail(L, "out of memory");
-    rlm_json_escape(text, len, copy);
-  }
-  uv_buf_t parts[3] = {
-      uv_buf_init(head, (unsigned)n),
-      uv_buf_init(copy ? copy : (char *)text, (unsigned)escaped),
-      uv_buf_init("\"}", 2)};
-  int rc = rlm_driver_sendv(u->d, parts, 3);
-  free(copy);
-  if (rc != 0)
     return fail(L, "the driver cannot take input");
   lua_pushboolean(L, 1);
   return 1;
@@ -127,18 +90,15 @@ static int driver_wait_for(lua_State *L, rlm_driver *d, int timeout,
   return interrupt_asked(L, before);
 }
 
-/* d:poll(timeout_ms[, max_values[, held]]) -> kind, ... | nil
+/* d:poll(timeout_ms[, max_values[, held[, token]]]) -> kind, ... | nil
  *   "line", text | "exit", status, signal, stderr_tail | "timeout" |
  *   "memory", peak_bytes | "files", files | "overflow" | "dense", values |
  *   "failed", message (the start failed: nothing ran) | "silent" (a
  *   stream's far side left its heartbeat's ping unanswered: killed)
  * A line that could decode to more than max_values JSON values is not made
  * a Lua string: "dense" says how many it holds (at least). With `held`, only
- * what the driver holds already is taken: the pipes are not looked at. With
- * `quick`, a lone llm_query line as the driver writes it comes decoded:
- * "query", prompt, id, busy (rlm_quick_query; any other line is a "line"),
- * busy saying what d:timeout() == 0 would: more is held, or a timer due.
- * With a token of core.hook_state() as `interruptible`, "interrupted" when
+ * what the driver holds already is taken: the pipes are not looked at.
+ * With a token of core.hook_state(), "interrupted" when
  * a SIGINT asked the state to stop since it was taken (interrupt_asked). */
 static int driver_poll(lua_State *L) {
   driver_ud *u = check_driver(L);
@@ -147,7 +107,7 @@ static int driver_poll(lua_State *L) {
   rlm_event *ev = NULL;
   if (lua_toboolean(L, 4))
     ev = rlm_driver_take(u->d);
-  else if (driver_wait_for(L, u->d, timeout, opt_hook_token(L, 6))) {
+  else if (driver_wait_for(L, u->d, timeout, opt_hook_token(L, 5))) {
     release_context(L, u);
     lua_pushliteral(L, "interrupted");
     return 1;
@@ -181,18 +141,6 @@ static int driver_poll(lua_State *L) {
       lua_pushinteger(L, (lua_Integer)values);
       return 2;
     }
-  }
-  char *prompt;
-  size_t len;
-  unsigned long id;
-  if (ev->kind == RLM_EV_LINE && lua_toboolean(L, 5) &&
-      rlm_quick_query(ev->data, ev->len, &prompt, &len, &id)) {
-    lua_pushliteral(L, "query");
-    lua_pushlstring(L, prompt, len);
-    lua_pushinteger(L, (lua_Integer)id);
-    rlm_driver_line_taken(u->d);
-    lua_pushboolean(L, rlm_driver_backend_timeout(u->d) == 0);
-    return 4;
   }
   lua_pushstring(L, event_name(ev->kind));
   switch (ev->kind) {
@@ -309,7 +257,6 @@ static const luaL_Reg driver_methods[] = {
     {"deadline_passed", driver_deadline_passed},
     {"fd", driver_fd},
     {"timeout", driver_timeout},
-    {"send_result", driver_send_result},
     {"close", driver_close},
     {NULL, NULL},
 };

@@ -9,7 +9,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <uv.h>
 
 typedef enum rlm_event_kind {
   RLM_EV_LINE,     /* a complete line from the driver's stdout: a view,
@@ -128,10 +127,6 @@ RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
 /* Queues `len` bytes plus a newline for the driver's stdin. Returns 0, or -1
  * when the driver is gone or the data holds a newline. */
 RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
-
-/* The same for a line in n parts (at most 8), sent as one: the parts, then
- * the newline. */
-RLM_FN int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n);
 
 /* A stream's line on another channel than its own (the keeper's, 'K'). */
 RLM_FN int rlm_driver_send_on(rlm_driver *d, char channel, const char *data,

@@ -20,7 +20,7 @@ typedef struct write_req {
   char data[];
 } write_req;
 
-static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts, int n);
+static int send_line(rlm_driver *d, char channel, const char *data, size_t len);
 
 static void on_write(uv_write_t *req, int status) {
   (void)status; /* a failed write shows as the process's exit */
@@ -28,22 +28,14 @@ static void on_write(uv_write_t *req, int status) {
 }
 
 int rlm_driver_send(rlm_driver *d, const char *data, size_t len) {
-  if (len > MAX_WRITE_QUEUE)
-    return -1; /* and a uv_buf_t's length holds it */
-  uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
-  return rlm_driver_sendv(d, &part, 1);
-}
-
-int rlm_driver_sendv(rlm_driver *d, const uv_buf_t *parts, int n) {
-  return send_line(d, d->channel, parts, n);
+  return send_line(d, d->channel, data, len);
 }
 
 int rlm_driver_send_on(rlm_driver *d, char channel, const char *data,
                        size_t len) {
-  if (len > MAX_WRITE_QUEUE || !d->channel)
+  if (!d->channel)
     return -1;
-  uv_buf_t part = uv_buf_init((char *)data, (unsigned)len);
-  return send_line(d, channel, &part, 1);
+  return send_line(d, channel, data, len);
 }
 
 typedef struct raw_req {
@@ -87,27 +79,19 @@ int rlm_driver_send_raw(rlm_driver *d, const char *data, size_t len) {
 
 int rlm_driver_raw_done(const rlm_driver *d) { return d->raw_pending == 0; }
 
-static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts,
-                     int n) {
-  /* While it starts, what is sent waits in the pipe. */
+static int send_line(rlm_driver *d, char channel, const char *data,
+                     size_t len) {
+  /* While it starts, what is sent waits in the pipe. A uv_buf_t's length
+   * holds len (MAX_WRITE_QUEUE). */
   if (d->start_failed || d->kill_pending || d->exited || d->killed ||
-      d->in_closed || n < 1 || n > 8)
+      d->in_closed || len > MAX_WRITE_QUEUE || memchr(data, '\n', len) != NULL)
     return -1;
-  uv_buf_t bufs[10];
-  size_t len = 0;
-  int first = 0;
-  if (channel) {
-    bufs[0] = uv_buf_init(channel == 'K' ? "K" : "D", 1);
-    first = 1;
-    len = 1;
-  }
-  for (int i = 0; i < n; i++) {
-    if (memchr(parts[i].base, '\n', parts[i].len) != NULL)
-      return -1;
-    bufs[first + i] = parts[i];
-    len += parts[i].len;
-  }
-  n += first;
+  uv_buf_t bufs[3];
+  int n = 0;
+  if (channel)
+    bufs[n++] = uv_buf_init(channel == 'K' ? "K" : "D", 1);
+  bufs[n++] = uv_buf_init((char *)data, (unsigned)len);
+  len += (size_t)(n - 1); /* the line's bytes, its channel's among them */
   /* A stream's raw context is the caller's memory, not the queue's (of
    * which libuv may have written part at once). */
   size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
@@ -132,7 +116,8 @@ static int send_line(rlm_driver *d, char channel, const uv_buf_t *parts,
       kill_sandbox(d); /* part of a line went: the stream is broken */
     return -1;
   }
-  /* What is left of the parts and the newline, from byte `done` on. */
+  /* What is left of the channel byte, the line and its newline, from byte
+   * `done` on. */
   size_t at = 0, skip = done;
   for (int i = 0; i <= n; i++) {
     size_t take = bufs[i].len;
@@ -190,8 +175,7 @@ static void on_heartbeat(uv_timer_t *t) {
       uv_stop(&d->loop); /* an event is queued: the wait is over */
     }
   } else if (now - d->hb_heard >= d->hb_every) {
-    uv_buf_t part = uv_buf_init(d->hb_ping, (unsigned)d->hb_ping_len);
-    if (send_line(d, 'K', &part, 1) == 0) {
+    if (send_line(d, 'K', d->hb_ping, d->hb_ping_len) == 0) {
       d->hb_waiting = 1;
       d->hb_ping_at = now;
       d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);

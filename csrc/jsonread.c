@@ -1,6 +1,5 @@
 /* jsonread.c: see jsonread.h. */
 #include "jsonread.h"
-#include "jsonscan.h"
 #include "utf8.h"
 
 #include <string.h>
@@ -28,11 +27,66 @@ static long new_token(jreader *r, unsigned char type) {
   return (long)r->used++;
 }
 
+static int hex4(const char *s, unsigned *out) {
+  unsigned v = 0;
+  for (int i = 0; i < 4; i++) {
+    char c = s[i];
+    v <<= 4;
+    if (c >= '0' && c <= '9')
+      v |= (unsigned)(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      v |= (unsigned)(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      v |= (unsigned)(c - 'A' + 10);
+    else
+      return 0;
+  }
+  *out = v;
+  return 1;
+}
+
 /* A \u escape at s[at] (the backslash): its code point, a surrogate pair
- * whole; the bytes it spans in *len. -1 when malformed. */
+ * whole; the bytes it spans in *len. -1 when malformed (a lone surrogate
+ * among them: lua-cjson refuses those too). */
 static long unicode_escape(const char *s, size_t n, size_t at, size_t *len) {
-  unsigned cp;
-  return rlm_json_unicode_escape(s + at, n - at, &cp, len) ? (long)cp : -1;
+  unsigned hi, lo;
+  s += at;
+  n -= at;
+  if (n < 6 || !hex4(s + 2, &hi) || (hi >= 0xDC00 && hi <= 0xDFFF))
+    return -1;
+  if (hi < 0xD800 || hi > 0xDBFF) {
+    *len = 6;
+    return (long)hi;
+  }
+  if (n < 12 || s[6] != '\\' || s[7] != 'u' || !hex4(s + 8, &lo) ||
+      lo < 0xDC00 || lo > 0xDFFF)
+    return -1;
+  *len = 12;
+  return (long)(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00));
+}
+
+/* Code point cp as UTF-8 at out (4 bytes of room); how many bytes. */
+static size_t utf8_put(char *out, unsigned cp) {
+  if (cp < 0x80) {
+    out[0] = (char)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = (char)(0xE0 | (cp >> 12));
+    out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[2] = (char)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  out[0] = (char)(0xF0 | (cp >> 18));
+  out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+  out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+  out[3] = (char)(0x80 | (cp & 0x3F));
+  return 4;
 }
 
 static int parse_string(jreader *r) {
@@ -228,7 +282,7 @@ long rlm_json_string(const char *s, const rlm_jtok *t, long i, char *out,
       long c = unicode_escape(s, end, at, &span);
       if (c <= 0)
         return -1; /* malformed (the parse saw to that), or a NUL */
-      w = rlm_utf8_put(tmp, (unsigned)c);
+      w = utf8_put(tmp, (unsigned)c);
       at += span;
     } else {
       static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
@@ -283,4 +337,50 @@ int rlm_json_int(const char *s, const rlm_jtok *t, long i, int64_t *out) {
   }
   *out = neg ? (int64_t)(0 - v) : (int64_t)v;
   return 0;
+}
+
+/* How many bytes byte c takes inside a JSON string: 2 for `"`, `\` and the
+ * control characters with a short escape, 6 for the other control
+ * characters (\u00XX), else 1. */
+static size_t escape_width(unsigned char c) {
+  switch (c) {
+  case '"':
+  case '\\':
+  case '\b':
+  case '\f':
+  case '\n':
+  case '\r':
+  case '\t':
+    return 2;
+  default:
+    return c < 0x20 ? 6 : 1;
+  }
+}
+
+size_t rlm_json_escaped_len(const char *s, size_t n) {
+  size_t len = 0;
+  for (size_t i = 0; i < n; i++)
+    len += escape_width((unsigned char)s[i]);
+  return len;
+}
+
+void rlm_json_escape(const char *s, size_t n, char *out) {
+  static const char hex[] = "0123456789abcdef";
+  static const char from[] = "\"\\\b\f\n\r\t", to[] = "\"\\bfnrt";
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    size_t width = escape_width(c);
+    if (width == 1) {
+      *out++ = (char)c;
+    } else if (width == 2) {
+      out[0] = '\\';
+      out[1] = to[strchr(from, c) - from];
+      out += 2;
+    } else {
+      memcpy(out, "\\u00", 4);
+      out[4] = hex[c >> 4];
+      out[5] = hex[c & 0xF];
+      out += 6;
+    }
+  }
 }

@@ -3,8 +3,9 @@
  * probe's report. One pass into a caller's array of tokens: no allocation,
  * a bounded depth (recursion) and a bounded token count, strings checked
  * (escapes, surrogate pairs, UTF-8) but left in place, and read out with
- * rlm_json_string into a caller's buffer. Pure: no I/O, so that it can be
- * fuzzed on its own (fuzz/jsonread_fuzz.c). */
+ * rlm_json_string into a caller's buffer. And the escape of the strings
+ * rlm-keeper writes. Pure: no I/O, so that it can be fuzzed on its own
+ * (fuzz/jsonread_fuzz.c). */
 #ifndef RLM_JSONREAD_H
 #define RLM_JSONREAD_H
 
@@ -51,5 +52,12 @@ RLM_FN long rlm_json_string(const char *s, const rlm_jtok *t, long i, char *out,
 /* The integer at t[i] (no fraction, no exponent, within int64): 0 and
  * *out, or -1. */
 RLM_FN int rlm_json_int(const char *s, const rlm_jtok *t, long i, int64_t *out);
+
+/* The bytes of s as the inside of a JSON string: `"`, `\` and the control
+ * characters escaped, every other byte as it is. rlm_json_escaped_len says
+ * how many that is (n when nothing needs an escape); rlm_json_escape writes
+ * them to out, which holds that many. */
+RLM_FN size_t rlm_json_escaped_len(const char *s, size_t n);
+RLM_FN void rlm_json_escape(const char *s, size_t n, char *out);
 
 #endif

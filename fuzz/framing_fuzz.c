@@ -7,13 +7,14 @@
  * crash, a leak, a line past the cap, a lost or invented byte, a buffer
  * past max + 1 bytes, a value count below what cjson built, or a Lua error
  * escaping the decoder (instead of its nil, reason) is a finding. So is a
- * lone llm_query line the host reads itself (rlm_quick_query) that the
- * decoder reads otherwise, and an escaped prompt (rlm_json_escape) that
- * lua-cjson does not read back as it was. */
-/* framing.c and jsonscan.c are two of rlm.core's static units
+ * line escaped as rlm-keeper escapes the strings it writes to the host
+ * (rlm_json_escape) that lua-cjson does not read back as it was. */
+/* framing.c, jsonscan.c, jsonread.c and utf8.c are static units
  * (csrc/unit.h): take them whole. */
 #include "../csrc/framing.c"
+#include "../csrc/jsonread.c"
 #include "../csrc/jsonscan.c"
+#include "../csrc/utf8.c"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -32,27 +33,24 @@ static void setup(void) {
   L = luaL_newstate();
   luaL_openlibs(L);
   if (luaL_dostring(
-          L,
-          "package.path = 'lua/?.lua;' .. package.path\n"
-          "local p = require('rlm.base.protocol')\n"
-          "local all = {}\n"
-          "for _, t in ipairs({'hello', 'configured', 'self_test_result', "
-          "'ready',\n"
-          "  'exec_result', 'llm_query', 'llm_batch', 'rlm_batch', "
-          "'fatal'}) do all[t] = true end\n"
-          "local function count(v)\n"
-          "  if type(v) ~= 'table' then return 1 end\n"
-          "  local n = 1\n"
-          "  for _, x in pairs(v) do n = n + count(x) end\n"
-          "  return n\n"
-          "end\n"
-          "local cjson = require('cjson')\n"
-          "local function same(msg, prompt, id, escaped)\n"
-          "  return type(msg) == 'table' and msg.type == 'llm_query'\n"
-          "    and msg.prompt == prompt and msg.id == id and msg.model == nil\n"
-          "    and cjson.decode('\"' .. escaped .. '\"') == prompt\n"
-          "end\n"
-          "return p.decode, all, count, same") != 0)
+          L, "package.path = 'lua/?.lua;' .. package.path\n"
+             "local p = require('rlm.base.protocol')\n"
+             "local all = {}\n"
+             "for _, t in ipairs({'hello', 'configured', 'self_test_result', "
+             "'ready',\n"
+             "  'exec_result', 'llm_query', 'llm_batch', 'rlm_batch', "
+             "'fatal'}) do all[t] = true end\n"
+             "local function count(v)\n"
+             "  if type(v) ~= 'table' then return 1 end\n"
+             "  local n = 1\n"
+             "  for _, x in pairs(v) do n = n + count(x) end\n"
+             "  return n\n"
+             "end\n"
+             "local cjson = require('cjson')\n"
+             "local function same(line, escaped)\n"
+             "  return cjson.decode('\"' .. escaped .. '\"') == line\n"
+             "end\n"
+             "return p.decode, all, count, same") != 0)
     abort();
   same_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   count_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -71,26 +69,18 @@ static void on_line(const char *line, size_t len) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, allowed_ref);
   if (lua_pcall(L, 2, 2, 0) != 0)
     abort(); /* the decoder raised instead of returning nil, reason */
-  /* The host's own reading, on a copy (it decodes in place). */
-  char copy[MAX_LINE + 1], *prompt;
-  size_t plen;
-  unsigned long id;
-  memcpy(copy, line, len + 1);
-  if (rlm_quick_query(copy, len, &prompt, &plen, &id)) {
-    char escaped[6 * MAX_LINE];
-    size_t elen = rlm_json_escaped_len(prompt, plen);
-    if (elen > sizeof(escaped))
-      abort();
-    rlm_json_escape(prompt, plen, escaped);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, same_ref);
-    lua_pushvalue(L, -3);
-    lua_pushlstring(L, prompt, plen);
-    lua_pushinteger(L, (lua_Integer)id);
-    lua_pushlstring(L, escaped, elen);
-    if (lua_pcall(L, 4, 1, 0) != 0 || !lua_toboolean(L, -1))
-      abort(); /* read otherwise than the decoder reads it */
-    lua_pop(L, 1);
-  }
+  /* The line's bytes as a JSON string that rlm-keeper writes. */
+  char escaped[6 * MAX_LINE];
+  size_t elen = rlm_json_escaped_len(line, len);
+  if (elen > sizeof(escaped))
+    abort();
+  rlm_json_escape(line, len, escaped);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, same_ref);
+  lua_pushlstring(L, line, len);
+  lua_pushlstring(L, escaped, elen);
+  if (lua_pcall(L, 2, 1, 0) != 0 || !lua_toboolean(L, -1))
+    abort(); /* lua-cjson reads it otherwise */
+  lua_pop(L, 1);
   if (lua_isnil(L, -2)) {
     if (!lua_isstring(L, -1))
       abort(); /* a refusal must say why */

@@ -5,10 +5,9 @@
  * string that decodes to more bytes than it spans (or otherwise in place
  * than into a buffer of its own), or an integer that
  * prints back otherwise than it reads (-0 reads as 0), is a finding. */
-/* jsonscan.c, utf8.c and jsonread.c are static units (csrc/unit.h): take
- * them whole. */
+/* jsonread.c and utf8.c are static units (csrc/unit.h): take them
+ * whole. */
 #include "../csrc/jsonread.c"
-#include "../csrc/jsonscan.c"
 #include "../csrc/utf8.c"
 
 #include <inttypes.h>

@@ -407,3 +407,127 @@ describe("rlm.Session", function()
     assert.are.same(DOCUMENTED, public)
   end)
 end)
+
+-- The driver's package (python/_rlm_driver): its modules import one another
+-- one way, so that each can be read knowing only those it imports (the
+-- loader loads them in that order: loader.py's MODULES and LATER).
+describe("the driver's modules", function()
+  local DIR = "python/_rlm_driver"
+
+  -- The package's modules a source imports: `from . import a, b as c`
+  -- (a and b), `from .d import x` (d), a parenthesised list over lines
+  -- too; at the top of the file or inside a function alike.
+  local function py_imports(src)
+    local out, pending = {}, nil
+    local function names(list)
+      for item in list:gsub("#[^\n]*", ""):gsub("[()]", ""):gmatch("[^,]+") do
+        local name = item:match("^%s*([%w_]+)")
+        if name then
+          out[#out + 1] = name
+        end
+      end
+    end
+    for line in (src .. "\n"):gmatch("([^\n]*)\n") do
+      if pending then
+        pending = pending .. " " .. line
+        if line:find(")", 1, true) then
+          names(pending)
+          pending = nil
+        end
+      else
+        local module, list = line:match("^%s*from%s+%.([%w_]*)%s+import%s+(.-)%s*$")
+        if module and module ~= "" then
+          out[#out + 1] = module
+        elseif module and list:find("(", 1, true) and not list:find(")", 1, true) then
+          pending = list
+        elseif module then
+          names(list)
+        end
+      end
+    end
+    return out
+  end
+
+  -- A cycle in graph (name -> list of names), as "a -> b -> a", or nil.
+  local function cycle_of(graph)
+    local state, stack = {}, {}
+    local keys = {}
+    for k in pairs(graph) do
+      keys[#keys + 1] = k
+    end
+    table.sort(keys)
+    local function visit(node)
+      state[node] = "open"
+      stack[#stack + 1] = node
+      for _, next_node in ipairs(graph[node] or {}) do
+        if state[next_node] == "open" then
+          local path, from = {}, nil
+          for i, n in ipairs(stack) do
+            if n == next_node then
+              from = i
+            end
+          end
+          for i = from, #stack do
+            path[#path + 1] = stack[i]
+          end
+          path[#path + 1] = next_node
+          return table.concat(path, " -> ")
+        elseif not state[next_node] then
+          local found = visit(next_node)
+          if found then
+            return found
+          end
+        end
+      end
+      stack[#stack] = nil
+      state[node] = "done"
+    end
+    for _, k in ipairs(keys) do
+      if not state[k] then
+        local found = visit(k)
+        if found then
+          return found
+        end
+      end
+    end
+  end
+
+  it("import one another without a cycle", function()
+    local graph, edges, unknown = {}, 0, {}
+    local p = assert(io.popen("cd " .. DIR .. " && ls *.py"))
+    local files = {}
+    for name in p:lines() do
+      files[#files + 1] = name:gsub("%.py$", "")
+    end
+    p:close()
+    local is_module = {}
+    for _, m in ipairs(files) do
+      is_module[m] = true
+    end
+    for _, m in ipairs(files) do
+      local f = assert(io.open(DIR .. "/" .. m .. ".py", "rb"))
+      graph[m] = py_imports(f:read("*a"))
+      f:close()
+      for _, dep in ipairs(graph[m]) do
+        edges = edges + 1
+        if not is_module[dep] then
+          unknown[#unknown + 1] = m .. " imports " .. dep
+        end
+      end
+    end
+    assert.are.same({}, unknown) -- what the parser read is the package's modules
+    assert.is_true(edges > 20, "the parser found the imports")
+    assert.is_nil(cycle_of(graph))
+  end)
+
+  it("are read by a parser and a cycle check that see what they must", function()
+    assert.are.same({ "a", "b", "d", "e", "f", "g" }, py_imports(table.concat({
+      "from . import a, b as c  # why", "def f():", "    from .d import x", "import os",
+      "from .e import (x,", "                y)", "from . import (f,", "    g)", "from os import path",
+    }, "\n")))
+    assert.are.equal("guard -> shield -> guard", cycle_of({ guard = { "shield", "state" }, shield = { "guard" },
+      state = {} }))
+    assert.are.equal("a -> b -> c -> a", cycle_of({ a = { "b" }, b = { "c" }, c = { "a" } }))
+    assert.is_nil(cycle_of({ a = { "b", "c" }, b = { "c" }, c = {} }))
+  end)
+end)

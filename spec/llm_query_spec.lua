@@ -1,11 +1,9 @@
--- llm_query's fast path (the driver's protocol.quick_call for a lone call
--- with no model= hint, and the engine answering it inside its own resume
--- under run() and step()): the same limits, errors and text as the general
--- path.
+-- llm_query: its limits, its errors and the text both ways, under run()
+-- and step() (the session's own loop answers each request at once).
 local H = require("helpers")
 local fence = H.fence
 
-describe("llm_query on its fast path", function()
+describe("llm_query", function()
   after_each(H.assert_clean)
 
   it("refuses a prompt past max_message_bytes in the code, before it goes out", function()
@@ -82,7 +80,7 @@ describe("llm_query on its fast path", function()
     assert.are.equal(4, n)
   end)
 
-  it("takes the general path for a str subclass and a model= hint", function()
+  it("takes a str subclass and a model= hint", function()
     local models = {}
     local code = table.concat({
       "class S(str): pass",
@@ -128,12 +126,11 @@ describe("llm_query on its fast path", function()
   end)
 end)
 
--- The host reads the driver's lone llm_query line itself (rlm.core's
--- rlm_quick_query) and writes the answer's line itself (d:send_result): what
--- the code's own lines get must be what lua-cjson makes of the same line.
--- The REPL's code (guardrails off) writes a line to the protocol as a
--- hostile driver would, and hands back the host's answer line.
-describe("a lone llm_query line, read by the host", function()
+-- What the host makes of an llm_query line as a hostile driver may write
+-- it: the prompt lua-cjson reads from it, and an llm_result line lua-cjson
+-- reads back; or a protocol_error. The REPL's code (guardrails off) writes
+-- a line to the protocol and hands back the host's answer line.
+describe("an llm_query line from the driver", function()
   local cjson = require("cjson")
   after_each(H.assert_clean)
 
@@ -176,7 +173,7 @@ describe("a lone llm_query line, read by the host", function()
     { "raw UTF-8, raw control bytes and bytes that are not UTF-8", '{"type":"llm_query","prompt":"é\1\31\127\255","id":3}' },
     { "the largest id, and an empty prompt", '{"type":"llm_query","prompt":"","id":2147483647}' },
     { "id 0", '{"type":"llm_query","prompt":"z","id":0}' },
-    -- Not the driver's own shape: the general reading serves them.
+    -- Not the driver's own shape, JSON all the same.
     { "spaces", '{"type": "llm_query", "prompt": "x", "id": 4}' },
     { "another order", '{"id":5,"type":"llm_query","prompt":"x"}' },
     { "a model= hint", '{"type":"llm_query","prompt":"x","id":6,"model":"m"}' },
@@ -207,7 +204,7 @@ describe("a lone llm_query line, read by the host", function()
     { "text after the object", '{"type":"llm_query","prompt":"x","id":1}}', "not JSON" },
   }
   for _, case in ipairs(REFUSED) do
-    it("ends the run with a protocol_error for " .. case[1] .. ", as the general reading does", function()
+    it("ends the run with a protocol_error for " .. case[1], function()
       local line, err, seen = exchange(case[2])
       assert.is_nil(line)
       assert.are.equal("protocol_error", err.kind)

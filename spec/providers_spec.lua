@@ -624,3 +624,49 @@ describe("the LuaSocket transport's on_chunk", function()
     assert.are.equal("enough", err)
   end)
 end)
+
+-- One list of the providers (rlm.llm.config.PROVIDERS), which the command
+-- line and the Neovim plugin read: each entry a module that makes a
+-- client, every such module in it, and the rows above one for each.
+describe("the list of providers", function()
+  local config = require("rlm.llm.config")
+
+  it("names each provider module once, and every module that makes a client over rlm.llm.client", function()
+    local listed, names = {}, {}
+    for _, p in ipairs(config.PROVIDERS) do
+      assert.is_nil(listed[p.name], p.name)
+      listed[p.name] = true
+      names[#names + 1] = p.name
+      assert.is_function(require("rlm.llm." .. p.name).new, p.name)
+      assert.is_string(p.key_env, p.name)
+      assert.is_string(p.model, p.name)
+      assert.is_string(p.sub_model, p.name)
+    end
+    -- A provider's file hands its API's description to client.new.
+    local found = {}
+    local p = assert(io.popen("cd lua/rlm/llm && grep -l 'client\\.new(' *.lua | sort"))
+    for file in p:lines() do
+      found[#found + 1] = file:gsub("%.lua$", "")
+    end
+    p:close()
+    table.sort(names)
+    assert.are.same(names, found)
+    local rows = {}
+    for _, P in ipairs(PROVIDERS) do
+      rows[#rows + 1] = P.name
+    end
+    table.sort(rows)
+    assert.are.same(names, rows)
+  end)
+
+  it("is read by the command line, whose --provider takes each name and refuses another", function()
+    assert.are.equal(config.PROVIDERS[1], config.provider(config.PROVIDERS[1].name))
+    assert.is_nil(config.provider("claude"))
+    assert.are.equal("openai, anthropic or gemini", config.provider_names())
+    local p = assert(io.popen(("env -u RLM_PROVIDER %s bin/rlm --provider claude --model m --context /dev/null q 2>&1")
+      :format(os.getenv("RLM_SPEC_LUA") or "lua5.4")))
+    local out = p:read("*a")
+    p:close()
+    assert.matches("--provider wants " .. config.provider_names() .. ", got \"claude\"", out, 1, true)
+  end)
+end)

@@ -31,6 +31,8 @@
 -- end of its path), bounded by max_context_bytes. buffer_tools = false
 -- leaves them out; tools of your own (setup{ tools = ... }) come beside them.
 -- luacheck: read globals vim
+local llm_config = require("rlm.llm.config")
+
 local M = { config = {} }
 
 -- rlm.core is built by `make nvim` (the plugin manager's build step). When
@@ -83,19 +85,21 @@ local function option(name)
   return v
 end
 
--- Each provider's defaults: model, sub-model, the key's variable.
-M.PROVIDERS = {
-  openai = { model = "gpt-4o", sub_model = "gpt-4o-mini", api_key_env = "RLM_API_KEY",
-    base_url = "https://api.openai.com/v1" },
-  anthropic = { model = "claude-sonnet-4-5", sub_model = "claude-haiku-4-5", api_key_env = "ANTHROPIC_API_KEY" },
-  gemini = { model = "gemini-2.5-flash", sub_model = "gemini-2.5-flash-lite", api_key_env = "GEMINI_API_KEY" },
-}
+-- Each provider's defaults (rlm.llm.config's list): model, sub-model, the
+-- key's variable, the base URL. The plugin's own: an OpenAI-compatible
+-- endpoint's key is in $RLM_API_KEY.
+local OWN_KEY_ENV = { openai = "RLM_API_KEY" }
+M.PROVIDERS = {}
+for _, p in ipairs(llm_config.PROVIDERS) do
+  M.PROVIDERS[p.name] = { model = p.model, sub_model = p.sub_model, api_key_env = OWN_KEY_ENV[p.name] or p.key_env,
+    base_url = p.base_url }
+end
 
 -- The client for the endpoint, made when a question needs it (the key is
 -- read then, from the environment).
 local function default_client()
   local c = M.config
-  local provider = c.provider or "openai"
+  local provider = c.provider or llm_config.PROVIDERS[1].name
   local defaults = M.PROVIDERS[provider]
   local transport = require("rlm.llm.transport.nvim")
   local request, stop = transport.new()
@@ -407,8 +411,8 @@ end
 function M.setup(config)
   config = config or {}
   if config.provider ~= nil and not M.PROVIDERS[config.provider] then
-    error(("rlm.nvim.setup: option 'provider' must be \"openai\", \"anthropic\" or \"gemini\", got %s")
-      :format(type(config.provider) == "string" and ("%q"):format(config.provider) or type(config.provider)), 2)
+    error(("rlm.nvim.setup: option 'provider' must be %s, got %s"):format(llm_config.provider_names('"'),
+      type(config.provider) == "string" and ("%q"):format(config.provider) or type(config.provider)), 2)
   end
   if config.stream ~= nil and type(config.stream) ~= "boolean" then
     error("rlm.nvim.setup: option 'stream' must be a boolean, got " .. type(config.stream), 2)

@@ -11,8 +11,10 @@ the modules the REPL may import.
     state     the settings and the REPL's namespace (one per driver)
     api       FINAL, FINAL_VAR, llm_query and the other REPL functions
     screen    the static screen of REPL code
-    guard     guarded import, module views, guarded builtins
-    shield    the allowed modules' own string evaluation and attribute walks
+    shield    the checks of the allowed modules' own string evaluation and
+              attribute walks (below guard: it imports nothing of it)
+    guard     guarded import, module views, guarded builtins, and the
+              shadows of eval, exec, compile and getattr in those modules
     step      one exec: stdout capture, errors, the answer dict
     selftest  what the sandbox must forbid, tried from inside
     main      configure, load_context and the message loop

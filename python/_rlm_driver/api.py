@@ -275,17 +275,12 @@ def with_model(request, model, what):
     return request
 
 
-def checked_llm_query(prompt, model=None):
-    """llm_query for what its fast path (protocol.quick_call) does not take:
-    a model= hint, a prompt that is not a plain str, a call outside a step."""
+def ask(prompt, model):
+    """One llm_query call to the host: its answer."""
     if not isinstance(prompt, str):
         raise TypeError(f"llm_query() takes a str prompt, not {type(prompt).__name__}")
     request = with_model({"type": "llm_query", "prompt": prompt}, model, "llm_query()")
     return protocol.call(request, "the llm_query prompt")
-
-
-protocol.checked_llm_query = checked_llm_query
-quick_call = protocol.quick_call  # the common call, on its fast path
 
 # The answers a rolled-back block had received (step.run keeps them): the
 # same call in a later block gets one back, once, instead of a sub-call.
@@ -322,7 +317,7 @@ def llm_query(prompt, model=None):
     session = state.current
     text = kept_answer(session, prompt, model) if session.kept else None
     if text is None:
-        text = quick_call(prompt, model)
+        text = ask(prompt, model)
     session.paid.append((prompt, model, text))
     return text
 

@@ -10,9 +10,9 @@ imports json gets the real package, as before.
 """
 
 try:
-    from _json import encode_basestring, make_encoder, make_scanner, scanstring
+    from _json import encode_basestring, make_encoder, make_scanner
 except ImportError:  # an interpreter without the accelerator: the package itself
-    encode_basestring = make_encoder = make_scanner = scanstring = None
+    encode_basestring = make_encoder = make_scanner = None
 
 WHITESPACE = " \t\n\r"
 CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}
@@ -119,7 +119,6 @@ else:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
     dumps_plain = dumps
-    scan_once = None
 
     def loads(data):
         import json

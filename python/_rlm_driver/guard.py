@@ -1,11 +1,13 @@
 """The guardrails at run time: the guarded import, read-only views of the
-modules the REPL may import, and the builtins REPL code sees."""
+modules the REPL may import, the builtins REPL code sees, and the shadows of
+eval, exec, compile and getattr put in the modules it may reach (their
+checks are shield's)."""
 
 import builtins
 import sys
 
 from . import shield, state
-from .screen import ALLOWED_DUNDERS, IO_NAMES, SAFE_BUILTIN_NAMES, SAFE_MODULES
+from .screen import ALLOWED_DUNDERS, GuardrailError, IO_NAMES, SAFE_BUILTIN_NAMES, SAFE_MODULES
 
 REAL_IMPORT = builtins.__import__
 
@@ -39,7 +41,7 @@ def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
         raise ModuleNotFoundError(f"No module named {parts[0]!r}: the host allows it "
                                   f"(allowed_modules), but the sandbox's Python does not have it. "
                                   f"{WHAT_IS_BOUND}", name=parts[0]) from None
-    shield.shield_modules()
+    shield_modules()
     # Checked here: for a missing attribute, `from m import x` would fall
     # back to sys.modules["m.x"] and hand out the raw module.
     for item in fromlist or ():
@@ -78,7 +80,7 @@ def import_for_c(name):
     takes the module from sys.modules, and the REPL only ever sees a view
     (private names hidden), never the module."""
     module = REAL_IMPORT(name, None, None, None, 0)
-    shield.shield_modules()
+    shield_modules()
     return view_of(sys.modules.get(name, module))
 
 
@@ -133,7 +135,7 @@ def view_of(module):
 
 
 def is_visible(module, name, value):
-    if name.startswith("_") or any(value is shadow for shadow in shield.SHADOW_FUNCTIONS):
+    if name.startswith("_") or any(value is shadow for shadow in SHADOW_FUNCTIONS):
         return False
     if module.__name__ == "io" and name not in IO_NAMES:
         return False
@@ -168,8 +170,111 @@ _builtins_table = []
 
 
 def builtins_table():
-    """The one table of guarded builtins (made at first use: shield and this
-    module import each other)."""
+    """The one table of guarded builtins (made at first use)."""
     if not _builtins_table:
         _builtins_table.append(guarded_builtins())
     return _builtins_table[0]
+
+
+def runtime_namespace(namespace, is_globals):
+    """The globals (or locals) a string from an allowed module runs in: the
+    REPL's own namespace as it is; a module's namespace only when the REPL
+    may import that module, as its view shows it; any other dict with the
+    REPL's builtins."""
+    if namespace is None or namespace is state.current.namespace:
+        return namespace
+    module = shield.module_of_namespace(namespace)
+    if module is not None:
+        visible = {}
+        if not shield.is_driver_module(module) and allowed_name(module.__name__):
+            for name in dir(module):
+                value = getattr(module, name, None)
+                if is_visible(module, name, value):
+                    visible[name] = view_of(value) if isinstance(value, shield.ModuleType) else value
+        if is_globals:
+            visible["__builtins__"] = builtins_table()
+        return visible
+    if is_globals and isinstance(namespace, dict) \
+            and namespace.get("__builtins__") in (None, builtins, vars(builtins)):
+        namespace["__builtins__"] = builtins_table()  # where eval would put the real ones
+    return namespace
+
+
+def runtime_run(run, source, globals, locals, caller):
+    if globals is None:
+        globals = caller.f_globals
+        if locals is None:
+            locals = caller.f_locals
+    if not state.current.guardrails:
+        return run(source, globals, locals)
+    if isinstance(source, shield.CodeType):
+        if source not in shield.screened():
+            raise GuardrailError("code not compiled under the REPL guardrails is refused")
+        code = source
+    else:
+        code = shield.runtime_code(source, "<string>", "eval" if run is shield.REAL_EVAL else "exec")
+    globals = runtime_namespace(globals, True)
+    locals = globals if locals is None else runtime_namespace(locals, False)
+    return run(code, globals, locals)
+
+
+def shadow_eval(source, globals=None, locals=None):
+    return runtime_run(shield.REAL_EVAL, source, globals, locals, sys._getframe(1))
+
+
+def shadow_exec(source, globals=None, locals=None):
+    return runtime_run(shield.REAL_EXEC, source, globals, locals, sys._getframe(1))
+
+
+def shadow_compile(source, filename, mode, flags=0, dont_inherit=False, optimize=-1, **kwargs):
+    if not state.current.guardrails:
+        return shield.REAL_COMPILE(source, filename, mode, flags, dont_inherit, optimize, **kwargs)
+    if kwargs:
+        raise GuardrailError(f"compile() with {sorted(kwargs)} is refused by the REPL guardrails")
+    return shield.runtime_code(source, filename, mode, flags, dont_inherit, optimize)
+
+
+def shadow_getattr(obj, name, *default):
+    if not state.current.guardrails:
+        return getattr(obj, name, *default)
+    try:
+        return shield.guarded_attribute(obj, name)
+    except AttributeError:
+        if default:
+            return default[0]
+        raise
+
+
+SHADOWS = {"eval": shadow_eval, "exec": shadow_exec, "compile": shadow_compile}
+SHADOW_FUNCTIONS = (shadow_eval, shadow_exec, shadow_compile, shadow_getattr)
+# getattr only where the names come from data and the module needs no dunder.
+SHADOWED_GETATTR = frozenset({"string"})
+# Evaluates typing's annotations from Python 3.14 on.
+SHADOWED_HELPERS = frozenset({"annotationlib"})
+# The names of sys.modules shield_modules has settled (shielded, or not the
+# REPL's to reach): each call looks only at the names new since the last.
+settled_modules = set()
+
+
+def shield_modules():
+    """Install the shadows in every loaded module the REPL can reach. A
+    module that defines the name itself (re.compile) keeps its own. Runs at
+    every step and import: only the names new to sys.modules cost it more
+    than a set difference."""
+    new = sys.modules.keys() - settled_modules
+    if not new:
+        return
+    allowed = allowed_modules()
+    for name in new:
+        module = sys.modules.get(name)
+        if not isinstance(module, shield.ModuleType):
+            continue  # a placeholder (None): looked at again next time
+        settled_modules.add(name)
+        top = name.split(".")[0]
+        if top not in allowed and top not in SHADOWED_HELPERS:
+            continue
+        namespace = vars(module)
+        shadows = dict(SHADOWS, getattr=shadow_getattr) if name in SHADOWED_GETATTR else SHADOWS
+        for builtin_name, shadow in shadows.items():
+            if builtin_name not in namespace:
+                namespace[builtin_name] = shadow

@@ -58,16 +58,12 @@ def send(message, data=None, flush=True):
 
 
 def receive():
-    """The next message from the host, or None at end of input."""
+    """The next message from the host, or None at end of input; anything
+    but a message is fatal. Bytes that are not UTF-8 (a callback's answer
+    may hold any) read as U+FFFD."""
     line = PROTOCOL_IN.readline()
     if not line:
         return None
-    return parse_line(line)
-
-
-def parse_line(line):
-    """A line from the host as a message; anything else is fatal. Bytes that
-    are not UTF-8 (a callback's answer may hold any) read as U+FFFD."""
     try:
         message = codec.loads(line.decode("utf-8", "replace"))
     except ValueError as exc:
@@ -140,8 +136,8 @@ class MainThreadBusy:
 
 def in_call():
     """Whether the main thread (where SIGINT's handler runs) is inside a call
-    to the host: under BUSY, or holding the channel (quick_call holds it
-    from its request's write to its answer's read, and nothing else)."""
+    to the host: under BUSY, or holding the channel (a protocol line half
+    written or read)."""
     return state.current.main_busy > 0 or CHANNEL._is_owned()
 
 
@@ -193,11 +189,7 @@ def next_reply(request_id, what, kind="llm_result"):
     """The next `kind` message for request_id; any other message is fatal
     (with CHANNEL held, no other request is in flight). An `interrupted`
     answer raises the step's interrupt."""
-    return checked_reply(receive(), request_id, what, kind)
-
-
-def checked_reply(reply, request_id, what, kind="llm_result"):
-    """next_reply's checks, on a message already read (None: the end)."""
+    reply = receive()
     if reply is None:
         posix._exit(0)  # the host asked us to leave
     if reply["type"] != kind or reply.get("id") != request_id:
@@ -211,16 +203,10 @@ def checked_reply(reply, request_id, what, kind="llm_result"):
 
 
 def call(request, what):
-    """One call back to the host: its answer, or its error raised here.
-    A lone llm_query goes through quick_call instead."""
+    """One call back to the host: its answer, or its error raised here."""
     with BUSY, CHANNEL:
         request_id = begin_call(request, what, plain=True)
         reply = next_reply(request_id, "request")
-    return answer_text(reply, request_id)
-
-
-def answer_text(reply, request_id):
-    """A lone call's answer: its text, or its error raised here."""
     if reply.get("error") is not None:
         raise RuntimeError(str(reply["error"]))
     text = reply.get("text")
@@ -260,88 +246,3 @@ def call_batch(request, n, what):
                       "'error'")
             missing -= 1
     return answers
-
-
-# quick_call's pieces, looked up once.
-_encode_str = codec.encode_basestring
-_scan = codec.scan_once
-_scan_str = codec.scanstring
-_write = posix.write
-_read_line = PROTOCOL_IN.readline
-_acquire, _release = CHANNEL.acquire, CHANNEL.release
-_session = state.current  # the one State, never replaced
-_OUT_FD = PROTOCOL_OUT.fileno()
-_QUERY = '{"type":"llm_query","prompt":%s,"id":%d}\n'
-# The host's answer to one, as it writes it (rlm.core's d:send_result).
-_RESULT = b'{"type":"llm_result","id":%d,"text":"'
-
-
-# api's llm_query for every call quick_call does not take (api sets it).
-checked_llm_query = None
-
-
-def quick_call(prompt, model=None):
-    """The REPL's llm_query. A str prompt with no model= hint, during a step,
-    is call() for that one request, with its line built from its one field
-    and written with one system call, and the usual answer read off its line
-    where it must be; the checks and errors are call()'s, inline, and the
-    held channel is what marks the call for SIGINT's handler (in_call), as
-    BUSY does for call(). Any other call is api's."""
-    session = _session
-    if model is not None or type(prompt) is not str or not session.in_step or _scan_str is None:
-        return checked_llm_query(prompt, model)
-    _acquire()  # held, it is what marks the main thread as inside a call (in_call)
-    try:
-        global last_request_id
-        last_request_id += 1
-        request_id = last_request_id
-        try:
-            data = (_QUERY % (_encode_str(prompt), request_id)).encode()
-        except UnicodeEncodeError:  # lone surrogates: encode() sends U+FFFD
-            data = encode({"type": "llm_query", "prompt": prompt, "id": request_id}, True) + b"\n"
-        if len(data) > session.message_limit:
-            check_size(len(data) - 1, "the llm_query prompt")
-        # PROTOCOL_OUT is flushed after every write (send): nothing waits
-        # in its buffer, and the line may go to the descriptor directly.
-        try:
-            sent = _write(_OUT_FD, data)
-            while sent < len(data):  # a long line, in parts
-                sent += _write(_OUT_FD, memoryview(data)[sent:])
-        except OSError:  # the host has gone away
-            posix._exit(0)
-        # The answer as the host writes it, read off its line; any other
-        # line (an error, an interrupt, what is not JSON) goes the usual way.
-        line, head, text = _read_line(), _RESULT % request_id, None
-        if line.startswith(head):
-            try:
-                decoded = line.decode("utf-8", "replace")
-                text, end = _scan_str(decoded, len(head), True)
-                if end != len(decoded) - 2 or decoded[end:] != "}\n":
-                    text = None
-            except ValueError:
-                pass
-        reply = checked_reply(scanned(line), request_id, "request") if text is None else None
-    finally:
-        _release()
-    if session.interrupt_pending:
-        raise_pending_interrupt()
-    return text if reply is None else answer_text(reply, request_id)
-
-
-def scanned(line):
-    """receive()'s message from a line already read, by the scanner alone
-    when the line is a plain object; anything else goes through
-    parse_line, which says what is wrong."""
-    if not line:
-        return None
-    if line[:1] == b"{":  # neither a BOM nor UTF-16/32: loads would read UTF-8
-        try:
-            text = line.decode("utf-8", "replace")
-            reply, end = _scan(text, 0)
-            rest = len(text) - end  # 1: the newline, as usual
-            if type(reply) is dict and type(reply.get("type")) is str and not (
-                    rest and (rest > 1 or text[-1] != "\n") and text[end:].strip(codec.WHITESPACE)):
-                return reply
-        except (ValueError, StopIteration):
-            pass
-    return parse_line(line)

@@ -10,7 +10,7 @@ import io
 import sys
 from _collections import deque
 
-from . import api, guard, protocol, shield, state, tree
+from . import api, guard, protocol, state, tree
 from .screen import GuardrailError, RouteFormatting, plain, screen
 
 PACKAGE_DIR = state.dirname(__file__)  # absolute: the zip's, or the entry script's directory's
@@ -213,7 +213,7 @@ def run(code):
     parsed = True
     namespace["__builtins__"] = guard.builtins_table() if session.guardrails else builtins
     if session.guardrails:
-        shield.shield_modules()
+        guard.shield_modules()
     saved = sys.stdout, sys.stderr
     try:
         try:
@@ -378,7 +378,7 @@ def warm_up(guardrails):
     start's first plain step needs no classes: quick_compile), and after it
     between messages, as the quick ones. Nothing of the REPL's state
     changes."""
-    quick = [guard.builtins_table, shield.shield_modules] if guardrails else []
+    quick = [guard.builtins_table, guard.shield_modules] if guardrails else []
     return quick, [warm_compile, lambda: compile_step("_ = None", "<warm>", guardrails)]
 
 

@@ -16,8 +16,7 @@ local function call_now(fn, arg, settle)
 end
 
 -- The engine's own turn of this loop (rlm.engine.loop's _idle): the
--- requests it handed out, answered at once. (A lone llm_query it answers
--- itself while this is set: rlm.engine.calls' call.)
+-- requests it handed out, answered at once.
 local function answer_inline(s)
   return dispatch.answer_out(s, call_now)
 end

@@ -8,7 +8,6 @@ local cachelib = require("rlm.engine.cache")
 local core = require("rlm.core")
 local textlib = require("rlm.base.text")
 local tools = require("rlm.engine.tools")
-local util = require("rlm.base.util")
 
 local M = {}
 
@@ -23,6 +22,8 @@ function M:calls_of(msg)
   local calls, batch = { msg }, msg.type == "llm_batch" or msg.type == "rlm_batch"
   if msg.type == "llm_batch" then
     calls = msg.prompts -- strings: made calls one at a time, as they go out
+  elseif msg.type == "llm_query" then
+    calls = { msg.prompt }
   elseif msg.type == "rlm_batch" then
     calls = msg.queries
   end
@@ -52,13 +53,9 @@ function M:prompt_problem(p, slot)
 end
 
 -- The one path of every sub-call the code makes. Each call of a message
--- (query, or lone for an llm_query) goes through call: the checks, the
--- count, then out as a request for poll() (a batch's, or any under an
--- adapter), to a nested session, or under run() and step() to the
--- callback at once (call_now). Each answer comes back through settle:
--- from the inbox (answer) or from call_now. Only the reading of the line
--- differs: rlm.core reads a lone llm_query's in place (d:poll's "query",
--- bench/llm_query.lua), protocol.decode every other.
+-- (query) goes through call: the checks, the count, then out as a request
+-- for poll() or to a nested session. Each answer comes back through
+-- settle, from the inbox (answer).
 
 -- A call the driver may not make now (refused is true when open_slots > 0
 -- or the step ran out of time): the session ends with a protocol_error
@@ -74,17 +71,6 @@ function M:refuse(id)
   return s.sandbox:send({ type = "llm_result", id = id, interrupted = true })
 end
 
--- The code's llm_query(prompt, model=): its driver id, prompt and model
--- hint, however its line was read (rlm.core tells `busy`: whether the
--- driver holds more).
-function M:lone(id, prompt, model, busy)
-  if self.open_slots > 0 or self.session.interrupted then
-    return self:refuse(id)
-  end
-  self.open_slots, self.open_call, self.open_tool = 1, id, nil
-  return self:call(prompt, id, model, busy)
-end
-
 -- The code's llm_query, llm_query_batched, rlm_query or rlm_query_batched
 -- (a tool_call: rlm.engine.tools), as protocol.decode read it. Every call
 -- that fits the budgets goes out at once (up to max_concurrent_sub_calls in
@@ -96,8 +82,6 @@ function M:query(msg)
   local kind = msg.type
   if kind == "tool_call" then
     return tools.call(s, self, msg)
-  elseif kind == "llm_query" then
-    return self:lone(msg.id, msg.prompt, msg.model)
   elseif self.open_slots > 0 or s.interrupted then
     return self:refuse(msg.id)
   end
@@ -131,7 +115,7 @@ function M:query(msg)
       return self:send_result({ driver_id = msg.id, batch_index = slot, count = n - i + 1 }, nil,
         ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
     end
-    ok, err = self:call(c.prompt, msg.id, msg.model, nil, c, slot, batch and n or nil, batch_id, nested)
+    ok, err = self:call(c.prompt, msg.id, msg.model, c, slot, batch and n or nil, batch_id, nested)
     if not ok or not batch then
       return ok, err
     end
@@ -140,18 +124,15 @@ function M:query(msg)
 end
 
 -- One call of the code's: its prompt, the driver's id for the message and
--- its model hint, whether the driver holds more (`busy`, when rlm.core
--- read the line); of a batch's or an rlm_query's, c (with the context and
--- format of a nested session's) and in a batch its slot of count. It goes out as a request for poll(), to
--- a nested session, or (a lone call under run() and step()) to the
--- callback at once; or its error goes back to the code. true, or nil, err
--- when the session ended. The usual call (a lone llm_query) reads the
--- budgets' counts in place: a method call per look costs PUC Lua more than
--- the look (bench/llm_query.lua). With the tree's cache, an llm_query's
--- call is looked up first (its key: rlm.engine.cache), before any budget:
--- a hit is answered at once (hit), and the host's store answers through
--- poll() first (looked_up calls this again with the key).
-function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested, key)
+-- its model hint; of a batch's or an rlm_query's, c (with the context and
+-- format of a nested session's) and in a batch its slot of count. It goes
+-- out as a request for poll() or to a nested session; or its error goes
+-- back to the code. true, or nil, err when the session ended. With the
+-- tree's cache, an llm_query's call is looked up first (its key:
+-- rlm.engine.cache), before any budget: a hit is answered at once (hit),
+-- and the host's store answers through poll() first (looked_up calls this
+-- again with the key).
+function M:call(prompt, driver_id, model, c, slot, count, batch_id, nested, key)
   local s, tree, o = self.session, self.tree, self.opts
   local problem = o.max_sub_prompt_chars and self:prompt_problem(prompt, slot)
   if problem then
@@ -191,73 +172,22 @@ function M:call(prompt, driver_id, model, busy, c, slot, count, batch_id, nested
     count = count, batch_id = batch_id } }) then
     return true -- the same call is out: its answer comes as this one's (landed)
   end
-  if slot or nested then
-    local call = { type = not nested and "llm_query" or nil, prompt = prompt, depth = s.depth,
-      driver_id = driver_id, exec_id = s.next_exec_id, index = tree:count_sub_call(), batch_index = slot,
-      batch_size = count, batch_id = batch_id, model = model, cache_key = key }
-    if nested then
-      call.context, call.format = c.context, c.format
-      return s.nested:queue(call)
-    end
-    self:request(call)
-    return true
+  local call = { type = not nested and "llm_query" or nil, prompt = prompt, depth = s.depth,
+    driver_id = driver_id, exec_id = s.next_exec_id, index = tree:count_sub_call(), batch_index = slot,
+    batch_size = count, batch_id = batch_id, model = model, cache_key = key }
+  if nested then
+    call.context, call.format = c.context, c.format
+    return s.nested:queue(call)
   end
-  -- A lone call: its table made with the id and time it gets as it goes
-  -- out (8 fields, no resize: PUC Lua sizes a table by its constructor).
-  local call = { type = "llm_query", prompt = prompt, depth = s.depth, driver_id = driver_id,
-    exec_id = s.next_exec_id, index = tree:count_sub_call(), id = 0, t0 = 0 }
-  call.model = model
-  if key then
-    call.cache_key = key
-  end
-  -- Under run() and step() (the session's inline: rlm.drive.blocking) it
-  -- is answered in this resume of the engine: the callback runs at once,
-  -- as the loop would run it once poll() handed the request out, and its
-  -- answer goes back through settle, without the trip through the outbox,
-  -- pending and the inbox. It goes the usual way under an adapter, when
-  -- the in-flight cap holds it back, or when the driver's descriptor or a
-  -- timer wants a look first (a line read with this one: a hostile
-  -- driver's second call before its answer is the usual protocol_error).
-  if not s.inline or tree.in_flight >= o.max_concurrent_sub_calls then -- not tree:has_room()
-    self:request(call)
-    return true
-  end
-  if busy == nil then
-    busy = s.sandbox.driver:timeout() == 0
-  end
-  if busy then
-    self:request(call)
-    return true
-  end
-  self.next_request_id = self.next_request_id + 1
-  call.id = self.next_request_id
-  if o.on_event then
-    call.t0 = core.now_ms() -- for the event's latency_ms, the one reader of it
-  end
-  tree:take_room()
-  local ok, text, usage = util.call_now(o.llm_query, prompt, { depth = s.depth, model = model })
-  local held, req = tree:release() -- self:release(), in place
-  if held then
-    held:hand_out(req)
-  end
-  if s.closed then
-    self:unflight(call)
-    return s:_cancelled()
-  end
-  return self:settle(call, ok, text, usage)
+  self:request(call)
+  return true
 end
 
 -- What the code receives for a call: text, or the error for its slot (a
 -- batch) or to raise (a lone call).
 function M:send_result(call, text, problem)
   self.open_slots = self.open_slots - 1
-  local s = self.session
-  if text and not problem and not call.batch_index then
-    -- A lone call's answer, the usual case: its line made by rlm.core (the
-    -- same JSON the table would make, without building the table).
-    return s.sandbox:send_text(call.driver_id, text)
-  end
-  return s.sandbox:send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
+  return self.session.sandbox:send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
     index = call.batch_index and call.batch_index - 1 or nil, count = call.count }, true)
 end
 
@@ -353,7 +283,7 @@ function M:looked_up(req, reply)
   if not reply.failed and type(reply.text) == "string" then
     return self:hit(reply.text, a.prompt, a.driver_id, a.slot, a.count, a.batch_id, req.t0)
   end
-  return self:call(a.prompt, a.driver_id, a.model, nil, a.c, a.slot, a.count, a.batch_id, false, req.key)
+  return self:call(a.prompt, a.driver_id, a.model, a.c, a.slot, a.count, a.batch_id, false, req.key)
 end
 
 -- Keeps an answer under key: in the built-in store at once, in the host's

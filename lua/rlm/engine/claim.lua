@@ -9,6 +9,7 @@
 -- the session's event (sandbox_release_failed): never an error out of
 -- close().
 local errors = require("rlm.base.errors")
+local events = require("rlm.base.events")
 local util = require("rlm.base.util")
 local sandbox_claim = require("rlm.sandbox.claim")
 local IDLE = require("rlm.engine.loop").IDLE
@@ -22,8 +23,8 @@ function M.reporter(s)
   return function(message)
     local cb = s.opts.on_event
     if cb then
-      util.call_protected(cb, { type = "sandbox_release_failed", message = message, depth = s.depth,
-        session = s.session_id })
+      util.call_protected(cb, events.check({ type = "sandbox_release_failed", message = message,
+        depth = s.depth, session = s.session_id }))
     end
   end
 end

@@ -130,19 +130,18 @@ function Handle:pre_event()
 end
 
 -- What the driver has for the engine now, without waiting: a driver event
--- (kind, ...; with `quick`, a lone llm_query as "query", prompt, id, busy:
--- rlm.core's d:poll), or nothing. Right after a line went to the driver,
--- or while requests wait for poll() (`waiting`), a look at the pipe would
--- cost a system call that finds nothing: only what the driver holds already
--- is taken (a line read with the last one), and the rest waits for whoever
--- drives the session (fd(), or timeout(), which is 0 while the driver
--- holds an event; the wait of rlm.drive.blocking reads the line as it
--- wakes). Under run() and step() (`inline`) that wait is next, and takes
--- what is held first.
-function Handle:take(inline, waiting, quick)
+-- (kind, ...: rlm.core's d:poll), or nothing. Right after a line went to
+-- the driver, or while requests wait for poll() (`waiting`), a look at the
+-- pipe would cost a system call that finds nothing: only what the driver
+-- holds already is taken (a line read with the last one), and the rest
+-- waits for whoever drives the session (fd(), or timeout(), which is 0
+-- while the driver holds an event; the wait of rlm.drive.blocking reads
+-- the line as it wakes). Under run() and step() (`inline`) that wait is
+-- next, and takes what is held first.
+function Handle:take(inline, waiting)
   local kind, a, b, c
   if not (self.sent and inline) then
-    kind, a, b, c = self.driver:poll(0, self.max_values, self.sent or waiting, quick)
+    kind, a, b, c = self.driver:poll(0, self.max_values, self.sent or waiting)
   end
   self.sent = false
   return kind, a, b, c
@@ -255,16 +254,6 @@ end
 -- One line of JSON to the driver.
 function Handle:send_line(line)
   return self:sent_ok(self.driver:send(line))
-end
-
--- A lone llm_query's answer: its llm_result line, made by rlm.core. (The
--- usual sub-call's send: sent_ok in place.)
-function Handle:send_text(id, text)
-  if not self.driver:send_result(id, text) then
-    return self:expect({}) -- the reason it cannot take input is queued
-  end
-  self.sent = true
-  return true
 end
 
 -- A line went, or the driver cannot take input: why is queued, and read.

@@ -60,11 +60,11 @@ end
 
 -- The next thing the engine must handle: "reply", reply (when
 -- accept_replies), "soft", kind (a soft deadline passed: the clock),
--- "child", child, ev (a nested session ended) or a driver event (kind, ...;
--- with `quick`, a lone llm_query as "query", prompt, id, busy: the
--- sandbox's take). It never waits in C: with nothing to do it yields IDLE
--- until poll() is called again (or, under run() and step(), waits: _idle).
-function M:_wait(accept_replies, quick)
+-- "child", child, ev (a nested session ended) or a driver event (kind,
+-- ...: the sandbox's take). It never waits in C: with nothing to do it
+-- yields IDLE until poll() is called again (or, under run() and step(),
+-- waits: _idle).
+function M:_wait(accept_replies)
   -- The hot loop of every sub-call: the collaborators' state is read here
   -- (changed only through their methods), a method call per look costs
   -- PUC Lua more than the look (bench/llm_query.lua).
@@ -93,11 +93,11 @@ function M:_wait(accept_replies, quick)
         return "child", child, ev
       end
     end
-    kind, a, b, c = sandbox:take(self.inline, scheduler.outbox[1] ~= nil, quick)
+    kind, a, b, c = sandbox:take(self.inline, scheduler.outbox[1] ~= nil)
     if kind then
       return kind, a, b, c
     end
-    kind, a, b, c = self:_idle(quick)
+    kind, a, b, c = self:_idle()
     if kind then
       return kind, a, b, c
     end
@@ -113,8 +113,8 @@ end
 -- session closed or failed from a callback, a wait of 0 ms: a child or a
 -- deadline to look at) goes back to it through the yield. While the
 -- driver is all the session watches, the wait is the driver's own poll,
--- and the event it wakes for comes back from here (`quick`: as d:poll's).
-function M:_idle(quick)
+-- and the event it wakes for comes back from here.
+function M:_idle()
   local inline = self.inline
   if inline and not self.closed and not self.failed then
     if self.scheduler.outbox[1] then
@@ -134,7 +134,7 @@ function M:_idle(quick)
       local sandbox = self.sandbox
       local d = sandbox.driver
       if d and not sandbox.helper and not self.nested.children[1] then -- _driver_alone(), in place
-        local kind, a, b, c = d:poll(ms, sandbox.max_values, false, quick, self.hook_token)
+        local kind, a, b, c = d:poll(ms, sandbox.max_values, false, self.hook_token)
         self.pumped_at = core.now_ms()
         if kind ~= "interrupted" then
           return kind, a, b, c

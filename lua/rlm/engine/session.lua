@@ -12,6 +12,7 @@
 local budgets = require("rlm.engine.budgets")
 local clock = require("rlm.engine.clock")
 local errors = require("rlm.base.errors")
+local events = require("rlm.base.events")
 local handle = require("rlm.engine.handle")
 local nested = require("rlm.engine.nested")
 local prompt = require("rlm.engine.prompt")
@@ -233,6 +234,8 @@ function Session:_model_result(who, reply)
   return reply.text, reply.usage
 end
 
+-- Gives on_event (if any) ev, an event of rlm.base.events' (else it raises:
+-- a programming error).
 function Session:_emit(ev)
   local cb = self.opts.on_event
   if not cb then
@@ -240,7 +243,7 @@ function Session:_emit(ev)
   end
   ev.depth = ev.depth or self.depth
   ev.session = self.session_id
-  local ok, e = util.call_protected(cb, ev)
+  local ok, e = util.call_protected(cb, events.check(ev))
   if self.closed then
     return self:_cancelled()
   end

@@ -24,10 +24,8 @@ function M:_exec(code)
   end
   self.sandbox:remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
   while true do
-    local kind, a, b, c = self:_wait(true, true)
-    if kind == "query" then
-      ok, err = self.scheduler:lone(b, a, nil, c) -- prompt, id, busy: read in place by rlm.core
-    elseif kind == "reply" then
+    local kind, a, b, c = self:_wait(true)
+    if kind == "reply" then
       ok, err = self.scheduler:answer(a)
     elseif kind == "soft" then
       ok, err = self:_interrupt()

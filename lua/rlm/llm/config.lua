@@ -36,6 +36,38 @@ local function string_map(v)
   return true
 end
 
+-- The providers, in one list: each a module rlm.llm.<name> over
+-- rlm.llm.client, with what a host takes for it unless told otherwise (the
+-- command line, bin/rlm; the Neovim plugin, rlm.nvim): the variable that
+-- holds its key, its base URL where its module has none (openai's
+-- endpoint is any OpenAI-compatible one), and a root and a sub-model. The
+-- first is the default.
+M.PROVIDERS = {
+  { name = "openai", key_env = "OPENAI_API_KEY", base_url = "https://api.openai.com/v1", model = "gpt-4o",
+    sub_model = "gpt-4o-mini" },
+  { name = "anthropic", key_env = "ANTHROPIC_API_KEY", model = "claude-sonnet-4-5", sub_model = "claude-haiku-4-5" },
+  { name = "gemini", key_env = "GEMINI_API_KEY", model = "gemini-2.5-flash", sub_model = "gemini-2.5-flash-lite" },
+}
+
+-- The provider named name (its row of PROVIDERS), or nil.
+function M.provider(name)
+  for _, p in ipairs(M.PROVIDERS) do
+    if p.name == name then
+      return p
+    end
+  end
+end
+
+-- The providers' names for a message: "openai, anthropic or gemini", each
+-- quoted when quote is given ('"').
+function M.provider_names(quote)
+  local names = {}
+  for i, p in ipairs(M.PROVIDERS) do
+    names[i] = (quote or "") .. p.name .. (quote or "")
+  end
+  return table.concat(names, ", ", 1, #names - 1) .. " or " .. names[#names]
+end
+
 -- Per million tokens: input and output always; cached input read and
 -- written (prompt caching) when the provider bills them apart.
 M.PRICE_FIELDS = { input_per_mtok = true, output_per_mtok = true, cache_read_per_mtok = false,

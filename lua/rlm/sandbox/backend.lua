@@ -56,9 +56,8 @@
 -- stream for exec) has these methods:
 --   send(line) -> ok; poll(timeout_ms, max_values) -> event...; fd();
 --   interrupt(); kill(); close(); alive(); write_context(bytes) and
---   context_written(); set_deadline(ms) and deadline_passed(); send_result
---   (the reply to a sub-call); exec_ms(); peak_rss(), memory_mechanism(),
---   oom_kills().
+--   context_written(); set_deadline(ms) and deadline_passed(); exec_ms();
+--   peak_rss(), memory_mechanism(), oom_kills().
 -- Its poll may give two events besides rlm.core's: "lost", message (a
 -- stream ended with no word from the far side: sandbox_lost) and
 -- "broken", message (the far side broke its protocol: protocol_error).

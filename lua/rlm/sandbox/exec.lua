@@ -215,10 +215,6 @@ function Handle:send(line)
   return self.drv:send(line)
 end
 
-function Handle:send_result(id, text)
-  return self.drv:send_result(id, text)
-end
-
 function Handle:fd()
   return self.drv:fd()
 end
@@ -380,9 +376,9 @@ end
 -- The next event, as rlm.core's poll gives them: the driver's lines, and
 -- the keeper's word turned into the events a local sandbox has; an end of
 -- the stream the keeper did not announce is "lost".
-function Handle:poll(ms, max_values, held, quick)
+function Handle:poll(ms, max_values, held)
   while true do
-    local kind, a, b, c = self.drv:poll(ms, max_values, held, quick)
+    local kind, a, b, c = self.drv:poll(ms, max_values, held)
     if kind == "keeper" then
       local ev = self:_keeper(a)
       if ev then
