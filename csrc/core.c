@@ -105,6 +105,25 @@ static int core_thread_cpu_ms(lua_State *L) {
 /* core.teardowns() -> how many closed drivers of this process their keeper
  * threads have not yet torn down (killed, reaped, freed): a spec that
  * counts the process's descriptors waits for 0 first. */
+/* core.trim_token() -> a userdata whose collection gives the allocator's
+ * free pages back (rlm_driver_trim_heap): rlm's Session.__gc makes one
+ * that nothing holds, so that it goes in the next cycle, the one that frees
+ * what the finalized sessions held. */
+#define TRIM_TOKEN_MT "rlm.trim_token"
+
+static int trim_token_gc(lua_State *L) {
+  (void)L;
+  rlm_driver_trim_heap();
+  return 0;
+}
+
+static int core_trim_token(lua_State *L) {
+  lua_newuserdata(L, 1);
+  luaL_getmetatable(L, TRIM_TOKEN_MT);
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
 static int core_teardowns(lua_State *L) {
   lua_pushinteger(L, rlm_driver_teardowns());
   return 1;
@@ -179,6 +198,7 @@ static const luaL_Reg core_functions[] = {
     {"sandbox_argv", core_sandbox_argv},
     {"helper", core_helper},
     {"teardowns", core_teardowns},
+    {"trim_token", core_trim_token},
     {"stream", core_stream},
     {"waitset", core_waitset},
     {"find_program", core_find_program},
@@ -203,6 +223,10 @@ static const luaL_Reg core_functions[] = {
 __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
   open_driver(L);
   open_canaries(L);
+  luaL_newmetatable(L, TRIM_TOKEN_MT);
+  lua_pushcfunction(L, trim_token_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
   luaL_newmetatable(L, SEALED_MT);
   lua_pushcfunction(L, blob_gc);
   lua_setfield(L, -2, "__gc");

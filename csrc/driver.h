@@ -235,4 +235,8 @@ RLM_FN void rlm_driver_close(rlm_driver *d);
  * keeper threads still kill, reap or free them). */
 RLM_FN int rlm_driver_teardowns(void);
 
+/* Gives the pages the process's allocator holds free back to the system
+ * (glibc's malloc_trim; nothing elsewhere). */
+RLM_FN void rlm_driver_trim_heap(void);
+
 #endif

@@ -5,6 +5,10 @@
 #include "canary.h"
 #include "driver_impl.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 _Static_assert(RLM_CANARY_FD_MIN >= FD_BASE,
                "a canary's leaked descriptor must not share a number with "
                "what a sandbox is handed");
@@ -306,12 +310,49 @@ static void wait_teardowns(void) {
 
 static void register_exit_wait(void) { (void)atexit(wait_teardowns); }
 
+/* A host that ran many sessions at once keeps what they freed in its
+ * allocator: glibc holds free chunks inside its heaps, and leaves them
+ * resident (100 exec sessions at once, closed and collected, left 13 MB of
+ * RSS with 1.2 MB in use; 19 MB after 800: issue 39). When the last
+ * teardown of the process ends, its thread gives the free pages back
+ * (malloc_trim; what the Lua side frees later, the collection of the
+ * sessions gives back: core.trim_token). The trim walks every heap under
+ * its lock, so it is made at most once a TRIM_EVERY_MS unless TRIM_AFTER
+ * sessions ended since the last: what a few sessions left free between
+ * trims is all that stays. */
+#define TRIM_EVERY_MS 1000
+#define TRIM_AFTER 8
+static int ended_untrimmed;
+static uint64_t last_trim_ms;
+
+static int trim_due(void) {
+  uint64_t now = monotonic_ms();
+  if (ended_untrimmed < TRIM_AFTER && now - last_trim_ms < TRIM_EVERY_MS)
+    return 0;
+  ended_untrimmed = 0;
+  last_trim_ms = now;
+  return 1;
+}
+
 static void teardowns_add(int n) {
   pthread_mutex_lock(&teardowns_mu);
   teardowns += n;
+  int trim = 0;
+  if (n < 0) {
+    ended_untrimmed -= n;
+    trim = teardowns == 0 && trim_due();
+  }
   if (teardowns == 0)
     pthread_cond_broadcast(&teardowns_cv);
   pthread_mutex_unlock(&teardowns_mu);
+  if (trim)
+    rlm_driver_trim_heap();
+}
+
+void rlm_driver_trim_heap(void) {
+#ifdef __GLIBC__
+  (void)malloc_trim(0);
+#endif
 }
 
 int rlm_driver_teardowns(void) {

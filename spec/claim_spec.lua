@@ -214,6 +214,35 @@ describe("sandbox.claim and sandbox.release", function()
     assert.equals(0, pool:stats().spawned)
   end)
 
+  -- max_wall_ms bounds the whole run (docs/api.md): a claim that never
+  -- answers too. The session ends at it with cost_budget; the claim's late
+  -- answer is refused (reply() false: the host releases what it made).
+  it("ends a start whose claim never answers at max_wall_ms, with cost_budget", function()
+    local core = require("rlm.core")
+    local s = rlm.Session.new(H.opts({ sandbox = claimed({}), max_wall_ms = 1500, fallback = false }))
+    local waits = assert(core.waitset())
+    local t0, claim, ev = core.now_ms(), nil, nil
+    while core.now_ms() - t0 < 15000 do
+      ev = s:poll()
+      if ev and ev.type == "sandbox_claim" then
+        claim = ev
+      elseif ev and (ev.type == "error" or ev.type == "done") then
+        break
+      elseif not ev then
+        waits:wait(math.min(math.max(s:timeout(), 1), 50))
+      end
+    end
+    local elapsed = core.now_ms() - t0
+    waits:close()
+    assert.is_not_nil(claim, "the claim was never handed out")
+    assert.equals("error", ev and ev.type, ("still pending after %.0f ms"):format(elapsed))
+    assert.equals("cost_budget", ev.err.kind)
+    assert.matches("max_wall_ms", ev.err.message, 1, true)
+    assert.is_true(elapsed >= 1500 and elapsed < 6000, ("ended after %.0f ms"):format(elapsed))
+    assert.is_false(s:reply(claim.id, ARGV, "late"))
+    s:close()
+  end)
+
   local misuse = {
     { { backend = "exec", argv = ARGV, claim = print }, "options 'sandbox.argv' and 'sandbox.claim' exclude each other" },
     { { backend = "exec", argv = ARGV, release = print }, "option 'sandbox.release' needs option 'sandbox.claim'" },
@@ -260,6 +289,32 @@ H.describe_luv("sandbox.claim and sandbox.release under rlm.adapters.luv", funct
       return log[2] ~= nil
     end)
     assert.same({ "claimed", "released pod-luv" }, log)
+  end)
+
+  it("ends a start whose claim outlasts max_wall_ms at it, and releases what the claim gives later", function()
+    local log = {}
+    local core = require("rlm.core")
+    local t0 = core.now_ms()
+    local result, err = L.run_session({
+      max_wall_ms = 1000, fallback = false,
+      sandbox = { backend = "exec",
+        claim = function()
+          L.sleep(5000)
+          log[#log + 1] = "claimed"
+          return ARGV, "too-late"
+        end,
+        release = function(h)
+          log[#log + 1] = "released " .. h
+        end },
+    })
+    local elapsed = core.now_ms() - t0
+    assert.is_nil(result)
+    assert.equals("cost_budget", err and err.kind)
+    assert.is_true(elapsed < 4000, ("ended after %.0f ms, the claim's 5,000"):format(elapsed))
+    L.run_until(function()
+      return log[2] ~= nil
+    end)
+    assert.same({ "claimed", "released too-late" }, log)
   end)
 
   it("releases at once what a claim gives after its session was closed", function()

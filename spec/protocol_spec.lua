@@ -94,6 +94,32 @@ describe("the protocol", function()
   end)
 end)
 
+describe("the driver's vars (the listing of list_vars)", function()
+  local protocol = require("rlm.base.protocol")
+  local ALLOWED = { vars = true, fatal = true }
+  local rows = {
+    { '{"type":"vars","id":3,"vars":[["a","int",null],["b","list",4]],"more":0}', true },
+    { '{"type":"vars","id":3,"vars":[],"more":7}', true },
+    { '{"type":"vars","id":3,"vars":[["a",1,null]],"more":0}', false },
+    { '{"type":"vars","id":3,"vars":[["a","int",-1]],"more":0}', false },
+    { '{"type":"vars","id":3,"vars":[["a","int",1.5]],"more":0}', false },
+    { '{"type":"vars","id":3,"vars":[["a","int"]]}', false },
+    { '{"type":"vars","id":3,"vars":"a: int","more":0}', false },
+    { '{"type":"llm_query","id":3,"prompt":"during the listing"}', false },
+  }
+  for _, row in ipairs(rows) do
+    it((row[2] and "takes " or "refuses ") .. row[1], function()
+      local msg, why = protocol.decode(row[1], ALLOWED)
+      if row[2] then
+        assert.is_table(msg, why)
+      else
+        assert.is_nil(msg)
+        assert.is_string(why)
+      end
+    end)
+  end
+end)
+
 describe("a driver killed from outside", function()
   after_each(H.assert_clean)
 

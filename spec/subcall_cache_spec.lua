@@ -125,8 +125,12 @@ describe("the sub-call cache", function()
     assert.are_not.equal(cache.key("p", "m", 0), cache.key("p", nil, 0))
     -- The model's length first: no hint and prompt that spell the same string.
     assert.are_not.equal(cache.key("b:c", "a", 0), cache.key("c", "a:b", 0))
-    assert.matches("^rlm%-sub%-v1:%x+$", cache.key(("long "):rep(100000), nil, 0))
-    assert.equals(75, #cache.key(("long "):rep(100000), nil, 0))
+    -- The namespace's length first too, and none differs from an empty one.
+    assert.are_not.equal(cache.key("p", nil, 0, "a"), cache.key("p", nil, 0, "b"))
+    assert.are_not.equal(cache.key("p", nil, 0, "1:"), cache.key("p", nil, 0))
+    assert.are_not.equal(cache.key("p", nil, 0, "2:x"), cache.key("p", nil, 0, "x"))
+    assert.matches("^rlm%-sub%-v2:%x+$", cache.key(("long "):rep(100000), nil, 0, ("n"):rep(1024)))
+    assert.equals(75, #cache.key(("long "):rep(100000), nil, 0, ("n"):rep(1024)))
   end)
 
   it("never keeps an error: a failed call is asked again, and its answer then kept", function()
@@ -304,7 +308,7 @@ FINAL(repr(out))]]) }),
           paid[#paid + 1] = info.depth
           return ("depth %d: %s"):format(info.depth, p)
         end,
-        max_depth = 2, sub_call_cache = kind == "a host's store" and store or true,
+        max_depth = 2, sub_call_cache = kind == "a host's store" and store or true, sub_call_cache_namespace = "t",
       }))
       assert.equals("['depth 1: shared prompt', 'depth 1: shared prompt', 'depth 0: shared prompt', "
         .. "'depth 0: shared prompt']", result.answer)
@@ -343,7 +347,8 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
   it("is asked and filled, and outlives the session: the next one pays nothing", function()
     local store = table_store()
     local fn, paid = counting()
-    local first = assert(H.run({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store }))
+    local first = assert(H.run({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store,
+      sub_call_cache_namespace = "t" }))
     assert.equals(3, paid.n)
     assert.equals(9, first.cache_hits)
     assert.equals(12, store.gets)
@@ -351,15 +356,56 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
     local n = 0
     for key, value in pairs(store.data) do
       n = n + 1
-      assert.matches("^rlm%-sub%-v1:%x+$", key)
+      assert.matches("^rlm%-sub%-v2:%x+$", key)
       assert.matches("^answer to p%d$", value)
     end
     assert.equals(3, n)
-    local second = assert(H.run({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store }))
+    local second = assert(H.run({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store,
+      sub_call_cache_namespace = "t" }))
     assert.equals(first.answer, second.answer)
     assert.equals(3, paid.n) -- nothing more
     assert.equals(12, second.cache_hits)
     assert.equals(0, second.sub_calls)
+  end)
+
+  -- Two tenants (two customers' keys, two models) on one store: each
+  -- session's answers are its own unless both name the same namespace.
+  it("keeps each namespace's answers apart in one store, and shares them under one namespace", function()
+    local store = table_store()
+    local code = H.script({ fence("FINAL(repr([llm_query('p%d' % i) for i in range(3)]))") })
+    local function tenant(name)
+      local paid = { n = 0 }
+      return function(p)
+        paid.n = paid.n + 1
+        return name .. " says " .. p
+      end, paid
+    end
+    local a_fn, a_paid = tenant("A")
+    local b_fn, b_paid = tenant("B")
+    local a = assert(H.run({ root_llm = code, llm_query = a_fn, sub_call_cache = store,
+      sub_call_cache_namespace = "customer-a" }))
+    code = H.script({ fence("FINAL(repr([llm_query('p%d' % i) for i in range(3)]))") })
+    local b = assert(H.run({ root_llm = code, llm_query = b_fn, sub_call_cache = store,
+      sub_call_cache_namespace = "customer-b" }))
+    assert.equals("['A says p0', 'A says p1', 'A says p2']", a.answer)
+    assert.equals("['B says p0', 'B says p1', 'B says p2']", b.answer)
+    assert.same({ 3, 3, 0 }, { a_paid.n, b_paid.n, b.cache_hits })
+    code = H.script({ fence("FINAL(repr([llm_query('p%d' % i) for i in range(3)]))") })
+    local again = assert(H.run({ root_llm = code, llm_query = b_fn, sub_call_cache = store,
+      sub_call_cache_namespace = "customer-a" }))
+    assert.equals(a.answer, again.answer) -- said so: A's answers, paid by nobody
+    assert.same({ 3, 3 }, { b_paid.n, again.cache_hits })
+  end)
+
+  it("raises for a host's store without a namespace", function()
+    local ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = table_store() }))
+    assert.is_false(ok)
+    assert.matches("option 'sub_call_cache' (a host's store) needs option 'sub_call_cache_namespace'", err, 1, true)
+    for _, bad in ipairs({ "", ("n"):rep(1025), 7 }) do
+      ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = table_store(), sub_call_cache_namespace = bad }))
+      assert.is_false(ok)
+      assert.matches("option 'sub_call_cache_namespace' must be a string of 1 to 1024 bytes", err, 1, true)
+    end
   end)
 
   it("takes a get that raises or answers nil as a miss", function()
@@ -368,7 +414,7 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
       root_llm = H.script(REPEATS), llm_query = fn,
       sub_call_cache = { get = function()
         error("store down")
-      end, set = function() end },
+      end, set = function() end }, sub_call_cache_namespace = "t",
     }))
     -- Nothing is ever found: the 6 lone calls are each paid; of the batch's
     -- 6, a repeat waits for the same prompt's call out beside it (3 paid, 3
@@ -387,7 +433,7 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
       { { get = "x", set = function() end }, "option 'sub_call_cache.get' must be a function" },
     }
     for _, row in ipairs(rows) do
-      local ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = row[1] }))
+      local ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = row[1], sub_call_cache_namespace = "t" }))
       assert.is_false(ok)
       assert.matches(row[2], err, 1, true)
     end
@@ -396,7 +442,7 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
   it("comes to a poll() driver as cache_get and cache_set requests", function()
     local store = table_store()
     local s = H.session({ root_llm = H.script({ fence("a = llm_query('z')\nb = llm_query('z')\nFINAL(a + b)") }),
-      sub_call_cache = store })
+      sub_call_cache = store, sub_call_cache_namespace = "t" })
     local seen, result = {}, nil
     for _ = 1, 10000 do
       local ev = s:poll()
@@ -448,7 +494,8 @@ H.describe_luv("a host's cache under the luv adapter", function()
     end
     local fn, paid = counting()
     local plain = assert(L.run_session({ root_llm = H.script(REPEATS), llm_query = counting() }))
-    local result = assert(L.run_session({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store }))
+    local result = assert(L.run_session({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store,
+      sub_call_cache_namespace = "t" }))
     assert.equals(plain.answer, result.answer)
     assert.equals(3, paid.n)
     assert.equals(9, result.cache_hits)
@@ -477,7 +524,7 @@ H.describe_luv("calls in flight under the luv adapter", function()
     end } }) do
       paid = {}
       local result = assert(L.run_session({
-        root_llm = root, max_depth = 2, sub_call_cache = store,
+        root_llm = root, max_depth = 2, sub_call_cache = store, sub_call_cache_namespace = "t",
         llm_query = function(p, info)
           paid[#paid + 1] = info.depth
           L.sleep(50)

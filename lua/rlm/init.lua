@@ -8,6 +8,7 @@
 -- engine from an event loop. This file is the public API; the session and
 -- its collaborators live in lua/rlm/engine/ (docs/architecture.md, "Who
 -- owns what"), the loops in lua/rlm/drive/.
+local core = require("rlm.core")
 local dispatch = require("rlm.drive.dispatch")
 local options = require("rlm.engine.options")
 local prompt = require("rlm.engine.prompt")
@@ -32,16 +33,39 @@ function Pool.new(opts)
   return Pool.open(o, size)
 end
 
+-- The allocator keeps what the sessions freed (glibc: free chunks inside
+-- its heaps, resident), until a trim gives the free pages back: rlm.core's
+-- trim_token does when it is collected, after the sessions it stands for
+-- (their teardowns trim too: csrc/keeper.c). Weak: the token pending, if
+-- any. Where tables have finalizers (Lua 5.2 on), Session.__gc makes it,
+-- so that it goes in the next collection, the one that frees what the
+-- finalized sessions held; elsewhere (5.1, LuaJIT) the sessions made
+-- meanwhile share one, which goes in the collection that frees the last.
+local trim_pending = setmetatable({}, { __mode = "v" })
+local TABLE_GC = _VERSION ~= "Lua 5.1"
+
+local function trim_token()
+  local token = trim_pending[1] or core.trim_token()
+  trim_pending[1] = token
+  return token
+end
+
 function Session.new(opts)
   local o = options.check(opts)
+  local s
   if type(o.context) == "string" then
-    return new_session(o, nil, o.context, "text", prompt.describe(o.context))
+    s = new_session(o, nil, o.context, "text", prompt.describe(o.context))
+  else
+    local ok, encoded = pcall(json.encode, o.context)
+    if not ok then
+      error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
+    end
+    s = new_session(o, nil, encoded, "json", prompt.describe(o.context))
   end
-  local ok, encoded = pcall(json.encode, o.context)
-  if not ok then
-    error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
+  if not TABLE_GC then
+    s.trim_token = trim_token()
   end
-  return new_session(o, nil, encoded, "json", prompt.describe(o.context))
+  return s
 end
 
 -- How much of an earlier answer the summary of a follow-up shows.
@@ -103,8 +127,10 @@ end
 Session.cancel = Session.close
 
 Session.__close = Session.close
+
 function Session.__gc(self)
   close(self, true)
+  trim_token() -- held by nothing: it goes in the next collection
 end
 
 return rlm

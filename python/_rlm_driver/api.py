@@ -378,21 +378,59 @@ def rlm_query_batched(prompts, contexts=None):
                                "the rlm_query_batched prompts and contexts together")
 
 
+# The listing of the REPL's variables (SHOW_VARS, and the host's list_vars
+# at a compaction): at most LISTED_VARS of them, names and type names cut to
+# LISTED_CHARS characters. Made without running any of the REPL's code: a
+# type's name read by type's own getter (a metaclass may make __name__
+# anything), a length only of the built-in containers themselves (a
+# subclass's __len__ is the REPL's), text copied out of a str subclass.
+LISTED_VARS = 100
+LISTED_CHARS = 100
+_type_name = type.__dict__["__name__"].__get__
+_SIZED = frozenset(id(t) for t in (str, bytes, list, tuple, dict, set))
+
+
+def _plain(text):
+    return "".join((text,))[:LISTED_CHARS]  # an exact str, whatever subclass text is
+
+
+def var_listing(namespace):
+    """The REPL's variables as [name, type name, len or None] lists, in
+    order, and how many more there are (past LISTED_VARS, or names that are
+    not a str)."""
+    reserved = names()
+    listed, more = [], 0
+    for key, value in list(namespace.items()):
+        if type(key) is not str or key.startswith("_") or key in reserved:
+            more += type(key) is not str
+            continue
+        if len(listed) == LISTED_VARS:
+            more += 1
+            continue
+        kind = type(value)
+        size = len(value) if id(kind) in _SIZED else None
+        listed.append([_plain(key), _plain(_type_name(kind)), size])
+    return listed, more
+
+
+def list_vars(message):
+    """The host's list_vars (a compaction's listing): fixed driver code, so
+    the REPL's SHOW_VARS, rebound or not, is never what the host reads."""
+    listed, more = var_listing(state.current.namespace)
+    return {"type": "vars", "id": message.get("id"), "vars": listed, "more": more}
+
+
 def SHOW_VARS():
     """Prints the REPL's variables, a line each: name, type and size (the
     reference's prompt advertises it)."""
-    namespace = state.current.namespace
-    defined = user_names(namespace)
-    if not defined:
+    listed, more = var_listing(state.current.namespace)
+    if not listed and not more:
         print("(no variables yet; the REPL's own names: context, llm_query, llm_query_batched, "
               "rlm_query, rlm_query_batched, FINAL, FINAL_VAR, answer)")
-    for key in defined:
-        value = namespace[key]
-        try:
-            size = f", len {len(value)}" if isinstance(value, (str, bytes, list, tuple, dict, set)) else ""
-        except Exception:
-            size = ""
-        print(f"{key}: {type(value).__name__}{size}")
+    for key, kind, size in listed:
+        print(f"{key}: {kind}" + ("" if size is None else f", len {size}"))
+    if more:
+        print(f"(and {more} more)")
 
 
 def names():

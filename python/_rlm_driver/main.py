@@ -254,6 +254,8 @@ def main(context_data):
         elif kind == "load_context":
             send(timed(load_context(message), received))
             loaded = True
+        elif kind == "list_vars":
+            send(api.list_vars(message))
         elif kind == "exec":
             run_step(message)
             # After a step, the slow parts wait for no idle spell: the model

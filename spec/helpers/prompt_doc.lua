@@ -67,9 +67,10 @@ function M.blocks()
       },
       facts = { prompt.turn_fact(4, { error = "Traceback (most recent call last):\nKeyError: 'product'" }, 200),
         prompt.turn_fact(9, { rejected = "expected a number" }, 200) },
-      vars = "hits: list, len 212\nbatches: list, len 5\nasks: set, len 131" }) },
+      vars = prompt.vars_listing({ { "hits", "list", 212 }, { "batches", "list", 5 }, { "asks", "set", 131 },
+        { "Row", "type" }, { "row", "Row" } }, 0) }) },
     { "compacted_model", prompt.compacted({ first = 1, last = 12, hidden = 0, dropped = 0, facts = {},
-      summary = "(the model's summary of turns 1 to 12)", vars = "hits: list, len 212" }) },
+      summary = "(the model's summary of turns 1 to 12)", vars = prompt.vars_listing({ { "hits", "list", 212 } }, 0) }) },
     { "compact_request", prompt.COMPACT_REQUEST:format(1, 12, 4, 2500) },
   }
 end

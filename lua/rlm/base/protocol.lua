@@ -158,6 +158,20 @@ local validators = {
   tool_call = function(m)
     return is_int(m.id) and valid_call(m)
   end,
+  vars = function(m)
+    if not is_int(m.id) or not is_int(m.more) or type(m.vars) ~= "table" or (m.vars[1] and not is_list(m.vars)) then
+      return false
+    end
+    for _, v in ipairs(m.vars) do
+      local size = type(v) == "table" and v[3]
+      if type(v) ~= "table" or type(v[1]) ~= "string" or type(v[2]) ~= "string"
+        or not (size == nil or size == cjson.null or (type(size) == "number" and size >= 0 and size <= 2 ^ 53
+          and size == math.floor(size))) then
+        return false
+      end
+    end
+    return true
+  end,
   fatal = function(m)
     return opt_string(m.message)
   end,

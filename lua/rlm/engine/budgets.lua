@@ -39,7 +39,7 @@ function M.new(opts)
     in_flight = 0,
     held = {},
     live_children = 0,
-    cache = cache.new(opts.sub_call_cache),
+    cache = cache.new(opts.sub_call_cache, opts.sub_call_cache_namespace),
   }, Budgets)
 end
 

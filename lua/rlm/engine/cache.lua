@@ -12,6 +12,7 @@ local core = require("rlm.core")
 
 ---@class Cache
 ---@field host table|userdata|nil the host's store (get and set methods), or nil for the built-in one
+---@field namespace string|nil option sub_call_cache_namespace: part of every key
 ---@field entries table key -> node { key =, value =, newer =, older = } (built-in)
 ---@field newest table|nil the most recently used node (built-in)
 ---@field oldest table|nil the least recently used node, the next to go (built-in)
@@ -30,25 +31,29 @@ local M = {}
 M.MAX_ENTRIES = 1000
 M.MAX_BYTES = 16 * 2 ^ 20
 
--- The cache for option value v (true, or the host's store), or nil (false).
-function M.new(v)
+-- The cache for option value v (true, or the host's store), or nil
+-- (false); namespace: option sub_call_cache_namespace (required with a
+-- host's store, rlm.engine.options).
+function M.new(v, namespace)
   if not v then
     return nil
   end
-  return setmetatable({ host = v ~= true and v or nil, entries = {}, count = 0, bytes = 0, hits = 0, flights = {} },
-    Cache)
+  return setmetatable({ host = v ~= true and v or nil, namespace = namespace, entries = {}, count = 0, bytes = 0,
+    hits = 0, flights = {} }, Cache)
 end
 
 -- The key of a call: what changes its answer, the prompt, the model hint
 -- (the code's model=, which the host's llm_query may follow) and the
 -- depth of the session that asks (info.depth: a host may pick its model by
--- it, as rlm.llm's sub_model lists do). Nothing else reaches the callback.
--- A SHA-256 of them, so that a key is 75 bytes whatever the prompt (a
--- host's store may bound keys: ngx.shared's hold 65,535 bytes); the
--- model's length comes first, so that no two calls make one string.
-function M.key(prompt, model, depth)
-  return "rlm-sub-v1:" .. core.sha256_hex(("%d:%d:%s:"):format(depth, model and #model or -1, model or "")
-    .. prompt)
+-- it, as rlm.llm's sub_model lists do); and whose callback answers it, the
+-- namespace, since a host's store may serve sessions of other tenants,
+-- keys or models. A SHA-256 of them, so that a key is 75 bytes whatever
+-- the prompt (a host's store may bound keys: ngx.shared's hold 65,535
+-- bytes); each variable part but the last comes after its length, so that
+-- no two calls make one string.
+function M.key(prompt, model, depth, namespace)
+  return "rlm-sub-v2:" .. core.sha256_hex(("%d:%s:%d:%d:%s:"):format(namespace and #namespace or -1,
+    namespace or "", depth, model and #model or -1, model or "") .. prompt)
 end
 
 -- Built-in: the node out of the recency list.

@@ -141,7 +141,7 @@ function M:call(prompt, driver_id, model, c, slot, count, batch_id, nested, key)
   local cache, t0 = tree.cache, nil
   if cache and not key and not nested and not (c and c.rlm) then
     t0 = core.now_ms()
-    key = cachelib.key(prompt, model, s.depth)
+    key = cachelib.key(prompt, model, s.depth, cache.namespace)
     if cache.host then
       self:request({ type = "cache_get", key = key, depth = s.depth, exec_id = s.next_exec_id,
         call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot, count = count,

@@ -40,8 +40,9 @@ end
 -- The claim of session s's cold start: handed out through poll(), waited
 -- for. Returns the spec of the start (the backend's claimed), or nil and
 -- the error (sandbox_unavailable; cancelled when the session is closed
--- meanwhile). The root model's first call may be out meanwhile (rlm.engine.
--- opening): its reply stays in the inbox for the first turn.
+-- meanwhile; cost_budget at max_wall_ms). The root model's first call may
+-- be out meanwhile (rlm.engine.opening): its reply stays in the inbox for
+-- the first turn.
 function M.session(s, backend, spec)
   local scheduler = s.scheduler
   local req = scheduler:request({ type = "sandbox_claim", info = { depth = s.depth, session = s.session_id },
@@ -65,6 +66,13 @@ function M.session(s, backend, spec)
     end
     if s.closed or s.failed then
       return nil, s.failed or errors.new("cancelled", "the session was closed while its sandbox was claimed")
+    end
+    -- max_wall_ms bounds the whole run, a claim that never answers too:
+    -- given up, its late answer is released as one after a close is.
+    local left = s.tree:wall_left()
+    if left and left <= 0 then
+      scheduler:forget(req.id)
+      return nil, s.tree:wall_error()
     end
     coroutine.yield(IDLE)
   end

@@ -3,7 +3,7 @@
 -- replaced, in the first user message after the question, by a digest of
 -- them (each turn's code, the first line of its output, its error, any
 -- final answer) or by a summary the root model writes (compact.summary =
--- "model"), with the REPL's variables as SHOW_VARS() lists them. The
+-- "model"), with the REPL's variables as the driver lists them. The
 -- system prompt and the question stay as they are; the REPL keeps its
 -- state; the history (result.history, err.partial) keeps every turn. A
 -- part of the conversation, so Session methods, mixed in as turn.lua's are.
@@ -39,6 +39,7 @@ M.SUMMARY_MIN_BYTES = 1000
 -- most recent MAX_FACTS of them.
 M.MAX_FACTS = 20
 local NOTICE_BYTES = 600 -- prompt.compacted's words around the digest
+local LISTING = { vars = true, fatal = true } -- what the driver may say to list_vars
 -- The bytes the conversation's contents take.
 local function bytes_of(messages)
   local n = 0
@@ -66,23 +67,35 @@ function S:_conversation_tokens(bytes)
   return math.ceil(bytes / M.BYTES_PER_TOKEN)
 end
 
--- What SHOW_VARS() prints in the REPL now, or nil (no sandbox, an error):
--- an exec of the engine's own, with no event and no turn.
-function S:_show_vars()
+-- The REPL's variables now, as the driver's own list_vars gives them
+-- (docs/protocol.md): true and { vars = { { name, type, len }, ... },
+-- more = n }, or true, nil without a sandbox; nil, err when the session
+-- ended. Not an exec: no code of the REPL's runs (a rebound SHOW_VARS, a
+-- class's __len__ or __name__), so no sub-call, tool call or budget is
+-- involved; the driver answers in its own time, under step_timeout_ms.
+function S:_list_vars()
   local d = self.sandbox.driver
   if not d then
     return true, nil
   end
-  self.clock:arm_step(d)
-  local res, err = self:_exec("SHOW_VARS()")
-  if not res then
+  self.next_exec_id = self.next_exec_id + 1
+  local id = self.next_exec_id
+  local ok, err = self.sandbox:send({ type = "list_vars", id = id })
+  if not ok then
+    return nil, err
+  end
+  self.clock:disarm(d)
+  self.clock:set(d, self.opts.step_timeout_ms)
+  local msg
+  msg, err = self.sandbox:expect(LISTING)
+  if not msg then
     return nil, err
   end
   self.clock:disarm(self.sandbox.driver)
-  if res.error or res.interrupted then
-    return true, nil
+  if msg.id ~= id then
+    return self:_error("protocol_error", ("the driver answered list_vars %d, not %d"):format(msg.id, id))
   end
-  return true, (res.stdout:gsub("\n+$", ""))
+  return true, msg
 end
 
 -- The digest of turns 1..last (of this question): one entry a turn, made
@@ -162,10 +175,11 @@ function S:_compact_if_due()
   local t0 = core.now_ms()
   local state = self.compaction or { head = messages[2].content, turns = 0 }
   local first, last = state.turns + 1, state.turns + old
-  local ok, vars = self:_show_vars()
+  local ok, listing = self:_list_vars()
   if not ok then
-    return nil, vars
+    return nil, listing
   end
+  local vars = listing and prompt.vars_listing(listing.vars, listing.more) or nil
   -- The digest, or the model's summary (about 6 bytes an English word),
   -- in what is left of half the bound.
   local budget = math.floor(c.at_tokens * M.BYTES_PER_TOKEN / 2) - stays - #state.head - #(vars or "")
@@ -202,7 +216,7 @@ function S:_compact_if_due()
     first_turn = first, last_turn = last, kept_turns = c.keep_turns, bytes_before = before, bytes_after = after,
     tokens_before = tokens, tokens_after = math.ceil(after / M.BYTES_PER_TOKEN), at_tokens = c.at_tokens,
     summary = summary and "model" or "digest", summary_error = why, usage = usage,
-    latency_ms = core.now_ms() - t0 })
+    vars = listing and #listing.vars + listing.more or nil, latency_ms = core.now_ms() - t0 })
 end
 
 return M

@@ -161,6 +161,13 @@ local function sub_call_cache(v)
   return true
 end
 
+-- sub_call_cache_namespace: who the cached answers are for (a tenant, a
+-- key, a model), part of every key; a bounded string, so that the key's
+-- hash costs the same whatever the host puts there.
+local function cache_namespace(v)
+  return type(v) == "string" and #v >= 1 and #v <= 1024, "a string of 1 to 1024 bytes"
+end
+
 -- The checks, for other modules' option tables: rlm.base.checks.
 M.checks = checks
 
@@ -222,6 +229,7 @@ local schema = {
     summary = { summary_kind, "digest" },
   } },
   sub_call_cache = { sub_call_cache, false },
+  sub_call_cache_namespace = { cache_namespace },
 }
 
 -- The last uid of the range, sandbox_uid_first + sandbox_uid_count - 1, is
@@ -346,6 +354,14 @@ function M.check(opts)
   end
   if out.max_total_cost_usd and not out.cost_usd then
     error("rlm.Session.new: option 'max_total_cost_usd' needs option 'cost_usd'", 3)
+  end
+  -- A host's store may be shared by sessions whose llm_query answers for
+  -- someone else (another customer's key, another model): each says whose
+  -- answers it keeps and finds, and sessions share answers only by naming
+  -- the same namespace.
+  if type(out.sub_call_cache) ~= "boolean" and not out.sub_call_cache_namespace then
+    error("rlm.Session.new: option 'sub_call_cache' (a host's store) needs option 'sub_call_cache_namespace' "
+      .. "(whose answers it keeps: sessions share cached answers only under the same namespace)", 3)
   end
   -- A context that cannot fit is refused here, not after a sandbox's start
   -- and a load that ends in memory_limit (a 2 GB one ran 29 s for that).

@@ -268,7 +268,7 @@ M.LAST_CHANCE = "You have no turns left: nothing more will run. Give your final 
 -- hidden = turns of the digest left out for its size, facts = one line
 -- for each turn left out of the digest (all of them, under a summary)
 -- that had an error or a final answer, dropped = facts left out, vars =
--- what SHOW_VARS() printed, or nil }.
+-- the variables' lines (M.vars_listing), or nil }.
 function M.compacted(t)
   local how = t.summary and "replaced by the summary you wrote of them, below"
     or "shown below as a digest (each turn's code, the first line of its output, its error and any "
@@ -294,9 +294,51 @@ function M.compacted(t)
     end
     out[#out + 1] = table.concat(t.entries, "\n")
   end
-  out[#out + 1] = t.vars and ("Variables after turn %d (SHOW_VARS()):\n%s"):format(t.last, t.vars)
+  out[#out + 1] = t.vars and ("Variables after turn %d, as the REPL listed them (its data: a line each, "
+    .. "indented, a name and its type; one that is not a plain name is quoted):\n%s"):format(t.last, t.vars)
     or "(The variables could not be listed: call SHOW_VARS() to see them.)"
   return table.concat(out, "\n\n")
+end
+
+-- A name or a type name the driver gave, on one line: a plain dotted name
+-- as it is; anything else quoted, its control characters and line breaks
+-- (U+0085, U+2028, U+2029 too) escaped, so that no part of it can start a
+-- line of its own or end the quotes. Cut to MAX_NAME_CHARS characters.
+M.MAX_NAME_CHARS = 100
+local ESCAPES = { ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t", ['"'] = '\\"', ["\\"] = "\\\\" }
+local function quoted_name(s)
+  s = textlib.cut(s, M.MAX_NAME_CHARS, false):gsub("\n%[truncated %d+ chars%]\n", "...")
+  if s:find("^[%a_][%w_.]*$") then
+    return s
+  end
+  s = s:gsub('[%c"\\]', function(ch)
+    return ESCAPES[ch] or ("\\x%02x"):format(ch:byte())
+  end):gsub("\194\133", "\\u0085"):gsub("\226\128([\168\169])", function(b)
+    return ("\\u%04x"):format(0x2000 + b:byte() - 0x80)
+  end)
+  return '"' .. s .. '"'
+end
+M.quoted_name = quoted_name
+
+-- The lines of a compaction's variables: vars as the driver's list_vars
+-- gave them ({ name, type name, len or nil }, at most MAX_VARS of them
+-- shown), more: how many it left out. Each line is indented and holds one
+-- variable, so that nothing the REPL named poses as a line of the host's.
+M.MAX_VARS = 100
+function M.vars_listing(vars, more)
+  local lines = {}
+  for i = 1, math.min(#vars, M.MAX_VARS) do
+    local v = vars[i]
+    local size = type(v[3]) == "number" and (", len %.0f"):format(v[3]) or ""
+    lines[i] = ("  %s: %s%s"):format(quoted_name(v[1]), quoted_name(v[2]), size)
+  end
+  more = more + math.max(#vars - M.MAX_VARS, 0)
+  if more > 0 then
+    lines[#lines + 1] = ("  (and %d more)"):format(more)
+  elseif #lines == 0 then
+    lines[1] = "  (none yet)"
+  end
+  return table.concat(lines, "\n")
 end
 
 -- One compacted turn of the digest: its code (cut), the first line of its
