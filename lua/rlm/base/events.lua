@@ -27,7 +27,7 @@ M.TYPES = {
   { "answer_rejected", "step", "answer", "reason" },
   { "compaction", "step", "index", "turns", "first_turn", "last_turn", "kept_turns", "bytes_before",
     "bytes_after", "tokens_before", "tokens_after", "at_tokens", "summary", "summary_error", "usage",
-    "latency_ms" },
+    "vars", "latency_ms" },
   { "run_end", "ok", "answer", "error_kind", "error_message", "iterations", "sub_calls", "tokens",
     "cache_hits", "compactions" },
 }
