@@ -287,11 +287,15 @@ function M:looked_up(req, reply)
 end
 
 -- Keeps an answer under key: in the built-in store at once, in the host's
--- through poll() (a cache_set request; nothing waits for its reply).
+-- through poll() (a cache_set request; nothing waits for its reply). The
+-- request is the tree root's: a nested session's own would be dropped with
+-- its outbox when its run ends first (a FINAL right after the call), and
+-- its sibling then paid for the same prompt again.
 function M:remember(key, text)
   local cache = self.tree.cache
   if cache.host then
-    self:request({ type = "cache_set", key = key, value = text, depth = self.session.depth })
+    self.session:_root().scheduler:request({ type = "cache_set", key = key, value = text,
+      depth = self.session.depth })
   else
     cache:set(key, text)
   end
