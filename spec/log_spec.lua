@@ -296,8 +296,9 @@ describe("rlm.log.jsonl", function()
     end)
 
     -- rlm.core's repair, one pass in C; the pure-Lua one, kept for a Lua
-    -- without rlm.core, took 9.3 s (Lua 5.4) for this.
-    it("repairs 16 MB of bad bytes in well under a second of CPU", function()
+    -- without rlm.core, took 9.3 s (Lua 5.4) for this. The bound is 3 s:
+    -- at a load of 13 the C pass read 1.0 to 1.3 s of CPU (0.3 s idle).
+    it("repairs 16 MB of bad bytes in a few seconds of CPU, not the pure-Lua repair's ten", function()
       local s = ("\255"):rep(16 * 2 ^ 20)
       local c0 = os.clock()
       local got = log.truncate(s, 2 ^ 25)
@@ -305,7 +306,7 @@ describe("rlm.log.jsonl", function()
       print(("\n# %s: 16 MB of bad bytes repaired in %.3f s of CPU"):format(H.lua_name(), cpu))
       assert.are.equal(3 * #s, #got)
       assert.are.equal(("\239\191\189"):rep(4), got:sub(1, 12))
-      assert.is_true(cpu < 1, ("%.2f s of CPU"):format(cpu))
+      assert.is_true(cpu < 3, ("%.2f s of CPU"):format(cpu))
     end)
   end)
 
