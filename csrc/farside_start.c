@@ -10,7 +10,6 @@
 #include "canary.h"
 #include "farside.h"
 #include "jsonread.h"
-#include "jsonscan.h"
 #include "plan.h"
 #include "sandbox.h"
 #include "workdir.h"

@@ -16,7 +16,6 @@
 #include "inspect.c"
 #include "interrupt.c"
 #include "jsonread.c"
-#include "jsonscan.c"
 #include "keeper.c"
 #include "plan.c"
 #include "sandbox.c"
