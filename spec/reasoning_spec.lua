@@ -124,6 +124,18 @@ describe("issue 38's replies under run()", function()
     assert.matches("x = 4", sent.content, 1, true)
   end)
 
+  it("reads a reply of 20,000 fenced blocks that hold <think> in linear time", function()
+    local core = require("rlm.core")
+    local text = ("```repl\ns = '<think>'\n```\n"):rep(20000) .. "</think> in prose"
+    local t0 = core.now_ms()
+    local parsed = require("rlm.engine.reply").parse(text)
+    -- A scan from the start for each tag would read 6 GB here (0.3 s on
+    -- an idle core for the linear walk).
+    assert.is_true(core.now_ms() - t0 < 10000, "took " .. (core.now_ms() - t0) .. " ms")
+    assert.are.equal(20000, #parsed.blocks)
+    assert.is_nil(parsed.reasoning)
+  end)
+
   it("gives no answer at the last chance from two finals that differ, nor from reasoning", function()
     local root = H.script({ fence("print('42?')"), "FINAL(41)\nor rather\nFINAL(42)" })
     local result, err = H.run({ root_llm = root, max_iterations = 1, fallback = false })

@@ -40,24 +40,33 @@ local function in_fence(text, from, pos)
 end
 
 -- The first opening tag at or after pos that is outside the fences: its
--- position and its pair.
+-- position and its pair. One walk over the lines, as in_fence's.
 local function next_open(text, pos)
-  local best, pair
-  for _, p in ipairs(PAIRS) do
-    local from = pos
-    while true do
-      local at = text:find(p[1], from, true)
-      if not at or (best and at > best) then
-        break
+  local fence, at = nil, pos
+  while at <= #text do
+    local eol = text:find("\n", at, true) or #text + 1
+    local line = text:sub(at, eol - 1)
+    local run = line:match("^[ \t]*(```+)") or line:match("^[ \t]*(~~~+)")
+    if fence then
+      if run and run:sub(1, 1) == fence:sub(1, 1) and #run >= #fence and line:match("^[ \t]*[`~]+[ \t]*$") then
+        fence = nil
       end
-      if not in_fence(text, pos, at) then
-        best, pair = at, p
-        break
+    elseif run then
+      fence = run
+    else
+      local best, pair
+      for _, p in ipairs(PAIRS) do
+        local found = line:find(p[1], 1, true)
+        if found and (not best or found < best) then
+          best, pair = found, p
+        end
       end
-      from = at + 1
+      if best then
+        return at + best - 1, pair
+      end
     end
+    at = eol + 1
   end
-  return best, pair
 end
 
 -- A closing tag before any opening one: the reasoning of a reply whose
