@@ -24,7 +24,8 @@ describe("answers", function()
         "1. alpha\n2. beta (the second)\n3. gamma" },
       { "takes a FINAL in markdown bold", "**FINAL(42 apples)**", "42 apples" },
       { "takes a FINAL in inline code", "My answer: \n`FINAL(Ada Lovelace)`", "Ada Lovelace" },
-      { "evaluates a Python expression that works in the REPL", "FINAL(6 * 7)", "42" },
+      -- Issue 38: arithmetic of numbers may be a date or a score: text.
+      { "takes arithmetic of numbers as written", "FINAL(6 * 7)", "6 * 7" },
       { "evaluates a variable's name to its value", "FINAL(context)", "hello world" },
       { "takes a block that is only FINAL(prose) as its text", fence("FINAL(The answer is 42)"),
         "The answer is 42" },
@@ -70,13 +71,15 @@ describe("answers", function()
         .. "code printed", told(root, 2), 1, true)
     end)
 
-    it("beside code is not taken as a FINAL_VAR either; alone, the next turn, it is", function()
+    -- Issue 38: a FINAL_VAR's value is what the model's code computed, as
+    -- the reference reads it.
+    it("beside code that ran without an error is taken as a FINAL_VAR", function()
       local root = H.script({ fence("found = 'svc-b'") .. "\nFINAL_VAR(found)", "FINAL_VAR(found)" })
       local result, err = H.run({ root_llm = root })
       assert.is_nil(err)
       assert.are.equal("svc-b", result.answer)
       assert.are.equal("found", result.var)
-      assert.are.equal(2, result.iterations)
+      assert.are.equal(1, result.iterations)
     end)
 
     -- Issue 28: the answer came back with the code cut out, and the code ran.
@@ -119,9 +122,9 @@ describe("answers", function()
       { "an rlm_query that failed", "FINAL(rlm_query('summarise context'))", "failed", { llm_query = down } },
       { "a tool that raised", "FINAL(lookup('k1'))", "ToolError",
         { tools = { lookup = function() error("no such key") end } } },
-      { "a name that is not defined", "FINAL(undefined_name)", "NameError: name 'undefined_name' is not defined" },
-      { "a single word, which is Python too", "FINAL(Paris)", "NameError: name 'Paris' is not defined" },
-      { "1/0", "FINAL(1/0)", "ZeroDivisionError" },
+      { "a name that is not defined beside the model's data", "FINAL(context + undefined_name)",
+        "NameError: name 'undefined_name' is not defined" },
+      { "1/0 of the model's data", "FINAL(len(context) / 0)", "ZeroDivisionError" },
     }
     for _, case in ipairs(cases) do
       for _, form in ipairs({ "prose", "block" }) do
@@ -136,8 +139,7 @@ describe("answers", function()
           assert.are.equal(2, result.iterations)
           assert.matches(case[3], told(opts.root_llm, 2), 1, true)
           if form == "prose" then
-            assert.matches("Your FINAL line did not give an answer: it ran as Python and raised", told(opts.root_llm, 2),
-              1, true)
+            assert.matches("Your FINAL line did not give an answer: it is code", told(opts.root_llm, 2), 1, true)
           end
         end)
       end

@@ -13,7 +13,7 @@ PACKAGE = "_rlm_driver"
 # the zip now (its descriptor is closed before the host looks) and loaded
 # later (main.first_step_modules), in the driver's first idle spell.
 MODULES = ("protocol", "state", "api", "selftest", "main")
-LATER = ("tree", "screen", "shield", "guard", "step")
+LATER = ("tree", "screen", "shield", "guard", "prose", "step")
 
 
 def number(data, at, size=2):

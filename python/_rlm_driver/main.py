@@ -144,6 +144,20 @@ def run_step(message):
     if code is None:
         fatal("exec: missing field 'code'")
     session = state.current
+    text = field(message, "prose", str)
+    if text is not None:
+        # A prose FINAL line's text: run only when it is code, else the
+        # host takes it as written (docs/prompt.md).
+        prose = first_step_modules().prose
+        if not prose.reads_as_code(text):
+            reply = {"type": "exec_result", "id": message.get("id"), "stdout": "", "error": None, "final": None,
+                     "literal": True}
+            value = prose.literal_value(text)
+            if value is not None:
+                reply["value"] = value  # a str literal: its value is the text
+            send(reply)
+            return
+        code = prose.final_code(text)
     with protocol.CHANNEL:
         session.in_step = True
     try:

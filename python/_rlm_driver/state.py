@@ -24,6 +24,7 @@ class State:
         self.interrupt_pending = False  # SIGINT came while it could not raise
         self.interrupt_raised = False  # this step's interrupt was raised
         self.originals = None  # the REPL's own names' values (step.restore_names)
+        self.lost_names = set()  # names only rolled-back blocks bound (prose.reads_as_code)
         self.paid = []  # this step's llm_query answers: (prompt, model, text)
         self.kept = {}  # answers of rolled-back steps, (prompt, model) -> [text, ...] (api.kept_answer)
         self.kept_count = self.kept_chars = 0

@@ -10,7 +10,7 @@ import io
 import sys
 from _collections import deque
 
-from . import api, guard, protocol, state, tree
+from . import api, guard, prose, protocol, state, tree
 from .screen import GuardrailError, RouteFormatting, plain, screen
 
 PACKAGE_DIR = state.dirname(__file__)  # absolute: the zip's, or the entry script's directory's
@@ -252,6 +252,7 @@ def run(code):
                       and (name not in before or before[name] is not value)]
             namespace.clear()
             namespace.update(before)
+            session.lost_names.update(name for name in rolled if name not in before)
             error += rollback_note(rolled, api.keep_answers(session, session.paid))
     session.paid = []
     final = session.final

@@ -34,6 +34,7 @@ function M.blocks()
   local parse_notes = reply.parse("```bash\nls\n```\n```repl\nprint(1)\n```\n```\nprint(2)\n```\n"
     .. "FINAL(never closed\n\n```repl\nprint(3)\n").notes
   parse_notes[#parse_notes + 1] = reply.parse("FINAL(see\n```repl\nx = ')'\n```\n").notes[1]
+  parse_notes[#parse_notes + 1] = reply.parse("FINAL(41)\nWait, the REPL printed 42.\nFINAL(42)\n").notes[1]
   parse_notes[#parse_notes + 1] = reply.parse("<function_calls>\n<invoke name=\"bash\">\n<parameter name=\"code\">"
     .. "ls</parameter>\n</invoke>\n</function_calls>").notes[1]
   return {
@@ -55,6 +56,7 @@ function M.blocks()
     { "status_near_end", prompt.status({ used = 19, max = 20, sub_calls = 12, max_sub_calls = 200 }) },
     { "status_last", prompt.status({ used = 20, max = 20, sub_calls = 200, max_sub_calls = 200 }) },
     { "no_code", prompt.NO_CODE },
+    { "no_reply", prompt.REASONING_ONLY .. "\n" .. prompt.EMPTY_REPLY },
     { "skipped", table.concat(parse_notes, "\n") },
     { "last_chance", prompt.LAST_CHANCE },
     { "compacted", prompt.compacted({ first = 1, last = 12, hidden = 10, dropped = 0,

@@ -106,7 +106,8 @@ local validators = {
   end,
   exec_result = function(m)
     if not is_int(m.id) or type(m.stdout) ~= "string" or not opt_string(m.error)
-      or (m.syntax_error ~= nil and type(m.syntax_error) ~= "boolean") then
+      or (m.syntax_error ~= nil and type(m.syntax_error) ~= "boolean")
+      or (m.literal ~= nil and m.literal ~= true) or not opt_string(m.value) then
       return false
     end
     local f = m.final

@@ -9,6 +9,10 @@ local util = require("rlm.base.util")
 
 local M = {}
 
+local function trim(s)
+  return s:match("^%s*(.-)%s*$")
+end
+
 -- Session methods, mixed into rlm.Session.
 M.methods = {}
 local S = M.methods
@@ -55,27 +59,36 @@ function M.text_final(f, res)
   end
 end
 
--- A FINAL(...) or FINAL_VAR(...) line of prose, as the reference reads it:
--- FINAL's text is the answer when it is not Python; when it is, its value
--- is, and an exception is an error. Returns the final, or nil and what to
--- tell the model; nil, nil, err when the session ended.
-function S:_prose_final(f)
-  local res, err = self:_exec(M.final_code(f))
+-- A FINAL(...) or FINAL_VAR(...) line of prose (or, in_code, a FINAL line
+-- of a block at the last chance). FINAL's text is the answer as written
+-- unless the driver finds it code (docs/prompt.md: a str literal, or an
+-- expression of the model's variables or the REPL's functions): then its
+-- value is, and an exception is an error. Returns the final, or nil and
+-- what to tell the model; nil, nil, err when the session ended.
+function S:_prose_final(f, in_code)
+  local prose = not in_code and f.kind == "final" and f.text or nil
+  local res, err = self:_exec(M.final_code(f), prose)
   if not res then
     return nil, nil, err
+  end
+  if prose and res.literal then
+    -- A str literal's value, else the text as written.
+    local text = type(res.value) == "string" and res.value or trim(f.text)
+    return { kind = "value", value = text, answer = text, source = "prose", literal = true }
   end
   if res.final then
     local final = M.final_of(res.final)
     final.source = "prose"
     return final
   end
-  local final = M.text_final(f, res)
+  local final = in_code and M.text_final(f, res)
   if final then
     return final
   end
   if f.kind == "final" then
-    return nil, "Your FINAL line did not give an answer: it ran as Python and raised (text that is also Python, "
-      .. "such as a single word, must be quoted: FINAL(\"...\")):\n" .. (res.error or "(no error)")
+    return nil, "Your FINAL line did not give an answer: it is code (it uses your variables or the REPL's "
+      .. "functions), so it ran as Python, and it raised (text meant as text must not be code, or be quoted: "
+      .. "FINAL(\"...\")):\n" .. (res.error or "(no error)")
   end
   return nil, "Your FINAL_VAR line did not give an answer:\n" .. (res.error or "(no error)")
 end
@@ -117,16 +130,16 @@ function S:_last_chance()
   local reply = reply_parser.parse(response)
   local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
   local final
-  for _, f in ipairs(util.append({}, reply.finals, reply.code_finals)) do
+  for i, f in ipairs(util.append({}, reply.finals, reply.code_finals)) do
     local _
-    final, _, err = self:_prose_final(f)
+    final, _, err = self:_prose_final(f, i > #reply.finals)
     if err then
       return nil, err
     elseif final then
       break
     end
   end
-  if not final and reply.text ~= "" then
+  if not final and reply.text ~= "" and not reply.conflict then
     final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
   end
   self.clock:disarm(self.sandbox.driver)

@@ -84,12 +84,14 @@ When you know the answer, and have checked it with code, give it NOT in a
 code block, on a line of its own, in a response with no code, as one of:
 FINAL(your final answer here)
 FINAL_VAR(variable_name)
-FINAL(...) takes the answer as text (several lines are fine; quote text that
-is also Python, such as one word: FINAL("Paris")); FINAL_VAR(...) the name of
-a variable you built in the REPL, whose value is the answer. A FINAL line
-beside code is not taken: you have not seen that code's output yet. Both
-also work as calls inside code, as does setting `answer["content"] = ...` and
-then `answer["ready"] = True`. Do not guess: if you have not found the
+FINAL(...) takes the answer as text, as you write it (several lines are
+fine), or, of your variables, their value: FINAL(total + 1); FINAL_VAR(...)
+the name of a variable you built in the REPL, whose value is the answer.
+Write one final line, not two. A FINAL(text) line beside code is not taken:
+you have not seen that code's output yet. Both also work as calls inside
+code, as does setting `answer["content"] = ...` and then
+`answer["ready"] = True`. Reasoning (thinking tags) never runs: write the
+code and the final line after it. Do not guess: if you have not found the
 answer yet, keep working.]==]
 
 local NESTED = [[
@@ -255,6 +257,14 @@ end
 
 M.NO_CODE = "Your response had no ```repl code block and no FINAL line, so nothing ran. " ..
   "Write code in a ```repl block, or answer on a line of its own with FINAL(answer) or " ..
+  "FINAL_VAR(variable_name)."
+
+M.REASONING_ONLY = "Your response held only reasoning (thinking tags or a reasoning channel) and nothing " ..
+  "after it, so nothing ran: reasoning is never run and never taken as an answer. After your reasoning, write " ..
+  "code in a ```repl block, or answer on a line of its own with FINAL(answer) or FINAL_VAR(variable_name)."
+
+M.EMPTY_REPLY = "Your response was empty (a reasoning model may have spent all its output on thinking), so " ..
+  "nothing ran. Write code in a ```repl block, or answer on a line of its own with FINAL(answer) or " ..
   "FINAL_VAR(variable_name)."
 
 M.LAST_CHANCE = "You have no turns left: nothing more will run. Give your final answer now, " ..

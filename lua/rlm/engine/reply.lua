@@ -143,27 +143,54 @@ M.UNCLOSED = "Your FINAL line has no closing parenthesis, so it was not taken as
 M.CLOSED_IN_CODE = "Your FINAL line's closing parenthesis is inside a code block, so it was not taken as an "
   .. "answer: close it on a line of prose, or build the answer in a variable and give FINAL_VAR(name)."
 
--- The final written in prose at line i, when it is the first one: its
--- text runs up to the matching ")" over the lines as written, fences
--- included (a fence inside a FINAL is part of the answer, and does not
--- run). Only the first is looked for, so that a reply of many unclosed
--- FINAL lines costs one scan. Returns the final (or nil) and the line
--- after it, or nil when line i is no final; a note when it is not taken.
-local function prose_final(lines, i)
+-- The parentheses of text matched in one pass: match[open] = its close.
+-- Parentheses are counted, quotes are not (docs/prompt.md).
+local function paren_matches(text)
+  local match, stack = {}, {}
+  for at, ch in text:gmatch("()([()])") do
+    if ch == "(" then
+      stack[#stack + 1] = at
+    elseif #stack > 0 then
+      match[stack[#stack]] = at
+      stack[#stack] = nil
+    end
+  end
+  return match
+end
+
+-- The final written in prose at line i (starts[i]: where the line starts
+-- in joined, the lines joined): its text runs up to the matching ")" over
+-- the lines as written, fences included (a fence inside a FINAL is part of
+-- the answer, and does not run). Returns the final and the line after it,
+-- or nil when line i is no final; nil, nil, a note when it is not taken.
+local function prose_final(lines, i, joined, starts, match)
   local start, suffix = lines[i]:match(FINAL_START)
   if not start or (suffix ~= "" and suffix ~= "_VAR") then
     return nil
   end
-  local f = final_at(table.concat(lines, "\n", i))
-  if f.unclosed then
+  local open = starts[i] + lines[i]:find("(", start, true) - 1
+  local close = match[open]
+  if not close then
     return nil, nil, M.UNCLOSED
   end
-  local last = i + select(2, f.text:gsub("\n", ""))
+  local text = joined:sub(open + 1, close - 1)
+  local last = i + select(2, text:gsub("\n", ""))
   if not ends_in_prose(lines, i, last) then
     return nil, nil, M.CLOSED_IN_CODE
   end
-  return { kind = f.kind, text = f.text }, last + 1
+  return { kind = suffix == "" and "final" or "var", text = text }, last + 1
 end
+
+local function shown(f)
+  local text = f.text:match("^%s*(.-)%s*$")
+  if #text > 80 then
+    text = text:sub(1, 77) .. "..."
+  end
+  return ("%s(%s)"):format(f.kind == "var" and "FINAL_VAR" or "FINAL", text)
+end
+
+M.TWO_FINALS = "Your response has two different final lines, %s and %s, so neither was taken as the answer: "
+  .. "answer again with one."
 
 -- Other model families' forms (docs/prompt.md, "Other families' forms"),
 -- read as the blocks and FINAL lines parse reads, outside the fences:
@@ -336,9 +363,13 @@ end
 --   blocks = { code, ... }   the code to run, in order;
 --   sole_finals = { [i] = final }: block i is only a FINAL(...) or
 --            FINAL_VAR(...) call, read as a prose final when it fails;
---   finals = { { kind = "final" | "var", text = }, ... }: the first
---            FINAL(...) / FINAL_VAR(...) written as a line of prose (a
---            fence inside its parentheses is part of its text, not a block);
+--   finals = { { kind = "final" | "var", text = } }: the FINAL(...) or
+--            FINAL_VAR(...) written as a line of prose (a fence inside its
+--            parentheses is part of its text, not a block); none when two
+--            final lines differ (conflict = the two, and a note);
+--   reasoning = the thinking taken out before the reply was read
+--            (rlm.engine.reasoning), or nil; only_reasoning = true when
+--            nothing was left of the reply;
 --   code_finals = { final, ... }: the FINAL lines inside the blocks (the
 --            last chance runs only those), strict = true when a block had
 --            other code too (its FINAL's text is no answer by itself);
@@ -347,19 +378,37 @@ end
 -- Fences are ``` or ~~~ (three or more), tagged repl, python, python3 or
 -- py, or untagged; indented fences are dedented.
 function M.parse(response)
-  local form_notes
+  local form_notes, reasoning
+  response, reasoning = require("rlm.engine.reasoning").strip(response)
   response, form_notes = other_forms(response)
   local lines = split_lines(response)
   local found, prose, notes = {}, {}, form_notes or {}
-  local out = { blocks = {}, sole_finals = {}, finals = {}, code_finals = {}, notes = notes }
-  local tagged, final_note, final_seen = false, nil, false
+  local out = { blocks = {}, sole_finals = {}, finals = {}, code_finals = {}, notes = notes, reasoning = reasoning,
+    only_reasoning = reasoning ~= nil and not response:find("%S") }
+  local joined, starts, match = table.concat(lines, "\n"), {}, nil
+  local tagged, final_note, finals_done, first = false, nil, false, nil
+  local at = 1
+  for k, l in ipairs(lines) do
+    starts[k], at = at, at + #l + 1
+  end
   local i = 1
   while i <= #lines do
     local indent, fence, info = open_fence(lines[i])
-    local final, after
-    if not fence and not final_seen then
-      final, after, final_note = prose_final(lines, i)
-      final_seen = final ~= nil or final_note ~= nil
+    local final, after, note
+    if not fence and not finals_done and lines[i]:find("FINAL", 1, true) then
+      match = match or paren_matches(joined)
+      final, after, note = prose_final(lines, i, joined, starts, match)
+      if note and not first then
+        final_note, finals_done = note, true
+      elseif note or (final and first and (final.kind ~= first.kind or trim(final.text) ~= trim(first.text))) then
+        -- Two final lines that differ: the model changed its mind, or
+        -- guessed twice; neither is the answer.
+        local other = final or { kind = "final", text = lines[i]:match("FINAL_?V?A?R?%((.*)$") or "" }
+        out.conflict = { first, other }
+        final_note, finals_done, out.finals = M.TWO_FINALS:format(shown(first), shown(other)), true, {}
+      elseif final and not first then
+        first, out.finals[1] = final, final
+      end
     end
     if fence then
       local ch = fence:sub(1, 1)
@@ -379,7 +428,6 @@ function M.parse(response)
       end
       i = j + 1
     elseif final then
-      out.finals[1] = final
       i = after
     else
       prose[#prose + 1] = lines[i]
@@ -413,6 +461,11 @@ function M.parse(response)
   notes[#notes + 1] = final_note
   out.text = trim(table.concat(prose, "\n"))
   return out
+end
+
+-- The response without its reasoning (rlm.engine.reasoning).
+function M.without_reasoning(response)
+  return (require("rlm.engine.reasoning").strip(response))
 end
 
 -- extract(response) -> { code, ... }: the blocks that run (for callers

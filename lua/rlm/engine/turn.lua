@@ -13,12 +13,14 @@ local EXEC_REPLIES = { exec_result = true, llm_query = true, llm_batch = true, r
   rlm_batch = true, tool_call = true, fatal = true }
 
 -- Runs one block of code; answers the driver's calls back meanwhile.
-function M:_exec(code)
+-- prose: the text of a prose FINAL line, which the driver runs (as code)
+-- only when it is code (docs/prompt.md); else its result is `literal`.
+function M:_exec(code, prose)
   self.next_exec_id = self.next_exec_id + 1
   self.interrupted = nil
   self.scheduler:exec_started()
   local id = self.next_exec_id
-  local ok, err = self.sandbox:send({ type = "exec", id = id, code = code })
+  local ok, err = self.sandbox:send({ type = "exec", id = id, code = code, prose = prose })
   if not ok then
     return nil, err
   end
@@ -209,9 +211,11 @@ function M:_run_blocks(response, blocks, sole)
   return entry, texts
 end
 
--- What one response does: its blocks run in order; its first prose
--- FINAL/FINAL_VAR is taken only when it has no block that runs (beside
--- code it is a guess: the model had not seen the code's output).
+-- What one response does: its blocks run in order; its prose FINAL or
+-- FINAL_VAR is taken alone, or beside code once every block ran without
+-- an error when it is a FINAL_VAR or a FINAL of code (the value the
+-- model's code computed, as the reference reads FINAL_VAR); a FINAL of
+-- text beside code is a guess (the model had not seen the code's output).
 -- Returns the history entry and the feedback for the model.
 function M:_act(response)
   local reply = reply_parser.parse(response)
@@ -222,36 +226,47 @@ function M:_act(response)
       return nil, texts
     end
   end
+  if reply.reasoning then
+    -- Kept in the log and the history; the conversation gets the reply
+    -- without it, as reasoning models' chat templates send it back.
+    entry.reasoning = reply.reasoning
+    entry.sent = reply.only_reasoning and "(reasoning only, no reply)" or reply_parser.without_reasoning(response)
+  end
   local f = reply.finals[1]
   if f and not entry.final then
     if entry.error then
       texts[#texts + 1] = "Your FINAL line was not taken as the answer, because a block raised an " ..
         "error: fix it, check the result, and answer again."
-    elseif #reply.blocks > 0 then
-      texts[#texts + 1] = "Your FINAL line was not taken as the answer, because you wrote it before you " ..
-        "saw what your code printed: check the output above, then answer with a FINAL line in a response " ..
-        "with no code."
     else
       local final, why, err = self:_prose_final(f)
       if err then
         return nil, err
       end
-      entry.final, entry.error = final, why
-      texts[#texts + 1] = why
+      local guess = #reply.blocks > 0 and final and final.literal
+      if guess then
+        final, why = nil, "Your FINAL line was not taken as the answer, because you wrote it before you saw what "
+          .. "your code printed: check the output above, then answer with a FINAL line in a response with no code."
+      end
+      entry.final = final
+      if why then
+        entry.error = not guess and why or nil
+        texts[#texts + 1] = why
+      end
     end
   end
   for _, note in ipairs(reply.notes) do
     texts[#texts + 1] = note
   end
-  if #reply.blocks == 0 and not f then
-    table.insert(texts, 1, prompt.NO_CODE)
+  if #reply.blocks == 0 and not f and not reply.conflict then
+    table.insert(texts, 1, reply.only_reasoning and prompt.REASONING_ONLY
+      or (not response:find("%S") and prompt.EMPTY_REPLY) or prompt.NO_CODE)
   end
   entry.skipped = #reply.notes > 0 and reply.notes or nil
   return entry, texts
 end
 
 function M:_record(entry, feedback)
-  self.messages[#self.messages + 1] = { role = "assistant", content = entry.response }
+  self.messages[#self.messages + 1] = { role = "assistant", content = entry.sent or entry.response }
   if feedback then
     self.messages[#self.messages + 1] = { role = "user", content = feedback }
   end

@@ -84,6 +84,12 @@ function M.reply(reply, body)
   end
   local message = type(choice.message) == "table" and choice.message or {}
   local text = message.content
+  local reasoning = message.reasoning_content or message.reasoning
+  if (text == nil or text == cjson.null) and type(reasoning) == "string" then
+    -- A reasoning model that spent its tokens thinking: an empty reply,
+    -- which the engine tells the model of (never its reasoning, read).
+    text = ""
+  end
   if type(text) ~= "string" then
     return nil, "has no text: " .. (type(message.refusal) == "string" and ("the model refused: " .. message.refusal)
       or ("choices[1].message.content is " .. null_or_type(text)))

@@ -31,7 +31,8 @@ end
 -- sandbox runs as /rlm/repl_driver.pyc: nothing is compiled per start.
 M.driver_modules = {
   "_rlm_driver/__init__.py", "_rlm_driver/api.py", "_rlm_driver/codec.py", "_rlm_driver/guard.py",
-  "_rlm_driver/loader.py", "_rlm_driver/main.py", "_rlm_driver/protocol.py", "_rlm_driver/screen.py",
+  "_rlm_driver/loader.py", "_rlm_driver/main.py", "_rlm_driver/prose.py",
+  "_rlm_driver/protocol.py", "_rlm_driver/screen.py",
   "_rlm_driver/selftest.py", "_rlm_driver/shield.py", "_rlm_driver/state.py",
   "_rlm_driver/step.py", "_rlm_driver/tools.py", "_rlm_driver/tree.py",
 }
