@@ -676,7 +676,7 @@ def case_example():
             {"content": "hi", "usage": [5, 1], "delay_ms": 200},
         ]})
         srv = Server(lambda s: example_conf(s, fake_port),
-                     env={"RLM_API_KEY": SECRET, "RLM_ROOT_MODEL": "root-model",
+                     env={"OPENAI_API_KEY": SECRET, "RLM_MODEL": "root-model",
                           "RLM_SUB_MODEL": "sub-model",
                           "RLM_BASE_URL": "http://127.0.0.1:%d/v1" % fake_port})
         put_status = srv.get("/kv?key=owner", method="PUT", body="team-db")[0]
