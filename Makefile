@@ -181,6 +181,23 @@ test-hosts: deps
 	@$(MAKE) --no-print-directory $(BUILD)/5.1/rlm/core.so
 	@RLM_BUILD=$(abspath $(BUILD)) spec/hosts/run nvim nginx
 
+# make openresty-example: examples/openresty (POST /ask) in nginx on a
+# fresh Debian 12, in the foreground on 127.0.0.1:8080
+# (RLM_OPENRESTY_PORT), its models from the settings every host reads
+# (docs/llm.md, "Settings"). Installs what is missing (nginx-core only where
+# apt would remove nothing), unpacks the nginx Lua module as the host tests
+# do (spec/hosts/deps nginx: installing it would remove Debian's luajit),
+# builds the 5.1 core, and has examples/openresty/run write
+# $(BUILD)/openresty/PORT/nginx.conf with this checkout's paths and start
+# nginx. spec/hosts/nginx/example.py runs exactly this.
+OPENRESTY_PKGS = gcc libc6-dev make libuv1-dev liblua5.1-0-dev lua5.1 lua-cjson bubblewrap python3 ca-certificates
+.PHONY: openresty-example
+openresty-example:
+	$(call apt_missing,$(OPENRESTY_PKGS))
+	@spec/hosts/deps nginx
+	@$(MAKE) --no-print-directory $(BUILD)/5.1/rlm/core.so
+	@RLM_BUILD=$(abspath $(BUILD)) examples/openresty/run
+
 # make nvim: what a Neovim plugin manager runs in the clone (lazy.nvim's
 # `build = "make nvim"`). Neovim runs LuaJIT, the Lua 5.1 ABI, and its
 # loader finds C modules on 'runtimepath' as lua/<name>.so, so the 5.1 core

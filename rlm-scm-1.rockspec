@@ -72,6 +72,7 @@ build = {
     ["rlm.llm.gemini"] = "lua/rlm/llm/gemini.lua",
     ["rlm.llm.openai"] = "lua/rlm/llm/openai.lua",
     ["rlm.llm.retry"] = "lua/rlm/llm/retry.lua",
+    ["rlm.llm.settings"] = "lua/rlm/llm/settings.lua",
     ["rlm.llm.sse"] = "lua/rlm/llm/sse.lua",
     ["rlm.llm.stream"] = "lua/rlm/llm/stream.lua",
     ["rlm.llm.usage"] = "lua/rlm/llm/usage.lua",

@@ -68,7 +68,8 @@ local function rlm(args, opts)
   end
   local out, err = os.tmpname(), os.tmpname()
   local env = { "env", "-u", "RLM_BASE_URL", "-u", "RLM_MODEL", "-u", "RLM_SUB_MODEL", "-u", "RLM_API_KEY_ENV",
-    "-u", "RLM_PROVIDER", "TMPDIR=" .. H.tmpdir }
+    "-u", "RLM_PROVIDER", "-u", "OPENAI_API_KEY", "-u", "ANTHROPIC_API_KEY", "-u", "GEMINI_API_KEY",
+    "-u", "RLM_ROOT_MODEL", "-u", "RLM_API_KEY", "TMPDIR=" .. H.tmpdir }
   for _, e in ipairs(opts.env or {}) do
     env[#env + 1] = q(e)
   end
@@ -194,6 +195,13 @@ describe("bin/rlm", function()
       { { "--max-cost-usd", "1", "--context", "CTX", "q" }, {}, "needs a price for model fake-root" },
       { { "--context", "CTX", "q" }, { endpoint = false }, "no model: give --model NAME or set RLM_MODEL" },
       { { "--provider", "claude", "--context", "CTX", "q" }, {}, "--provider wants openai, anthropic or gemini" },
+      -- the settings every host reads (rlm.llm.settings, docs/llm.md)
+      { { "--context", "CTX", "q" }, { endpoint = false, env = { "RLM_MODEL=m", "RLM_PROVIDER=claude" } },
+        "rlm: RLM_PROVIDER wants openai, anthropic or gemini, got \"claude\"\n" },
+      { { "--context", "CTX", "q" }, { endpoint = false, env = { "RLM_ROOT_MODEL=gpt-4o" } },
+        "rlm: no model: give --model NAME or set RLM_MODEL (RLM_ROOT_MODEL is no longer read)\n" },
+      { { "--model", "m", "--context", "CTX", "q" }, { endpoint = false },
+        "rlm: no key: set OPENAI_API_KEY (https://api.openai.com/v1 needs one" },
       { { "view" }, { endpoint = false }, "rlm view wants one log file" },
     }
     for _, case in ipairs(cases) do
@@ -635,7 +643,8 @@ describe("bin/rlm", function()
     end)
 
     it("finds the clone's modules when run as bin/rlm from the clone's top", function()
-      local out = H.sh(("cd %s && env -u LUA_PATH -u LUA_CPATH %s bin/rlm --model m --context /nonexistent/file q "
+      local out = H.sh(("cd %s && env -u LUA_PATH -u LUA_CPATH %s bin/rlm --model m --base-url http://127.0.0.1:9/v1 "
+        .. "--context /nonexistent/file q "
         .. "2>&1; echo \"exit $?\""):format(q(root), LUA))
       assert.are.equal("rlm: cannot read /nonexistent/file: No such file or directory\nexit 1", out)
     end)

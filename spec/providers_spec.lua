@@ -639,8 +639,7 @@ describe("the list of providers", function()
       names[#names + 1] = p.name
       assert.is_function(require("rlm.llm." .. p.name).new, p.name)
       assert.is_string(p.key_env, p.name)
-      assert.is_string(p.model, p.name)
-      assert.is_string(p.sub_model, p.name)
+      assert.matches("^https://", p.base_url, 1, false)
     end
     -- A provider's file hands its API's description to client.new.
     local found = {}

@@ -2,10 +2,14 @@
 -- document as the body; the answer comes back as JSON. The worker keeps
 -- serving its other requests while the session runs.
 --
--- The models are an OpenAI-compatible endpoint ($RLM_BASE_URL, default
--- OpenAI's; the key from $RLM_API_KEY), through rlm.llm.openai over
--- rlm.llm.transport.resty: cosockets, so every model call, and every wait
--- before a retry, yields to nginx, in a request handler as in a timer.
+-- The models: the settings every host reads (docs/llm.md, "Settings"):
+-- $RLM_MODEL (required), $RLM_SUB_MODEL, $RLM_BASE_URL, $RLM_PROVIDER, the
+-- key in $OPENAI_API_KEY (or $ANTHROPIC_API_KEY, $GEMINI_API_KEY, or the
+-- variable $RLM_API_KEY_ENV names), read once when nginx loads this file
+-- (init_by_lua: a missing one stops nginx with one line), the key at each
+-- call; through rlm.llm.<provider> over rlm.llm.transport.resty: cosockets,
+-- so every model call, and every wait before a retry, yields to nginx, in a
+-- request handler as in a timer.
 --
 -- The model also gets a host tool, kv_get(key): a lookup in the shared dict
 -- `rlm_kv` (lua_shared_dict in nginx.conf), which PUT /kv?key=K fills with
@@ -14,27 +18,23 @@
 local cjson = require("cjson.safe")
 local rlm = require("rlm")
 local resty = require("rlm.adapters.resty")
-local openai = require("rlm.llm.openai")
+local settings = require("rlm.llm.settings")
 local transport = require("rlm.llm.transport.resty")
 
+local model_settings, missing = settings.read()
+if not model_settings then
+  error("examples/openresty: " .. missing, 0)
+end
+
 local M = {
-  base_url = os.getenv("RLM_BASE_URL") or "https://api.openai.com/v1",
-  root_model = os.getenv("RLM_ROOT_MODEL") or "gpt-4o",
-  sub_model = os.getenv("RLM_SUB_MODEL") or "gpt-4o-mini",
+  models = model_settings,
   tmpdir = os.getenv("RLM_TMPDIR"), -- nil: $TMPDIR or /tmp
 }
 
 -- A client per request, so that each answer reports its own usage. The
 -- transport's connections are pooled by nginx across requests.
 local function client()
-  return openai.new({
-    base_url = M.base_url,
-    model = M.root_model,
-    sub_model = M.sub_model,
-    api_key_env = "RLM_API_KEY",
-    transport = transport.new(),
-    sleep = transport.sleep,
-  })
+  return settings.client(M.models, { transport = transport.new(), sleep = transport.sleep })
 end
 
 local function request_body()

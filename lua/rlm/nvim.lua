@@ -15,14 +15,14 @@
 --
 -- The models: provider ("openai", the default, for any OpenAI-compatible
 -- endpoint; "anthropic"; "gemini") through rlm.llm.<provider> over
--- rlm.llm.transport.nvim (curl started by jobstart()). setup() options, each
--- with an environment fallback: base_url ($RLM_BASE_URL, default the
--- provider's), model ($RLM_ROOT_MODEL; gpt-4o, claude-sonnet-4-5 or
--- gemini-2.5-flash), sub_model ($RLM_SUB_MODEL; gpt-4o-mini,
--- claude-haiku-4-5 or gemini-2.5-flash-lite), api_key_env (the NAME of the
--- variable that holds the key: "RLM_API_KEY" for openai,
--- "ANTHROPIC_API_KEY", "GEMINI_API_KEY"), stream (true: the root model's
--- text shows in the progress line as it comes). root_llm and llm_query
+-- rlm.llm.transport.nvim (curl started by jobstart()). provider, base_url,
+-- model, sub_model and api_key_env (the NAME of the variable that holds the
+-- key) come from setup(), else from the variables every host reads
+-- (docs/llm.md, "Settings"): $RLM_PROVIDER, $RLM_BASE_URL, $RLM_MODEL (no
+-- default: a question without one says so), $RLM_SUB_MODEL (default: the
+-- model), $RLM_API_KEY_ENV (default OPENAI_API_KEY, ANTHROPIC_API_KEY or
+-- GEMINI_API_KEY). stream (true: the root model's text shows in the
+-- progress line as it comes). root_llm and llm_query
 -- replace those models; any other key not listed below goes to
 -- rlm.Session.new (max_iterations, max_sub_calls, tmpdir, on_event, tools...).
 --
@@ -85,33 +85,27 @@ local function option(name)
   return v
 end
 
--- Each provider's defaults (rlm.llm.config's list): model, sub-model, the
--- key's variable, the base URL. The plugin's own: an OpenAI-compatible
--- endpoint's key is in $RLM_API_KEY.
-local OWN_KEY_ENV = { openai = "RLM_API_KEY" }
-M.PROVIDERS = {}
-for _, p in ipairs(llm_config.PROVIDERS) do
-  M.PROVIDERS[p.name] = { model = p.model, sub_model = p.sub_model, api_key_env = OWN_KEY_ENV[p.name] or p.key_env,
-    base_url = p.base_url }
-end
+-- The providers setup() accepts (rlm.llm.settings has their key variables
+-- and endpoints).
+M.PROVIDERS = require("rlm.llm.settings").PROVIDERS
 
--- The client for the endpoint, made when a question needs it (the key is
--- read then, from the environment).
+-- The client for the endpoint, made when a question needs it: the settings
+-- from setup(), else from the environment, as every host reads them
+-- (rlm.llm.settings; the key is read at each call). Raises one line when
+-- one is missing ("rlm: no model: give setup({ model = ... }) or set
+-- RLM_MODEL").
 local function default_client()
   local c = M.config
-  local provider = c.provider or llm_config.PROVIDERS[1].name
-  local defaults = M.PROVIDERS[provider]
+  local settings = require("rlm.llm.settings")
+  local s, why = settings.read({ provider = c.provider, base_url = c.base_url, model = c.model,
+    sub_model = c.sub_model, api_key_env = c.api_key_env },
+    { given_as = { model = "setup({ model = ... })", provider = "setup({ provider = ... })" } })
+  if not s then
+    error("rlm: " .. why, 0)
+  end
   local transport = require("rlm.llm.transport.nvim")
   local request, stop = transport.new()
-  return require("rlm.llm." .. provider).new({
-    base_url = c.base_url or os.getenv("RLM_BASE_URL") or defaults.base_url,
-    model = c.model or os.getenv("RLM_ROOT_MODEL") or defaults.model,
-    sub_model = c.sub_model or os.getenv("RLM_SUB_MODEL") or defaults.sub_model,
-    api_key_env = c.api_key_env or defaults.api_key_env,
-    stream = c.stream == true,
-    transport = request,
-    sleep = transport.sleep,
-  }), stop
+  return settings.client(s, { stream = c.stream == true, transport = request, sleep = transport.sleep }), stop
 end
 
 -- Progress: one line of text, shown in a floating window or left for the
@@ -289,6 +283,11 @@ M.buffer_tools = {
 -- Returns the session; M.cancel() or session:close() ends it. The answer
 -- lands in M.last_answer and rlm://answer, a failure in M.last_error.
 function M.ask(question, context, what)
+  -- An unbuilt core first: it is what the settings' message would hide.
+  local adapter, why = load_adapter()
+  if not adapter then
+    error(why, 0)
+  end
   local opts = {}
   for k, v in pairs(M.config) do
     if not PLUGIN_KEYS[k] then
@@ -348,10 +347,6 @@ function M.ask(question, context, what)
     old:close()
   end
   local session
-  local adapter, why = load_adapter()
-  if not adapter then
-    error(why, 0)
-  end
   session = adapter.run(opts, function(err, result)
     if M.session ~= session then
       return -- cancelled, or superseded by a later question

@@ -37,16 +37,15 @@ local function string_map(v)
 end
 
 -- The providers, in one list: each a module rlm.llm.<name> over
--- rlm.llm.client, with what a host takes for it unless told otherwise (the
--- command line, bin/rlm; the Neovim plugin, rlm.nvim): the variable that
--- holds its key, its base URL where its module has none (openai's
--- endpoint is any OpenAI-compatible one), and a root and a sub-model. The
--- first is the default.
+-- rlm.llm.client, with what a host (rlm.llm.settings: the command line,
+-- the Neovim plugin, the OpenResty example) takes for it unless told
+-- otherwise: the variable that holds its key and its public endpoint
+-- (openai's module has none of its own: it serves any OpenAI-compatible
+-- server). The first is the default. No model: every host asks for one.
 M.PROVIDERS = {
-  { name = "openai", key_env = "OPENAI_API_KEY", base_url = "https://api.openai.com/v1", model = "gpt-4o",
-    sub_model = "gpt-4o-mini" },
-  { name = "anthropic", key_env = "ANTHROPIC_API_KEY", model = "claude-sonnet-4-5", sub_model = "claude-haiku-4-5" },
-  { name = "gemini", key_env = "GEMINI_API_KEY", model = "gemini-2.5-flash", sub_model = "gemini-2.5-flash-lite" },
+  { name = "openai", key_env = "OPENAI_API_KEY", base_url = "https://api.openai.com/v1" },
+  { name = "anthropic", key_env = "ANTHROPIC_API_KEY", base_url = "https://api.anthropic.com" },
+  { name = "gemini", key_env = "GEMINI_API_KEY", base_url = "https://generativelanguage.googleapis.com/v1beta" },
 }
 
 -- The provider named name (its row of PROVIDERS), or nil.

@@ -342,8 +342,10 @@ cases[#cases + 1] = function(next_case)
       { content = "HELLO", usage = { 5, 1 }, delay_ms = 100 },
     } })
     local secret = "sk-rlm-nvim-" .. my_pid
-    vim.env.RLM_BASE_URL, vim.env.RLM_API_KEY = base .. "/v1", secret
-    vim.env.RLM_ROOT_MODEL, vim.env.RLM_SUB_MODEL = "root-model", "sub-model"
+    -- The settings every host reads (rlm.llm.settings), exported as for
+    -- bin/rlm: setup() names no model.
+    vim.env.RLM_BASE_URL, vim.env.OPENAI_API_KEY = base .. "/v1", secret
+    vim.env.RLM_MODEL, vim.env.RLM_SUB_MODEL = "root-model", "sub-model"
     plugin.setup({ tmpdir = tmpdir, on_event = function() end })
     vim.api.nvim_buf_set_lines(0, 0, -1, false, { "hello world" })
     vim.cmd("RlmAsk what does it say?")
@@ -377,7 +379,7 @@ end
 -- the root model's text coming as root_delta events (curl -N), a 429
 -- waited out.
 for _, p in ipairs({
-  { provider = "openai", env = "RLM_API_KEY", header = "authorization", prefix = "Bearer ", base = "/v1",
+  { provider = "openai", env = "OPENAI_API_KEY", header = "authorization", prefix = "Bearer ", base = "/v1",
     path = "/v1/chat/completions" },
   { provider = "anthropic", env = "ANTHROPIC_API_KEY", header = "x-api-key", base = "",
     path = "/v1/messages" },
@@ -404,7 +406,7 @@ for _, p in ipairs({
       } })
       local secret = "sk-rlm-nvim-" .. p.provider .. "-" .. my_pid
       vim.env[p.env] = secret
-      vim.env.RLM_ROOT_MODEL, vim.env.RLM_SUB_MODEL = "root-model", "sub-model"
+      vim.env.RLM_MODEL, vim.env.RLM_SUB_MODEL = "root-model", "sub-model"
       local deltas = {}
       plugin.last_answer, plugin.last_error = nil, nil
       plugin.setup({ provider = p.provider, stream = true, base_url = base .. p.base, tmpdir = tmpdir,
@@ -458,7 +460,8 @@ cases[#cases + 1] = function(next_case)
   with_stand_in(":RlmCancel ends the model call in flight", next_case, function(base, server)
     vim.fn.system({ "curl", "-sS", base .. "/_control/script", "--data-binary",
       vim.json.encode({ replies = { { content = fence("FINAL('late')"), delay_ms = 5000 } } }) })
-    vim.env.RLM_BASE_URL, vim.env.RLM_API_KEY = base .. "/v1", "sk-rlm-nvim-cancel"
+    vim.env.RLM_BASE_URL, vim.env.OPENAI_API_KEY = base .. "/v1", "sk-rlm-nvim-cancel"
+    vim.env.RLM_MODEL = "root-model"
     plugin.last_answer, plugin.last_error = nil, nil
     plugin.setup({ tmpdir = tmpdir, on_event = function() end })
     vim.cmd("RlmAsk what does it say?")
@@ -483,6 +486,42 @@ cases[#cases + 1] = function(next_case)
       end)
     end)
   end)
+end
+
+-- 4d. Without a model (no RLM_MODEL, none in setup()), :RlmAsk says so in
+-- one line through vim.notify and starts nothing; an old name still set
+-- (RLM_ROOT_MODEL, no longer read) is named in that line. One row a case:
+-- the environment, the line.
+cases[#cases + 1] = function(next_case)
+  local plugin = require("rlm_ask")
+  local rows = {
+    { {}, "rlm: no model: give setup({ model = ... }) or set RLM_MODEL" },
+    { { RLM_ROOT_MODEL = "gpt-4o" },
+      "rlm: no model: give setup({ model = ... }) or set RLM_MODEL (RLM_ROOT_MODEL is no longer read)" },
+  }
+  local said, ok = {}, true
+  for _, row in ipairs(rows) do
+    vim.env.RLM_MODEL, vim.env.RLM_ROOT_MODEL = nil, nil
+    for k, v in pairs(row[1]) do
+      vim.env[k] = v
+    end
+    local notes = {}
+    local notify = vim.notify
+    vim.notify = function(msg, level)
+      notes[#notes + 1] = { msg = msg, level = level }
+    end
+    plugin.last_answer, plugin.last_error = nil, nil
+    plugin.setup({ tmpdir = tmpdir })
+    vim.cmd("RlmAsk what does it say?")
+    vim.notify = notify
+    local line = notes[1] and notes[1].msg
+    said[#said + 1] = ("%q"):format(tostring(line))
+    ok = ok and #notes == 1 and line == row[2] and notes[1].level == vim.log.levels.ERROR
+      and plugin.session == nil and #workdirs() == 0
+  end
+  vim.env.RLM_ROOT_MODEL = nil
+  report(ok, ":RlmAsk without a model says so in one line and starts nothing", table.concat(said, "; "))
+  next_case()
 end
 
 -- 5. Host tools under the Neovim adapter: a tool that answers later
