@@ -59,6 +59,7 @@ local util = require("rlm.base.util")
 ---@field question string|nil the current follow-up question
 ---@field history_mark integer|nil where the current question's steps begin
 ---@field turn_base integer|nil the turns taken before the current question
+---@field trim_token userdata|nil on Lua 5.1 and LuaJIT: the allocator's trim after its collection (rlm/init.lua)
 -- Compaction (option compact: rlm.engine.compact)
 ---@field compaction table|nil the current question's: { head = its first user message, turns = compacted }
 ---@field compactions integer|nil compactions run over the session's life
