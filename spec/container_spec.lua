@@ -81,9 +81,12 @@ function engine.setup()
     engine.why = "podman import failed: " .. out
     return
   end
-  -- The engine's own start, with no flag of the boundary's: if this fails,
-  -- the engine cannot run here, whatever the boundary's flags.
-  out, rc = run(engine.cmd(engine.run_args({}, { "true" }, true)) .. " </dev/null")
+  -- The engine's own start, with no flag of the boundary's but
+  -- --network=none, which every container of ours has: if this fails, the
+  -- engine cannot run here, whatever the boundary's flags. (Without it,
+  -- rootless Podman needs slirp4netns, only a recommended package of
+  -- Debian's podman, which make image does not install.)
+  out, rc = run(engine.cmd(engine.run_args({ "--network=none" }, { "true" }, true)) .. " </dev/null")
   if rc ~= 0 then
     engine.why = "podman cannot start a container here: " .. out
     return
