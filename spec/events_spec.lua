@@ -3,12 +3,10 @@
 -- and which docs/api.md's and docs/log.md's event tables document, no more
 -- and no less.
 local events = require("rlm.base.events")
+local util = require("rlm.base.util")
 
 local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
+  return assert(util.read_file(path))
 end
 
 local function sorted_keys(t)

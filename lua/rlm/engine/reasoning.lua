@@ -15,6 +15,20 @@ local PAIRS = {
   { "<|channel>", "<channel|>" },
 }
 
+-- The fence open after line, given the one open before it (nil: none): a
+-- run of ``` or ~~~ opens one; a line of a run as long, of the same
+-- character and nothing else, closes it.
+local function fence_after(fence, line)
+  local run = line:match("^[ \t]*(```+)") or line:match("^[ \t]*(~~~+)")
+  if not fence then
+    return run
+  end
+  if run and run:sub(1, 1) == fence:sub(1, 1) and #run >= #fence and line:match("^[ \t]*[`~]+[ \t]*$") then
+    return nil
+  end
+  return fence
+end
+
 -- Whether position pos of text is inside a ``` or ~~~ fence opened
 -- after position from (the lines between read as rlm.engine.reply reads them).
 local function in_fence(text, from, pos)
@@ -22,18 +36,10 @@ local function in_fence(text, from, pos)
   local at = from
   while at <= pos do
     local eol = text:find("\n", at, true) or #text + 1
-    local line = text:sub(at, eol - 1)
     if eol > pos then
       break
     end
-    local run = line:match("^[ \t]*(```+)") or line:match("^[ \t]*(~~~+)")
-    if fence then
-      if run and run:sub(1, 1) == fence:sub(1, 1) and #run >= #fence and line:match("^[ \t]*[`~]+[ \t]*$") then
-        fence = nil
-      end
-    elseif run then
-      fence = run
-    end
+    fence = fence_after(fence, text:sub(at, eol - 1))
     at = eol + 1
   end
   return fence ~= nil
@@ -46,14 +52,9 @@ local function next_open(text, pos)
   while at <= #text do
     local eol = text:find("\n", at, true) or #text + 1
     local line = text:sub(at, eol - 1)
-    local run = line:match("^[ \t]*(```+)") or line:match("^[ \t]*(~~~+)")
-    if fence then
-      if run and run:sub(1, 1) == fence:sub(1, 1) and #run >= #fence and line:match("^[ \t]*[`~]+[ \t]*$") then
-        fence = nil
-      end
-    elseif run then
-      fence = run
-    else
+    local before = fence
+    fence = fence_after(fence, line)
+    if not before and not fence then
       local best, pair
       for _, p in ipairs(PAIRS) do
         local found = line:find(p[1], 1, true)
