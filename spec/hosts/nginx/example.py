@@ -17,34 +17,19 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from hostlib import Tally, comm, descendants, free_port, state
 
 ROOT = os.environ["RLM_ROOT"]
 SECRET = "sk-rlm-example-%d" % os.getpid()
 START_TIMEOUT_S = 180  # make's steps, under a load of 12 on 2 cores
 STOP_TIMEOUT_S = 30
 
-results = {"passed": 0, "failed": 0}
-
-
-def report(ok, name, detail=None):
-    results["passed" if ok else "failed"] += 1
-    if ok:
-        print("ok - openresty-example: %s%s" % (name, " (%s)" % detail if detail else ""), flush=True)
-    else:
-        print("not ok - openresty-example: %s: %s" % (name, detail), flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+report = Tally("openresty-example")
 
 
 def user_env(extra):
@@ -57,14 +42,6 @@ def user_env(extra):
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(extra)
     return env
-
-
-def state(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
 
 
 def group_members(pgid):
@@ -80,29 +57,6 @@ def group_members(pgid):
             if int(fields[2]) == pgid and fields[0] != "Z":
                 out.append(int(name))
     return out
-
-
-def descendants(pid):
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for tid in os.listdir("/proc/%d/task" % p):
-                with open("/proc/%d/task/%s/children" % (p, tid)) as f:
-                    kids = [int(k) for k in f.read().split()]
-                out += kids
-                todo += kids
-        except OSError:
-            pass
-    return out
-
-
-def comm(pid):
-    try:
-        with open("/proc/%d/comm" % pid) as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
 
 
 class Make:
@@ -246,7 +200,7 @@ def case_answers():
         fake.kill()
         fake.wait()
         shutil.rmtree(tmpdir, ignore_errors=True)
-        if results["failed"] == 0:
+        if report.failed == 0:
             shutil.rmtree(prefix, ignore_errors=True)
         elif m:
             print("# make openresty-example's output:")
@@ -260,8 +214,7 @@ def main():
             case()
         except Exception as e:  # a case that broke is a failure, the other still runs
             report(False, case.__name__, "%s: %s" % (type(e).__name__, e))
-    print("# openresty-example: %d passed, %d failed" % (results["passed"], results["failed"]), flush=True)
-    return 1 if results["failed"] else 0
+    return report.summary()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import threading
 import time
 import urllib.parse
 
+from hostlib import Tally, descendants, free_port, state
+
 ROOT = os.environ["RLM_ROOT"]
 BUILD = os.environ.get("RLM_BUILD", os.path.join(ROOT, "build"))
 RESTY = os.environ.get("RLM_RESTY_ROOT", os.path.join(ROOT, "build", "resty-root"))
@@ -30,7 +32,7 @@ PING_THREADS = 4       # clients at once
 P99_LIMIT_MS = 100     # a blocked worker shows seconds; a busy 2-core machine tens of ms
 PHASE_TIMEOUT_S = 30
 
-results = {"passed": 0, "failed": 0}
+report = Tally("nginx")
 
 
 def readable_by_others(path):
@@ -50,23 +52,6 @@ if os.geteuid() == 0 and all(readable_by_others(p) for p in (
         os.path.join(ROOT, "lua/rlm/init.lua"), os.path.join(ROOT, "python/repl_driver.py"),
         os.path.join(BUILD, "5.1/rlm/core.so"), os.path.join(RESTY, "usr/share/lua/5.1/resty/core.lua"))):
     WORKER_USER = "nobody nogroup"
-
-
-def report(ok, name, detail=None):
-    if ok:
-        results["passed"] += 1
-        print("ok - nginx: %s%s" % (name, " (%s)" % detail if detail else ""), flush=True)
-    else:
-        results["failed"] += 1
-        print("not ok - nginx: %s: %s" % (name, detail), flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Server:
@@ -154,17 +139,6 @@ class Server:
                         pass
                 self.proc.wait()
         return self.proc.returncode
-
-
-def state(pid):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("State:"):
-                    return line.split()[1]
-    except OSError:
-        return None
-    return None
 
 
 def percentile(values, p):
@@ -351,22 +325,6 @@ def case_reload(srv):
 
 
 CERTS = {}
-
-
-def descendants(pid):
-    """Every process below pid (the sandbox's bwrap and python below a worker)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for tid in os.listdir("/proc/%d/task" % p):
-                with open("/proc/%d/task/%s/children" % (p, tid)) as f:
-                    kids = [int(k) for k in f.read().split()]
-                out += kids
-                todo += kids
-        except OSError:
-            pass
-    return out
 
 
 def case_abort(srv):
@@ -655,15 +613,14 @@ def main():
         sleeps = log.count("without delayed events patch")
         report(sleeps == 0, "no ngx.sleep(0) warnings in error.log", "%d lines" % sleeps)
         bad = [l for l in log.splitlines() if "[alert]" in l or "[emerg]" in l or "[crit]" in l]
-        if bad or results["failed"]:
+        if bad or report.failed:
             print("# error.log (alerts and the last lines), kept in " + srv.prefix)
             for line in (bad + log.splitlines()[-30:])[:60]:
                 print("#   " + line)
         else:
             subprocess.run(["rm", "-rf", srv.prefix])
     subprocess.run(["rm", "-rf", certs])
-    print("# nginx: %d passed, %d failed" % (results["passed"], results["failed"]), flush=True)
-    return 1 if results["failed"] else 0
+    return report.summary()
 
 
 if __name__ == "__main__":
