@@ -37,7 +37,7 @@ M.cache_read_factor, M.cache_write_factor = 0.1, 1.25
 M.VERSION = "2023-06-01"
 
 M.schema = config.schema({
-  base_url = "https://api.anthropic.com",
+  base_url = config.provider("anthropic").base_url,
   temperature = { 0, 1 },
   -- The API requires max_tokens; 8192 is within every current model's limit.
   max_tokens = 8192,

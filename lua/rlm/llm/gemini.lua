@@ -29,7 +29,7 @@ M.prices = {
 }
 
 M.schema = config.schema({
-  base_url = "https://generativelanguage.googleapis.com/v1beta",
+  base_url = config.provider("gemini").base_url,
   temperature = { 0, 2 },
 })
 M.names = checks.names(M.schema)
