@@ -40,6 +40,7 @@ build = {
     ["rlm.base.protocol"] = "lua/rlm/base/protocol.lua",
     ["rlm.base.text"] = "lua/rlm/base/text.lua",
     ["rlm.base.util"] = "lua/rlm/base/util.lua",
+    ["rlm.base.version"] = "lua/rlm/base/version.lua",
     ["rlm.diagnose"] = "lua/rlm/diagnose.lua",
     ["rlm.drive.blocking"] = "lua/rlm/drive/blocking.lua",
     ["rlm.drive.dispatch"] = "lua/rlm/drive/dispatch.lua",
