@@ -420,6 +420,23 @@ describe("bin/rlm", function()
       assert.matches("rlm: step 2/7: answered, 1 sub%-call, 2,554 tokens, %$2%.5540, %d+%.%d s", err)
     end)
 
+    it("moves its clock while a model call is out", function()
+      srv:script({ { content = F.fence("FINAL('late')"), usage = { 10, 5 }, delay_ms = 2500 } })
+      local code, out, err = rlm({ "--context", context_file, "q" }, { tty_err = true })
+      assert.are.equal(0, code, err)
+      assert.are.equal("late\n", out)
+      -- the root model's line, drawn again with the time as it passes
+      local times = {}
+      for _, line in ipairs(drawn(err)) do
+        local t = line:match("^rlm: step 1/20: root model, .*, (%d+%.%d) s$")
+        if t and times[#times] ~= t then
+          times[#times + 1] = t
+        end
+      end
+      assert.is_true(#times >= 4, table.concat(times, ", "))
+      assert.is_true(tonumber(times[#times]) - tonumber(times[1]) >= 1.5, table.concat(times, ", "))
+    end)
+
     it("stays below the --trace lines, cleared and drawn again around each", function()
       two_steps()
       local code, out, err = rlm({ "--trace", "--context", context_file, "q" }, { tty_err = true })
