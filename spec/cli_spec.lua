@@ -332,6 +332,20 @@ describe("bin/rlm", function()
       assert.matches("the question from stdin", srv:requests()[1].json.messages[2].content)
     end)
 
+    it("starts each --trace event on a line of its own, also one that comes while the text streams", function()
+      -- the sandbox is ready while the first root reply is still coming
+      srv:script({ { content = F.fence("FINAL('glued?')"), event_delay_ms = 400,
+        pieces = { "```repl\n", "FINAL('glued?')\n", "```" } } })
+      local code, out, err = rlm({ "--trace", "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.are.equal("glued?\n", out)
+      assert.matches("\n%-%- sandbox_ready\n", err)
+      for line in err:gmatch("[^\n]+") do
+        assert.is_nil(line:find(".%-%- [%w_]+$"), line) -- no event glued onto the text
+      end
+      assert.matches("%-%- root model:\n  ```repl\n.*  FINAL%('glued%?'%)\n  ```\n", err)
+    end)
+
     it("streams the steps to stderr with --trace, the answer alone on stdout", function()
       srv:script({
         { content = F.fence("print('looking')\nx = llm_query('sub?')"), usage = { 1, 1 } },
