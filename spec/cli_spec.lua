@@ -51,8 +51,9 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 -- Runs bin/rlm with args (a list, quoted here); opts.stdin feeds it,
 -- opts.env is a list of NAME=value set for it, opts.endpoint = false leaves
 -- out the --base-url/--model/--api-key-env the other runs get, opts.tty puts
--- its stdout on a pseudo-terminal, opts.tty_err its stderr. Returns code,
--- stdout, stderr.
+-- its stdout on a pseudo-terminal, opts.tty_err its stderr, opts.together
+-- writes both to one file (returned as stdout), in the order written.
+-- Returns code, stdout, stderr.
 local function rlm(args, opts)
   opts = opts or {}
   local words = {}
@@ -79,7 +80,7 @@ local function rlm(args, opts)
   local runner = (opts.tty or opts.tty_err) and ("/usr/bin/python3 -c %s %d "):format(q(PTY_RUN), opts.tty and 1 or 2)
     or ""
   local cmd = ("%s %s%s %s %s >%s 2>%s"):format(table.concat(env, " "), runner, LUA, BIN, table.concat(words, " "),
-    out, err)
+    out, opts.together and "&1" or err)
   if opts.stdin then
     cmd = "printf '%s' " .. q(opts.stdin) .. " | " .. cmd
   else
@@ -589,7 +590,7 @@ describe("bin/rlm", function()
         { "--step-timeout-ms", "1500" }, 12, "step_timeout" },
       { { { content = F.fence("while True:\n    pass") } }, { "--max-wall-ms", "1500", "--no-fallback" }, 15, "cost_budget" },
       { { { content = F.fence("b = b'x' * (400 << 20)") } }, { "--max-rss-bytes", tostring(96 * 2 ^ 20) },
-        13, "memory_limit" },
+        13, "memory_limit", "; raise %-%-max%-rss%-bytes %(now 100663296; 0: no limit%) to give it more %(exit 13%)" },
       { { { content = F.fence("FINAL('never')") } }, { "--python", "/nonexistent/python3" }, 10, "sandbox_unavailable" },
       { { { content = "too late", delay_ms = 3000 } }, { "--timeout-ms", "300", "--retries", "0" }, 19,
         "callback_error" },
@@ -607,6 +608,9 @@ describe("bin/rlm", function()
         assert.are.equal("", out)
         -- one line: the kind, the message (no traceback), the status
         assert.matches("^rlm: " .. case[4] .. ": [^\n]+ %(exit " .. case[3] .. "%)\n$", err)
+        if case[5] then -- what to change
+          assert.matches(case[5], err)
+        end
       end)
     end
 
@@ -797,7 +801,13 @@ describe("bin/rlm", function()
       local code, out, err = rlm({ "--max-iterations", "1", "--context", context_file, "q" })
       assert.are.equal(3, code, err)
       assert.are.equal("my best guess\n", out)
-      assert.matches("^rlm: partial answer %(max_iterations: ", err)
+      assert.matches("^rlm: partial answer %(max_iterations: .*%): not a FINAL answer, the model's best from what "
+        .. "it found %(exit 3%)\n$", err)
+      -- said before the text, as a reader meets them on a terminal
+      srv:script({ turns[1], turns[2] })
+      code, out = rlm({ "--max-iterations", "1", "--context", context_file, "q" }, { together = true })
+      assert.are.equal(3, code, out)
+      assert.matches("^rlm: partial answer %(max_iterations: [^\n]*%(exit 3%)\nmy best guess\n$", out)
       srv:script({ turns[1], turns[2] })
       code, out = rlm({ "--no-fallback", "--max-iterations", "1", "--context", context_file, "q" })
       assert.are.equal(16, code)
