@@ -237,7 +237,7 @@ nvim-deps:
 # rlm-keeper is $(BUILD)/rlm-keeper, built by its own rule (csrc/rlm_keeper.c,
 # issue 27's other half); while that file does not exist, the image is
 # built without it (the driver, python3 and bubblewrap, no keeper, no CMD).
-IMAGE_VERSION := $(shell sed -n 's/.*_VERSION = "rlm \([^"]*\)".*/\1/p' lua/rlm/init.lua)
+IMAGE_VERSION := $(shell sed -n 's/^return "\([^"]*\)"$$/\1/p' lua/rlm/base/version.lua)
 IMAGE_TAG ?= localhost/rlm-sandbox:$(IMAGE_VERSION)
 IMAGE_TAR = $(BUILD)/rlm-sandbox-$(IMAGE_VERSION).tar
 IMAGE_KEEPER = $(if $(wildcard csrc/rlm_keeper.c),$(BUILD)/rlm-keeper)

@@ -51,8 +51,9 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 -- Runs bin/rlm with args (a list, quoted here); opts.stdin feeds it,
 -- opts.env is a list of NAME=value set for it, opts.endpoint = false leaves
 -- out the --base-url/--model/--api-key-env the other runs get, opts.tty puts
--- its stdout on a pseudo-terminal, opts.tty_err its stderr. Returns code,
--- stdout, stderr.
+-- its stdout on a pseudo-terminal, opts.tty_err its stderr, opts.together
+-- writes both to one file (returned as stdout), in the order written.
+-- Returns code, stdout, stderr.
 local function rlm(args, opts)
   opts = opts or {}
   local words = {}
@@ -79,7 +80,7 @@ local function rlm(args, opts)
   local runner = (opts.tty or opts.tty_err) and ("/usr/bin/python3 -c %s %d "):format(q(PTY_RUN), opts.tty and 1 or 2)
     or ""
   local cmd = ("%s %s%s %s %s >%s 2>%s"):format(table.concat(env, " "), runner, LUA, BIN, table.concat(words, " "),
-    out, err)
+    out, opts.together and "&1" or err)
   if opts.stdin then
     cmd = "printf '%s' " .. q(opts.stdin) .. " | " .. cmd
   else
@@ -332,6 +333,20 @@ describe("bin/rlm", function()
       assert.matches("the question from stdin", srv:requests()[1].json.messages[2].content)
     end)
 
+    it("starts each --trace event on a line of its own, also one that comes while the text streams", function()
+      -- the sandbox is ready while the first root reply is still coming
+      srv:script({ { content = F.fence("FINAL('glued?')"), event_delay_ms = 400,
+        pieces = { "```repl\n", "FINAL('glued?')\n", "```" } } })
+      local code, out, err = rlm({ "--trace", "--context", context_file, "q" })
+      assert.are.equal(0, code, err)
+      assert.are.equal("glued?\n", out)
+      assert.matches("\n%-%- sandbox_ready\n", err)
+      for line in err:gmatch("[^\n]+") do
+        assert.is_nil(line:find(".%-%- [%w_]+$"), line) -- no event glued onto the text
+      end
+      assert.matches("%-%- root model:\n  ```repl\n.*  FINAL%('glued%?'%)\n  ```\n", err)
+    end)
+
     it("streams the steps to stderr with --trace, the answer alone on stdout", function()
       srv:script({
         { content = F.fence("print('looking')\nx = llm_query('sub?')"), usage = { 1, 1 } },
@@ -418,6 +433,23 @@ describe("bin/rlm", function()
       assert.are.equal(0, code, err)
       assert.are.equal("the answer\n", out)
       assert.matches("rlm: step 2/7: answered, 1 sub%-call, 2,554 tokens, %$2%.5540, %d+%.%d s", err)
+    end)
+
+    it("moves its clock while a model call is out", function()
+      srv:script({ { content = F.fence("FINAL('late')"), usage = { 10, 5 }, delay_ms = 2500 } })
+      local code, out, err = rlm({ "--context", context_file, "q" }, { tty_err = true })
+      assert.are.equal(0, code, err)
+      assert.are.equal("late\n", out)
+      -- the root model's line, drawn again with the time as it passes
+      local times = {}
+      for _, line in ipairs(drawn(err)) do
+        local t = line:match("^rlm: step 1/20: root model, .*, (%d+%.%d) s$")
+        if t and times[#times] ~= t then
+          times[#times + 1] = t
+        end
+      end
+      assert.is_true(#times >= 4, table.concat(times, ", "))
+      assert.is_true(tonumber(times[#times]) - tonumber(times[1]) >= 1.5, table.concat(times, ", "))
     end)
 
     it("stays below the --trace lines, cleared and drawn again around each", function()
@@ -558,7 +590,7 @@ describe("bin/rlm", function()
         { "--step-timeout-ms", "1500" }, 12, "step_timeout" },
       { { { content = F.fence("while True:\n    pass") } }, { "--max-wall-ms", "1500", "--no-fallback" }, 15, "cost_budget" },
       { { { content = F.fence("b = b'x' * (400 << 20)") } }, { "--max-rss-bytes", tostring(96 * 2 ^ 20) },
-        13, "memory_limit" },
+        13, "memory_limit", "; raise %-%-max%-rss%-bytes %(now 100663296; 0: no limit%) to give it more %(exit 13%)" },
       { { { content = F.fence("FINAL('never')") } }, { "--python", "/nonexistent/python3" }, 10, "sandbox_unavailable" },
       { { { content = "too late", delay_ms = 3000 } }, { "--timeout-ms", "300", "--retries", "0" }, 19,
         "callback_error" },
@@ -576,6 +608,9 @@ describe("bin/rlm", function()
         assert.are.equal("", out)
         -- one line: the kind, the message (no traceback), the status
         assert.matches("^rlm: " .. case[4] .. ": [^\n]+ %(exit " .. case[3] .. "%)\n$", err)
+        if case[5] then -- what to change
+          assert.matches(case[5], err)
+        end
       end)
     end
 
@@ -766,7 +801,13 @@ describe("bin/rlm", function()
       local code, out, err = rlm({ "--max-iterations", "1", "--context", context_file, "q" })
       assert.are.equal(3, code, err)
       assert.are.equal("my best guess\n", out)
-      assert.matches("^rlm: partial answer %(max_iterations: ", err)
+      assert.matches("^rlm: partial answer %(max_iterations: .*%): not a FINAL answer, the model's best from what "
+        .. "it found %(exit 3%)\n$", err)
+      -- said before the text, as a reader meets them on a terminal
+      srv:script({ turns[1], turns[2] })
+      code, out = rlm({ "--max-iterations", "1", "--context", context_file, "q" }, { together = true })
+      assert.are.equal(3, code, out)
+      assert.matches("^rlm: partial answer %(max_iterations: [^\n]*%(exit 3%)\nmy best guess\n$", out)
       srv:script({ turns[1], turns[2] })
       code, out = rlm({ "--no-fallback", "--max-iterations", "1", "--context", context_file, "q" })
       assert.are.equal(16, code)

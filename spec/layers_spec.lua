@@ -19,7 +19,7 @@ local LAYERS = {
 -- lua/rlm/ each name theirs.
 local FOLDERS = {
   base = "base", llm = "llm", tools = "tools", sandbox = "sandbox", engine = "engine",
-  drive = "drive", adapters = "api",
+  drive = "drive", adapters = "api", nvim = "api",
 }
 local TOP = {
   rlm = "api", ["rlm.nvim"] = "api", ["rlm.health"] = "api",

@@ -508,3 +508,39 @@ describe("a hung container engine", function()
     end)
   end
 end)
+
+-- A host whose OCI runtime cannot set what the engine asks (a stand-in
+-- `podman` that fails its `run` in runc's or crun's words, as on this VM
+-- with the defaults): the error names the fields that fix it and the
+-- section of docs/backends.md that says how.
+describe("a container start the host's runtime refuses", function()
+  after_each(H.assert_clean)
+
+  local rows = {
+    { "runc: runc create failed: unable to start container process: error during container init: "
+      .. "error setting rlimit type 7: operation not permitted", { "sandbox.ulimits", "sandbox.runtime" } },
+    { "crun: cgroups in hybrid mode not supported, drop all controllers from cgroupv2", { "sandbox.runtime" } },
+  }
+  for i, row in ipairs(rows) do
+    it(("names the fields that fix it: %s"):format(row[1]:match("[^:]*$")), function()
+      local bin = H.tmpdir .. "-refused-" .. i
+      H.sh("mkdir -p " .. bin)
+      finally(function()
+        H.sh("rm -rf " .. bin)
+      end)
+      local f = assert(io.open(bin .. "/podman", "w"))
+      f:write(("#!/bin/sh\nif [ \"$1\" = run ]; then echo 'Error: OCI runtime error: %s' >&2; exit 126; fi\n")
+        :format(row[1]))
+      f:close()
+      H.sh("chmod 755 " .. bin .. "/podman")
+      local _, err = H.run(H.opts({ sandbox = { backend = "podman", engine = bin .. "/podman",
+        name = "rlm-spec-refused" } }))
+      assert.equals("sandbox_unavailable", err.kind, err.message)
+      assert.matches(row[1], err.message, 1, true)
+      for _, field in ipairs(row[2]) do
+        assert.matches(field, err.message, 1, true)
+      end
+      assert.matches('(docs/backends.md, "On a host like this one")', err.message, 1, true)
+    end)
+  end
+end)

@@ -6,11 +6,16 @@
 -- examples (the pool, the tools), run as they stand after a prelude that
 -- gives them what their prose assumes (rlm, text, q, root, sub), and what
 -- the docs say of the plugin managers, a cancel and the nginx example.
+-- Every ```lua and ```sh block of README.md and docs/ says on the line
+-- before which spec runs it (`<!-- spec/readme_spec.lua runs this block:
+-- NAME -->`) or why none does (`<!-- not run: why -->`); those that are
+-- code compile (Lua) or parse (bash -n).
 local H = require("helpers")
 local F = require("helpers.fake_openai")
 local util = require("rlm.base.util")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
+root = H.sh("cd " .. util.shell_quote(root) .. " && pwd") -- absolute: some blocks run elsewhere
 local LUA = os.getenv("RLM_SPEC_LUA") or "lua5.4"
 
 local q = util.shell_quote
@@ -22,11 +27,49 @@ local function read(path)
   return text
 end
 
--- The ```lua block after `<!-- spec/readme_spec.lua MARK -->` in path.
-local function marked_block(path, mark)
+-- The ```lua (or ```lang) block after `<!-- spec/readme_spec.lua MARK -->`
+-- in path.
+local function marked_block(path, mark, lang)
+  lang = lang or "lua"
   local after = read(path):match("<!%-%- spec/readme_spec%.lua " .. mark:gsub("%p", "%%%0") .. " %-%->%s*\n(.*)$")
   assert(after, path .. " has no block marked " .. mark)
-  return assert(after:match("^```lua\n(.-)\n```\n"), "the marked block of " .. path .. " is not a ```lua block")
+  return (assert(after:match("^```" .. lang .. "\n(.-)\n```\n"),
+    "the marked block of " .. path .. " is not a ```" .. lang .. " block"))
+end
+
+-- The ```lua and ```sh blocks of README.md and docs/: { path =, line =,
+-- lang =, code =, mark = the HTML comment on the line before, or nil }.
+local function code_blocks()
+  local out = {}
+  local p = assert(io.popen("cd " .. q(root) .. " && ls README.md docs/*.md"))
+  for path in p:lines() do
+    local lines = {}
+    for line in (read(path) .. "\n"):gmatch("([^\n]*)\n") do
+      lines[#lines + 1] = line
+    end
+    local i = 1
+    while i <= #lines do
+      local lang = lines[i]:match("^%s*```(%a+)%s*$")
+      if lang then
+        local j = i + 1
+        while lines[j] and not lines[j]:match("^%s*```%s*$") do
+          j = j + 1
+        end
+        if lang == "lua" or lang == "sh" then
+          local body = {}
+          for k = i + 1, j - 1 do
+            body[#body + 1] = lines[k]
+          end
+          out[#out + 1] = { path = path, line = i, lang = lang, code = table.concat(body, "\n"),
+            mark = i > 1 and lines[i - 1]:match("^%s*<!%-%- (.-) %-%->%s*$") or nil }
+        end
+        i = j
+      end
+      i = i + 1
+    end
+  end
+  p:close()
+  return out
 end
 
 local function readme_block()
@@ -89,7 +132,52 @@ describe("README's first example", function()
   end)
 end)
 
+describe("the code blocks of README.md and docs/", function()
+  local blocks = code_blocks()
+
+  it("are found", function()
+    assert.is_true(#blocks > 40, #blocks)
+  end)
+
+  it("each say, on the line before, which spec runs them or why none does", function()
+    local unmarked = {}
+    for _, b in ipairs(blocks) do
+      local spec = b.mark and b.mark:match("^(spec/[%w_/]+%.lua) [%w ]- this block")
+      local why = b.mark and b.mark:match("^not run[%w ]*: (.+)$")
+      if not (why or spec and H.sh("test -f " .. q(root .. "/" .. spec) .. " && echo yes") == "yes") then
+        unmarked[#unmarked + 1] = ("%s:%d (```%s)"):format(b.path, b.line, b.lang)
+      end
+    end
+    assert.are.same({}, unmarked)
+  end)
+
+  it("are Lua that compiles, or shell that parses", function()
+    local wrong = {}
+    for _, b in ipairs(blocks) do
+      local shape = b.mark and b.mark:find("^not run: the shape of a value")
+      if b.lang == "lua" and not shape and (not b.code:find("<close>", 1, true) or _VERSION == "Lua 5.4") then
+        local ok, why = (loadstring or load)(b.code, "=" .. b.path .. ":" .. b.line)
+        if not ok and not why:find("'<eof>' expected", 1, true) then
+          wrong[#wrong + 1] = why
+        end
+      elseif b.lang == "sh" then
+        local p = assert(io.popen("bash -n 2>&1 <<'RLM_DOC_BLOCK'\n" .. b.code .. "\nRLM_DOC_BLOCK"))
+        local out = p:read("*a")
+        p:close()
+        if out ~= "" then
+          wrong[#wrong + 1] = b.path .. ":" .. b.line .. ": " .. out
+        end
+      end
+    end
+    assert.are.same({}, wrong)
+  end)
+end)
+
 describe("the docs' examples", function()
+  local function rlm_pool()
+    return require("rlm").Pool.new({ size = 1 })
+  end
+
   after_each(function()
     assert.are.same({}, H.workdirs())
   end)
@@ -107,10 +195,10 @@ end)()
 local sub = function(p) return "sub: " .. p end
 ]]
 
-  local function run_block(block, answer, after)
+  local function run_block(block, answer, after, before)
     local chunk = PRELUDE:gsub("ANSWER", function()
       return ("%q"):format(answer) -- a Lua string
-    end) .. block .. "\n" .. (after or "")
+    end) .. (before or "") .. block .. "\n" .. (after or "")
     local fn = assert((loadstring or load)(chunk, "=docs block"))
     return fn()
   end
@@ -122,12 +210,126 @@ local sub = function(p) return "sub: " .. p end
     assert.are.equal("str the log", result.answer)
   end)
 
+  it("says, in docs/api.md's Pools, that sandbox_ready carries warm or cold (session.start is nil)", function()
+    local api = read("docs/api.md")
+    assert.is_nil(api:find('`session.start` is `"warm"`', 1, true))
+    local pool = assert(rlm_pool())
+    local starts = {}
+    local session = require("rlm").Session.new({ pool = pool, context = "x", root_llm = function()
+      return "```repl\nFINAL('ok')\n```"
+    end, llm_query = function(p)
+      return p
+    end, on_event = function(ev)
+      if ev.type == "sandbox_ready" then
+        starts[#starts + 1] = ev.start
+      end
+    end })
+    local result, err = session:run()
+    local field = session.start
+    session:close()
+    pool:close()
+    assert.is_nil(err, err and tostring(err))
+    assert.are.equal("ok", result.answer)
+    assert.are.same({ "warm" }, starts)
+    assert.is_nil(field)
+  end)
+
   it("runs docs/api.md's tools example as it stands", function()
     local result, err = run_block(marked_block("docs/api.md", "runs this block: tools"),
       "FINAL(f\"{add(2, 3)} {lookup('greeting')} {lookup('nope')} {type(now()).__name__}\")",
       "local result, err = session:run()\nsession:close()\nreturn result, err")
     assert.is_nil(err, err and tostring(err))
     assert.are.equal("5 hello None int", result.answer)
+  end)
+
+  -- The session examples, each followed by the run they set up.
+  local RUN = "local result, err = session:run()\nsession:close()\nreturn result, err"
+  for _, row in ipairs({
+    { "README.md", "budgets" }, { "docs/api.md", "compaction" }, { "docs/api.md", "cache" },
+  }) do
+    it(("runs %s's %s example as it stands"):format(row[1], row[2]), function()
+      local result, err = run_block(marked_block(row[1], "runs this block: " .. row[2]),
+        "FINAL(context + ' ' + llm_query('hi'))", RUN)
+      assert.is_nil(err, err and tostring(err))
+      assert.are.equal("the log sub: hi", result.answer)
+    end)
+  end
+
+  it("runs docs/api.md's first line and its ask() example as they stand", function()
+    assert.are.equal(require("rlm"), run_block(marked_block("docs/api.md", "runs this block: require"), "",
+      "return rlm"))
+    local second, err = run_block(marked_block("docs/api.md", "runs this block: ask"), "FINAL(context)",
+      "session:close()\nreturn second, err",
+      "local session = rlm.Session.new({ context = text, query = q, root_llm = root, llm_query = sub })\n")
+    assert.is_nil(err, err and tostring(err))
+    assert.are.equal("the log", second.answer)
+  end)
+
+  -- A block run as a program of its own, in a directory of its own (it
+  -- writes files there), with the checkout's modules: its output.
+  local function run_program(block, prelude)
+    local dir = H.sh("mktemp -d /tmp/rlm-docs.XXXXXX")
+    local f = assert(io.open(dir .. "/block.lua", "w"))
+    f:write(prelude or "", block, "\n")
+    f:close()
+    local p = assert(io.popen(("cd %s && env TMPDIR=%s LUA_PATH=%s LUA_CPATH=%s %s block.lua 2>&1; echo \"exit $?\"")
+      :format(q(dir), q(H.tmpdir), q(root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;;"),
+      q(root .. "/build/" .. (LUA:match("5%.[34]") or "5.1") .. "/?.so;;"), LUA)))
+    local out = p:read("*a")
+    p:close()
+    return out, dir
+  end
+
+  it("runs docs/log.md's example as it stands: the log, then its page", function()
+    local out, dir = run_program(marked_block("docs/log.md", "runs this block: log"),
+      PRELUDE:gsub("ANSWER", function()
+        return ("%q"):format("FINAL('logged')")
+      end):gsub("^local rlm = require%(\"rlm\"%)\n", "") .. "local page\n",
+      nil)
+    finally(function()
+      os.execute("rm -rf " .. q(dir))
+    end)
+    assert.matches("exit 0%s*$", out)
+    local log = assert(util.read_file(dir .. "/run.jsonl"))
+    assert.matches('"type":"run_end"', log, 1, true)
+  end)
+
+  it("runs docs/containers.md's diagnose loop as it stands", function()
+    local out, dir = run_program(marked_block("docs/containers.md", "runs this block: diagnose"))
+    os.execute("rm -rf " .. q(dir))
+    assert.matches("exit 0%s*$", out)
+    assert.matches("\nok%s+%S+", "\n" .. out) -- a row: its level, name, message
+  end)
+
+  it("runs docs/cli.md's first block as it stands, against a stand-in endpoint", function()
+    local srv = F.start()
+    local dir = H.sh("mktemp -d /tmp/rlm-cli-doc.XXXXXX")
+    finally(function()
+      srv:stop()
+      os.execute("rm -rf " .. q(dir))
+    end)
+    -- the checkout as the block's directory sees it; `rlm` is bin/rlm
+    for _, name in ipairs({ "Makefile", "bin", "lua", "build", "examples", "csrc", "python", "sandbox" }) do
+      H.sh(("ln -s %s %s"):format(q(root .. "/" .. name), q(dir .. "/" .. name)))
+    end
+    H.sh(("printf 'alpha\\n' > %s/a.txt && printf 'beta\\n' > %s/b.txt"):format(q(dir), q(dir)))
+    local fin = { content = F.fence("FINAL('svc=billing')") }
+    srv:script({ fin, fin })
+    local script = ("set -e\nrlm() { %s %s \"$@\"; }\nmake() { command make --no-print-directory -s \"$@\"; }\n%s\n")
+      :format(LUA, q(dir .. "/bin/rlm"), marked_block("docs/cli.md", "runs this block: cli", "sh"))
+    local f = assert(io.open(dir .. "/block.sh", "w"))
+    f:write(script)
+    f:close()
+    local p = assert(io.popen(("cd %s && env -u RLM_MODEL -u RLM_SUB_MODEL -u RLM_PROVIDER -u RLM_API_KEY_ENV "
+      .. "TMPDIR=%s RLM_BASE_URL=%s bash block.sh 2>&1; echo \"exit $?\""):format(q(dir), q(H.tmpdir), q(srv.url))))
+    local out = p:read("*a")
+    p:close()
+    assert.matches("exit 0%s*$", out)
+    -- both questions answered (the second's --trace lines around its answer)
+    assert.are.equal(2, select(2, ("\n" .. out):gsub("\nsvc=billing\n", "")), out)
+    local reqs = srv:requests()
+    assert.are.same({ "gpt-5", "gpt-5" }, { reqs[1].json.model, reqs[2].json.model })
+    assert.matches("<!DOCTYPE html>", assert(util.read_file(dir .. "/run.html")), 1, true)
   end)
 
   it("gives README's lazy.nvim spec as a file that returns it, with the clone's path", function()

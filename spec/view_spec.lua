@@ -64,6 +64,24 @@ describe("rlm.view.html", function()
     assert.matches('<pre class="text">the question</pre>', page, 1, true)
   end)
 
+  it("folds the sandbox_ready event into one closed line, its fields inside", function()
+    local events = { NESTED[1], NESTED[2],
+      { type = "sandbox_ready", depth = 0, start = "warm", backend = "bubblewrap", mode = "bubblewrap",
+        detail = "<i>x</i>", not_promised = {} } }
+    for i = 3, #NESTED do
+      events[#events + 1] = NESTED[i]
+    end
+    local page = view.html(jsonl(events))
+    local at = page:find('<details class="event" data-type="sandbox_ready"><summary>sandbox ready '
+      .. '<span class="muted">bubblewrap · warm</span></summary><dl class="fields">', 1, true)
+    assert.is_truthy(at, page)
+    assert.is_nil(page:find('<details class="event" data-type="sandbox_ready" open', 1, true))
+    assert.is_nil(page:find('<div class="event" data-type="sandbox_ready"', 1, true))
+    -- its fields, escaped, inside the fold; an unknown event stays open
+    assert.matches("<dt>detail</dt><dd><pre class=\"field\">&lt;i&gt;x&lt;/i&gt;</pre></dd>", page:sub(at), 1, true)
+    assert.matches('<div class="event" data-type="from_the_future"><h4>', page, 1, true)
+  end)
+
   it("puts a child run inside the parent's block that started it, before its sub-call", function()
     local page = view.html(jsonl(NESTED))
     local step1 = page:find('<details class="step" data-step="1" data-depth="0"', 1, true)

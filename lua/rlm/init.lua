@@ -16,7 +16,7 @@ local json = require("rlm.base.json")
 local session = require("rlm.engine.session")
 local Session, new_session = session.Session, session.new_session
 
-local rlm = { _VERSION = "rlm 0.2.0", null = json.null }
+local rlm = { _VERSION = "rlm " .. require("rlm.base.version"), null = json.null }
 rlm.Session = Session
 -- run() and step(): the loops over poll() on the calling thread.
 for k, fn in pairs(require("rlm.drive.blocking")) do

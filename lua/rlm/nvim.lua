@@ -25,12 +25,16 @@
 -- progress line as it comes). root_llm and llm_query
 -- replace those models; any other key not listed below goes to
 -- rlm.Session.new (max_iterations, max_sub_calls, tmpdir, on_event, tools...).
+-- setup() raises at once on a key that is neither ("did you mean 'model'?")
+-- or a plugin option of the wrong type; every error after is one line.
 --
 -- The model gets two host tools (docs/api.md, "Tools"): list_buffers() and
 -- read_buffer(name), the text of another loaded buffer by its name (or the
 -- end of its path), bounded by max_context_bytes. buffer_tools = false
 -- leaves them out; tools of your own (setup{ tools = ... }) come beside them.
 -- luacheck: read globals vim
+local checks = require("rlm.base.checks")
+local errors = require("rlm.base.errors")
 local llm_config = require("rlm.llm.config")
 
 local M = { config = {} }
@@ -53,7 +57,7 @@ local function load_adapter()
   local why = tostring(adapter)
   if why:find("rlm.core", 1, true) then
     local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/lua/rlm/nvim%.lua$") or "the plugin's directory"
-    why = ("rlm: the C core (lua/rlm/core.so) is not built: run `make nvim` in %s (lazy.nvim: build = "
+    why = ("rlm: run `make nvim` in %s: the C core (lua/rlm/core.so) is not built (lazy.nvim: build = "
       .. "\"make nvim\", then :Lazy build rlm, and restart Neovim); :checkhealth rlm says what else is missing")
       :format(here)
   end
@@ -61,10 +65,22 @@ local function load_adapter()
   return nil, why
 end
 
--- setup() keys of the plugin itself; the others are session options.
+-- setup() keys of the plugin itself, checked by setup(); the others are
+-- session options, checked by name there and in full by each question.
 local PLUGIN_KEYS = {
-  provider = true, base_url = true, model = true, sub_model = true, api_key_env = true, stream = true,
-  progress = true, cancel_key = true, max_context_bytes = true, buffer_tools = true,
+  provider = { function(v)
+    return M.PROVIDERS[v] ~= nil, llm_config.provider_names('"')
+  end },
+  base_url = { checks.non_empty_string }, model = { checks.non_empty_string },
+  sub_model = { checks.non_empty_string }, api_key_env = { checks.non_empty_string },
+  stream = { checks.boolean },
+  progress = { function(v)
+    return v == "float" or v == "statusline" or v == false, '"float", "statusline" or false'
+  end },
+  cancel_key = { function(v)
+    return v == false or type(v) == "string" and v ~= "", "a key (a non-empty string) or false"
+  end },
+  max_context_bytes = { checks.integer(1) }, buffer_tools = { checks.boolean },
 }
 M.defaults = {
   progress = "float", -- "float", "statusline" (see status()) or false
@@ -108,59 +124,16 @@ local function default_client()
   return settings.client(s, { stream = c.stream == true, transport = request, sleep = transport.sleep }), stop
 end
 
--- Progress: one line of text, shown in a floating window or left for the
--- statusline.
-local progress = { text = "", win = nil, buf = nil }
-
-local function close_float()
-  if progress.win and vim.api.nvim_win_is_valid(progress.win) then
-    vim.api.nvim_win_close(progress.win, true)
-  end
-  progress.win = nil
-end
-
+local ui = require("rlm.nvim.ui")
+local progress, close_float, show_answer = ui.progress, ui.close_float, ui.show_answer
 local function show_progress(text)
-  progress.text = text
-  if option("progress") == "float" then
-    if not (progress.buf and vim.api.nvim_buf_is_valid(progress.buf)) then
-      progress.buf = vim.api.nvim_create_buf(false, true)
-    end
-    vim.api.nvim_buf_set_lines(progress.buf, 0, -1, false, { text })
-    local width = math.max(20, math.min(#text + 2, vim.o.columns - 4))
-    local conf = { relative = "editor", anchor = "NE", row = 1, col = vim.o.columns - 1, width = width,
-      height = 1, style = "minimal", focusable = false, border = "rounded", noautocmd = true }
-    if progress.win and vim.api.nvim_win_is_valid(progress.win) then
-      conf.noautocmd = nil
-      vim.api.nvim_win_set_config(progress.win, conf)
-    else
-      progress.win = vim.api.nvim_open_win(progress.buf, false, conf)
-    end
-  elseif option("progress") == "statusline" then
-    vim.cmd("redrawstatus")
-  end
+  ui.show_progress(text, option("progress"))
 end
 
 -- The running session's progress, for a statusline:
 --   vim.o.statusline = "%f %= %{v:lua.require'rlm.nvim'.status()}"
 function M.status()
   return M.session and progress.text or ""
-end
-
-local function show_answer(lines)
-  local name = "rlm://answer"
-  local buf = vim.fn.bufnr(name)
-  if buf < 0 then
-    buf = vim.api.nvim_create_buf(false, true)
-    vim.api.nvim_buf_set_name(buf, name)
-    vim.api.nvim_buf_set_option(buf, "filetype", "markdown")
-  end
-  vim.api.nvim_buf_set_lines(buf, 0, -1, false, lines)
-  if vim.fn.bufwinid(buf) < 0 then
-    vim.cmd("botright split")
-    vim.api.nvim_win_set_buf(0, buf)
-    vim.cmd("wincmd p")
-  end
-  return buf
 end
 
 local cancel_mapped = nil
@@ -203,81 +176,39 @@ function M.cancel()
   return true
 end
 
--- The context of a list of files: each under a "=== path ===" line.
+-- The files of the argument list as one context, and the host tools
+-- (rlm.nvim.buffers), bounded by max_context_bytes.
+local buffers = require("rlm.nvim.buffers")
 function M.files_context(paths)
-  local parts, size = {}, 0
-  local max = option("max_context_bytes")
-  for _, path in ipairs(paths) do
-    local f, err = io.open(path, "rb")
-    if not f then
-      error("rlm: cannot read " .. tostring(err), 0)
-    end
-    local text = f:read("*a")
-    f:close()
-    size = size + #text
-    if size > max then
-      error(("rlm: the files add up to more than max_context_bytes (%d)"):format(max), 0)
-    end
-    parts[#parts + 1] = ("=== %s ===\n%s"):format(path, text)
-  end
-  return table.concat(parts, "\n")
+  return buffers.files_context(paths, option("max_context_bytes"))
 end
+M.buffer_tools = buffers.tools(function()
+  return option("max_context_bytes")
+end)
 
--- The loaded buffers that have a name: { { buf =, name = }, ... }.
-local function named_buffers()
-  local out = {}
-  for _, b in ipairs(vim.api.nvim_list_bufs()) do
-    local name = vim.api.nvim_buf_is_loaded(b) and vim.api.nvim_buf_get_name(b) or ""
-    if name ~= "" and not name:match("^rlm://") then
-      out[#out + 1] = { buf = b, name = name }
+-- An error as the command line gives it: one line (rlm.base.errors.line),
+-- said once, and shown in rlm://answer. A line wider than the message area
+-- would stop the editor at a hit-enter prompt: it is cut to fit, keeping a
+-- session error's kind and the end of its message (where a failed model
+-- call's cause is), or the start of a raised one; rlm://answer has it whole.
+function M.notify_error(err)
+  local line = errors.line(err)
+  if not line:find("^rlm") then
+    line = "rlm: " .. line
+  end
+  show_answer({ line })
+  local room = vim.v.echospace - 1
+  if vim.fn.strdisplaywidth(line) > room and room > 40 then
+    local keep = room - #"... (rlm://answer)"
+    if errors.is_error(err) then
+      local head = "rlm: " .. err.kind .. ": "
+      line = head .. "..." .. vim.fn.strcharpart(line, vim.fn.strchars(line) - keep + #head) .. " (rlm://answer)"
+    else
+      line = vim.fn.strcharpart(line, 0, keep) .. "... (rlm://answer)"
     end
   end
-  return out
+  vim.notify(line, vim.log.levels.ERROR)
 end
-
--- The host tools the model gets (they run through vim.schedule, where the
--- editor's API may be called).
-M.buffer_tools = {
-  list_buffers = {
-    doc = "list_buffers(): the names of the editor's open buffers, a list of str",
-    call = function()
-      local names = {}
-      for i, b in ipairs(named_buffers()) do
-        names[i] = b.name
-      end
-      return names
-    end,
-  },
-  read_buffer = {
-    doc = "read_buffer(name): the text of an open buffer, by its name or the end of its path "
-      .. "(e.g. 'main.c'), as a str",
-    call = function(want, kw)
-      want = want or kw and kw.name
-      if type(want) ~= "string" or want == "" then
-        error("read_buffer(name) takes a buffer's name as a str", 0)
-      end
-      local found
-      for _, b in ipairs(named_buffers()) do
-        local n = b.name
-        if n == want or (#n > #want and n:sub(-#want - 1) == "/" .. want) then
-          if found then
-            error(("%q names more than one buffer (%s, %s): give more of the path")
-              :format(want, found.name, n), 0)
-          end
-          found = b
-        end
-      end
-      if not found then
-        error(("no open buffer is named %q (list_buffers() lists them)"):format(want), 0)
-      end
-      local text = table.concat(vim.api.nvim_buf_get_lines(found.buf, 0, -1, false), "\n")
-      if #text > option("max_context_bytes") then
-        error(("buffer %q is larger than max_context_bytes (%d)"):format(want, option("max_context_bytes")), 0)
-      end
-      return text
-    end,
-  },
-}
 
 -- Asks question about context (a string; default: the current buffer).
 -- Returns the session; M.cancel() or session:close() ends it. The answer
@@ -354,7 +285,7 @@ function M.ask(question, context, what)
     finished()
     if err then
       M.last_error = err
-      vim.notify("rlm: " .. tostring(err), vim.log.levels.ERROR)
+      M.notify_error(err)
       return
     end
     M.last_answer = result.answer
@@ -374,7 +305,7 @@ local function complain(f)
   return function(cmd)
     local ok, err = pcall(f, cmd)
     if not ok then
-      vim.notify(tostring(err), vim.log.levels.ERROR)
+      M.notify_error(err)
     end
   end
 end
@@ -404,17 +335,30 @@ end
 -- setup(config): the plugin's options (above) and session options; defines
 -- the commands.
 function M.setup(config)
-  config = config or {}
-  if config.provider ~= nil and not M.PROVIDERS[config.provider] then
-    error(("rlm.nvim.setup: option 'provider' must be %s, got %s"):format(llm_config.provider_names('"'),
-      type(config.provider) == "string" and ("%q"):format(config.provider) or type(config.provider)), 2)
+  -- The core first: the session options' names come with it (a failed
+  -- require of them first would hide why under Lua 5.1).
+  local adapter, why = load_adapter()
+  local schema = {}
+  for k, rule in pairs(PLUGIN_KEYS) do
+    schema[k] = rule
   end
-  if config.stream ~= nil and type(config.stream) ~= "boolean" then
-    error("rlm.nvim.setup: option 'stream' must be a boolean, got " .. type(config.stream), 2)
+  local any = { function()
+    return true
+  end }
+  for _, name in ipairs(adapter and require("rlm.engine.options").names or {}) do
+    schema[name] = schema[name] or any
   end
-  M.config = config
+  if adapter or type(config) ~= "table" then
+    checks.options("rlm.nvim.setup", config, schema, nil, 2)
+  else -- unbuilt: the plugin's own keys only
+    for k, v in pairs(config) do
+      if PLUGIN_KEYS[k] then
+        checks.option("rlm.nvim.setup", k, PLUGIN_KEYS[k], v, 2)
+      end
+    end
+  end
+  M.config = config or {}
   M.commands()
-  local _, why = load_adapter()
   if why and not M.warned then
     M.warned = true
     vim.notify(why, vim.log.levels.ERROR)

@@ -567,8 +567,18 @@ local function joined(...)
   return table.concat(kept, " · ")
 end
 
--- An event of a type this viewer does not know: its fields, strings as
--- they are, the rest as JSON.
+-- The events of the runtime's own that a reader rarely needs: shown folded
+-- (<details>, closed), with one line that says what they say.
+local FOLDED = {
+  sandbox_ready = function(ev)
+    return "sandbox ready", joined(type(ev.backend) == "string" and ev.backend or nil,
+      type(ev.mode) == "string" and ev.mode ~= ev.backend and ev.mode or nil,
+      type(ev.start) == "string" and ev.start or nil)
+  end,
+}
+
+-- An event of a type this viewer does not know (or one of FOLDED): its
+-- fields, strings as they are, the rest as JSON.
 function Page:other(ev)
   local keys = {}
   for k in pairs(ev) do
@@ -577,8 +587,15 @@ function Page:other(ev)
     end
   end
   table.sort(keys)
-  self:add('<div class="event" data-type="', attr(ev.type), '"><h4>', esc("event " .. as_text(ev.type)),
-    '</h4><dl class="fields">')
+  local fold = FOLDED[ev.type]
+  if fold then
+    local title, detail = fold(ev)
+    self:add('<details class="event" data-type="', attr(ev.type), '"><summary>', esc(title),
+      detail ~= "" and (' <span class="muted">' .. esc(detail) .. "</span>") or "", '</summary><dl class="fields">')
+  else
+    self:add('<div class="event" data-type="', attr(ev.type), '"><h4>', esc("event " .. as_text(ev.type)),
+      '</h4><dl class="fields">')
+  end
   for i = 1, math.min(#keys, MAX_EVENT_FIELDS) do
     local v = ev[keys[i]]
     local text = v
@@ -588,7 +605,7 @@ function Page:other(ev)
     end
     self:add("<dt>", esc(keys[i]), '</dt><dd><pre class="field">', esc(text), "</pre></dd>")
   end
-  self:add("</dl></div>")
+  self:add(fold and "</dl></details>" or "</dl></div>")
 end
 
 function Page:sub(ev)

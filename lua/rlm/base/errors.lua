@@ -35,6 +35,16 @@ function M.new(kind, message, fields)
   return setmetatable(e, Error)
 end
 
+-- An error as one line, as every host shows it: "kind: message" (or a
+-- raised string as it is), without the traceback that a raise in a
+-- callback carries (docs/api.md: callback_error), its line breaks folded.
+function M.line(err)
+  local kind = type(err) == "table" and err.kind or nil
+  local message = tostring(kind and err.message or err):gsub("\n?stack traceback:.*$", "")
+    :gsub("%s*\n%s*", " ")
+  return kind and (kind .. ": " .. message) or message
+end
+
 function M.is_error(v)
   return getmetatable(v) == Error
 end

@@ -24,9 +24,9 @@ local names = require("rlm.sandbox.container_names")
 
 local M = {}
 
--- The image `make image` builds (its tag follows rlm._VERSION; a spec
--- checks that they agree), and where rlm-keeper is in it.
-M.IMAGE = "localhost/rlm-sandbox:0.2.0"
+-- The image `make image` builds (its tag is rlm's version,
+-- rlm.base.version), and where rlm-keeper is in it.
+M.IMAGE = "localhost/rlm-sandbox:" .. require("rlm.base.version")
 M.KEEPER = "/usr/local/bin/rlm-keeper"
 M.NAME = "rlm"
 
@@ -366,7 +366,7 @@ function M.start(spec, lines)
   one.argv = M.stream_argv(spec.container, name)
   local h, err = exec.start(one, lines)
   if h then
-    h.container, h.engine_backend = name, spec.container.backend
+    h.container, h.engine_backend, h.exit_hint = name, spec.container.backend, M.exit_hint
   end
   return h, err
 end
@@ -374,7 +374,27 @@ end
 M.adopt = exec.adopt
 M.vet_processes = exec.vet_processes
 M.check_ready = exec.check_ready
-M.exit_hint = exec.exit_hint
+
+-- What an engine's failed start says about the host, and the fields that
+-- fix it (docs/backends.md, "On a host like this one"): a pattern of the
+-- engine's or runtime's words, and what to set. One row a host problem.
+M.HINTS = {
+  { "setting rlimit type %d+: operation not permitted",
+    "the OCI runtime could not raise an rlimit to what the engine asks, above this host's cap: set "
+      .. "sandbox.ulimits (e.g. { nofile = 1024, nproc = 1024 }) and, where crun refuses the host's "
+      .. "cgroups, sandbox.runtime = \"runc\"" },
+  { "cgroups in hybrid mode not supported",
+    "crun does not run on this host's cgroup layout: set sandbox.runtime = \"runc\" (and sandbox.ulimits "
+      .. "where runc cannot set an rlimit)" },
+}
+function M.exit_hint(output)
+  for _, row in ipairs(M.HINTS) do
+    if tostring(output or ""):find(row[1]) then
+      return ("; %s (docs/backends.md, \"On a host like this one\")"):format(row[2])
+    end
+  end
+  return ""
+end
 
 -- exec's, with the backend's name and the container's.
 function M.describe(h)

@@ -15,7 +15,10 @@ local uv = vim.uv or vim.loop
 local out = io.stdout
 local cpath_before, path_before = package.cpath, package.path
 -- Messages as comment lines of the report, not glued to its "ok" lines.
-vim.notify = function(msg)
+-- Kept too, for the cases on errors.
+local notified = {}
+vim.notify = function(msg, level)
+  notified[#notified + 1] = { msg = msg, level = level }
   out:write("# notify: " .. tostring(msg) .. "\n")
 end
 
@@ -164,7 +167,65 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
--- 6. :checkhealth rlm: printed, with no ERROR row and the session row OK.
+-- 6. With the model server down, the error is one line, as the command
+-- line gives it: no "rlm: rlm:", no traceback, as wide as the message area
+-- at most (a wider one stops the editor at a hit-enter prompt); the whole
+-- line is in rlm://answer.
+cases[#cases + 1] = function(next_case)
+  local key = vim.env.OPENAI_API_KEY
+  vim.env.OPENAI_API_KEY = "sk-test"
+  -- port 9 (discard) on loopback: nothing listens there
+  plugin.setup({ tmpdir = tmpdir, base_url = "http://127.0.0.1:9/v1", model = "m" })
+  local before = #notified
+  vim.cmd("RlmAsk is anyone there?")
+  wait_for(function()
+    return plugin.last_error ~= nil or plugin.last_answer ~= nil
+  end, 60000, function()
+    vim.env.OPENAI_API_KEY = key
+    local said = {}
+    for i = before + 1, #notified do
+      said[#said + 1] = tostring(notified[i].msg)
+    end
+    local line = said[1] or ""
+    local whole = answer_buffer()
+    report(#said == 1 and notified[before + 1].level == vim.log.levels.ERROR and not line:find("\n")
+      and line:find("^rlm: callback_error: ") and not line:find("rlm: rlm:", 1, true)
+      and not line:find("traceback", 1, true) and vim.fn.strdisplaywidth(line) < vim.v.echospace
+      and not whole:find("\n") and whole:find("^rlm: callback_error: root_llm raised: .*curl exit 7")
+      and not whole:find("traceback", 1, true),
+      "with the model server down, :RlmAsk says one line that fits (the whole of it in rlm://answer)",
+      ("said %d: %s | rlm://answer: %s"):format(#said, table.concat(said, " | "), whole))
+    next_case()
+  end)
+end
+
+-- 7. setup() checks its options at once: a misspelt one raises with the
+-- name it most likely meant; a plugin option of the wrong type names it.
+cases[#cases + 1] = function(next_case)
+  local rows = {
+    { { modle = "qwen3" }, "rlm.nvim.setup: unknown option 'modle' (did you mean 'model'? known: " },
+    { { max_iteration = 3 }, "rlm.nvim.setup: unknown option 'max_iteration' (did you mean 'max_iterations'? " },
+    { { progress = "flot" }, "rlm.nvim.setup: option 'progress' must be \"float\", \"statusline\" or false, got \"flot\"" },
+    { { stream = "yes" }, "rlm.nvim.setup: option 'stream' must be a boolean, got \"yes\"" },
+  }
+  local wrong = {}
+  for _, row in ipairs(rows) do
+    local ok, err = pcall(function()
+      plugin.setup(row[1])
+    end)
+    -- raised at the caller's line (this file), not inside the plugin
+    local where, message = tostring(err):match("^(.-:%d+): (.*)$")
+    if ok or not where or not where:find("install.lua", 1, true) or message:sub(1, #row[2]) ~= row[2] then
+      wrong[#wrong + 1] = tostring(err)
+    end
+  end
+  local ok = pcall(plugin.setup, { tmpdir = tmpdir, max_iterations = 3, progress = "statusline" })
+  report(#wrong == 0 and ok, "setup() raises at once on a misspelt option, with a \"did you mean\"",
+    table.concat(wrong, " | "))
+  next_case()
+end
+
+-- 8. :checkhealth rlm: printed, with no ERROR row and the session row OK.
 cases[#cases + 1] = function(next_case)
   out:write("\n")
   vim.cmd("checkhealth rlm")

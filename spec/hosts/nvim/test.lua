@@ -514,9 +514,15 @@ cases[#cases + 1] = function(next_case)
     plugin.setup({ tmpdir = tmpdir })
     vim.cmd("RlmAsk what does it say?")
     vim.notify = notify
-    local line = notes[1] and notes[1].msg
-    said[#said + 1] = ("%q"):format(tostring(line))
-    ok = ok and #notes == 1 and line == row[2] and notes[1].level == vim.log.levels.ERROR
+    -- the line itself, or (wider than the message area, which would
+    -- stop the editor at a hit-enter prompt) its start, whole in rlm://answer
+    local line = notes[1] and tostring(notes[1].msg) or ""
+    local buf = vim.fn.bufnr("rlm://answer")
+    local whole = buf >= 0 and table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), "\n")
+    said[#said + 1] = ("%q (rlm://answer: %q)"):format(line, tostring(whole))
+    local cut = line:match("^(.*)%.%.%. %(rlm://answer%)$")
+    ok = ok and #notes == 1 and whole == row[2] and (line == row[2] or cut and row[2]:sub(1, #cut) == cut)
+      and vim.fn.strdisplaywidth(line) < vim.v.echospace and notes[1].level == vim.log.levels.ERROR
       and plugin.session == nil and #workdirs() == 0
   end
   vim.env.RLM_ROOT_MODEL = nil

@@ -93,7 +93,7 @@ local function would_block(err)
 end
 
 function Conn:_wait(mode)
-  return loop.wait(self.sock, mode, self.deadline)
+  return loop.wait(self.sock, mode, self.deadline, self.idle)
 end
 
 function Conn:connect(host, port)
@@ -210,6 +210,7 @@ local SCHEMA = {
   cafile = { checks.non_empty_string },
   capath = { checks.non_empty_string },
   max_body_bytes = { checks.integer(1) },
+  idle = { checks.callable },
 }
 
 -- The transports new() made: the client runs their batches with gather.
@@ -224,7 +225,8 @@ M.gather = loop.gather
 M.sleep = loop.sleep
 
 -- new([opts]) -> transport. opts: cafile (a PEM bundle of trusted CAs;
--- default Debian's), capath (a hashed CA directory), max_body_bytes.
+-- default Debian's), capath (a hashed CA directory), max_body_bytes, idle
+-- (called every luasocket_loop.IDLE_S seconds while a request waits).
 -- transport(request) -> status, body, headers (lower-case names), or nil,
 -- message when no HTTP reply came (refused, reset, timeout, TLS).
 -- request = { url =, method = "POST", headers = {}, body =, timeout_ms =,
@@ -273,7 +275,8 @@ function M.new(opts)
   end
 
   local function transport(request)
-    local conn = setmetatable({ deadline = socket.gettime() + (request.timeout_ms or 60000) / 1000 }, Conn)
+    local conn = setmetatable({ deadline = socket.gettime() + (request.timeout_ms or 60000) / 1000,
+      idle = opts.idle }, Conn)
     local status, body, headers = exchange(conn, request)
     conn:close()
     return status, body, headers

@@ -22,22 +22,32 @@ local function in_task()
   return co ~= nil and tasks[co] == true
 end
 
+-- How often a wait calls its idle function (the command line's status
+-- line redraws its clock from it while a model call is out).
+M.IDLE_S = 0.25
+
 -- Waits until sock is ready to read (mode "r") or write ("w"), or the
 -- deadline (socket.gettime() seconds) passes: true, or nil, "timeout".
-function M.wait(sock, mode, deadline)
+-- idle, when given, is called every IDLE_S seconds of the wait.
+function M.wait(sock, mode, deadline, idle)
   if in_task() then
-    return coroutine.yield(WAIT, sock, mode, deadline)
-  end
-  local left = deadline - socket.gettime()
-  if left <= 0 then
-    return nil, "timeout"
+    return coroutine.yield(WAIT, sock, mode, deadline, idle)
   end
   local set = { sock }
-  local r, w = socket.select(mode == "r" and set or nil, mode == "w" and set or nil, left)
-  if (r and r[1]) or (w and w[1]) then
-    return true
+  while true do
+    local left = deadline - socket.gettime()
+    if left <= 0 then
+      return nil, "timeout"
+    end
+    local r, w = socket.select(mode == "r" and set or nil, mode == "w" and set or nil,
+      idle and math.min(left, M.IDLE_S) or left)
+    if (r and r[1]) or (w and w[1]) then
+      return true
+    end
+    if idle then
+      idle()
+    end
   end
-  return nil, "timeout"
 end
 
 -- Sleeps, letting the other tasks run inside gather().
@@ -74,7 +84,7 @@ function M.gather(list, limit)
         live = live - 1
         return
       elseif r[2] == WAIT then
-        waiting[co] = { index = index, sock = r[3], mode = r[4], deadline = r[5] }
+        waiting[co] = { index = index, sock = r[3], mode = r[4], deadline = r[5], idle = r[6] }
         return
       end
       keep(coroutine.resume(co, coroutine.yield(unpack(r, 2, r.n))))
@@ -95,8 +105,11 @@ function M.gather(list, limit)
     end
     -- Those whose time is up go first: a sleep ends, a wait times out.
     local now, soonest = socket.gettime(), math.huge
-    local due, recvt, sendt, by_sock = {}, {}, {}, {}
+    local due, recvt, sendt, by_sock, idles = {}, {}, {}, {}, {}
     for co, w in pairs(waiting) do
+      if w.idle then
+        idles[w.idle] = true
+      end
       if w.deadline <= now then
         due[#due + 1] = co
       else
@@ -121,7 +134,10 @@ function M.gather(list, limit)
     elseif #recvt + #sendt == 0 then
       socket.sleep(soonest - now)
     else
-      local r, w = socket.select(recvt, sendt, soonest - now)
+      local r, w = socket.select(recvt, sendt, next(idles) and math.min(soonest - now, M.IDLE_S) or soonest - now)
+      for idle in pairs(idles) do
+        idle()
+      end
       local ready = {}
       for _, set in ipairs({ r or {}, w or {} }) do
         for _, sock in ipairs(set) do
