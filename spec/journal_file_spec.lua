@@ -182,6 +182,26 @@ assert(s:set_if("s1.lease", nil, "s1.lease", "x"))
     assert.is_nil(io.open(tmp .. "/x"))
   end)
 
+  it("runs docs/durability.md's example as it stands, in a directory of the spec's", function()
+    local doc = H.read_file("docs/durability.md")
+    local after = assert(doc:match("<!%-%- spec/journal_file_spec%.lua runs this block %-%->%s*\n(.*)$"))
+    local block = assert(after:match("^```lua\n(.-)\n```\n"))
+    local code, n = block:gsub("/var/lib/myapp/rlm%-journal", tmp .. "/j")
+    assert.equals(1, n)
+    local printed = {}
+    local env = setmetatable({ print = function(...)
+      printed[#printed + 1] = table.concat({ tostring(select(1, ...)), tostring(select(2, ...)),
+        tostring(select(3, ...)) }, " ")
+    end }, { __index = _G })
+    local chunk = assert((loadstring or load)(code, "=durability.md", "t", env))
+    if setfenv then
+      setfenv(chunk, env)
+    end
+    chunk()
+    assert.are.same({ "nil lease_held host-a:4711" }, printed)
+    assert.equals("", H.sh("ls " .. tmp .. "/j"))
+  end)
+
   it("sweeps the entries past their lifetime, and only those", function()
     local s = assert(journal.file(tmp .. "/j", { ttl = 60 }))
     assert.is_true(s:set("old.head", "x"))
