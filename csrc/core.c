@@ -223,6 +223,7 @@ static const luaL_Reg core_functions[] = {
     {"journal_remove", core_journal_remove},
     {"journal_list", core_journal_list},
     {"journal_lock", core_journal_lock},
+    {"journal_sweep_temps", core_journal_sweep_temps},
     {NULL, NULL},
 };
 

@@ -279,6 +279,36 @@ static int core_journal_list(lua_State *L) {
   return 1;
 }
 
+/* core.journal_sweep_temps(dir, before) -> count | nil, message: removes
+ * the temporary files (.tmp-*) last written before `before` (seconds):
+ * what a writer that died between its create and its rename left. */
+static int core_journal_sweep_temps(lua_State *L) {
+  lua_Integer before = luaL_checkinteger(L, 2);
+  int dir = journal_open_dir(L);
+  if (dir < 0)
+    return 2;
+  DIR *d = fdopendir(dir);
+  if (d == NULL) {
+    int err = errno;
+    close(dir);
+    return journal_fail(L, "fdopendir", lua_tostring(L, 1), err);
+  }
+  lua_Integer n = 0;
+  struct dirent *e;
+  struct stat st;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, ".tmp-", 5) != 0 ||
+        fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_mtime >= before)
+      continue;
+    if (unlinkat(dirfd(d), e->d_name, 0) == 0)
+      n++;
+  }
+  closedir(d);
+  lua_pushinteger(L, n);
+  return 1;
+}
+
 /* core.journal_lock(dir) -> Lock | nil, message: the store's lock (an
  * flock of its .lock file), held until lock:unlock() or the Lock is
  * collected. Held for one conditional set: a read and a write. */

@@ -202,15 +202,20 @@ assert(s:set_if("s1.lease", nil, "s1.lease", "x"))
     assert.equals("", H.sh("ls " .. tmp .. "/j"))
   end)
 
-  it("sweeps the entries past their lifetime, and only those", function()
+  it("sweeps the entries past their lifetime and the temporary files as old, and only those", function()
     local s = assert(journal.file(tmp .. "/j", { ttl = 60 }))
     assert.is_true(s:set("old.head", "x"))
     assert.is_true(s:set("new.head", "y"))
     os.execute("touch -d '-2 minutes' " .. tmp .. "/j/old.head")
+    -- What writers that died between their create and their rename left:
+    -- one long ago, one that may be a write in progress.
+    os.execute(("cd %s/j && echo x > .tmp-old.head-1-1 && touch -d '-2 minutes' .tmp-old.head-1-1"
+      .. " && echo y > .tmp-new.head-1-2"):format(tmp))
     assert.is_nil(s:get("old.head"))
     assert.equals(1, s:sweep())
     assert.is_nil(io.open(tmp .. "/j/old.head"))
     assert.equals("y", s:get("new.head"))
+    assert.equals(".lock .tmp-new.head-1-2 new.head", H.sh("ls -A " .. tmp .. "/j | sort | tr '\\n' ' '"):gsub(" $", ""))
     assert.equals(0, s:sweep())
   end)
 end)

@@ -114,7 +114,9 @@ function File:set_if(guard, expected, key, value)
 end
 
 -- Removes the entries past their lifetime (under the lock, so that none
--- written meanwhile goes); returns how many, or nil, message.
+-- written meanwhile goes), and the temporary files as old, which a writer
+-- that died between its create and its rename left; returns how many
+-- entries, or nil, message.
 function File:sweep()
   local lock, err = core.journal_lock(self.dir)
   if not lock then
@@ -135,6 +137,9 @@ function File:sweep()
         n = n + 1
       end
     end
+  end
+  if entries then
+    entries, err = core.journal_sweep_temps(self.dir, os.time() - self.ttl)
   end
   lock:unlock()
   if not entries then
