@@ -126,7 +126,7 @@ function Lease:lost(current)
 end
 
 -- One write of this owner's, guarded by the lease: true, or nil, err.
-function Lease:guarded(key, value, new_lease)
+function Lease:guarded(key, value)
   if not self.value then
     return nil, self:lost(nil)
   end
@@ -136,9 +136,6 @@ function Lease:guarded(key, value, new_lease)
   end
   if not ok then
     return nil, self:lost(current)
-  end
-  if new_lease ~= nil then
-    self.value = new_lease
   end
   return true
 end
@@ -162,9 +159,9 @@ end
 function Lease:renew()
   local expires = self.clock() + self.ttl
   local value = encode(self.fence, expires, self.owner)
-  local ok, err = self:guarded(self.key, value, value)
+  local ok, err = self:guarded(self.key, value)
   if ok then
-    self.expires = expires
+    self.value, self.expires = value, expires
   end
   return ok, err
 end
@@ -172,7 +169,7 @@ end
 -- Lets the lease go, keeping its fence (the next owner's is greater):
 -- true, or nil, err (lease_lost: it was not this owner's any more).
 function Lease:release()
-  local ok, err = self:guarded(self.key, encode(self.fence, 0, ""), false)
+  local ok, err = self:guarded(self.key, encode(self.fence, 0, ""))
   self.value = nil
   return ok, err
 end
@@ -186,7 +183,7 @@ function Lease:drop(keys)
       return nil, err
     end
   end
-  local ok, err = self:guarded(self.key, nil, false)
+  local ok, err = self:guarded(self.key, nil)
   self.value = nil
   return ok, err
 end
