@@ -22,7 +22,7 @@ abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
 # and LuaSec for the real-model route (no other Lua, no chromium).
 DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
-  lua-socket lua-sec openssl lua-luv chromium gcc make luarocks
+  lua-socket lua-sec openssl lua-luv chromium gcc make luarocks redis-server lua-redis
 DEMO_PKGS = lua5.4 liblua5.4-dev lua-cjson libuv1-dev bubblewrap python3 lua-socket lua-sec gcc make
 
 .PHONY: all deps demo-deps test check demo clean install install-keeper keeper-rock bench fuzz soak lint

@@ -9,7 +9,7 @@ local M = {}
 
 -- In the order bench/run reports them; each is the module bench.<name>.
 M.FIGURES = { "cold_start", "step", "llm_query", "context", "watchdog", "host_cost", "concurrency", "start_gap",
-  "tools", "pool", "first_step", "tokens", "container", "jitter", "exec", "long_run", "podman" }
+  "tools", "pool", "first_step", "tokens", "container", "jitter", "exec", "long_run", "podman", "journal" }
 
 M.now_ms = core.now_ms
 M.MB = 2 ^ 20

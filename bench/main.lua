@@ -273,6 +273,19 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    the exec backend's. A warm take (`Session.new{pool}` + the first step
    from a pool of one, let settle before each) beside the same take from a
    pool of the local backend; no target.
+18. **The journal's size per step** (`bench/journal.lua`, issue 41,
+   docs/durability.md): one scripted task of 20 root turns, each printing
+   600 characters of a document and asking the sub-model for 3 summaries
+   (`llm_query`); its records made as a session will write them (the
+   engine does not write a journal yet: they are built from what the run's
+   callbacks see) and written to a file store in the scratch directory. A
+   step's entry (the messages it added, the answers its code received) is
+   the figure, the median over the steps before the answer's; its floor is
+   what it carries, the messages' contents and the answers' texts, so the
+   ratio is the format's overhead. The note has the head, the bytes
+   written per step with the answers' entries and the head, the whole
+   journal, and the time of a write (fsync'd). No target: deterministic
+   but for the times, n = the steps.
 ]]
 
 -- One row of RESULTS.md's table.

@@ -217,6 +217,13 @@ static const luaL_Reg core_functions[] = {
     {"utf8_clean", core_utf8_clean},
     {"utf8_valid", core_utf8_valid},
     {"plant_canaries", core_plant_canaries},
+    {"journal_dir", core_journal_dir},
+    {"journal_read", core_journal_read},
+    {"journal_write", core_journal_write},
+    {"journal_remove", core_journal_remove},
+    {"journal_list", core_journal_list},
+    {"journal_lock", core_journal_lock},
+    {"journal_sweep_temps", core_journal_sweep_temps},
     {NULL, NULL},
 };
 
@@ -233,6 +240,7 @@ __attribute__((visibility("default"))) int luaopen_rlm_core(lua_State *L) {
   lua_pop(L, 1);
   open_hook(L);
   open_waitset(L);
+  open_journal(L);
   luaL_newlib(L, core_functions);
   lua_pushliteral(L, "rlm.core 0.1");
   lua_setfield(L, -2, "_VERSION");

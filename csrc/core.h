@@ -2,9 +2,9 @@
  * table and its stateless functions; core_driver.c and core_spawn.c, the
  * Driver userdata and what makes one, with core_inspect.c, core_stream.c
  * and core_context.c, the Driver's methods by job; core_hook.c, the SIGINT
- * token; core_canaries.c; core_waitset.c): the Driver's metatable name and
- * state, each userdata's metatable maker, and the few helpers more than one
- * of them calls. */
+ * token; core_canaries.c; core_waitset.c; core_journal.c, the journal's
+ * file store): the Driver's metatable name and state, each userdata's
+ * metatable maker, and the few helpers more than one of them calls. */
 #ifndef RLM_CORE_H
 #define RLM_CORE_H
 

@@ -34,6 +34,7 @@
 #include "core_driver.c"
 #include "core_hook.c"
 #include "core_inspect.c"
+#include "core_journal.c"
 #include "core_spawn.c"
 #include "core_stream.c"
 #include "core_waitset.c"

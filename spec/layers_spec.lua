@@ -10,20 +10,22 @@ local LAYERS = {
   llm = { uses = { "base" }, core = false },
   tools = { uses = { "base" }, core = false },
   sandbox = { uses = { "base" }, core = true },
-  engine = { uses = { "base", "sandbox" }, core = true },
-  drive = { uses = { "base", "sandbox", "engine" }, core = true },
-  api = { uses = { "base", "sandbox", "engine", "drive", "llm", "tools" }, core = true },
+  journal = { uses = { "base" }, core = true },
+  engine = { uses = { "base", "sandbox", "journal" }, core = true },
+  drive = { uses = { "base", "sandbox", "journal", "engine" }, core = true },
+  api = { uses = { "base", "sandbox", "journal", "engine", "drive", "llm", "tools" }, core = true },
 }
 
 -- A folder's modules are its layer's; the public modules at the top of
 -- lua/rlm/ each name theirs.
 local FOLDERS = {
-  base = "base", llm = "llm", tools = "tools", sandbox = "sandbox", engine = "engine",
+  base = "base", llm = "llm", tools = "tools", sandbox = "sandbox", journal = "journal", engine = "engine",
   drive = "drive", adapters = "api", nvim = "api",
 }
 local TOP = {
   rlm = "api", ["rlm.nvim"] = "api", ["rlm.health"] = "api",
-  ["rlm.async"] = "drive", ["rlm.diagnose"] = "sandbox", ["rlm.log"] = "tools", ["rlm.view"] = "tools",
+  ["rlm.async"] = "drive", ["rlm.journal"] = "journal", ["rlm.diagnose"] = "sandbox", ["rlm.log"] = "tools",
+  ["rlm.view"] = "tools",
 }
 
 local function layer_of(name)
