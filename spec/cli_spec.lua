@@ -315,7 +315,10 @@ describe("bin/rlm", function()
       local secs = socket.gettime() - t0
       assert.are.equal(0, code, err)
       assert.are.equal("a,a,a,a,a,a,a,a\n", out)
-      assert.is_true(secs < 3.5, ("took %.2f s (one by one: 8 s and more)"):format(secs))
+      -- One by one they take 8 s before the CLI's own start and the run's
+      -- steps; side by side 1 s, and a loaded machine (4.5 s seen at a load
+      -- of 20) stays well under the 8.
+      assert.is_true(secs < 6.5, ("took %.2f s (one by one: 8 s and more)"):format(secs))
     end)
 
     it("sees several --context files as a dict keyed by their names", function()
