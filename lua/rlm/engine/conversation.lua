@@ -5,9 +5,9 @@
 -- turns: asking the root model, running the code it wrote (rlm.engine.turn,
 -- exec) and reading the answer (rlm.engine.finals, answer): those files
 -- hold its methods, by job. Its compactor (rlm.engine.compact, option
--- compact) shortens it when it grows long.
--- It reaches the rest of the session (its sandbox, scheduler, clock,
--- events, how it fails) through `session`.
+-- compact) shortens it when it grows long. It reaches the rest of the
+-- session (its sandbox, scheduler, clock, events, how it fails) through
+-- `session`.
 local compact = require("rlm.engine.compact")
 local prompt = require("rlm.engine.prompt")
 

@@ -4,14 +4,11 @@
 local errors = require("rlm.base.errors")
 local feedback = require("rlm.engine.feedback")
 local json = require("rlm.base.json")
+local trim = require("rlm.engine.markup").trim
 local reply_parser = require("rlm.engine.reply")
 local util = require("rlm.base.util")
 
 local M = {}
-
-local function trim(s)
-  return s:match("^%s*(.-)%s*$")
-end
 
 -- Conversation methods (rlm.engine.conversation).
 M.methods = {}
@@ -42,7 +39,7 @@ end
 -- value a variable holds); FINAL an expression.
 function M.final_code(f)
   if f.kind == "var" then
-    local name = f.text:match("^%s*(.-)%s*$")
+    local name = trim(f.text)
     name = name:match([[^"(.*)"$]]) or name:match("^'(.*)'$") or name
     return identifier(name) and ("FINAL_VAR('%s')"):format(name) or ("FINAL_VAR(%s)"):format(f.text)
   end
@@ -99,7 +96,7 @@ function C:partial()
   for i = #self.history, 1, -1 do
     local out = self.history[i].stdout
     if out and out:match("%S") then
-      return out:match("^%s*(.-)%s*$"), "repl_output"
+      return trim(out), "repl_output"
     end
   end
   for i = #self.history, 1, -1 do

@@ -80,7 +80,7 @@ local function prose_final(lines, i, joined, starts, match)
 end
 
 local function shown(f)
-  local text = f.text:match("^%s*(.-)%s*$")
+  local text = trim(f.text)
   if #text > 80 then
     text = text:sub(1, 77) .. "..."
   end
