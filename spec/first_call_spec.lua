@@ -230,7 +230,7 @@ describe("the first root call under run()", function()
           at_call = start_of(s.nested.children[1])
           return fence("FINAL(context.upper())")
         end
-        return #s.history == 0 and fence("print(rlm_query('q', 'inner'))") or fence("FINAL('outer')")
+        return #s.conversation.history == 0 and fence("print(rlm_query('q', 'inner'))") or fence("FINAL('outer')")
       end,
     })
     local result, err = s:run()
@@ -460,7 +460,7 @@ H.describe_luv("the first root call under the luv adapter", function()
           end)
           return
         end
-        return #s.history == 0 and fence("print(rlm_query('q', 'inner'))") or fence("FINAL('outer')")
+        return #s.conversation.history == 0 and fence("print(rlm_query('q', 'inner'))") or fence("FINAL('outer')")
       end,
     })
     local err, result = drive(s)

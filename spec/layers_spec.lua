@@ -230,11 +230,14 @@ end)
 describe("the session's objects", function()
   -- The session and its collaborators, each a class whose fields are
   -- declared once, in a ---@class block of its file, and set only by the
-  -- code of that class. `files`: the files whose `self` is one of the
-  -- class (the Session's methods are in several); every other engine,
-  -- drive and api file is the Session's, or sets no fields.
+  -- code of that class. SELF: the files whose `self` is one of the class
+  -- (the Session's and the Conversation's methods are in several, by job);
+  -- every other engine, drive and api file is the Session's, or sets no
+  -- fields.
   local CLASSES = {
     Session = { file = "rlm/engine/session.lua" },
+    Conversation = { file = "rlm/engine/conversation.lua" },
+    Compactor = { file = "rlm/engine/compact.lua" },
     Budgets = { file = "rlm/engine/budgets.lua" },
     Clock = { file = "rlm/engine/clock.lua" },
     Scheduler = { file = "rlm/engine/subcalls.lua" },
@@ -250,16 +253,21 @@ describe("the session's objects", function()
     ["rlm/engine/nested.lua"] = "Nested",
     ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
     ["rlm/engine/cache.lua"] = "Cache",
+    ["rlm/engine/conversation.lua"] = "Conversation", ["rlm/engine/turn.lua"] = "Conversation",
+    ["rlm/engine/exec.lua"] = "Conversation", ["rlm/engine/finals.lua"] = "Conversation",
+    ["rlm/engine/answer.lua"] = "Conversation", ["rlm/engine/compact.lua"] = "Compactor",
     ["rlm/engine/options.lua"] = false,
-    ["rlm/engine/prompt.lua"] = false, ["rlm/engine/reply.lua"] = false,
+    ["rlm/engine/prompt.lua"] = false, ["rlm/engine/feedback.lua"] = false, ["rlm/engine/reply.lua"] = false,
+    ["rlm/engine/markup.lua"] = false, ["rlm/engine/forms.lua"] = false,
   }
   -- The names the code gives these objects besides `self`.
   local NAMES = { s = "Session", session = "Session", child = "Session", tree = "Budgets", clock = "Clock",
-    scheduler = "Scheduler", nested = "Nested", sandbox = "Handle" }
+    scheduler = "Scheduler", nested = "Nested", sandbox = "Handle", conversation = "Conversation",
+    conv = "Conversation", compactor = "Compactor" }
   -- The session's fields that hold its collaborators: a.<field>.x = ... sets
   -- a collaborator's field from outside it.
   local HOLDERS = { tree = "Budgets", clock = "Clock", scheduler = "Scheduler", nested = "Nested",
-    sandbox = "Handle", session = "Session" }
+    sandbox = "Handle", session = "Session", conversation = "Conversation", compactor = "Compactor" }
 
   local function read(path)
     local f = assert(io.open("lua/" .. path, "rb"))

@@ -1,4 +1,4 @@
--- The prompt: what docs/prompt.md shows is what prompt.lua makes; the
+-- The prompt: what docs/prompt.md shows is what prompt.lua and feedback.lua make; the
 -- context described by characters and item lengths; option system_prompt.
 local H = require("helpers")
 local prompt = require("rlm.engine.prompt")
@@ -10,12 +10,12 @@ local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "
 
 describe("the prompt", function()
   describe("docs/prompt.md", function()
-    it("shows the exact text prompt.lua makes, block by block", function()
+    it("shows the exact text prompt.lua and feedback.lua make, block by block", function()
       local f = assert(io.open(root .. "/docs/prompt.md", "rb"))
       local said = prompt_doc.read(f:read("*a"))
       f:close()
       for _, b in ipairs(prompt_doc.blocks()) do
-        assert.are.equal(b[2], said[b[1]], "docs/prompt.md block '" .. b[1] .. "' differs from prompt.lua: "
+        assert.are.equal(b[2], said[b[1]], "docs/prompt.md block '" .. b[1] .. "' differs from the text the engine makes: "
           .. "run spec/helpers/prompt_doc.lua docs/prompt.md (see the document's head)")
       end
     end)
@@ -84,7 +84,7 @@ describe("the prompt", function()
     it("reaches the system prompt of a session over a list", function()
       local s = rlm.Session.new(H.opts({ context = { "a", "bb" } }))
       assert.matches("as the variable `context`: a list of 2 items, 3 characters in all; item lengths: 1, 2.",
-        s.messages[1].content, 1, true)
+        s.conversation.messages[1].content, 1, true)
       s:close()
     end)
 

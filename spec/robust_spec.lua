@@ -196,7 +196,7 @@ describe("step_timeout_ms", function()
     local slow = poll_until(s, function(e) return e.type == "llm_query" end)
     ev = poll_until(s, function(e) return e.type == "root_llm" end) -- never answered: interrupted
     s:reply(slow.id, "too late") -- dropped: its exec was interrupted
-    assert.matches("KeyboardInterrupt", s.history[2].error)
+    assert.matches("KeyboardInterrupt", s.conversation.history[2].error)
     s:reply(ev.id, s.opts.root_llm(ev.messages))
     ev = poll_until(s, function(e) return e.type == "done" end)
     assert.are.equal("5", ev.result.answer)

@@ -81,17 +81,8 @@ function Session:follow_up(question)
   if not (self.terminal and self.terminal.type == "done") then
     error("rlm: ask() follows a run that gave its answer (run() first)", 3)
   end
-  self.asked = self.asked or {}
-  self.asked[#self.asked + 1] = { question = self.question or self.opts.query,
-    answer = self.final.answer, steps = #self.history - (self.history_mark or 0) }
-  self.question, self.history_mark = question, #self.history
-  self.messages = {
-    self.messages[1],
-    { role = "user", content = prompt.follow_up(self.asked, question, SUMMARY_ANSWER_CHARS) },
-  }
-  self.final, self.terminal, self.turns_over = nil, nil, nil
-  self.compaction, self.root_sent = nil, nil -- a new conversation: nothing of it compacted yet
-  self.turn_base = self.iterations
+  self.conversation:next_question(question, SUMMARY_ANSWER_CHARS)
+  self.terminal = nil
 end
 
 -- A follow-up question after run(): see follow_up. Returns what run() does.

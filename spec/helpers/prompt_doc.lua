@@ -1,9 +1,10 @@
--- The texts docs/prompt.md shows, made by lua/rlm/engine/prompt.lua and
--- lua/rlm/engine/reply.lua themselves:
+-- The texts docs/prompt.md shows, made by lua/rlm/engine/prompt.lua,
+-- feedback.lua and reply.lua themselves:
 -- spec/prompt_spec.lua checks that the document still says them, and
 --   lua5.4 spec/helpers/prompt_doc.lua docs/prompt.md
 -- (with the LUA_PATH/LUA_CPATH of make test) writes them into it again.
 local options = require("rlm.engine.options")
+local feedback = require("rlm.engine.feedback")
 local prompt = require("rlm.engine.prompt")
 local reply = require("rlm.engine.reply")
 
@@ -49,31 +50,31 @@ function M.blocks()
       "nested JSON:  " .. prompt.describe_json('[{"id": 1, "text": "a"}, {"id": 2, "text": "bb"}]'),
     }, "\n") },
     { "first_user", prompt.first_user("Which service failed during incident INC-4471?") },
-    { "exec_output", prompt.exec_output(1, 2, "3 lines\n", nil) .. "\n\n"
-      .. prompt.exec_output(2, 2, "", "Traceback (most recent call last):\n  File \"<repl-4>\", line 1, in <module>\n"
+    { "exec_output", feedback.exec_output(1, 2, "3 lines\n", nil) .. "\n\n"
+      .. feedback.exec_output(2, 2, "", "Traceback (most recent call last):\n  File \"<repl-4>\", line 1, in <module>\n"
         .. "NameError: name 'lines2' is not defined") .. "\n\n"
-      .. prompt.status({ used = 4, max = 20, sub_calls = 12, max_sub_calls = 200 }) },
-    { "status_near_end", prompt.status({ used = 19, max = 20, sub_calls = 12, max_sub_calls = 200 }) },
-    { "status_last", prompt.status({ used = 20, max = 20, sub_calls = 200, max_sub_calls = 200 }) },
-    { "no_code", prompt.NO_CODE },
-    { "no_reply", prompt.REASONING_ONLY .. "\n" .. prompt.EMPTY_REPLY },
+      .. feedback.status({ used = 4, max = 20, sub_calls = 12, max_sub_calls = 200 }) },
+    { "status_near_end", feedback.status({ used = 19, max = 20, sub_calls = 12, max_sub_calls = 200 }) },
+    { "status_last", feedback.status({ used = 20, max = 20, sub_calls = 200, max_sub_calls = 200 }) },
+    { "no_code", feedback.NO_CODE },
+    { "no_reply", feedback.REASONING_ONLY .. "\n" .. feedback.EMPTY_REPLY },
     { "skipped", table.concat(parse_notes, "\n") },
-    { "last_chance", prompt.LAST_CHANCE },
-    { "compacted", prompt.compacted({ first = 1, last = 12, hidden = 10, dropped = 0,
+    { "last_chance", feedback.LAST_CHANCE },
+    { "compacted", feedback.compacted({ first = 1, last = 12, hidden = 10, dropped = 0,
       entries = {
-        prompt.digest_turn(11, { code = "hits = [t for t in context if 'refund' in t['text'].lower()]\n"
+        feedback.digest_turn(11, { code = "hits = [t for t in context if 'refund' in t['text'].lower()]\n"
           .. "print(len(hits), 'of', len(context))", stdout = "212 of 600\n" }, 800, 200),
-        prompt.digest_turn(12, { code = "print(counts.most_common(2))", stdout = "", error = "Traceback (most "
+        feedback.digest_turn(12, { code = "print(counts.most_common(2))", stdout = "", error = "Traceback (most "
           .. "recent call last):\n  File \"<repl-14>\", line 1, in <module>\nNameError: name 'counts' is not defined" },
           800, 200),
       },
-      facts = { prompt.turn_fact(4, { error = "Traceback (most recent call last):\nKeyError: 'product'" }, 200),
-        prompt.turn_fact(9, { rejected = "expected a number" }, 200) },
-      vars = prompt.vars_listing({ { "hits", "list", 212 }, { "batches", "list", 5 }, { "asks", "set", 131 },
+      facts = { feedback.turn_fact(4, { error = "Traceback (most recent call last):\nKeyError: 'product'" }, 200),
+        feedback.turn_fact(9, { rejected = "expected a number" }, 200) },
+      vars = feedback.vars_listing({ { "hits", "list", 212 }, { "batches", "list", 5 }, { "asks", "set", 131 },
         { "Row", "type" }, { "row", "Row" } }, 0) }) },
-    { "compacted_model", prompt.compacted({ first = 1, last = 12, hidden = 0, dropped = 0, facts = {},
-      summary = "(the model's summary of turns 1 to 12)", vars = prompt.vars_listing({ { "hits", "list", 212 } }, 0) }) },
-    { "compact_request", prompt.COMPACT_REQUEST:format(1, 12, 4, 2500) },
+    { "compacted_model", feedback.compacted({ first = 1, last = 12, hidden = 0, dropped = 0, facts = {},
+      summary = "(the model's summary of turns 1 to 12)", vars = feedback.vars_listing({ { "hits", "list", 212 } }, 0) }) },
+    { "compact_request", feedback.COMPACT_REQUEST:format(1, 12, 4, 2500) },
   }
 end
 

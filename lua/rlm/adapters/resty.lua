@@ -45,7 +45,7 @@ end
 
 local function exiting_error(s)
   return errors.new("driver_exited", "the nginx worker is exiting; the session was closed",
-    { history = s.history })
+    { history = s.conversation.history })
 end
 
 -- The blocking loop: drives s in the current request (or timer) coroutine

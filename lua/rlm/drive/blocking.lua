@@ -69,12 +69,13 @@ function M:step()
   -- The turns are spent: the step that follows the last one runs the end
   -- run() would (the last-chance call, the fallback answer); later ones, or
   -- a step past a final answer, get max_iterations.
-  if self:_turns_spent() and not self.closed and (self.turns_over or self.final) then
+  local conv = self.conversation
+  if conv:turns_spent() and not self.closed and (conv.turns_over or conv.final) then
     return nil, errors.new("max_iterations", ("max_iterations (%d) root turns are spent")
-      :format(self.opts.max_iterations), { history = self.history })
+      :format(self.opts.max_iterations), { history = conv.history })
   end
-  if self.final then
-    self.more_turns = true -- after the final answer, more steps go on
+  if conv.final then
+    conv:go_on() -- after the final answer, more steps go on
   end
   if self.terminal and self.terminal.type == "done" then
     self.terminal = nil
@@ -90,7 +91,7 @@ function M:step()
         final = { kind = "fallback", answer = result.answer, value = result.value, partial = true,
           reason = result.reason } }
     end
-    return self.history[#self.history]
+    return conv.history[#conv.history]
   end
   return nil, ev.err
 end

@@ -83,7 +83,7 @@ local function delta_of(s, ev)
       return true
     end
     local from = s.scheduler:origin(ev.id)
-    return from:_emit({ type = "root_delta", step = from.iterations, text = text }) == true
+    return from:_emit({ type = "root_delta", step = from.conversation.iterations, text = text }) == true
   end
 end
 

@@ -7,7 +7,10 @@ local textlib = require("rlm.base.text")
 local util = require("rlm.base.util")
 
 local M = {}
+
+-- Conversation methods (rlm.engine.conversation).
 M.methods = {}
+local C = M.methods
 
 local null = json.null
 
@@ -291,25 +294,26 @@ function M.prompt(o)
     .. "FINAL_VAR(\"name\"); an answer that does not match is sent back to you with what is wrong."
 end
 
--- The turn's hook (rlm.turn): checks entry.final when there is one. A
+-- The turn's hook (rlm.engine.turn): checks entry.final when there is one. A
 -- refused answer is taken off the entry, and the complaint goes into the
 -- feedback the model reads next. Returns the feedback, or nil, err.
-function M.methods:_check_answer(entry, feedback)
+function C:check_answer(entry, feedback)
+  local s = self.session
   local final = entry.final
   if not final or not (self.opts.answer_schema or self.opts.validate) then
     return feedback
   end
   local status, value = M.check(self.opts, final.value)
-  if self.closed then
-    return self:_cancelled()
+  if s.closed then
+    return s:_cancelled()
   end
   if status == nil then
-    return self:_error("callback_error", value)
+    return s:_error("callback_error", value)
   end
   if status == false then
     local why = value
     entry.final, entry.rejected = nil, why
-    local ok, err = self:_emit({ type = "answer_rejected", step = self.iterations, answer = final.answer,
+    local ok, err = s:_emit({ type = "answer_rejected", step = self.iterations, answer = final.answer,
       reason = why })
     if not ok then
       return nil, err

@@ -67,7 +67,7 @@ end
 
 -- The start is over: after a failed one its canaries go now; after one
 -- that went well, once the first exec has gone to the driver, while it runs
--- (rlm.engine.turn's _exec), or at the end of the first turn
+-- (rlm.engine.exec), or at the end of the first turn
 -- (remove_canaries). Until then the handle owns them, and teardown removes
 -- them when the session closes first.
 function M:start_ended(ok, err)

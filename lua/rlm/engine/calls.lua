@@ -82,7 +82,7 @@ function M:query(msg)
   local kind = msg.type
   if kind == "tool_call" then
     return tools.call(s, self, msg)
-  elseif self.open_slots > 0 or s.interrupted then
+  elseif self.open_slots > 0 or s.conversation.interrupted then
     return self:refuse(msg.id)
   end
   local o, tree = self.opts, self.tree
@@ -143,7 +143,7 @@ function M:call(prompt, driver_id, model, c, slot, count, batch_id, nested, key)
     t0 = core.now_ms()
     key = cachelib.key(prompt, model, s.depth, cache.namespace)
     if cache.host then
-      self:request({ type = "cache_get", key = key, depth = s.depth, exec_id = s.next_exec_id,
+      self:request({ type = "cache_get", key = key, depth = s.depth, exec_id = s.conversation.next_exec_id,
         call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot, count = count,
           batch_id = batch_id } })
       return true
@@ -167,13 +167,13 @@ function M:call(prompt, driver_id, model, c, slot, count, batch_id, nested, key)
       return nil, err
     end
   end
-  if key and cache:join(key, { type = "cache_wait", scheduler = self, key = key, exec_id = s.next_exec_id,
+  if key and cache:join(key, { type = "cache_wait", scheduler = self, key = key, exec_id = s.conversation.next_exec_id,
     t0 = t0 or core.now_ms(), call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot,
     count = count, batch_id = batch_id } }) then
     return true -- the same call is out: its answer comes as this one's (landed)
   end
   local call = { type = not nested and "llm_query" or nil, prompt = prompt, depth = s.depth,
-    driver_id = driver_id, exec_id = s.next_exec_id, index = tree:count_sub_call(), batch_index = slot,
+    driver_id = driver_id, exec_id = s.conversation.next_exec_id, index = tree:count_sub_call(), batch_index = slot,
     batch_size = count, batch_id = batch_id, model = model, cache_key = key }
   if nested then
     call.context, call.format = c.context, c.format
@@ -214,7 +214,7 @@ function M:settle(req, ok, text, usage)
     -- The calls that wait for this one's answer get it (or go out).
     self.tree.cache:land(req.cache_key, ok and type(text) == "string" and text or nil)
   end
-  if req.exec_id ~= s.next_exec_id or s.interrupted then
+  if req.exec_id ~= s.conversation.next_exec_id or s.conversation.interrupted then
     return true -- the exec it belonged to is over, or was interrupted
   end
   local slot_error
@@ -242,7 +242,7 @@ function M:settle(req, ok, text, usage)
     end
   end
   if self.opts.on_event then -- the event is built only for someone to see it
-    local emitted, err = s:_emit({ type = "sub_query", step = s.iterations, prompt = req.prompt,
+    local emitted, err = s:_emit({ type = "sub_query", step = s.conversation.iterations, prompt = req.prompt,
       response = text, error = slot_error, latency_ms = core.now_ms() - req.t0, index = req.index,
       batch_index = req.batch_index, batch_size = req.batch_size, batch_id = req.batch_id, usage = usage })
     if not emitted then
@@ -260,7 +260,7 @@ function M:hit(text, prompt, driver_id, slot, count, batch_id, t0)
   local s = self.session
   local n = self.tree.cache:count_hit()
   if self.opts.on_event then
-    local ok, err = s:_emit({ type = "sub_query", step = s.iterations, prompt = prompt, response = text,
+    local ok, err = s:_emit({ type = "sub_query", step = s.conversation.iterations, prompt = prompt, response = text,
       cached = true, cache_hit = n, latency_ms = core.now_ms() - t0, batch_index = slot, batch_size = count,
       batch_id = batch_id })
     if not ok then
@@ -276,7 +276,7 @@ end
 -- way (joining the flight for its key first).
 function M:looked_up(req, reply)
   local s = self.session
-  if req.exec_id ~= s.next_exec_id or s.interrupted then
+  if req.exec_id ~= s.conversation.next_exec_id or s.conversation.interrupted then
     return true -- the exec it belonged to is over, or was interrupted
   end
   local a = req.call

@@ -28,9 +28,10 @@ end
 -- Asks the root model once more, through poll()/reply(), however the run
 -- ended (the sandbox may be gone). Bounded by step_timeout_ms, checked
 -- each time the session is polled. Returns the text, or nil.
-local function ask(s, reason)
+local function ask(c, reason)
+  local s = c.session
   local copy = {}
-  for i, m in ipairs(s.messages) do
+  for i, m in ipairs(c.messages) do
     copy[i] = { role = m.role, content = m.content }
   end
   copy[#copy + 1] = { role = "user", content = M.PROMPT:format(reason) }
@@ -55,8 +56,10 @@ local function ask(s, reason)
 end
 
 -- The run's end, ev ({ type = "done" | "error", ... }), with a fallback
--- answer in place of an error of M.KINDS where the model gives one.
-function M.after(s, ev)
+-- answer in place of an error of M.KINDS where the model gives one. c: the
+-- session's conversation (rlm.engine.conversation).
+function M.after(c, ev)
+  local s = c.session
   local e = ev.err
   if ev.type ~= "error" or not s.opts.fallback or not M.KINDS[e.kind] or s.closed then
     return ev
@@ -69,9 +72,9 @@ function M.after(s, ev)
   if type(e.partial) == "string" and e.partial ~= "" then
     text = e.partial -- the last-chance call already answered in prose
   else
-    text, usage, latency = ask(s, e.message)
+    text, usage, latency = ask(c, e.message)
     if text and s.opts.on_event then
-      s:_emit({ type = "root_response", step = s.iterations, response = text, latency_ms = latency,
+      s:_emit({ type = "root_response", step = c.iterations, response = text, latency_ms = latency,
         usage = usage, fallback = true })
     end
   end
@@ -86,9 +89,9 @@ function M.after(s, ev)
     return ev
   end
   s.failed = nil
-  s:_emit({ type = "final", step = s.iterations, answer = text, kind = "fallback", partial = true,
+  s:_emit({ type = "final", step = c.iterations, answer = text, kind = "fallback", partial = true,
     reason = e.kind })
-  local result = s:_result({ kind = "fallback", answer = text, value = value })
+  local result = c:result({ kind = "fallback", answer = text, value = value })
   result.partial, result.reason = true, { kind = e.kind, message = e.message }
   return { type = "done", result = result }
 end

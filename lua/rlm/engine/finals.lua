@@ -2,20 +2,17 @@
 -- written in prose; when the turns run out, the last-chance call and the
 -- partial answer. Split from lua/rlm/engine/turn.lua, which runs the turns.
 local errors = require("rlm.base.errors")
-local prompt = require("rlm.engine.prompt")
+local feedback = require("rlm.engine.feedback")
 local json = require("rlm.base.json")
+local trim = require("rlm.engine.markup").trim
 local reply_parser = require("rlm.engine.reply")
 local util = require("rlm.base.util")
 
 local M = {}
 
-local function trim(s)
-  return s:match("^%s*(.-)%s*$")
-end
-
--- Session methods, mixed into rlm.Session.
+-- Conversation methods (rlm.engine.conversation).
 M.methods = {}
-local S = M.methods
+local C = M.methods
 
 -- FINAL_VAR's value travels once: the answer is that string, or the
 -- value's JSON text (made here, not sent twice). rlm.protocol lets through
@@ -42,7 +39,7 @@ end
 -- value a variable holds); FINAL an expression.
 function M.final_code(f)
   if f.kind == "var" then
-    local name = f.text:match("^%s*(.-)%s*$")
+    local name = trim(f.text)
     name = name:match([[^"(.*)"$]]) or name:match("^'(.*)'$") or name
     return identifier(name) and ("FINAL_VAR('%s')"):format(name) or ("FINAL_VAR(%s)"):format(f.text)
   end
@@ -65,9 +62,9 @@ end
 -- expression of the model's variables or the REPL's functions): then its
 -- value is, and an exception is an error. Returns the final, or nil and
 -- what to tell the model; nil, nil, err when the session ended.
-function S:_prose_final(f, in_code)
+function C:prose_final(f, in_code)
   local prose = not in_code and f.kind == "final" and f.text or nil
-  local res, err = self:_exec(M.final_code(f), prose)
+  local res, err = self:exec(M.final_code(f), prose)
   if not res then
     return nil, nil, err
   end
@@ -95,11 +92,11 @@ end
 
 -- The best answer a run without a final one has: what the REPL printed
 -- last, else the prose of the model's last response.
-function S:_partial()
+function C:partial()
   for i = #self.history, 1, -1 do
     local out = self.history[i].stdout
     if out and out:match("%S") then
-      return out:match("^%s*(.-)%s*$"), "repl_output"
+      return trim(out), "repl_output"
     end
   end
   for i = #self.history, 1, -1 do
@@ -115,24 +112,25 @@ end
 -- FINAL or FINAL_VAR (in prose, or a FINAL line of a block) is the answer;
 -- else the response's plain text is (answer_source "text"). Nothing runs
 -- but the final lines.
-function S:_last_chance()
-  local compacted, why = self:_compact_if_due() -- option compact (rlm.engine.compact)
+function C:last_chance()
+  local s = self.session
+  local compacted, why = self.compactor:if_due() -- option compact (rlm.engine.compact)
   if not compacted then
     return nil, why
   end
-  self.messages[#self.messages + 1] = { role = "user", content = prompt.LAST_CHANCE }
-  self.clock:arm_root(self.sandbox.driver)
-  local response, err = self:_call_root(self.messages)
+  self.messages[#self.messages + 1] = { role = "user", content = feedback.LAST_CHANCE }
+  s.clock:arm_root(s.sandbox.driver)
+  local response, err = self:call_root(self.messages)
   if not response then
     return nil, err
   end
-  self.clock:arm_step(self.sandbox.driver)
+  s.clock:arm_step(s.sandbox.driver)
   local reply = reply_parser.parse(response)
   local entry = { response = response, code = "", stdout = "", blocks = {}, last_chance = true }
   local final
   for i, f in ipairs(util.append({}, reply.finals, reply.code_finals)) do
     local _
-    final, _, err = self:_prose_final(f, i > #reply.finals)
+    final, _, err = self:prose_final(f, i > #reply.finals)
     if err then
       return nil, err
     elseif final then
@@ -142,10 +140,10 @@ function S:_last_chance()
   if not final and reply.text ~= "" and not reply.conflict then
     final = { kind = "text", value = reply.text, answer = reply.text, source = "text" }
   end
-  self.clock:disarm(self.sandbox.driver)
+  s.clock:disarm(s.sandbox.driver)
   entry.final = final
   local checked
-  checked, err = self:_check_answer(entry, "") -- rlm.answer
+  checked, err = self:check_answer(entry, "") -- rlm.engine.answer
   if not checked then
     return nil, err
   end
@@ -155,13 +153,13 @@ function S:_last_chance()
     final.partial, final.reason = true, { kind = "max_iterations", message = ("the answer was given "
       .. "after max_iterations (%d) root turns, without code"):format(self.opts.max_iterations) }
     local ok
-    ok, err = self:_record(entry, nil)
+    ok, err = self:record(entry, nil)
     if not ok then
       return nil, err
     end
-    return self:_result(final)
+    return self:result(final)
   end
-  local partial, source = self:_partial()
+  local partial, source = self:partial()
   return nil, errors.new("max_iterations", ("no final answer after max_iterations (%d) root turns")
     :format(self.opts.max_iterations), { history = self.history, partial = partial, partial_source = source })
 end

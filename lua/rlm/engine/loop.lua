@@ -165,7 +165,7 @@ function M:_pump()
   self.pumped_at = core.now_ms() -- sandbox.probe: this session is driven
   if not self.engine then
     self.engine = coroutine.create(function()
-      return self:_main()
+      return self.conversation:main()
     end)
   end
   return resumed(self, coroutine.resume(self.engine))

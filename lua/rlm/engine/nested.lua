@@ -122,10 +122,10 @@ function Nested:done(child, ev)
   else
     problem = ("rlm_query failed (%s): %s"):format(ev.err.kind, textlib.error_line(ev.err.message))
   end
-  local ok, err = s:_emit({ type = "sub_query", step = s.iterations, prompt = call.prompt,
+  local ok, err = s:_emit({ type = "sub_query", step = s.conversation.iterations, prompt = call.prompt,
     response = text, error = problem, latency_ms = core.now_ms() - call.t0, index = call.index,
     batch_index = call.batch_index, batch_size = call.batch_size, batch_id = call.batch_id,
-    recursive = true, iterations = child.iterations, error_kind = ev.err and ev.err.kind })
+    recursive = true, iterations = child.conversation.iterations, error_kind = ev.err and ev.err.kind })
   if not ok then
     return nil, err
   end

@@ -2,7 +2,7 @@
 -- (rlm.engine.boot) and the root model's first call, which goes out while
 -- the sandbox boots and self-tests (issue 30). Its reply waits in the inbox
 -- until the start's last check has passed: only the first turn
--- (rlm.engine.turn's _turn) takes it, so no model-written code reaches a
+-- (rlm.engine.turn's turn) takes it, so no model-written code reaches a
 -- sandbox that is not proven, and a start that fails drops it. Methods of
 -- the Session.
 local M = {}
@@ -27,10 +27,7 @@ function M:_open()
     ok, err = self.sandbox:boot()
   end
   self.starting = nil
-  if self.first_call then
-    -- Counted again by the turn that takes the call (_turns_spent reads it).
-    self.iterations = self.iterations - 1
-  end
+  self.conversation:first_waits() -- counted again by the turn that takes the call
   if ok then
     local info = self.sandbox.info
     ok, err = self:_emit({ type = "sandbox_ready", start = self.sandbox.start, backend = info.backend,
@@ -47,20 +44,20 @@ end
 -- the budgets are checked and its step begins (step_start) as a turn's
 -- would. true, or nil, err.
 function M:_ask_first()
-  if self.first_call or not self.starting then
+  if self.conversation.first_call or not self.starting then
     return true
   end
   local ok, err = self:_check_budget()
   if not ok then
     return nil, err
   end
-  ok, err = self:_emit({ type = "step_start", step = self.iterations + 1 })
+  ok, err = self:_emit({ type = "step_start", step = self.conversation.iterations + 1 })
   if not ok then
     return nil, err
   end
-  self.iterations = self.iterations + 1 -- the step its root_delta events name
   -- The conversation itself, as every root call gets it (rlm.engine.turn).
-  self.first_call = self.scheduler:request({ type = "root_llm", messages = self.messages, depth = self.depth })
+  self.conversation:first_out(self.scheduler:request({ type = "root_llm", messages = self.conversation.messages,
+    depth = self.depth }))
   return true
 end
 
@@ -68,11 +65,10 @@ end
 -- dropped unread, and what it reported as usage counts all the same (the
 -- tokens were paid). One that comes later is dropped as any late reply.
 function M:_drop_first()
-  local req = self.first_call
+  local req = self.conversation:take_first()
   if not req then
     return
   end
-  self.first_call = nil
   local r = self.scheduler:take_reply()
   if r and r.request == req and not r.failed then
     self.tree:add_usage("root_llm", r.usage) -- a usage of another shape is not counted

@@ -1,16 +1,17 @@
 -- A session: a small object that holds its collaborators, each made here
 -- with its own fields and a few named methods (docs/architecture.md, "Who
--- owns what"): its sandbox (rlm.engine.handle), its sub-call scheduler
--- (rlm.engine.subcalls), its nested sessions (rlm.engine.nested), the
--- tree's budgets (rlm.engine.budgets, shared with its nested sessions) and
--- its deadlines (rlm.engine.clock). What stays the session's own is the
--- conversation and its turns (rlm.engine.turn, finals, answer, compact:
--- methods of this class) and the engine's coroutine, which drives them all
--- (rlm.engine.loop); and here, how it fails and what it reports. The
--- collaborators ask the session for those through its methods. rlm
+-- owns what"): its conversation with the root model and the turns that
+-- run it (rlm.engine.conversation), its sandbox (rlm.engine.handle), its
+-- sub-call scheduler (rlm.engine.subcalls), its nested sessions
+-- (rlm.engine.nested), the tree's budgets (rlm.engine.budgets, shared with
+-- its nested sessions) and its deadlines (rlm.engine.clock). What stays the
+-- session's own is the engine's coroutine, which drives them all
+-- (rlm.engine.loop, opening); and here, how it fails and what it reports.
+-- The collaborators ask the session for those through its methods. rlm
 -- (init.lua) adds the public API and run()/step() (rlm.drive.blocking).
 local budgets = require("rlm.engine.budgets")
 local clock = require("rlm.engine.clock")
+local conversation = require("rlm.engine.conversation")
 local errors = require("rlm.base.errors")
 local events = require("rlm.base.events")
 local handle = require("rlm.engine.handle")
@@ -24,6 +25,7 @@ local util = require("rlm.base.util")
 -- the engine sets no other; each collaborator declares its own).
 ---@class Session
 -- Its collaborators, each made here with its own fields and methods
+---@field conversation Conversation its root model's conversation and the turns that run it (rlm.engine.conversation)
 ---@field sandbox Handle its sandbox: the start, the wire to the driver (rlm.engine.handle, boot)
 ---@field scheduler Scheduler its sub-calls: requests out, replies in (rlm.engine.subcalls)
 ---@field nested Nested its nested sessions (rlm.engine.nested)
@@ -43,30 +45,13 @@ local util = require("rlm.base.util")
 ---@field inline function|nil under run()/step(): answers the requests handed out at once (rlm.drive.blocking)
 ---@field hook_token userdata|nil under run()/step(): the hook as it started; SIGINT armed (rlm.drive.blocking)
 ---@field sigint boolean|nil closed by a SIGINT: run()/step() raise "interrupted!" (rlm.drive.blocking)
--- The conversation and its turns (rlm.engine.turn, finals, answer; rlm's ask)
----@field messages table the root model's conversation
----@field history table the steps so far (err.history, result.history)
----@field iterations integer turns taken
----@field next_exec_id integer
----@field interrupted boolean|nil the current exec ran out of time
----@field final table|nil the answer, once given
+-- How it ends
 ---@field terminal table|nil the run's end: { type = "done" | "error", ... }
 ---@field failed table|nil the error it ended with; every later call returns it
 ---@field closed boolean|nil close() was called
----@field turns_over boolean|nil max_iterations is spent
----@field more_turns boolean|nil step() after the answer goes on (ask)
----@field asked table|nil the earlier questions and answers of ask()
----@field question string|nil the current follow-up question
----@field history_mark integer|nil where the current question's steps begin
----@field turn_base integer|nil the turns taken before the current question
 ---@field trim_token userdata|nil on Lua 5.1 and LuaJIT: the allocator's trim after its collection (rlm/init.lua)
--- Compaction (option compact: rlm.engine.compact)
----@field compaction table|nil the current question's: { head = its first user message, turns = compacted }
----@field compactions integer|nil compactions run over the session's life
----@field root_sent table|nil the last root call's size: { bytes =, tokens = (its usage's input) }
 -- The run's opening (rlm.engine.opening)
 ---@field starting boolean|nil the sandbox starts: replies wait, callbacks' time is the start's
----@field first_call table|nil the root call that went out while the sandbox started, till a turn takes it
 local Session = {}
 Session.__index = Session
 
@@ -78,9 +63,6 @@ local function new_session(o, parent, context_data, context_format, description)
     parent = parent,
     depth = parent and parent.depth + 1 or 0,
     tree = parent and parent.tree or budgets.new(o), -- one budget for the tree
-    history = {},
-    iterations = 0,
-    next_exec_id = 0,
   }, Session)
   -- Names the session in its events: "1" for the root, "1.2" for the second
   -- session its code started, and so on.
@@ -101,11 +83,8 @@ local function new_session(o, parent, context_data, context_format, description)
     end
     self.system_problem, system = problem, ""
   end
-  self.messages = {
-    -- The tools and the answer's schema are told whatever the prompt is.
-    { role = "system", content = system .. tools.prompt(o) .. require("rlm.engine.answer").prompt(o) },
-    { role = "user", content = prompt.first_user(o.query) },
-  }
+  -- The tools and the answer's schema are told whatever the prompt is.
+  self.conversation = conversation.new(self, system .. tools.prompt(o) .. require("rlm.engine.answer").prompt(o))
   return self
 end
 
@@ -140,7 +119,7 @@ function Session:_fail(err)
   if self.closed and not self.failed and err.kind ~= "cancelled" then
     return self:_cancelled()
   end
-  err.history = self.history
+  err.history = self.conversation.history
   self.failed = self.failed or err
   self.nested:end_all()
   self.sandbox:teardown()
@@ -254,15 +233,7 @@ function Session:_emit(ev)
   return true
 end
 
-for _, methods in ipairs({ require("rlm.engine.answer").methods,
-  require("rlm.engine.finals").methods, require("rlm.engine.compact").methods }) do
-  for k, fn in pairs(methods) do
-    assert(Session[k] == nil, k)
-    Session[k] = fn
-  end
-end
-
-for _, name in ipairs({ "turn", "loop", "opening" }) do
+for _, name in ipairs({ "loop", "opening" }) do
   for k, fn in pairs(require("rlm.engine." .. name)) do
     if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
       assert(Session[k] == nil, k)

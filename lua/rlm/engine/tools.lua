@@ -209,7 +209,7 @@ function M.call(s, scheduler, msg)
     return s:_error("protocol_error", ("the driver called a tool %q the host does not have")
       :format(msg.name:sub(1, M.MAX_NAME)))
   end
-  if s.interrupted then
+  if s.conversation.interrupted then
     -- The step ran out of time: no call is made until the exec ends.
     return s.sandbox:send({ type = "tool_result", id = msg.id, interrupted = true })
   end
@@ -234,7 +234,7 @@ function M.call(s, scheduler, msg)
   -- args (positional at 1..n, keywords by name) for poll() and the event;
   -- positional, argc and kwargs for the call.
   scheduler:request({ type = "tool_call", name = msg.name, args = args, positional = positional, argc = #positional,
-    kwargs = kwargs, depth = s.depth, driver_id = msg.id, exec_id = s.next_exec_id, index = index })
+    kwargs = kwargs, depth = s.depth, driver_id = msg.id, exec_id = s.conversation.next_exec_id, index = index })
   return true
 end
 
@@ -245,7 +245,7 @@ local reason = textlib.error_line
 -- the code, and an event says so.
 function M.answer(s, scheduler, reply)
   local req = reply.request
-  if req.exec_id ~= s.next_exec_id or s.interrupted then
+  if req.exec_id ~= s.conversation.next_exec_id or s.conversation.interrupted then
     return true -- the exec it belonged to is over, or was interrupted
   end
   local value, problem = reply.text, nil
@@ -258,7 +258,7 @@ function M.answer(s, scheduler, reply)
   if not ok then
     return nil, err
   end
-  ok, err = s:_emit({ type = "tool_call", step = s.iterations, name = req.name, args = req.args,
+  ok, err = s:_emit({ type = "tool_call", step = s.conversation.iterations, name = req.name, args = req.args,
     result = value, error = problem, latency_ms = core.now_ms() - req.t0, index = req.index })
   if not ok then
     return nil, err
