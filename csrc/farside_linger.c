@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #define LINGER_MAX_MS 600000       /* ten minutes: a bound on what is left */
@@ -267,10 +268,14 @@ static int linger_left_ms(far *f) {
   return spent >= f->linger_ms ? 0 : (int)(f->linger_ms - spent);
 }
 
-/* A refused attach: said on its stream (best effort), logged, and let go
- * of; the keeper goes on as it was. */
+/* A refused attach: said on its stream (best effort), logged (stderr and
+ * syslog), and let go of; the keeper goes on as it was. */
 static void refuse(far *f, int conn, const int *fds, const char *why) {
   linger_log(f, "refused an attach: %s", why);
+  /* The stderr above is the first stream's, gone with a dead host's pipe:
+   * syslog's authpriv too, where the machine has one. */
+  syslog(LOG_AUTHPRIV | LOG_WARNING, "rlm-keeper[%d] %s: refused an attach: %s",
+         (int)getpid(), f->linger_id, why);
   if (fds[1] >= 0) {
     char line[600];
     size_t n = (size_t)snprintf(line, sizeof(line),
