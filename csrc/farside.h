@@ -154,6 +154,7 @@ typedef struct far {
   rlm_driver *d;
   int started, ended;
   unsigned long lines_seen; /* the driver's lines so far */
+  uint64_t host_lines;      /* the host's D lines taken, on any stream */
   int load_seen;            /* the host's load_context went to the driver */
   far_rlimit want[FAR_MAX_RLIMITS];
   size_t n_want;

@@ -438,10 +438,11 @@ static void linger_accept(far *f) {
   f->pre_len = (size_t)snprintf(
       f->pre, sizeof(f->pre),
       "K{\"type\":\"attached\",\"fence\":%lld,\"seen\":%llu,\"from\":%llu,"
-      "\"lost\":%llu,\"sent\":%llu,\"sandbox\":\"%s\",\"pid\":%d}\n",
+      "\"lost\":%llu,\"sent\":%llu,\"taken\":%llu,\"sandbox\":\"%s\","
+      "\"pid\":%d}\n",
       (long long)fence, (unsigned long long)seen, (unsigned long long)from,
       (unsigned long long)(from - seen), (unsigned long long)f->out_seq,
-      far_mode_name(f->mode), (int)getpid());
+      (unsigned long long)f->host_lines, far_mode_name(f->mode), (int)getpid());
   linger_log(f, "attached (fence %lld): lines %llu to %llu again, %llu lost",
              (long long)fence, (unsigned long long)from,
              (unsigned long long)f->out_seq, (unsigned long long)(from - seen));

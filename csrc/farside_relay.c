@@ -260,6 +260,8 @@ static void keeper_message(far *f, const char *s, size_t len) {
 }
 
 static void host_line(far *f, const char *s, size_t len) {
+  if (len > 0 && s[0] == 'D')
+    f->host_lines++; /* an attach says how many came (its "taken") */
   if (len > 0 && s[0] == 'D' && f->d != NULL) {
     if (f->ctx_state != 0 && !f->load_seen)
       note_load(f, s + 1, len - 1);

@@ -72,7 +72,7 @@ local function host_killed(dir, id, ms, mode)
   local said = cjson.decode(line)
   assert(os.execute(("kill -9 %d 2>/dev/null"):format(said.pid)))
   p:close()
-  said.seen, said.keeper = math.floor(said.seen), math.floor(said.keeper)
+  said.seen, said.keeper, said.sent = math.floor(said.seen), math.floor(said.keeper), math.floor(said.sent)
   return said
 end
 
@@ -117,8 +117,9 @@ describe("a keeper that lingers after its host", function()
       io.stderr:write(("\n[linger] re-attach %.1f ms, re-attach and print(x) %.1f ms (target <= 1000)\n")
         :format(attach_ms, read_ms))
       assert.equals("42\n", r.stdout)
-      assert.same({ from = said.seen, lost = 0, sent = said.seen }, { from = info.from, lost = info.lost,
-        sent = info.sent })
+      -- the replay starts where the host was; load_context and one exec came
+      assert.same({ from = said.seen, lost = 0, sent = said.seen, taken = 2 }, info)
+      assert.equals(2, said.sent)
       -- load 12 on 2 cores: well past the 1 s target, still a bound
       assert.is_true(attach_ms < 5000, attach_ms)
       assert.equals("", cmdlines_holding(said.token))
@@ -139,7 +140,9 @@ describe("a keeper that lingers after its host", function()
     assert(h, info and info.message)
     local r = D.expect(h, "exec_result")
     assert.same({ 2, "42\n" }, { r.id, r.stdout })
-    assert.same({ said.seen, 0, said.seen + 1 }, { info.from, info.lost, info.sent })
+    assert.same({ said.seen, 0, said.seen + 1, 3 }, { info.from, info.lost, info.sent, info.taken })
+    -- the handle counts on from the keeper's count
+    assert.equals(3, h:sent_lines())
     h:close()
     assert.is_false(H.settled(function()
       return running(said.keeper)

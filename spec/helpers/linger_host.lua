@@ -36,7 +36,7 @@ elseif mode == "unread" then
 end
 local stat = assert(io.open("/proc/self/stat")):read("*l")
 io.stdout:write(cjson.encode({ pid = tonumber(stat:match("^%d+")), keeper = h.hello.pid, token = token,
-  fence = 1, seen = h:received(), at = core.now_ms() }), "\n")
+  fence = 1, seen = h:received(), sent = h:sent_lines(), at = core.now_ms() }), "\n")
 io.stdout:flush()
 while true do
   core.waitset():wait(1000)

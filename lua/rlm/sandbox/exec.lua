@@ -218,8 +218,14 @@ function M.forget() end
 local Handle = {}
 Handle.__index = Handle
 
+-- A line for the driver, counted: an attach says how many of them the
+-- keeper took (its "taken"), so a resume knows whether its step arrived.
 function Handle:send(line)
-  return self.drv:send(line)
+  local ok, err = self.drv:send(line)
+  if ok then
+    self.sent = self.sent + 1
+  end
+  return ok, err
 end
 
 function Handle:fd()
@@ -288,6 +294,13 @@ end
 -- `seen` gives back: the lines after it are replayed).
 function Handle:received()
   return self.seq_base + self.drv:received() - self.uncounted
+end
+
+-- The driver's lines this handle sent (and, after an attach, the ones the
+-- keeper had taken before it): a journal compares a step's number with an
+-- attach's `taken`.
+function Handle:sent_lines()
+  return self.sent
 end
 
 function Handle:peak_rss()
@@ -456,7 +469,7 @@ end
 function M.handle(drv, spec)
   return setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
     ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow, claim_of = spec.claim_of,
-    durable = spec.durable, seq_base = 0, uncounted = 0 }, Handle)
+    durable = spec.durable, seq_base = 0, uncounted = 0, sent = 0 }, Handle)
 end
 
 -- rlm.core's stream, the keeper's start at once, and the context after

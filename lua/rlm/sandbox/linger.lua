@@ -90,9 +90,11 @@ end
 
 -- A Handle on the keeper that lingers as d.id, its REPL as it was, ready
 -- for the session's next line: the keeper's lines after d.seen (default
--- 0) come first (replayed). Returns h, { from =, lost =, sent = } (the
--- first line replayed, how many between seen and it the keeper no longer
--- held, how many it sent in all), or nil and an error: sandbox_lost
+-- 0) come first (replayed). Returns h, { from =, lost =, sent =, taken = }
+-- (the first line replayed, how many between seen and it the keeper no
+-- longer held, how many it sent in all, how many of the host's driver
+-- lines it took: Handle:sent_lines() goes on from there), or nil and an
+-- error: sandbox_lost
 -- when no keeper lingers there (gone, or never), sandbox_unavailable
 -- when it refuses (a wrong token, a stale fence).
 function M.attach(opts, d)
@@ -130,10 +132,12 @@ function M.attach(opts, d)
         h.hello, h.sandbox, h.hello_at = msg, msg.sandbox, core.now_ms()
         -- its numbering: the attached line is none of it
         h.seq_base, h.uncounted = math.floor(msg.from), 1
+        h.sent = math.floor(tonumber(msg.taken) or 0)
         h.beating = true
         drv:heartbeat('{"type":"ping"}', math.min(exec.PING_MS, math.max(math.floor(h.ping_timeout_ms / 2), 1)),
           h.ping_timeout_ms)
-        return h, { from = msg.from, lost = msg.lost, sent = msg.sent }
+        return h, { from = h.seq_base, lost = math.floor(msg.lost), sent = math.floor(msg.sent),
+          taken = h.sent }
       end
       drv:close()
       if t == "refused" then
