@@ -98,6 +98,7 @@ build = {
     ["rlm.sandbox.container"] = "lua/rlm/sandbox/container.lua",
     ["rlm.sandbox.container_names"] = "lua/rlm/sandbox/container_names.lua",
     ["rlm.sandbox.exec"] = "lua/rlm/sandbox/exec.lua",
+    ["rlm.sandbox.linger"] = "lua/rlm/sandbox/linger.lua",
     ["rlm.sandbox.pool"] = "lua/rlm/sandbox/pool.lua",
     ["rlm.sandbox.probe"] = "lua/rlm/sandbox/probe.lua",
     ["rlm.sandbox.selftest"] = "lua/rlm/sandbox/selftest.lua",

@@ -41,8 +41,9 @@ typedef struct driver_ud {
   struct late_writer *writer; /* a large late context being written off
                                  the Lua thread; NULL */
   int stream;                 /* core.stream's: lines come and go on channels */
-  int raw_ref; /* a stream's raw bytes (d:send_raw), in the registry until
-                  written; LUA_NOREF */
+  int raw_ref;       /* a stream's raw bytes (d:send_raw), in the registry until
+                        written; LUA_NOREF */
+  uint64_t lines_in; /* a stream's lines taken by poll, on any channel */
 } driver_ud;
 
 /* A hook_state is core.hook_state()'s token (core_hook.c). */

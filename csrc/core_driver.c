@@ -118,6 +118,8 @@ static int driver_poll(lua_State *L) {
   if (ev == NULL)
     return 0;
   int n = 1;
+  if (ev->kind == RLM_EV_LINE && u->stream)
+    u->lines_in++; /* the keeper numbers them alike (its replay) */
   if (ev->kind == RLM_EV_LINE && u->stream) {
     /* A stream's line: the driver's (D) goes on as a line without its
      * channel byte; the keeper's own (K), or one on no channel, is said

@@ -216,6 +216,7 @@ static int core_spawn(lua_State *L) {
   u->writer = NULL;
   u->stream = 0;
   u->raw_ref = LUA_NOREF;
+  u->lines_in = 0;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
 
@@ -340,6 +341,7 @@ static int start_local(lua_State *L, char channel) {
   u->writer = NULL;
   u->stream = channel != 0;
   u->raw_ref = LUA_NOREF;
+  u->lines_in = 0;
   luaL_getmetatable(L, DRIVER_MT);
   lua_setmetatable(L, -2);
   rlm_driver_opts o;

@@ -1,7 +1,8 @@
 /* core_stream.c: the methods only a stream's Driver takes (core.stream,
  * core_spawn.c; docs/protocol.md, "The stream"): a line on the keeper's
  * channel, the raw bytes written from a string the Driver holds until they
- * are written (release_raw lets go of it), and the heartbeat. Any other
+ * are written (release_raw lets go of it), the heartbeat, and the count
+ * of lines received (a lingering keeper's replay starts there). Any other
  * Driver raises "not a stream". */
 #define _GNU_SOURCE
 #include "core.h"
@@ -73,7 +74,18 @@ static int driver_send_raw(lua_State *L) {
   return 1;
 }
 
+/* d:received() -> n: the lines of the far side's taken by poll so far, on
+ * any channel (the keeper's numbering: an attach's "seen"). */
+static int driver_received(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  if (!u->stream)
+    return luaL_argerror(L, 1, "not a stream");
+  lua_pushinteger(L, (lua_Integer)u->lines_in);
+  return 1;
+}
+
 static const luaL_Reg stream_methods[] = {
+    {"received", driver_received},
     {"send_keeper", driver_send_keeper},
     {"send_raw", driver_send_raw},
     {"heartbeat", driver_heartbeat},

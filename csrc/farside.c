@@ -6,7 +6,9 @@
  * sends the driver its configure and self_test, relays lines both ways
  * with a channel byte before each, writes the context into a sealed memfd,
  * checks the sandbox from outside after the driver's ready, and kills
- * everything it started when its stdin ends.
+ * everything it started when its stdin ends (or, when the host's start
+ * asked it to linger, when no attach came within its time:
+ * farside_linger.c).
  *
  * One thread of its own (a poll over stdin, stdout and the driver's loop);
  * the driver's keeper and watchdog threads are driver.c's. Every line it
@@ -15,7 +17,8 @@
  * and what waits for stdout by one relayed line and a few messages.
  *
  * This file: the arguments, where the driver's files are, the hello and
- * the loop. The start is farside_start.c's, the relay of both ways
+ * the loop. The linger and --attach are farside_linger.c's, the start
+ * farside_start.c's, the relay of both ways
  * farside_relay.c's, the checks farside_checks.c's, the choice of sandbox
  * and the fallback farside_seccomp.c's, the probe farside_probe.c's. */
 #define _GNU_SOURCE
@@ -80,14 +83,18 @@ static int find_driver_dir(far *f, const char *given) {
 static void usage(void) {
   fputs("usage: rlm-keeper [--python PATH] [--bwrap PATH] [--driver-dir DIR] "
         "[--cache DIR]\n"
-        "                  [--sandbox auto|bubblewrap|seccomp]\n"
+        "                  [--sandbox auto|bubblewrap|seccomp] "
+        "[--linger-dir DIR]\n"
+        "       rlm-keeper --attach [--linger-dir DIR]\n"
         "       rlm-keeper --probe [--python PATH] [--driver-dir DIR] "
         "--cache DIR MODULE...\n"
         "Runs one rlm session's sandbox, speaking the stream protocol on "
         "stdin and stdout\n(docs/protocol.md); with --probe, writes the "
-        "interpreter's report into the cache. --sandbox: auto (the default)\n"
-        "makes bubblewrap's sandbox where it can run, else (as root) the "
-        "seccomp\nfallback; the hello says which (docs/security.md).\n",
+        "interpreter's report into the cache;\nwith --attach, hands its "
+        "stdin and stdout to the keeper that lingers as the id\nof its "
+        "first line. --sandbox: auto (the default) makes bubblewrap's "
+        "sandbox where\nit can run, else (as root) the seccomp fallback; "
+        "the hello says which\n(docs/security.md).\n",
         stderr);
 }
 
@@ -99,12 +106,18 @@ int main(int argc, char **argv) {
   f.bwrap_name = "bwrap";
   f.cache_dir = getenv("RLM_KEEPER_CACHE");
   f.line_max = FIRST_LINE_MAX;
+  f.out_fd = 1;
+  f.conn_fd = f.listen_fd = -1;
   const char *driver_dir = NULL, *sandbox = "auto";
-  int probe_only = 0, i = 1;
+  int probe_only = 0, attach = 0, i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--probe") == 0)
       probe_only = 1;
+    else if (strcmp(a, "--attach") == 0)
+      attach = 1;
+    else if (i + 1 < argc && strcmp(a, "--linger-dir") == 0)
+      f.linger_dir = argv[++i];
     else if (i + 1 < argc && strcmp(a, "--python") == 0)
       f.python_name = argv[++i];
     else if (i + 1 < argc && strcmp(a, "--bwrap") == 0)
@@ -131,6 +144,8 @@ int main(int argc, char **argv) {
     usage();
     return 2;
   }
+  if (attach)
+    return far_attach_main(f.linger_dir);
   (void)signal(SIGPIPE, SIG_IGN); /* a host gone is an EPIPE */
   int found_python =
       rlm_find_program(f.python_name, f.python, sizeof(f.python)) == 0;
@@ -170,19 +185,26 @@ int main(int argc, char **argv) {
           RLM_KEEPER_VERSION, RLM_KEEPER_PROTOCOL, far_mode_name(f.mode),
           (int)getpid());
   out_jstr(&f, f.mode_why);
-  out_str(&f, "}\n");
+  out_str(&f, ",\"linger\":true}\n"); /* it takes a start's linger */
   if (!found_python)
     fail(&f, "the interpreter %s was not found on the far side", f.python_name);
-  while (!f.in_eof && !f.out_broken) {
-    struct pollfd p[3];
-    int np = 0, in_at = -1, out_at = -1, drv_at = -1;
-    if (!f.ended) {
-      in_at = np;
-      p[np++] = (struct pollfd){.fd = 0, .events = POLLIN};
+  while (!f.out_broken) {
+    if (f.in_eof) {
+      /* The host is done, or gone: everything goes, unless it asked the
+       * keeper to linger (farside_linger.c). */
+      if (!linger_detach(&f))
+        break;
+      f.in_eof = 0;
     }
-    if (f.out_off < f.out_len) {
+    struct pollfd p[4];
+    int np = 0, in_at = -1, out_at = -1, drv_at = -1, lis_at = -1;
+    if (!f.ended && !f.detached) {
+      in_at = np;
+      p[np++] = (struct pollfd){.fd = f.in_fd, .events = POLLIN};
+    }
+    if (!f.detached && (f.pre_off < f.pre_len || f.out_off < f.out_len)) {
       out_at = np;
-      p[np++] = (struct pollfd){.fd = 1, .events = POLLOUT};
+      p[np++] = (struct pollfd){.fd = f.out_fd, .events = POLLOUT};
     }
     int timeout = -1;
     if (f.d != NULL && f.out_len - f.out_off < OUT_HIGH) {
@@ -191,6 +213,15 @@ int main(int argc, char **argv) {
           (struct pollfd){.fd = rlm_driver_backend_fd(f.d), .events = POLLIN};
       timeout = rlm_driver_backend_timeout(f.d);
     }
+    if (f.listen_fd >= 0 && !f.ended) {
+      lis_at = np;
+      p[np++] = (struct pollfd){.fd = f.listen_fd, .events = POLLIN};
+    }
+    int left = linger_left_ms(&f);
+    if (left == 0)
+      break; /* lingered its time: everything goes */
+    if (left > 0 && (timeout < 0 || left < timeout))
+      timeout = left;
     if (f.ended && out_at < 0)
       break; /* said all it had to say */
     if (np == 0)
@@ -199,16 +230,18 @@ int main(int argc, char **argv) {
     if (n < 0 && errno != EINTR)
       break;
     if (out_at >= 0 && (p[out_at].revents & (POLLOUT | POLLERR | POLLHUP)) &&
-        flush_some(&f) != 0)
-      break; /* the host is gone */
+        flush_some(&f) != 0) {
+      f.in_eof = 1; /* the host is gone */
+      continue;
+    }
     if (in_at >= 0 && (p[in_at].revents & (POLLIN | POLLHUP | POLLERR))) {
-      ssize_t r = read(0, f.chunk, sizeof(f.chunk));
+      ssize_t r = read(f.in_fd, f.chunk, sizeof(f.chunk));
       if (r > 0) {
         f.chunk_at = 0;
         f.chunk_end = (size_t)r;
         host_input(&f);
       } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
-        f.in_eof = 1; /* the host is done: everything goes */
+        f.in_eof = 1;
       }
     }
     if (f.d != NULL && drv_at >= 0) {
@@ -220,9 +253,13 @@ int main(int argc, char **argv) {
         rlm_event_free(ev);
       }
     }
-    if (f.out_off < f.out_len && flush_some(&f) != 0)
-      break;
+    if (lis_at >= 0 && (p[lis_at].revents & POLLIN) && !f.in_eof)
+      linger_accept(&f);
+    if (!f.detached && (f.pre_off < f.pre_len || f.out_off < f.out_len) &&
+        flush_some(&f) != 0)
+      f.in_eof = 1;
   }
+  linger_end(&f);
   end_driver(&f);
   flush_all(&f, 1000);
   if (f.session_dir[0] != '\0') {

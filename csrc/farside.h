@@ -4,8 +4,9 @@
  * farside_relay.c (the stream both ways, and the end), farside_start.c
  * (the host's start, and the driver's), farside_probe.c (the interpreter's
  * report, cached), farside_checks.c (the /proc checks it reports),
- * farside_seccomp.c (which sandbox it makes, and the fallback's). Built as
- * one unit, csrc/rlm_keeper.c. */
+ * farside_seccomp.c (which sandbox it makes, and the fallback's),
+ * farside_linger.c (a keeper that outlives its stream, and --attach).
+ * Built as one unit, csrc/rlm_keeper.c. */
 #ifndef RLM_FARSIDE_H
 #define RLM_FARSIDE_H
 
@@ -95,6 +96,11 @@ RLM_FN int far_session_dir(char *dir, size_t len, const char *tmp,
 /* Removes a directory and everything in it, following no symlink. */
 RLM_FN int far_remove_tree(const char *path);
 
+/* rlm-keeper --attach: hands its stdin and stdout to the keeper that
+ * lingers as the id its first line names (docs/protocol.md, "Lingering"),
+ * and waits while that stream lives. The exit status. */
+RLM_FN int far_attach_main(const char *linger_dir);
+
 /* --- the keeper's state, and what one of its files calls in another ---- */
 
 #define IN_CHUNK 65536
@@ -121,14 +127,34 @@ typedef struct far {
   int ctx_fd;        /* the context memfd's writable end, until sealed */
   int ctx_state;     /* 0 none yet, 1 coming, 2 sealed, -1 failed */
   char ctx_err[160];
-  /* what waits for stdout */
+  /* what waits for the host: out[out_off, out_len) is still to write; with
+   * a linger, out[out_keep, out_off) are lines written already and kept for
+   * a replay (keep_seq numbers the first of them, out_seq counts every
+   * line queued), and pre[] is a line of the keeper's that goes first and
+   * counts as none (attached) */
   char *out;
-  size_t out_len, out_off, out_cap;
+  size_t out_len, out_off, out_cap, out_keep, keep_max;
+  uint64_t out_seq, keep_seq;
+  char pre[512];
+  size_t pre_len, pre_off;
   int out_broken;
+  /* the stream: stdin and stdout, or an attached one's (farside_linger.c) */
+  int in_fd, out_fd;
+  int conn_fd; /* the attacher's connection, held while its stream lives */
+  /* the linger the host asked for (start's "linger"), and its socket */
+  uint64_t linger_ms; /* 0: none, or after the host's close */
+  char linger_id[65], token[129];
+  int64_t fence;
+  const char *linger_dir; /* --linger-dir, or NULL: the default */
+  char sock_dir[PATH_MAX], sock_path[PATH_MAX];
+  int listen_fd;
+  int detached;         /* no stream: waiting for an attach */
+  uint64_t detached_ms; /* since when (monotonic) */
   /* the driver */
   rlm_driver *d;
   int started, ended;
   unsigned long lines_seen; /* the driver's lines so far */
+  uint64_t host_lines;      /* the host's D lines taken, on any stream */
   int load_seen;            /* the host's load_context went to the driver */
   far_rlimit want[FAR_MAX_RLIMITS];
   size_t n_want;
@@ -172,6 +198,16 @@ static int read_rlimits(far *f, const start_msg *m, long i);
 /* farside_checks.c's: the checks after the driver's ready, and the memory
  * cgroup's (at its first line). */
 static void ready_checks(far *f);
+/* farside_linger.c's: the start's linger read and its socket made (0, or
+ * -1 with err), a stream's end turned into a wait when the host asked for one
+ * (nonzero when it did), an attach taken at the socket, the ms left of the
+ * wait (-1: none), and the end (the socket gone). */
+static int linger_read(far *f, const start_msg *m, long i, char *err,
+                       size_t errlen);
+static int linger_detach(far *f);
+static void linger_accept(far *f);
+static int linger_left_ms(far *f);
+static void linger_end(far *f);
 static void adopt(far *f);
 /* farside_probe.c's cache, which farside_seccomp.c keeps the namespaces'
  * verdict in too: a key of at most KEY_MAX bytes made of lines (key_add;

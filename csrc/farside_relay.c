@@ -26,14 +26,16 @@
 /* --- what goes to the host ---------------------------------------------- */
 
 static int out_room(far *f, size_t n) {
-  if (f->out_off > 0 && f->out_off == f->out_len)
-    f->out_off = f->out_len = 0;
+  if (f->out_keep > 0 && f->out_keep == f->out_len)
+    f->out_keep = f->out_off = f->out_len = 0;
   if (f->out_len + n <= f->out_cap)
     return 0;
-  if (f->out_off > 0) {
-    memmove(f->out, f->out + f->out_off, f->out_len - f->out_off);
-    f->out_len -= f->out_off;
-    f->out_off = 0;
+  if (f->out_keep > 0) {
+    /* what is written and not kept goes; the kept lines and the rest move */
+    memmove(f->out, f->out + f->out_keep, f->out_len - f->out_keep);
+    f->out_len -= f->out_keep;
+    f->out_off -= f->out_keep;
+    f->out_keep = 0;
   }
   if (f->out_len + n <= f->out_cap)
     return 0;
@@ -52,6 +54,9 @@ static void out_bytes(far *f, const char *s, size_t n) {
   if (out_room(f, n) == 0) {
     memcpy(f->out + f->out_len, s, n);
     f->out_len += n;
+    for (const char *nl = s; (nl = memchr(nl, '\n', n - (size_t)(nl - s)));
+         nl++)
+      f->out_seq++; /* a line queued: its number is the count before it */
   } else {
     f->out_broken = 1; /* no memory: the host cannot be told more */
   }
@@ -91,25 +96,51 @@ static void say_failed(far *f, const char *message) {
   out_str(f, "}\n");
 }
 
+/* Lets go of written lines past what a replay keeps (all of them when the
+ * host asked for no linger), a whole line at a time: out_keep is always a
+ * line's start, keep_seq its number. */
+static void out_trim(far *f) {
+  size_t keep = f->linger_ms > 0 ? f->keep_max : 0;
+  while (f->out_off - f->out_keep > keep) {
+    char *nl = memchr(f->out + f->out_keep, '\n', f->out_off - f->out_keep);
+    if (nl == NULL)
+      break;
+    f->out_keep = (size_t)(nl - f->out) + 1;
+    f->keep_seq++;
+  }
+}
+
 /* Writes what it can without blocking; -1 when the host is gone. */
 static int flush_some(far *f) {
-  while (f->out_off < f->out_len) {
-    ssize_t n = write(1, f->out + f->out_off, f->out_len - f->out_off);
+  while (f->pre_off < f->pre_len) {
+    ssize_t n = write(f->out_fd, f->pre + f->pre_off, f->pre_len - f->pre_off);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && errno == EAGAIN)
       return 0;
     if (n <= 0)
       return -1;
+    f->pre_off += (size_t)n;
+  }
+  while (f->out_off < f->out_len) {
+    ssize_t n = write(f->out_fd, f->out + f->out_off, f->out_len - f->out_off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && errno == EAGAIN)
+      break;
+    if (n <= 0)
+      return -1;
     f->out_off += (size_t)n;
   }
+  out_trim(f);
   return 0;
 }
 
 /* At the end: what is left, for at most ms. */
 static void flush_all(far *f, int ms) {
-  while (f->out_off < f->out_len && flush_some(f) == 0) {
-    struct pollfd p = {.fd = 1, .events = POLLOUT};
+  while (!f->detached && (f->pre_off < f->pre_len || f->out_off < f->out_len) &&
+         flush_some(f) == 0) {
+    struct pollfd p = {.fd = f->out_fd, .events = POLLOUT};
     if (poll(&p, 1, ms) <= 0)
       return;
   }
@@ -201,6 +232,10 @@ static void keeper_message(far *f, const char *s, size_t len) {
      * is enough (a host that is not reading has bytes to read already). */
     if (f->out_len - f->out_off < OUT_HIGH)
       out_str(f, "K{\"type\":\"pong\"}\n");
+  } else if (strcmp(type, "close") == 0) {
+    /* The host ends the session: its end of input ends the keeper, with
+     * no linger. */
+    f->linger_ms = 0;
   } else if (strcmp(type, "start") == 0 && !f->started) {
     start(f, &m);
   } else if (strcmp(type, "context") == 0 && f->started && f->ctx_state == 0 &&
@@ -225,6 +260,8 @@ static void keeper_message(far *f, const char *s, size_t len) {
 }
 
 static void host_line(far *f, const char *s, size_t len) {
+  if (len > 0 && s[0] == 'D')
+    f->host_lines++; /* an attach says how many came (its "taken") */
   if (len > 0 && s[0] == 'D' && f->d != NULL) {
     if (f->ctx_state != 0 && !f->load_seen)
       note_load(f, s + 1, len - 1);

@@ -240,6 +240,12 @@ static void start(far *f, const start_msg *m) {
   }
   f->max_line = (size_t)max_bytes;
   f->line_max = (size_t)max_bytes + 1;
+  long linger = rlm_json_get(m->s, m->t, m->root, "linger");
+  char err[768];
+  if (linger >= 0 && linger_read(f, m, linger, err, sizeof(err)) != 0) {
+    fail(f, "%s", err);
+    return;
+  }
   if (f->mode == FAR_NONE) {
     fail(f,
          "rlm-keeper can make no sandbox here (%s), and the REPL never "
@@ -266,7 +272,6 @@ static void start(far *f, const start_msg *m) {
     k = (long)m->t[k].next;
   }
   far_probe probe;
-  char err[768];
   if (far_probe_get(&probe, f->python, f->driver_dir, modules, m->t[mods].count,
                     f->cache_dir, err, sizeof(err)) != 0) {
     fail(f, "%s", err);

@@ -28,6 +28,7 @@
 #include "workdir.c"
 
 #include "farside_checks.c"
+#include "farside_linger.c"
 #include "farside_probe.c"
 #include "farside_relay.c"
 #include "farside_seccomp.c"

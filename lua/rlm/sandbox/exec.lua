@@ -53,11 +53,16 @@ local function unavailable(message)
   return nil, errors.new("sandbox_unavailable", message)
 end
 
+-- The longest a keeper lingers after its stream ends (its own bound too).
+M.LINGER_MAX_MS = 600000
+
 -- The keeper's start message: the session's limits, and what the
 -- pool-level configure holds (the keeper sends configure and self_test
--- itself, with its interpreter's sys.path and its own canaries).
-function M.start_message(o)
-  return json.encode({
+-- itself, with its interpreter's sys.path and its own canaries); with
+-- `linger` ({ ms, id, token, fence }: M.linger), the keeper outlives
+-- its stream for ms (docs/protocol.md, "Lingering").
+function M.start_message(o, linger)
+  return json.encode({ linger = linger,
     sandboxes = o.sandbox.allow or M.DEFAULT_ALLOW,
     type = "start", protocol = M.KEEPER_PROTOCOL,
     max_message_bytes = o.max_message_bytes, max_message_values = protocol.max_values(o.max_message_bytes),
@@ -84,6 +89,8 @@ M.FIELDS = {
     return name == "bubblewrap" or name == "seccomp"
   end, 'a list of the sandboxes the far side may make: "bubblewrap" and/or "seccomp"') },
   ping_timeout_ms = { checks.integer(100, 3600000) },
+  linger_ms = { checks.integer(1, M.LINGER_MAX_MS) },
+  attach_argv = { argv_list },
 }
 
 function M.check_option(where, v, level)
@@ -113,7 +120,7 @@ end
 -- sessions must give the same).
 function M.read_option(v)
   return { backend = "exec", argv = v.argv, claim = v.claim, release = v.release, allow = M.allowed(v),
-    ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS }
+    ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS, linger_ms = v.linger_ms, attach_argv = v.attach_argv }
 end
 
 -- argv with its program found (a name on PATH, or a path): the list, or
@@ -151,7 +158,7 @@ function M.prepare(opts, context_data)
     allow[name] = true
   end
   return { argv = argv, claim = sandbox.claim, release = sandbox.release, context = context_data,
-    start = M.start_message(opts), max_line = opts.max_message_bytes + 1,
+    start = M.start_message(opts), max_line = opts.max_message_bytes + 1, opts = opts,
     ping_timeout_ms = sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS, allow = allow }, { sys_path = {}, absent = {} }
 end
 
@@ -211,8 +218,14 @@ function M.forget() end
 local Handle = {}
 Handle.__index = Handle
 
+-- A line for the driver, counted: an attach says how many of them the
+-- keeper took (its "taken"), so a resume knows whether its step arrived.
 function Handle:send(line)
-  return self.drv:send(line)
+  local ok, err = self.drv:send(line)
+  if ok then
+    self.sent = self.sent + 1
+  end
+  return ok, err
 end
 
 function Handle:fd()
@@ -260,6 +273,10 @@ function Handle:kill()
 end
 
 function Handle:close()
+  if self.durable and not self.ended then
+    -- the session's end: the keeper ends with its input, no linger
+    self.drv:send_keeper('{"type":"close"}')
+  end
   self.ended = self.ended or "closed"
   self.drv:close()
   release(self.claim_of)
@@ -271,6 +288,19 @@ function Handle:report_release(report)
   if self.claim_of then
     self.claim_of.report = report
   end
+end
+
+-- The keeper's lines received so far (its numbering, which an attach's
+-- `seen` gives back: the lines after it are replayed).
+function Handle:received()
+  return self.seq_base + self.drv:received() - self.uncounted
+end
+
+-- The driver's lines this handle sent (and, after an attach, the ones the
+-- keeper had taken before it): a journal compares a step's number with an
+-- attach's `taken`.
+function Handle:sent_lines()
+  return self.sent
 end
 
 function Handle:peak_rss()
@@ -332,6 +362,10 @@ function Handle:_keeper(line)
       return { "broken", ("rlm-keeper speaks keeper protocol %s, the host %d")
         :format(tostring(msg.protocol), M.KEEPER_PROTOCOL) }
     end
+    if self.durable and msg.linger ~= true then
+      self.ended = "refused"
+      return { "failed", "this rlm-keeper cannot linger (option 'sandbox.linger_ms'): an older one" }
+    end
     self.sandbox = msg.sandbox
     if not (M.SANDBOXES[msg.sandbox] and self.allow[msg.sandbox]) then
       -- Nothing of it runs on: the keeper's start refuses it too (the
@@ -352,6 +386,11 @@ function Handle:_keeper(line)
     return nil
   elseif t == "pong" then
     return nil -- the heartbeat's answer: C counted its bytes as heard
+  end
+  if t == "fenced" then
+    self.ended = t
+    return { "failed", ("rlm-keeper: an owner with fence %s took the sandbox (this one's is %s)")
+      :format(tostring(number(msg.fence)), tostring(self.durable and self.durable.fence)) }
   end
   self.ended = t
   if t == "exit" then
@@ -425,6 +464,15 @@ function Handle:poll(ms, max_values, held)
   end
 end
 
+-- The handle of a stream: drv, and what of spec it reads (the heartbeat's
+-- timeout, the sandboxes allowed, a claim, a linger's durable); an
+-- attach's (rlm.sandbox.linger) sets the numbering's base.
+function M.handle(drv, spec)
+  return setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
+    ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow, claim_of = spec.claim_of,
+    durable = spec.durable, seq_base = 0, uncounted = 0, sent = 0 }, Handle)
+end
+
 -- rlm.core's stream, the keeper's start at once, and the context after
 -- it for a cold start (a pooled one's comes when a session takes it):
 -- the lines wait in the pipe while the far side starts. The host's
@@ -435,8 +483,7 @@ function M.start(spec)
     release(spec.claim_of)
     return nil, err
   end
-  local h = setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
-    ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow, claim_of = spec.claim_of }, Handle)
+  local h = M.handle(drv, spec)
   local ok, werr = drv:send_keeper(spec.start)
   if ok and spec.context then
     ok, werr = h:write_context(spec.context)
