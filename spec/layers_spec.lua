@@ -233,6 +233,7 @@ describe("the session's objects", function()
   -- drive and api file is the Session's, or sets no fields.
   local CLASSES = {
     Session = { file = "rlm/engine/session.lua" },
+    Engine = { file = "rlm/engine/loop.lua" },
     Budgets = { file = "rlm/engine/budgets.lua" },
     Clock = { file = "rlm/engine/clock.lua" },
     Scheduler = { file = "rlm/engine/subcalls.lua" },
@@ -243,6 +244,7 @@ describe("the session's objects", function()
   -- The files whose `self` is not a Session, and the class it is (false:
   -- no class of the session's; their fields are their own business).
   local SELF = {
+    ["rlm/engine/loop.lua"] = "Engine",
     ["rlm/engine/budgets.lua"] = "Budgets", ["rlm/engine/clock.lua"] = "Clock",
     ["rlm/engine/subcalls.lua"] = "Scheduler", ["rlm/engine/calls.lua"] = "Scheduler",
     ["rlm/engine/nested.lua"] = "Nested",
@@ -253,11 +255,11 @@ describe("the session's objects", function()
   }
   -- The names the code gives these objects besides `self`.
   local NAMES = { s = "Session", session = "Session", child = "Session", tree = "Budgets", clock = "Clock",
-    scheduler = "Scheduler", nested = "Nested", sandbox = "Handle" }
+    scheduler = "Scheduler", nested = "Nested", sandbox = "Handle", engine = "Engine" }
   -- The session's fields that hold its collaborators: a.<field>.x = ... sets
   -- a collaborator's field from outside it.
   local HOLDERS = { tree = "Budgets", clock = "Clock", scheduler = "Scheduler", nested = "Nested",
-    sandbox = "Handle", session = "Session" }
+    sandbox = "Handle", session = "Session", engine = "Engine" }
 
   local function read(path)
     local f = assert(io.open("lua/" .. path, "rb"))

@@ -136,15 +136,11 @@ end
 -- holds already is taken (a line read with the last one), and the rest
 -- waits for whoever drives the session (fd(), or timeout(), which is 0
 -- while the driver holds an event; the wait of rlm.drive.blocking reads
--- the line as it wakes). Under run() and step() (`inline`) that wait is
--- next, and takes what is held first.
-function Handle:take(inline, waiting)
-  local kind, a, b, c
-  if not (self.sent and inline) then
-    kind, a, b, c = self.driver:poll(0, self.max_values, self.sent or waiting)
-  end
+-- the line as it wakes).
+function Handle:take(waiting)
+  local sent = self.sent
   self.sent = false
-  return kind, a, b, c
+  return self.driver:poll(0, self.max_values, sent or waiting)
 end
 
 -- The next event of a helper process the start runs (the interpreter probe).
@@ -156,7 +152,7 @@ function Handle:wait_helper(helper)
   end
   if self.helper ~= helper then
     self.helper = helper
-    self.session:_watch(helper)
+    self.session.engine:watch(helper)
   end
   while true do
     local kind, a, b, c = helper:poll(0)
@@ -243,7 +239,7 @@ end
 
 -- Waits for the next message of one of the `allowed` types.
 function Handle:expect(allowed)
-  return self:message(allowed, self.session:_wait(false))
+  return self:message(allowed, self.session.engine:wait(false))
 end
 
 -- plain: msg holds only strings, booleans and small integers (json.encode_plain).

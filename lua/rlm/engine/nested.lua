@@ -59,7 +59,7 @@ function Nested:queue(call)
   self.counted[child] = true
   s.tree:child_made()
   call.t0 = core.now_ms()
-  s:_root():_waitset() -- fd() covers its processes from now on
+  s:_root().engine:watched() -- fd() covers its processes from now on
   self.children[#self.children + 1] = child
   s.clock:pause(s.sandbox.driver)
   return true
@@ -107,7 +107,7 @@ function Nested:done(child, ev)
   if next_call or not child.sandbox.driver then
     self:close_child(child)
   else
-    s:_root():_waitset():remove(child.sandbox.driver:fd())
+    s:_root().engine:watched():remove(child.sandbox.driver:fd())
     self.finished[#self.finished + 1] = child
   end
   if next_call then

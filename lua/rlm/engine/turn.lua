@@ -26,7 +26,7 @@ function M:_exec(code, prose)
   end
   self.sandbox:remove_canaries() -- the start's, while the driver runs the code (rlm.boot)
   while true do
-    local kind, a, b, c = self:_wait(true)
+    local kind, a, b, c = self.engine:wait(true)
     if kind == "reply" then
       ok, err = self.scheduler:answer(a)
     elseif kind == "soft" then
@@ -118,7 +118,7 @@ function M:_call_root(messages, compaction, req)
       compaction = compaction })
   end
   while true do
-    local kind, a, b, c = self:_wait(true)
+    local kind, a, b, c = self.engine:wait(true)
     if kind ~= "reply" and kind ~= "soft" then
       local _
       _, err = self.sandbox:message({ fatal = true }, kind, a, b, c)
@@ -394,7 +394,7 @@ function M:_run_turns()
     return { type = "error", err = select(2, self:_error("callback_error", self.system_problem)) }
   end
   if not self.sandbox.started then
-    local ok, err = self:_open() -- rlm.engine.opening: the start, the first call out meanwhile
+    local ok, err = require("rlm.engine.opening").open(self) -- the start, the first call out meanwhile
     if not ok then
       return { type = "error", err = err }
     end
