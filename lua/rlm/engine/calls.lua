@@ -239,7 +239,7 @@ function M:settle(req, ok, text, usage)
         return nil, err
       end
     end
-    ok, err = s:_deadline_check()
+    ok, err = s.sandbox:deadline_check()
     if not ok then
       return nil, err
     end
@@ -299,7 +299,7 @@ end
 function M:remember(key, text)
   local cache = self.tree.cache
   if cache.host then
-    self.session:_root().scheduler:request({ type = "cache_set", key = key, value = text,
+    self.session.root.scheduler:request({ type = "cache_set", key = key, value = text,
       depth = self.session.depth })
   else
     cache:set(key, text)

@@ -36,6 +36,7 @@ local util = require("rlm.base.util")
 -- Who it is
 ---@field opts table the checked options (rlm.engine.options)
 ---@field parent Session|nil the session whose code started it (rlm_query)
+---@field root Session the root of its tree (itself, when it is not nested)
 ---@field depth integer 0 for the root
 ---@field session_id string "1", "1.2", ...: names it in its events
 ---@field system_problem string|nil why its system_prompt function failed (a nested session ends with it)
@@ -71,6 +72,8 @@ Session.__index = Session
 
 -- A session over context_data (text, or a JSON document); parent is the
 -- session whose code started it with rlm_query, or nil.
+local child_of
+
 local function new_session(o, parent, context_data, context_format, description)
   local self = setmetatable({
     opts = o,
@@ -84,11 +87,12 @@ local function new_session(o, parent, context_data, context_format, description)
   -- Names the session in its events: "1" for the root, "1.2" for the second
   -- session its code started, and so on.
   self.session_id = parent and parent.nested:next_id() or "1"
+  self.root = parent and parent.root or self
   local tree = self.tree
   self.engine = engine.new(self)
   self.sandbox = handle.new(self, context_data, context_format)
   self.scheduler = subcalls.new(self)
-  self.nested = nested.new(self)
+  self.nested = nested.new(self, child_of)
   self.clock = clock.new(o, function()
     return tree:wall_left()
   end)
@@ -110,28 +114,20 @@ local function new_session(o, parent, context_data, context_format, description)
 end
 
 
--- The nested session for one rlm_query: the same options and callbacks, the
--- prompt as its question, and the given context (or the prompt) as its own.
-function Session:_new_child(call)
+-- The nested session for one rlm_query of parent's (its Nested makes it):
+-- the same options and callbacks, the prompt as its question, and the
+-- given context (or the prompt) as its own.
+function child_of(parent, call)
   local o = {}
-  for k, v in pairs(self.opts) do
+  for k, v in pairs(parent.opts) do
     o[k] = v
   end
   o.query, o.context = call.prompt, nil
   if call.context and call.format == "json" then
-    return new_session(o, self, call.context, "json", prompt.describe_json(call.context))
+    return new_session(o, parent, call.context, "json", prompt.describe_json(call.context))
   end
   local text = call.context or call.prompt
-  return new_session(o, self, text, "text", prompt.describe(text))
-end
-
--- The root of its tree (itself, when it is not nested).
-function Session:_root()
-  local s = self
-  while s.parent do
-    s = s.parent
-  end
-  return s
+  return new_session(o, parent, text, "text", prompt.describe(text))
 end
 
 -- Ends the session with err: the sandbox is torn down, and every later
@@ -183,38 +179,6 @@ function Session:_add_usage(who, usage)
   return true
 end
 
--- A callback that blocked may have passed the driver's deadline: its
--- keeper kills the sandbox then, and the session ends as the deadline says.
-function Session:_deadline_check()
-  local drv = self.sandbox.driver
-  if drv and drv:deadline_passed() then
-    drv:kill()
-    return self:_timeout_error()
-  end
-  return true
-end
-
--- The driver's deadline passed: which one it was.
-function Session:_timeout_error()
-  if self.clock.wall_cut then
-    return self:_fail(self.tree:wall_error())
-  end
-  local booting = self.sandbox.booting
-  if booting == "hello" then
-    return self:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
-      .. "(%.0f ms); the sandbox was killed"):format(self.opts.start_timeout_ms),
-      { timeout_ms = self.opts.start_timeout_ms })
-  elseif booting then
-    local ms = self.sandbox:boot_timeout_ms()
-    return self:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
-      .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
-  end
-  return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms) and did not stop within "
-    .. "interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
-    :format(self.opts.step_timeout_ms, self.opts.interrupt_grace_ms),
-    { timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
-end
-
 -- Checks what a model callback gave back: text, and optionally a usage
 -- table. Then the deadline, which a callback that blocked may have passed.
 function Session:_model_result(who, reply)
@@ -228,7 +192,7 @@ function Session:_model_result(who, reply)
   if not ok then
     return nil, err
   end
-  ok, err = self:_deadline_check()
+  ok, err = self.sandbox:deadline_check()
   if not ok then
     return nil, err
   end
