@@ -258,14 +258,15 @@ function Session:poll()
     self.scheduler:drop_all()
     return self.terminal
   end
-  local ev = self.scheduler:next_out()
+  local scheduler = self.scheduler
+  local ev = scheduler.outbox[1] and scheduler:next_out()
   if not ev then
     self.pumped_at = core.now_ms() -- rlm.sandbox.probe: this session is driven
     local how, v = self.engine:resume()
     if how then
       ended(self, how, v)
     end
-    ev = self.scheduler:next_out() or self.terminal
+    ev = scheduler.outbox[1] and scheduler:next_out() or self.terminal
   end
   if ev and (ev.type == "step" or ev.type == "done" or ev.type == "error") then
     self.stepped = true
