@@ -47,7 +47,7 @@ function M:boot()
     while entry do
       self.start = "warm"
       -- The replacement is spawned once this session's first step is out
-      -- (rlm.engine's poll) or it closes: a spawn costs the host's thread
+      -- (the session's poll()) or it closes: a spawn costs the host's thread
       -- about as much as the whole warm start (bench/pool.lua).
       self.refill = pool
       self.canaries = entry.canaries
