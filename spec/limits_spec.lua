@@ -27,10 +27,11 @@ describe("step_timeout_ms", function()
         guardrails = case.guardrails,
         root_llm = H.script({
           function()
-            t0 = core.now_ms()
             return fence("kept = 1"), nil
           end,
           function()
+            -- From here: the first call goes out as the sandbox starts.
+            t0 = core.now_ms()
             return fence("lost = 1\n" .. case[2])
           end,
           function()

@@ -126,7 +126,7 @@ local function poll_until(s, want, limit_ms)
     if not ev then
       local ms = s:timeout()
       if ms ~= 0 then
-        s:_waitset():wait(ms < 0 and 100 or math.min(ms, 100))
+        s.engine:watched():wait(ms < 0 and 100 or math.min(ms, 100))
       end
     end
   end

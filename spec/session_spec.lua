@@ -243,6 +243,61 @@ describe("a session", function()
   end)
 end)
 
+-- run() and step() are a loop over the public poll() and reply(), as an
+-- adapter's: the engine hands out a request and waits; it never calls a
+-- model itself, whoever drives it (issue 40: it used to, under run()).
+describe("run() and step()", function()
+  after_each(H.assert_clean)
+
+  -- A session whose poll() and reply() say when they run, and whose
+  -- callbacks record whether they were called from inside poll().
+  local function watched(answers)
+    local state = { polling = false, inside = {}, replies = 0, polls = 0 }
+    local s
+    s = H.session({
+      root_llm = H.script(answers),
+      llm_query = function(prompt)
+        state.inside[#state.inside + 1] = "llm_query " .. tostring(state.polling)
+        return prompt:upper()
+      end,
+    })
+    local poll, reply = s.poll, s.reply
+    s.poll = function(self)
+      state.polls = state.polls + 1
+      state.polling = true
+      local ev = poll(self)
+      state.polling = false
+      return ev
+    end
+    s.reply = function(self, ...)
+      state.replies = state.replies + 1
+      return reply(self, ...)
+    end
+    return s, state
+  end
+
+  for _, case in ipairs({
+    { "run()", function(s)
+      return s:run()
+    end },
+    { "step()", function(s)
+      s:step()
+      return s:step()
+    end },
+  }) do
+    it(case[1] .. " calls every callback from its loop, outside poll(), and answers through reply()", function()
+      local s, state = watched({ fence("x = llm_query('a') + llm_query('b')"), fence("FINAL(x)") })
+      local out, err = case[2](s)
+      s:close()
+      assert.is_nil(err)
+      assert.is_truthy(out)
+      assert.are.same({ "llm_query false", "llm_query false" }, state.inside)
+      assert.are.equal(4, state.replies) -- two root calls, two sub-calls
+      assert.is_true(state.polls >= 4)
+    end)
+  end
+end)
+
 describe("the size of what the driver sends", function()
   after_each(H.assert_clean)
 

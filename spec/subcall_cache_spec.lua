@@ -449,7 +449,7 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
       if ev == nil then
         local ms = s:timeout()
         if ms ~= 0 then
-          s:_waitset():wait(ms)
+          s.engine:watched():wait(ms)
         end
       elseif ev.type == "root_llm" then
         s:reply(ev.id, s.opts.root_llm(ev.messages))

@@ -256,7 +256,7 @@ FINAL("ok")]]) }),
       elseif not ev then
         local ms = s:timeout()
         if ms ~= 0 then
-          s:_waitset():wait(ms)
+          s.engine:watched():wait(ms)
         end
       end
     until ev and (ev.type == "done" or ev.type == "error")

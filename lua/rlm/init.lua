@@ -106,7 +106,7 @@ local function close(self, collected)
   sandbox:sweep_pool()
   -- A loop that watches fd() lets go of it first, then closes it.
   if not dispatch.closing(self) then
-    self:_close_waitset()
+    self.engine:close_waitset()
   end
 end
 

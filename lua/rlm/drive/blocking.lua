@@ -1,7 +1,9 @@
--- run() and step(): the engine driven from the calling thread. A loop over
--- rlm.dispatch that calls each callback at once (a yield passes through to
--- whoever resumed run()) and, while the session waits, sleeps on its fd()
--- until timeout(), as cqueues' loop is a Lua loop over step.
+-- run() and step(): the engine driven from the calling thread, a few
+-- lines over the public poll() and reply() as cqueues' loop is over its
+-- step: rlm.drive.dispatch polls and calls each callback at once (a yield
+-- passes through to whoever resumed run()), and while the session waits
+-- the loop sleeps on its fd() until timeout(). The engine does not know it
+-- is driven this way.
 local core = require("rlm.core")
 local dispatch = require("rlm.drive.dispatch")
 local errors = require("rlm.base.errors")
@@ -9,44 +11,48 @@ local util = require("rlm.base.util")
 
 local M = {}
 
--- Each callback at once, its yields passed through to whoever resumed
--- run(): rlm.util.invoke, the path every host takes.
-local function call_now(fn, arg, settle)
-  util.invoke(fn, arg, settle, true)
-end
-
--- The engine's own turn of this loop (rlm.engine.loop's _idle): the
--- requests it handed out, answered at once.
-local function answer_inline(s)
-  return dispatch.answer_out(s, call_now)
-end
-
--- Drives s until an event of type `stop` or the end of the run.
-local function drive(s, who, stop)
-  dispatch.claim(s, who)
-  s.inline = answer_inline
+-- Drives s until an event of type `stop` or the end of the run: the loop,
+-- run in a coroutine of its own (below).
+local function loop(s, stop)
   -- The hook as the run starts: one set later is an interrupt's (Ctrl-C),
-  -- which the session's waits end for (rlm.engine's _interrupted). It arms
-  -- rlm.core's SIGINT handler until the run ends (or the token is
-  -- collected: a run that yielded and was never resumed).
-  s.hook_token = core.hook_state()
+  -- which the waits end for. It arms rlm.core's SIGINT handler until the
+  -- run ends (or the token is collected: a run that yielded and was never
+  -- resumed).
+  local token, sigint = core.hook_state(), false
+  -- A SIGINT asked the Lua state to stop (rlm.core's interruptible waits:
+  -- the standalone interpreter's handler). The session ends as cancelled,
+  -- its sandbox goes now, and the interpreter gets its interrupt back as
+  -- run() or step() returns.
+  local function interrupted()
+    if not sigint then
+      sigint = true
+      s:_fail(errors.new("cancelled", "interrupted (SIGINT) before the run ended"))
+      s:close()
+    end
+  end
+  -- Each callback at once (rlm.util.invoke, the path every host takes).
+  -- One that took the interrupt as its error (the interpreter's hook
+  -- raised inside it) ends the run before the engine reads its answer.
+  local function call_now(fn, arg, settle)
+    util.invoke(fn, arg, settle, true)
+    if not sigint and core.interrupted(token) then
+      interrupted()
+    end
+  end
   -- No pcall here: callbacks may yield through run() on PUC Lua 5.1 too.
   -- Nothing in the loop raises (poll() and util.invoke catch).
   while true do
     local ev = dispatch.next(s, call_now, stop)
     if ev then
-      local token = s.hook_token
-      s.inline, s.hook_token = nil, nil
       dispatch.release(s)
       core.hook_release(token)
-      if not s.sigint and core.interrupted(token) then
-        s:_interrupted() -- after a callback that took the interrupt as its error (LuaJIT)
+      if not sigint and core.interrupted(token) then
+        interrupted() -- after a callback that took the interrupt as its error (LuaJIT)
       end
-      if s.sigint then
-        -- Closed by a SIGINT (rlm.engine's _interrupted): the interpreter's
-        -- "interrupted!" is raised from here, the sandbox gone already; or
-        -- ours, when its hook has been and gone.
-        s.sigint = nil
+      if sigint then
+        -- Closed by a SIGINT: the interpreter's "interrupted!" is raised
+        -- from here, the sandbox gone already; or ours, when its hook has
+        -- been and gone.
         if not core.reraise_interrupt() then
           error("interrupted!")
         end
@@ -54,10 +60,41 @@ local function drive(s, who, stop)
       return ev
     end
     local ms = s:timeout()
-    if ms ~= 0 then
-      s:_block(ms)
+    if ms ~= 0 and s.engine:block(ms, token) == "interrupted" then
+      interrupted()
     end
   end
+end
+
+-- A callback's yield inside the loop: passed on to whoever resumed run()
+-- when that is a coroutine that may yield; otherwise the callback gets
+-- util.NO_YIELD back, and fails.
+local function pass_through(...)
+  if not util.can_yield() then
+    return util.NO_YIELD
+  end
+  return coroutine.yield(...)
+end
+
+local function resumed(co, ok, first, ...)
+  if not ok then
+    error(first, 0) -- "interrupted!", raised out of run() or step()
+  end
+  if coroutine.status(co) == "dead" then
+    return first
+  end
+  return resumed(co, coroutine.resume(co, pass_through(first, ...)))
+end
+
+-- The loop runs in a coroutine, as the engine does: the standalone
+-- interpreters' SIGINT hook is set on the main thread, and a callback that
+-- returns after one must not meet it at the loop's next instruction with
+-- the session still open. The loop takes the hook off (core.interrupted)
+-- and puts it back once the session is closed.
+local function drive(s, who, stop)
+  dispatch.claim(s, who)
+  local co = coroutine.create(loop)
+  return resumed(co, coroutine.resume(co, s, stop))
 end
 
 -- One root turn: ask the root model, run the code it wrote, show it the

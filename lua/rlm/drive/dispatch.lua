@@ -8,6 +8,7 @@ local cache = require("rlm.engine.cache")
 local claim = require("rlm.engine.claim")
 local core = require("rlm.core")
 local errors = require("rlm.base.errors")
+local opening = require("rlm.engine.opening")
 local tools = require("rlm.engine.tools")
 
 local M = {}
@@ -38,7 +39,7 @@ end
 function M.release(s)
   driving[s] = nil
   if s.closed then
-    s:_close_waitset()
+    s.engine:close_waitset()
   end
 end
 
@@ -144,33 +145,7 @@ local function answer(s, ev, start)
     end
   end)
   if from then
-    from:_host_held(core.now_ms() - t0)
-  end
-end
-
--- Starts the callback for each request waiting in s's outbox, in order, as
--- next() does once poll() hands them out; an event that is not a request
--- stays first in the outbox, for poll(). The engine calls this itself under
--- run() and step() (rlm.engine's _idle).
-function M.answer_out(s, start)
-  local scheduler = s.scheduler
-  while scheduler:has_out() do
-    local ev = scheduler:next_out()
-    if not ev then
-      return
-    end
-    if ev.type == "root_llm" or ev.type == "llm_query" then
-      answer(s, ev, start)
-    elseif ev.type == "tool_call" then
-      tools.start(s, ev, start)
-    elseif ev.type == "cache_get" or ev.type == "cache_set" then
-      cache.start(s, ev, start)
-    elseif ev.type == "sandbox_claim" then
-      claim.start(s, ev, start)
-    else
-      scheduler:put_back(ev)
-      return
-    end
+    opening.host_held(from, core.now_ms() - t0)
   end
 end
 

@@ -47,7 +47,7 @@ function M:boot()
     while entry do
       self.start = "warm"
       -- The replacement is spawned once this session's first step is out
-      -- (rlm.engine's poll) or it closes: a spawn costs the host's thread
+      -- (the session's poll()) or it closes: a spawn costs the host's thread
       -- about as much as the whole warm start (bench/pool.lua).
       self.refill = pool
       self.canaries = entry.canaries
@@ -88,7 +88,7 @@ function M:take_pooled(entry)
   local times = self.start_times
   times.spawn = entry.spawned_at
   self.driver = entry.drv
-  s:_watch(entry.drv)
+  s.engine:watch(entry.drv)
   claim.adopt(s, entry.drv)
   local vetted = entry.vetted
   if vetted and vetted.error then
@@ -103,10 +103,10 @@ function M:take_pooled(entry)
     -- the checks below read first.
     self.booting = "hello"
     s.clock:set(self.driver, self.opts.start_timeout_ms)
-    local ev = pack(s:_wait(false))
+    local ev = pack(s.engine:wait(false))
     if ev[1] == "exit" or ev[1] == "failed" then
       self.driver = nil
-      s:_unwatch(entry.drv)
+      s.engine:unwatch(entry.drv)
       self.opts.pool:_skip(entry)
       return SKIPPED
     end
@@ -155,11 +155,7 @@ function M:checks_taken(vetted, context_bytes)
   self.started = true
   self.booting = "boot"
   self.session.clock:set(self.driver, self:boot_timeout_ms())
-  local asked, err = self.session:_ask_first() -- as in checks
-  local msg
-  if asked then
-    msg, err = self:expect({ ready = true, fatal = true })
-  end
+  local msg, err = self:expect({ ready = true, fatal = true })
   if not msg then
     return nil, err
   end
@@ -192,7 +188,7 @@ function M:cold_start(canaries)
     return s:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(serr))
   end
   self.driver = drv
-  s:_watch(drv)
+  s.engine:watch(drv)
   self.context_data = nil
   local ok, err = self:send(self:load_context_message(context_bytes))
   if not ok then
@@ -209,13 +205,7 @@ function M:checks(canaries, context_bytes)
   local s, o, drv, times = self.session, self.opts, self.driver, self.start_times
   self.booting = "hello"
   s.clock:set(self.driver, o.start_timeout_ms)
-  -- Under run() and step() the root model's first call goes out now, with
-  -- the sandbox spawned (rlm.engine.opening); elsewhere it went already.
-  local asked, err = s:_ask_first()
-  local hello
-  if asked then
-    hello, err = self:expect({ hello = true, fatal = true })
-  end
+  local hello, err = self:expect({ hello = true, fatal = true })
   -- It only had to be there to leak into the spawn, which runs on the
   -- driver's own thread and is over once the driver speaks.
   canaries:close_leaked()
@@ -239,7 +229,7 @@ function M:checks(canaries, context_bytes)
       -- after what it said before.
       local kind, a, b, c
       repeat
-        kind, a, b, c = s:_wait(false)
+        kind, a, b, c = s.engine:wait(false)
       until kind ~= "line"
       return self:message({}, kind, a, b, c)
     end

@@ -104,9 +104,6 @@ function M:query(msg)
     batch_id = tree:count_batch()
   end
   for i, c in ipairs(calls) do
-    if type(c) == "string" then
-      c = { prompt = c }
-    end
     local slot = batch and i or nil
     if batch and not cached and tree:sub_calls_spent() then
       -- The rest of the batch is past the budget: one error for all of its
@@ -115,7 +112,17 @@ function M:query(msg)
       return self:send_result({ driver_id = msg.id, batch_index = slot, count = n - i + 1 }, nil,
         ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
     end
-    ok, err = self:call(c.prompt, msg.id, msg.model, c, slot, batch and n or nil, batch_id, nested)
+    -- The call, made once: it goes out as the request (or to the nested
+    -- session), and the cache's lookups carry it.
+    local call = { prompt = c, driver_id = msg.id, model = msg.model, batch_index = slot,
+      batch_size = batch and n or nil, batch_id = batch_id }
+    if type(c) == "table" then
+      call.prompt, call.rlm = c.prompt, c.rlm
+      if nested then
+        call.context, call.format = c.context, c.format
+      end
+    end
+    ok, err = self:call(call, nested)
     if not ok or not batch then
       return ok, err
     end
@@ -123,40 +130,42 @@ function M:query(msg)
   return true
 end
 
--- One call of the code's: its prompt, the driver's id for the message and
--- its model hint; of a batch's or an rlm_query's, c (with the context and
--- format of a nested session's) and in a batch its slot of count. It goes
--- out as a request for poll() or to a nested session; or its error goes
--- back to the code. true, or nil, err when the session ended. With the
--- tree's cache, an llm_query's call is looked up first (its key:
--- rlm.engine.cache), before any budget: a hit is answered at once (hit),
--- and the host's store answers through poll() first (looked_up calls this
--- again with the key).
-function M:call(prompt, driver_id, model, c, slot, count, batch_id, nested, key)
+-- One call of the code's, made by query: { prompt =, driver_id = (the
+-- driver's id for the message), model = (its hint), batch_index =,
+-- batch_size =, batch_id = (in a batch), rlm = (an rlm_query past
+-- max_depth), context =, format = (a nested session's) }. It goes out as
+-- a request for poll() (the same table) or to a nested session; or its
+-- error goes back to the code. true, or nil, err when the session ended.
+-- With the tree's cache, an llm_query's call is looked up first (its
+-- cache_key: rlm.engine.cache), before any budget: a hit is answered at
+-- once (hit), and the host's store answers through poll() first
+-- (looked_up calls this again, the key set).
+function M:call(call, nested)
   local s, tree, o = self.session, self.tree, self.opts
-  local problem = o.max_sub_prompt_chars and self:prompt_problem(prompt, slot)
+  local slot = call.batch_index
+  local problem = o.max_sub_prompt_chars and self:prompt_problem(call.prompt, slot)
   if problem then
-    return self:send_result({ driver_id = driver_id, batch_index = slot }, nil, problem)
+    return self:send_result(call, nil, problem)
   end
-  local cache, t0 = tree.cache, nil
-  if cache and not key and not nested and not (c and c.rlm) then
+  local cache, key, t0 = tree.cache, call.cache_key, nil
+  if cache and not key and not nested and not call.rlm then
     t0 = core.now_ms()
-    key = cachelib.key(prompt, model, s.depth, cache.namespace)
+    key = cachelib.key(call.prompt, call.model, s.depth, cache.namespace)
+    call.cache_key = key
     if cache.host then
       self:request({ type = "cache_get", key = key, depth = s.depth, exec_id = s.conversation.next_exec_id,
-        call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot, count = count,
-          batch_id = batch_id } })
+        call = call })
       return true
     end
     local text = cache:get(key)
     if text then
-      return self:hit(text, prompt, driver_id, slot, count, batch_id, t0)
+      return self:hit(text, call, t0)
     end
   end
   if tree.sub_calls >= o.max_sub_calls then -- tree:sub_calls_spent()
     if slot then -- a batch's call looked up in the cache (else query() answered the batch's rest at once)
-      return self:send_result({ driver_id = driver_id, batch_index = slot }, nil,
-        ("not sent: the session's max_sub_calls (%d) are spent"):format(o.max_sub_calls))
+      return self:send_result(call, nil, ("not sent: the session's max_sub_calls (%d) are spent")
+        :format(o.max_sub_calls))
     end
     return s:_error("sub_call_budget", ("the code asked for sub-call %d; max_sub_calls is %d")
       :format(tree.sub_calls + 1, o.max_sub_calls), { sub_calls = tree.sub_calls, max_sub_calls = o.max_sub_calls })
@@ -168,23 +177,21 @@ function M:call(prompt, driver_id, model, c, slot, count, batch_id, nested, key)
     end
   end
   if key and cache:join(key, { type = "cache_wait", scheduler = self, key = key, exec_id = s.conversation.next_exec_id,
-    t0 = t0 or core.now_ms(), call = { prompt = prompt, driver_id = driver_id, model = model, c = c, slot = slot,
-    count = count, batch_id = batch_id } }) then
+    t0 = t0 or core.now_ms(), call = call }) then
     return true -- the same call is out: its answer comes as this one's (landed)
   end
-  local call = { type = not nested and "llm_query" or nil, prompt = prompt, depth = s.depth,
-    driver_id = driver_id, exec_id = s.conversation.next_exec_id, index = tree:count_sub_call(), batch_index = slot,
-    batch_size = count, batch_id = batch_id, model = model, cache_key = key }
+  call.depth, call.exec_id, call.index = s.depth, s.conversation.next_exec_id, tree:count_sub_call()
   if nested then
-    call.context, call.format = c.context, c.format
     return s.nested:queue(call)
   end
+  call.type = "llm_query"
   self:request(call)
   return true
 end
 
 -- What the code receives for a call: text, or the error for its slot (a
--- batch) or to raise (a lone call).
+-- batch) or to raise (a lone call). call.count: the slots it answers (the
+-- rest of a batch past max_sub_calls), else one.
 function M:send_result(call, text, problem)
   self.open_slots = self.open_slots - 1
   return self.session.sandbox:send({ type = "llm_result", id = call.driver_id, text = text, error = problem,
@@ -233,7 +240,7 @@ function M:settle(req, ok, text, usage)
         return nil, err
       end
     end
-    ok, err = s:_deadline_check()
+    ok, err = s.sandbox:deadline_check()
     if not ok then
       return nil, err
     end
@@ -256,18 +263,18 @@ end
 
 -- A call answered from the cache: the same text, no sub-call, no tokens, no
 -- budget; counted in the tree's cache hits, its event marked cached.
-function M:hit(text, prompt, driver_id, slot, count, batch_id, t0)
+function M:hit(text, call, t0)
   local s = self.session
   local n = self.tree.cache:count_hit()
   if self.opts.on_event then
-    local ok, err = s:_emit({ type = "sub_query", step = s.conversation.iterations, prompt = prompt, response = text,
-      cached = true, cache_hit = n, latency_ms = core.now_ms() - t0, batch_index = slot, batch_size = count,
-      batch_id = batch_id })
+    local ok, err = s:_emit({ type = "sub_query", step = s.conversation.iterations, prompt = call.prompt,
+      response = text, cached = true, cache_hit = n, latency_ms = core.now_ms() - t0, batch_index = call.batch_index,
+      batch_size = call.batch_size, batch_id = call.batch_id })
     if not ok then
       return nil, err
     end
   end
-  return self:send_result({ driver_id = driver_id, batch_index = slot }, text)
+  return self:send_result(call, text)
 end
 
 -- The host's store answered a cache_get, or the call out for the same key
@@ -279,11 +286,10 @@ function M:looked_up(req, reply)
   if req.exec_id ~= s.conversation.next_exec_id or s.conversation.interrupted then
     return true -- the exec it belonged to is over, or was interrupted
   end
-  local a = req.call
   if not reply.failed and type(reply.text) == "string" then
-    return self:hit(reply.text, a.prompt, a.driver_id, a.slot, a.count, a.batch_id, req.t0)
+    return self:hit(reply.text, req.call, req.t0)
   end
-  return self:call(a.prompt, a.driver_id, a.model, a.c, a.slot, a.count, a.batch_id, false, req.key)
+  return self:call(req.call, false)
 end
 
 -- Keeps an answer under key: in the built-in store at once, in the host's
@@ -294,7 +300,7 @@ end
 function M:remember(key, text)
   local cache = self.tree.cache
   if cache.host then
-    self.session:_root().scheduler:request({ type = "cache_set", key = key, value = text,
+    self.session.root.scheduler:request({ type = "cache_set", key = key, value = text,
       depth = self.session.depth })
   else
     cache:set(key, text)

@@ -29,7 +29,7 @@ function C:exec(code, prose)
   end
   s.sandbox:remove_canaries() -- the start's, while the driver runs the code (rlm.engine.boot)
   while true do
-    local kind, a, b, c = s:_wait(true)
+    local kind, a, b, c = s.engine:wait(true)
     if kind == "reply" then
       ok, err = s.scheduler:answer(a)
     elseif kind == "soft" then

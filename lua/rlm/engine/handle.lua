@@ -3,8 +3,9 @@
 -- of it: how it started (its start is rlm.engine.boot's methods), the
 -- canaries of the self-test, the pool it came from, and the wire, which
 -- turns what the driver sends into messages or errors and sends to it.
--- What it needs of its session (waiting, failing, the waitset behind fd(),
--- the clock) it asks through the session's methods.
+-- What it needs of its session (failing) it asks through the session's
+-- methods; its waits are the session's Engine's (rlm.engine.loop), its
+-- deadlines the Clock's.
 local backends = require("rlm.sandbox.backend")
 local json = require("rlm.base.json")
 local protocol = require("rlm.base.protocol")
@@ -96,7 +97,7 @@ function Handle:refill_pool(collected)
   if collected then
     pool.owed = true
   elseif self.session.parent then
-    self.session:_root().sandbox:owe_refill(pool)
+    self.session.root.sandbox:owe_refill(pool)
   else
     pool:_fill()
   end
@@ -136,15 +137,11 @@ end
 -- holds already is taken (a line read with the last one), and the rest
 -- waits for whoever drives the session (fd(), or timeout(), which is 0
 -- while the driver holds an event; the wait of rlm.drive.blocking reads
--- the line as it wakes). Under run() and step() (`inline`) that wait is
--- next, and takes what is held first.
-function Handle:take(inline, waiting)
-  local kind, a, b, c
-  if not (self.sent and inline) then
-    kind, a, b, c = self.driver:poll(0, self.max_values, self.sent or waiting)
-  end
+-- the line as it wakes).
+function Handle:take(waiting)
+  local sent = self.sent
   self.sent = false
-  return kind, a, b, c
+  return self.driver:poll(0, self.max_values, sent or waiting)
 end
 
 -- The next event of a helper process the start runs (the interpreter probe).
@@ -156,7 +153,7 @@ function Handle:wait_helper(helper)
   end
   if self.helper ~= helper then
     self.helper = helper
-    self.session:_watch(helper)
+    self.session.engine:watch(helper)
   end
   while true do
     local kind, a, b, c = helper:poll(0)
@@ -196,7 +193,7 @@ function Handle:message(allowed, kind, a, b, c)
     return s:_error("sandbox_unavailable", "starting the sandbox: " .. tostring(a)
       .. require("rlm.diagnose").hint(tostring(a)))
   elseif kind == "timeout" then
-    return s:_timeout_error()
+    return self:timeout_error()
   elseif kind == "memory" then
     return s:_error("memory_limit", ("the sandbox passed max_rss_bytes (%.0f bytes; peak seen %.0f bytes); "
       .. "the poll of its processes' memory killed it"):format(o.max_rss_bytes, a),
@@ -241,9 +238,43 @@ function Handle:message(allowed, kind, a, b, c)
   return s:_error("driver_exited", "the driver is gone")
 end
 
+-- The driver's deadline passed (its keeper killed the sandbox): the
+-- session ends with the error that deadline means.
+function Handle:timeout_error()
+  local s, o = self.session, self.opts
+  if s.clock.wall_cut then
+    return s:_fail(s.tree:wall_error())
+  end
+  local booting = self.booting
+  if booting == "hello" then
+    return s:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
+      .. "(%.0f ms); the sandbox was killed"):format(o.start_timeout_ms), { timeout_ms = o.start_timeout_ms })
+  elseif booting then
+    local ms = self:boot_timeout_ms()
+    return s:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
+      .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
+  end
+  return s:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms) and did not stop within "
+    .. "interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
+    :format(o.step_timeout_ms, o.interrupt_grace_ms),
+    { timeout_ms = o.step_timeout_ms, grace_ms = o.interrupt_grace_ms })
+end
+
+-- A callback that blocked may have passed the driver's deadline: its
+-- keeper kills the sandbox then, and the session ends as the deadline
+-- says. true, or nil, err.
+function Handle:deadline_check()
+  local drv = self.driver
+  if drv and drv:deadline_passed() then
+    drv:kill()
+    return self:timeout_error()
+  end
+  return true
+end
+
 -- Waits for the next message of one of the `allowed` types.
 function Handle:expect(allowed)
-  return self:message(allowed, self.session:_wait(false))
+  return self:message(allowed, self.session.engine:wait(false))
 end
 
 -- plain: msg holds only strings, booleans and small integers (json.encode_plain).

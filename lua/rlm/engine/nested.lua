@@ -11,6 +11,7 @@ local textlib = require("rlm.base.text")
 
 ---@class Nested
 ---@field session Session the parent
+---@field make_child function (parent, call) -> the nested session for an rlm_query call (rlm.engine.session)
 ---@field children table the nested sessions running for the current exec
 ---@field queued table calls for nested sessions asked for past max_concurrent_sub_calls
 ---@field finished table nested sessions that ended, their sandboxes kept till their call is answered
@@ -22,9 +23,9 @@ Nested.__index = Nested
 
 local M = {}
 
-function M.new(session)
-  return setmetatable({ session = session, children = {}, queued = {}, finished = {}, started = 0, calls = {},
-    counted = {} }, Nested)
+function M.new(session, make_child)
+  return setmetatable({ session = session, make_child = make_child, children = {}, queued = {}, finished = {},
+    started = 0, calls = {}, counted = {} }, Nested)
 end
 
 -- The session_id of the next child: "1.2" for the second one of "1".
@@ -53,13 +54,13 @@ function Nested:queue(call)
   if refused then
     return s.scheduler:send_result(call, nil, refused)
   end
-  local child = s:_new_child(call)
+  local child = self.make_child(s, call)
   self.calls[child] = call
   -- Counted till it closes (close_child), its sandbox with it.
   self.counted[child] = true
   s.tree:child_made()
   call.t0 = core.now_ms()
-  s:_root():_waitset() -- fd() covers its processes from now on
+  s.root.engine:watched() -- fd() covers its processes from now on
   self.children[#self.children + 1] = child
   s.clock:pause(s.sandbox.driver)
   return true
@@ -107,7 +108,7 @@ function Nested:done(child, ev)
   if next_call or not child.sandbox.driver then
     self:close_child(child)
   else
-    s:_root():_waitset():remove(child.sandbox.driver:fd())
+    s.root.engine:watched():remove(child.sandbox.driver:fd())
     self.finished[#self.finished + 1] = child
   end
   if next_call then

@@ -1,17 +1,20 @@
 -- A session: a small object that holds its collaborators, each made here
 -- with its own fields and a few named methods (docs/architecture.md, "Who
--- owns what"): its conversation with the root model and the turns that
--- run it (rlm.engine.conversation), its sandbox (rlm.engine.handle), its
--- sub-call scheduler (rlm.engine.subcalls), its nested sessions
--- (rlm.engine.nested), the tree's budgets (rlm.engine.budgets, shared with
--- its nested sessions) and its deadlines (rlm.engine.clock). What stays the
--- session's own is the engine's coroutine, which drives them all
--- (rlm.engine.loop, opening); and here, how it fails and what it reports.
--- The collaborators ask the session for those through its methods. rlm
+-- owns what"): its engine (rlm.engine.loop: the coroutine, its wait, the
+-- descriptors behind fd()), its sandbox (rlm.engine.handle), its sub-call
+-- scheduler (rlm.engine.subcalls), its nested sessions (rlm.engine.nested),
+-- the tree's budgets (rlm.engine.budgets, shared with its nested sessions),
+-- its deadlines (rlm.engine.clock) and its conversation with the root model
+-- and the turns that run it (rlm.engine.conversation). What stays the
+-- session's own is the pump (poll() and reply(), which every host's loop
+-- calls), and here, how it fails and what it reports. The
+-- collaborators ask the session for those through its methods. rlm
 -- (init.lua) adds the public API and run()/step() (rlm.drive.blocking).
 local budgets = require("rlm.engine.budgets")
 local clock = require("rlm.engine.clock")
 local conversation = require("rlm.engine.conversation")
+local core = require("rlm.core")
+local engine = require("rlm.engine.loop")
 local errors = require("rlm.base.errors")
 local events = require("rlm.base.events")
 local handle = require("rlm.engine.handle")
@@ -25,6 +28,7 @@ local util = require("rlm.base.util")
 -- the engine sets no other; each collaborator declares its own).
 ---@class Session
 -- Its collaborators, each made here with its own fields and methods
+---@field engine Engine its coroutine, its wait, the descriptors behind fd() (rlm.engine.loop)
 ---@field conversation Conversation its root model's conversation and the turns that run it (rlm.engine.conversation)
 ---@field sandbox Handle its sandbox: the start, the wire to the driver (rlm.engine.handle, boot)
 ---@field scheduler Scheduler its sub-calls: requests out, replies in (rlm.engine.subcalls)
@@ -34,17 +38,13 @@ local util = require("rlm.base.util")
 -- Who it is
 ---@field opts table the checked options (rlm.engine.options)
 ---@field parent Session|nil the session whose code started it (rlm_query)
+---@field root Session the root of its tree (itself, when it is not nested)
 ---@field depth integer 0 for the root
 ---@field session_id string "1", "1.2", ...: names it in its events
 ---@field system_problem string|nil why its system_prompt function failed (a nested session ends with it)
--- The engine's coroutine (rlm.engine.loop) and who drives it
----@field engine thread|nil the coroutine that runs the session
----@field waitset userdata|nil the set behind fd()
----@field pumped_at number|nil when the engine last ran (others wait for its probe meanwhile)
+-- The pump: poll() and reply()
+---@field pumped_at number|nil when it was last polled (others wait for its probe meanwhile: rlm.sandbox.probe)
 ---@field stepped boolean|nil its first step is out
----@field inline function|nil under run()/step(): answers the requests handed out at once (rlm.drive.blocking)
----@field hook_token userdata|nil under run()/step(): the hook as it started; SIGINT armed (rlm.drive.blocking)
----@field sigint boolean|nil closed by a SIGINT: run()/step() raise "interrupted!" (rlm.drive.blocking)
 -- How it ends
 ---@field terminal table|nil the run's end: { type = "done" | "error", ... }
 ---@field failed table|nil the error it ended with; every later call returns it
@@ -57,6 +57,8 @@ Session.__index = Session
 
 -- A session over context_data (text, or a JSON document); parent is the
 -- session whose code started it with rlm_query, or nil.
+local child_of
+
 local function new_session(o, parent, context_data, context_format, description)
   local self = setmetatable({
     opts = o,
@@ -67,10 +69,12 @@ local function new_session(o, parent, context_data, context_format, description)
   -- Names the session in its events: "1" for the root, "1.2" for the second
   -- session its code started, and so on.
   self.session_id = parent and parent.nested:next_id() or "1"
+  self.root = parent and parent.root or self
   local tree = self.tree
+  self.engine = engine.new(self)
   self.sandbox = handle.new(self, context_data, context_format)
   self.scheduler = subcalls.new(self)
-  self.nested = nested.new(self)
+  self.nested = nested.new(self, child_of)
   self.clock = clock.new(o, function()
     return tree:wall_left()
   end)
@@ -89,28 +93,20 @@ local function new_session(o, parent, context_data, context_format, description)
 end
 
 
--- The nested session for one rlm_query: the same options and callbacks, the
--- prompt as its question, and the given context (or the prompt) as its own.
-function Session:_new_child(call)
+-- The nested session for one rlm_query of parent's (its Nested makes it):
+-- the same options and callbacks, the prompt as its question, and the
+-- given context (or the prompt) as its own.
+function child_of(parent, call)
   local o = {}
-  for k, v in pairs(self.opts) do
+  for k, v in pairs(parent.opts) do
     o[k] = v
   end
   o.query, o.context = call.prompt, nil
   if call.context and call.format == "json" then
-    return new_session(o, self, call.context, "json", prompt.describe_json(call.context))
+    return new_session(o, parent, call.context, "json", prompt.describe_json(call.context))
   end
   local text = call.context or call.prompt
-  return new_session(o, self, text, "text", prompt.describe(text))
-end
-
--- The root of its tree (itself, when it is not nested).
-function Session:_root()
-  local s = self
-  while s.parent do
-    s = s.parent
-  end
-  return s
+  return new_session(o, parent, text, "text", prompt.describe(text))
 end
 
 -- Ends the session with err: the sandbox is torn down, and every later
@@ -162,38 +158,6 @@ function Session:_add_usage(who, usage)
   return true
 end
 
--- A callback that blocked may have passed the driver's deadline: its
--- keeper kills the sandbox then, and the session ends as the deadline says.
-function Session:_deadline_check()
-  local drv = self.sandbox.driver
-  if drv and drv:deadline_passed() then
-    drv:kill()
-    return self:_timeout_error()
-  end
-  return true
-end
-
--- The driver's deadline passed: which one it was.
-function Session:_timeout_error()
-  if self.clock.wall_cut then
-    return self:_fail(self.tree:wall_error())
-  end
-  local booting = self.sandbox.booting
-  if booting == "hello" then
-    return self:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
-      .. "(%.0f ms); the sandbox was killed"):format(self.opts.start_timeout_ms),
-      { timeout_ms = self.opts.start_timeout_ms })
-  elseif booting then
-    local ms = self.sandbox:boot_timeout_ms()
-    return self:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
-      .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
-  end
-  return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms) and did not stop within "
-    .. "interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
-    :format(self.opts.step_timeout_ms, self.opts.interrupt_grace_ms),
-    { timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
-end
-
 -- Checks what a model callback gave back: text, and optionally a usage
 -- table. Then the deadline, which a callback that blocked may have passed.
 function Session:_model_result(who, reply)
@@ -207,7 +171,7 @@ function Session:_model_result(who, reply)
   if not ok then
     return nil, err
   end
-  ok, err = self:_deadline_check()
+  ok, err = self.sandbox:deadline_check()
   if not ok then
     return nil, err
   end
@@ -233,13 +197,108 @@ function Session:_emit(ev)
   return true
 end
 
-for _, name in ipairs({ "loop", "opening" }) do
-  for k, fn in pairs(require("rlm.engine." .. name)) do
-    if type(fn) == "function" then -- not loop's IDLE: a module's constants stay its own
-      assert(Session[k] == nil, k)
-      Session[k] = fn
+-- The pump ------------------------------------------------------------------
+
+-- The run's end, as the engine's resume gave it (rlm.engine.loop): it
+-- ended with ev, or raised (whatever the driver sent must not raise out of
+-- run(), step(), poll() or an adapter: the session ends with an err).
+local function ended(self, how, v)
+  if how == "raised" then
+    if self.closed then
+      -- Closed from a callback the engine was inside: that is the end.
+      self:_cancelled()
+    else
+      self:_fail(errors.new("protocol_error", "rlm: internal error while handling the driver's input: " .. v))
     end
+    self.terminal = { type = "error", err = self.failed }
+    return
   end
+  if v.type == "error" then
+    self:_fail(v.err)
+    v.err = self.failed
+  end
+  self.terminal = v
+end
+
+--- What the session needs from the outside now, or nil when it must wait
+-- (for fd() to be readable or timeout() ms). Never blocks, except for the
+-- spawn of the sandbox at the first call.
+function Session:poll()
+  if self.sandbox.refill and self.stepped and not self.parent and not self.nested:running() then
+    self.sandbox:refill_pool(false)
+  end
+  if not self.terminal and (self.failed or self.closed) then
+    if not self.failed then
+      self:_cancelled()
+    end
+    self.terminal = { type = "error", err = self.failed }
+  end
+  if self.terminal then
+    self.scheduler:drop_all()
+    return self.terminal
+  end
+  local scheduler = self.scheduler
+  local ev = scheduler.outbox[1] and scheduler:next_out()
+  if not ev then
+    self.pumped_at = core.now_ms() -- rlm.sandbox.probe: this session is driven
+    local how, v = self.engine:resume()
+    if how then
+      ended(self, how, v)
+    end
+    ev = scheduler.outbox[1] and scheduler:next_out() or self.terminal
+  end
+  if ev and (ev.type == "step" or ev.type == "done" or ev.type == "error") then
+    self.stepped = true
+  end
+  return ev
+end
+
+-- The answer to a request poll() handed out: reply(id, text[, usage]), or
+-- reply(id, nil, message) when the call failed.
+-- A reply to a request that is no longer wanted (the run ended, the
+-- session was closed, the exec it belonged to is over, or it was answered
+-- already) is dropped: returns false. One poll() never handed out raises.
+function Session:reply(id, text, usage)
+  local taken = self.scheduler:reply(id, text, usage)
+  if taken == nil then
+    error(("rlm: reply to unknown request %s"):format(tostring(id)), 2)
+  end
+  return taken
+end
+
+-- A descriptor that is readable when the session has work to do; nil while
+-- no sandbox runs (the engine's set).
+function Session:fd()
+  return self.engine:fd()
+end
+
+-- How often to look while another session of this Lua state probes the
+-- interpreter: there is no descriptor to wait on then.
+local PROBE_WAIT_MS = 5
+
+-- How often to look while a pooled sandbox's large context is written off
+-- the host's thread (rlm.boot): there is no descriptor to wait on then.
+local CONTEXT_WAIT_MS = 1
+
+-- Milliseconds until the session must be polled even if fd() stays quiet:
+-- -1 for no timer, 0 to poll now.
+function Session:timeout()
+  local scheduler = self.scheduler
+  -- The first call's reply waits while the sandbox starts (rlm.engine.opening):
+  -- no reason to poll at once.
+  if scheduler.outbox[1] or (scheduler.inbox[1] and not self.starting) or self.terminal or not self.engine.thread then
+    return 0
+  end
+  local sandbox = self.sandbox
+  if sandbox.context_writing then
+    return CONTEXT_WAIT_MS
+  end
+  local d = sandbox.driver or sandbox.helper
+  local ms = self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
+  if self.nested.children[1] then
+    ms = self.nested:timeout(ms)
+  end
+  return ms
 end
 
 -- The class (rlm adds its public API to it) and the constructor, which is

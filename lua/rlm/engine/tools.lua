@@ -254,7 +254,7 @@ function M.answer(s, scheduler, reply)
   elseif value == nil then
     problem = M.NOTHING
   end
-  local ok, err = s:_deadline_check()
+  local ok, err = s.sandbox:deadline_check()
   if not ok then
     return nil, err
   end

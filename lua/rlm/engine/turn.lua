@@ -34,7 +34,7 @@ function C:call_root(messages, compaction, req)
       compaction = compaction })
   end
   while true do
-    local kind, a, b, c = s:_wait(true)
+    local kind, a, b, c = s.engine:wait(true)
     if kind ~= "reply" and kind ~= "soft" then
       local _
       _, err = s.sandbox:message({ fatal = true }, kind, a, b, c)
@@ -305,7 +305,7 @@ function C:run_turns()
     return { type = "error", err = select(2, s:_error("callback_error", s.system_problem)) }
   end
   if not s.sandbox.started then
-    local ok, err = s:_open() -- rlm.engine.opening: the start, the first call out meanwhile
+    local ok, err = require("rlm.engine.opening").open(s) -- the start, the first call out meanwhile
     if not ok then
       return { type = "error", err = err }
     end
