@@ -92,6 +92,7 @@ build = {
     ["rlm.sandbox.pool"] = "lua/rlm/sandbox/pool.lua",
     ["rlm.sandbox.probe"] = "lua/rlm/sandbox/probe.lua",
     ["rlm.sandbox.selftest"] = "lua/rlm/sandbox/selftest.lua",
+    ["rlm.sandbox.shape"] = "lua/rlm/sandbox/shape.lua",
     ["rlm.sandbox.start"] = "lua/rlm/sandbox/start.lua",
     ["rlm.tools.highlight"] = "lua/rlm/tools/highlight.lua",
     ["rlm.tools.logline"] = "lua/rlm/tools/logline.lua",

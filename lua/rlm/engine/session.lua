@@ -201,18 +201,18 @@ function Session:_timeout_error()
   end
   local booting = self.sandbox.booting
   if booting == "hello" then
-    return self:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
-      .. "(%.0f ms); the sandbox was killed"):format(self.opts.start_timeout_ms),
-      { timeout_ms = self.opts.start_timeout_ms })
+    return self:_error("sandbox_unavailable", ("the driver did not say hello within sandbox.start_timeout_ms "
+      .. "(%.0f ms); the sandbox was killed"):format(self.opts.sandbox.start_timeout_ms),
+      { timeout_ms = self.opts.sandbox.start_timeout_ms })
   elseif booting then
     local ms = self.sandbox:boot_timeout_ms()
     return self:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
       .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
   end
   return self:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms) and did not stop within "
-    .. "interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
-    :format(self.opts.step_timeout_ms, self.opts.interrupt_grace_ms),
-    { timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
+    .. "sandbox.interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
+    :format(self.opts.step_timeout_ms, self.opts.sandbox.interrupt_grace_ms),
+    { timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.sandbox.interrupt_grace_ms })
 end
 
 -- Checks what a model callback gave back: text, and optionally a usage

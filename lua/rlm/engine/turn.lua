@@ -88,7 +88,7 @@ function M:_interrupt()
   self.clock:interrupted(self.sandbox.driver)
   self.sandbox.driver:interrupt()
   local ok, err = self:_emit({ type = "interrupt", step = self.iterations,
-    timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
+    timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.sandbox.interrupt_grace_ms })
   if not ok then
     return nil, err
   end

@@ -15,6 +15,7 @@ local protocol = require("rlm.base.protocol")
 local selftest = require("rlm.sandbox.selftest")
 local util = require("rlm.base.util")
 local bwrap = require("rlm.sandbox.bwrap")
+local shape = require("rlm.sandbox.shape")
 
 local M = {}
 
@@ -36,7 +37,7 @@ M.BACKSTOP_MS = 2000
 
 -- The stream's heartbeat (rlm.core's d:heartbeat): a ping on the
 -- keeper's channel after PING_MS of quiet, from the driver's hello on (the
--- start before it is start_timeout_ms's); a ping left unanswered for
+-- start before it is sandbox.start_timeout_ms's); a ping left unanswered for
 -- `sandbox.ping_timeout_ms` is a lost stream. A relay may outlive the far
 -- side and hold the host's pipe open (sh -c 'cat | rlm-keeper | cat' does:
 -- its first cat learns of the keeper's death only when it writes), so an
@@ -57,16 +58,17 @@ end
 -- pool-level configure holds (the keeper sends configure and self_test
 -- itself, with its interpreter's sys.path and its own canaries).
 function M.start_message(o)
+  local sb = o.sandbox
   return json.encode({
-    sandboxes = o.sandbox.allow or M.DEFAULT_ALLOW,
+    sandboxes = sb.allow or M.DEFAULT_ALLOW,
     type = "start", protocol = M.KEEPER_PROTOCOL,
-    max_message_bytes = o.max_message_bytes, max_message_values = protocol.max_values(o.max_message_bytes),
+    max_message_bytes = sb.max_message_bytes, max_message_values = protocol.max_values(sb.max_message_bytes),
     guardrails = o.guardrails, int_bits = json.INT_BITS,
-    allowed_modules = o.allowed_modules, rlimits = selftest.pool_rlimits(),
-    modules = util.append({}, bwrap.default_modules, o.allowed_modules), bind_pth_paths = o.bind_pth_paths,
-    max_rss_bytes = o.max_rss_bytes, rss_poll_interval_ms = o.rss_poll_interval_ms,
-    workdir_max_bytes = o.workdir_max_bytes, workdir_max_files = o.workdir_max_files,
-    memory_cgroup = o.memory_cgroup, uid_first = o.sandbox_uid_first, uid_count = o.sandbox_uid_count,
+    allowed_modules = sb.allowed_modules, rlimits = selftest.pool_rlimits(),
+    modules = util.append({}, bwrap.default_modules, sb.allowed_modules), bind_pth_paths = sb.bind_pth_paths,
+    max_rss_bytes = o.max_rss_bytes, rss_poll_interval_ms = sb.rss_poll_interval_ms,
+    workdir_max_bytes = sb.workdir_max_bytes, workdir_max_files = sb.workdir_max_files,
+    memory_cgroup = sb.memory_cgroup, uid_first = sb.uids.first, uid_count = sb.uids.count,
   })
 end
 
@@ -75,7 +77,7 @@ end
 -- ping_timeout_ms = }.
 local ARGV_WANT = "a list of 1 to 256 non-empty strings without NUL (the program first)"
 local argv_list = checks.list(1, 256, checks.argument, ARGV_WANT)
-M.FIELDS = {
+M.FIELDS = shape.with({
   backend = { checks.backend_name },
   argv = { argv_list },
   claim = { checks.callable },
@@ -84,7 +86,7 @@ M.FIELDS = {
     return name == "bubblewrap" or name == "seccomp"
   end, 'a list of the sandboxes the far side may make: "bubblewrap" and/or "seccomp"') },
   ping_timeout_ms = { checks.integer(100, 3600000) },
-}
+})
 
 function M.check_option(where, v, level)
   checks.fields(where, "sandbox", v, M.FIELDS, level + 1, (" for backend %q"):format(v.backend))
@@ -112,8 +114,8 @@ end
 -- The option as this backend reads it, defaults filled in (a pool's
 -- sessions must give the same).
 function M.read_option(v)
-  return { backend = "exec", argv = v.argv, claim = v.claim, release = v.release, allow = M.allowed(v),
-    ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS }
+  return shape.read(v, { backend = "exec", argv = v.argv, claim = v.claim, release = v.release,
+    allow = M.allowed(v), ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS })
 end
 
 -- argv with its program found (a name on PATH, or a path): the list, or
@@ -151,7 +153,7 @@ function M.prepare(opts, context_data)
     allow[name] = true
   end
   return { argv = argv, claim = sandbox.claim, release = sandbox.release, context = context_data,
-    start = M.start_message(opts), max_line = opts.max_message_bytes + 1,
+    start = M.start_message(opts), max_line = sandbox.max_message_bytes + 1,
     ping_timeout_ms = sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS, allow = allow }, { sys_path = {}, absent = {} }
 end
 
