@@ -94,6 +94,7 @@ build = {
     ["rlm.sandbox.selftest"] = "lua/rlm/sandbox/selftest.lua",
     ["rlm.sandbox.shape"] = "lua/rlm/sandbox/shape.lua",
     ["rlm.sandbox.start"] = "lua/rlm/sandbox/start.lua",
+    ["rlm.sandbox.stream"] = "lua/rlm/sandbox/stream.lua",
     ["rlm.tools.highlight"] = "lua/rlm/tools/highlight.lua",
     ["rlm.tools.logline"] = "lua/rlm/tools/logline.lua",
     ["rlm.tools.status"] = "lua/rlm/tools/status.lua",
