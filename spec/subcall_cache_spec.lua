@@ -529,7 +529,7 @@ H.describe_luv("calls in flight under the luv adapter", function()
     end } }) do
       paid = {}
       local result = assert(L.run_session({
-        root_llm = root, max_depth = 2, sub_call_cache = { store = store, namespace = "t" },
+        root_llm = root, max_depth = 2, sub_call_cache = { store = store ~= true and store or nil, namespace = "t" },
         llm_query = function(p, info)
           paid[#paid + 1] = info.depth
           L.sleep(50)

@@ -126,54 +126,6 @@ local function summary_kind(v)
   return v == "digest" or v == "model", '"digest" or "model"'
 end
 
--- sub_call_cache: true (the built-in cache), false, or { store =, namespace
--- = }. store is the host's cache: an object with get and set methods (called
--- as cache:get(key), so that an ngx.shared dict is one as it is; its other
--- fields are its own), the built-in one when absent. namespace is who the
--- cached answers are for (a tenant, a key, a model), part of every key; a
--- bounded string, so that the key's hash costs the same whatever the host
--- puts there.
-local CACHE_WANT = "true, false, or a table { store = a cache (an object with get(key) and set(key, value) "
-  .. "methods), namespace = a string of 1 to 1024 bytes }"
-
-local function field_of(v, k)
-  local found, x = pcall(function()
-    return v[k]
-  end)
-  return found and x or nil, found
-end
-
-local function sub_call_cache(v)
-  if type(v) == "boolean" then
-    return true
-  elseif type(v) ~= "table" or getmetatable(v) ~= nil or (v.store == nil and field_of(v, "get") ~= nil) then
-    if callable(field_of(v, "get")) then
-      return false, CACHE_WANT, "is a table { store = cache, namespace = \"...\" } now: give the host's cache as "
-        .. "its store (and option 'sub_call_cache_namespace' as its namespace)"
-    end
-    return false, CACHE_WANT
-  end
-  for k in pairs(v) do
-    if k ~= "store" and k ~= "namespace" then
-      return false, CACHE_WANT .. " (no field " .. tostring(k) .. ")"
-    end
-  end
-  if v.namespace ~= nil and not (type(v.namespace) == "string" and #v.namespace >= 1 and #v.namespace <= 1024) then
-    return false, "a string of 1 to 1024 bytes", nil, "namespace", v.namespace
-  end
-  if v.store == nil then
-    return true
-  end
-  for _, method in ipairs({ "get", "set" }) do
-    local fn, found = field_of(v.store, method)
-    if not found or not callable(fn) then
-      return false, ("a function (a method: called as cache:%s(%s))"):format(method,
-        method == "get" and "key" or "key, value"), nil, "store." .. method, fn
-    end
-  end
-  return true
-end
-
 -- cost: a table of fields, each an option of its own ('cost.max_usd').
 local function cost_rule(v)
   return type(v) == "table", "a table { usd = function() return dollars spent end[, max_usd = n] }"
@@ -221,7 +173,7 @@ local schema = {
     keep_turns = { integer(1, 10 ^ 6), 4 },
     summary = { summary_kind, "digest" },
   } },
-  sub_call_cache = { sub_call_cache, false },
+  sub_call_cache = { require("rlm.engine.cache").check, false },
   cost = { cost_rule, fields = {
     usd = { callable, required = true },
     max_usd = { non_negative_number },
