@@ -81,7 +81,7 @@ function M.check(v)
 end
 
 -- The cache for option value v (true, or the host's store), or nil
--- (false); namespace: option sub_call_cache_namespace (required with a
+-- (false); namespace: option sub_call_cache.namespace (required with a
 -- host's store, rlm.engine.options).
 function M.new(v, namespace)
   if not v then

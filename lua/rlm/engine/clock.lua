@@ -15,7 +15,7 @@
 local core = require("rlm.core")
 
 ---@class Clock
----@field opts table the session's options (root_timeout_ms, step_timeout_ms, interrupt_grace_ms)
+---@field opts table the session's options (root_timeout_ms, step_timeout_ms, sandbox.interrupt_grace_ms)
 ---@field wall_left fun(): number|nil milliseconds left of max_wall_ms (nil: none)
 ---@field deadline_at number|nil when the driver's deadline fires
 ---@field wall_cut boolean|nil that deadline is max_wall_ms's, not the step's
