@@ -498,8 +498,8 @@ describe("a hung container engine", function()
       local t0 = core.now_ms()
       -- (the engine's program by its path: as a stand-in first on PATH is
       -- found)
-      local _, err = H.run(H.opts({ sandbox = { start_timeout_ms = 1500 },
-        sandbox = { backend = backend, engine = bin .. "/" .. backend, name = "rlm-spec-hung" } }))
+      local _, err = H.run(H.opts({ sandbox = { start_timeout_ms = 1500, backend = backend,
+        engine = bin .. "/" .. backend, name = "rlm-spec-hung" } }))
       local took = core.now_ms() - t0
       assert.equals("sandbox_unavailable", err.kind, err.message)
       assert.matches("did not end within sandbox.start_timeout_ms (1500 ms)", err.message, 1, true)

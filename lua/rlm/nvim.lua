@@ -24,7 +24,7 @@
 -- GEMINI_API_KEY). stream (true: the root model's text shows in the
 -- progress line as it comes). root_llm and llm_query
 -- replace those models; any other key not listed below goes to
--- rlm.Session.new (max_iterations, max_sub_calls, tmpdir, on_event, tools...).
+-- rlm.Session.new (max_iterations, max_sub_calls, sandbox, on_event, tools...).
 --
 -- The model gets two host tools (docs/api.md, "Tools"): list_buffers() and
 -- read_buffer(name), the text of another loaded buffer by its name (or the
