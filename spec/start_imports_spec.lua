@@ -408,7 +408,7 @@ print(result and "ran" or err.kind .. ": " .. err.message)
     end
     for _, python in ipairs(found) do
       local result, err = H.run({
-        python = python,
+        sandbox = { python = python },
         context = "hello",
         root_llm = H.script({ fence("FINAL(context + str(len(context)))") }),
       })
