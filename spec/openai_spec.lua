@@ -664,7 +664,7 @@ describe("rlm.llm.openai", function()
       assert.matches("sub said 42", reqs[3].json.messages[#reqs[3].json.messages].content)
     end)
 
-    it("ends with cost_budget when the replies' cost reaches max_total_cost_usd", function()
+    it("ends with cost_budget when the replies' cost reaches cost.max_usd", function()
       script_run()
       local c = client({ sub_model = "fake-sub", prices = prices })
       local result, err = H.run({ root_llm = c.root_llm, llm_query = c.llm_query, cost = { usd = c.cost_usd,
