@@ -39,7 +39,8 @@ function M.new(opts)
     in_flight = 0,
     held = {},
     live_children = 0,
-    cache = opts.sub_call_cache and cache.new(opts.sub_call_cache.store or true, opts.sub_call_cache.namespace),
+    cache = opts.sub_call_cache and cache.new(opts.sub_call_cache.store or true, opts.sub_call_cache.namespace)
+      or nil, -- nil, not false: the scheduler asks cache ~= nil
   }, Budgets)
 end
 
