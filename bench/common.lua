@@ -387,7 +387,6 @@ function M.session_opts(env, opts)
       return answers[math.min(turn, #answers)]
     end,
     llm_query = echo,
-    tmpdir = env.tmpdir,
     step_timeout_ms = 120000,
   }
   for k, v in pairs(opts or {}) do
@@ -399,6 +398,13 @@ function M.session_opts(env, opts)
       o[k] = v
     end
   end
+  -- The sessions' workdirs go under env.tmpdir, whatever else their
+  -- sandbox option says.
+  local sandbox = { tmpdir = env.tmpdir }
+  for k, v in pairs(o.sandbox or {}) do
+    sandbox[k] = v
+  end
+  o.sandbox = sandbox
   return o
 end
 

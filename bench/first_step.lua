@@ -137,7 +137,7 @@ function M.run(env)
   local size = common.sizes(env, SIZES)
   local ok, uv = pcall(require, "luv")
   local adapter = ok and require("rlm.adapters.luv") or nil
-  local pool = assert(rlm.Pool.new({ size = 1, tmpdir = env.tmpdir }))
+  local pool = assert(rlm.Pool.new({ size = 1, sandbox = { tmpdir = env.tmpdir } }))
 
   -- samples[way][start][latency] = { total = {}, lat = {}, start = {}, step = {} }
   local ways = { { name = "step() (a blocking model)", key = "blocking" } }

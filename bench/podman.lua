@@ -59,7 +59,11 @@ local function settle(pool)
 end
 
 local function warm(env, sandbox, n)
-  local pool = assert(rlm.Pool.new({ size = 1, sandbox = sandbox, tmpdir = env.tmpdir }))
+  local sb = { tmpdir = env.tmpdir }
+  for k, v in pairs(sandbox or {}) do
+    sb[k] = v
+  end
+  local pool = assert(rlm.Pool.new({ size = 1, sandbox = sb }))
   local out = {}
   local ok, err = pcall(function()
     for _ = 1, n do

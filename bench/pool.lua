@@ -115,7 +115,7 @@ end
 
 function M.run(env)
   local size = common.sizes(env, SIZES)
-  local pool = assert(rlm.Pool.new({ size = 8, tmpdir = env.tmpdir }))
+  local pool = assert(rlm.Pool.new({ size = 8, sandbox = { tmpdir = env.tmpdir } }))
   local warm, cold, warm_cpu = {}, {}, {}
   -- A cold start as figure 1 takes it: nothing else of ours running (the
   -- last take's replacement booted, the last sandbox reaped).

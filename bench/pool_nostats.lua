@@ -21,7 +21,7 @@ local function sleep(ms)
   os.execute(("sleep %.3f"):format(ms / 1000))
 end
 
-local pool = assert(rlm.Pool.new({ size = 8, tmpdir = env.tmpdir }))
+local pool = assert(rlm.Pool.new({ size = 8, sandbox = { tmpdir = env.tmpdir } }))
 local take, vetted = pool._take, 0
 pool._take = function(self)
   local entry = take(self)

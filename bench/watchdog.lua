@@ -124,19 +124,19 @@ function M.run(env)
 
   -- With a cgroup beside it, the poll would race the kernel: it is measured
   -- alone, then the default setup.
-  local has_cgroup = common.has_option("memory_cgroup", false)
+  local has_cgroup = common.has_option("sandbox", { memory_cgroup = false })
   local setups = {}
   for _, interval in ipairs({ 10, 50 }) do
-    local opts = { max_rss_bytes = limit, rss_poll_interval_ms = interval }
+    local opts = { max_rss_bytes = limit, sandbox = { rss_poll_interval_ms = interval } }
     if has_cgroup then
-      opts.memory_cgroup = false
+      opts.sandbox.memory_cgroup = false
     end
     setups[#setups + 1] = { name = ("poll alone, every %d ms"):format(interval), interval = interval, opts = opts }
   end
   if has_cgroup then
     setups[#setups + 1] = {
       name = "default: cgroup + poll every 50 ms",
-      opts = { max_rss_bytes = limit, rss_poll_interval_ms = 50 },
+      opts = { max_rss_bytes = limit, sandbox = { rss_poll_interval_ms = 50 } },
     }
   end
   local rows = {}

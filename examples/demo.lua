@@ -198,7 +198,7 @@ local function real_model()
   local o = { root_llm = client.root_llm, llm_query = client.llm_query, client = client }
   local sub = env("RLM_SUB_MODEL") or model
   if client.has_price(model) and client.has_price(sub) then
-    o.cost_usd, o.max_total_cost_usd = client.cost_usd, tonumber(env("RLM_DEMO_MAX_USD") or "1")
+    o.cost = { usd = client.cost_usd, max_usd = tonumber(env("RLM_DEMO_MAX_USD") or "1") }
   else
     o.max_total_tokens = 2000000 -- no prices for these models: cap the tokens instead
   end
@@ -215,7 +215,7 @@ local real = real_model()
 if real then
   print(("rlm demo with a real model: %s at %s (sub-model %s)."):format(env("RLM_MODEL"),
     env("RLM_BASE_URL") or "https://api.openai.com/v1", env("RLM_SUB_MODEL") or env("RLM_MODEL")))
-  print(real.cost_usd and ("Spending stops at %.2f USD (RLM_DEMO_MAX_USD).\n"):format(real.max_total_cost_usd)
+  print(real.cost and ("Spending stops at %.2f USD (RLM_DEMO_MAX_USD).\n"):format(real.cost.max_usd)
     or "No prices known for these models: the run stops at 2,000,000 tokens.\n")
 else
   print("rlm demo: both the root model and the sub-model are SCRIPTED STAND-INS, not LLMs.")
@@ -239,8 +239,7 @@ local opts = {
   query = question,
   root_llm = real and real.root_llm or root_llm,
   llm_query = real and real.llm_query or llm_query,
-  cost_usd = real and real.cost_usd,
-  max_total_cost_usd = real and real.max_total_cost_usd,
+  cost = real and real.cost,
   max_total_tokens = real and real.max_total_tokens,
   max_iterations = real and 20 or 8,
   step_timeout_ms = real and 300000 or 60000,
@@ -292,7 +291,7 @@ end
 if real then
   local u = real.client.usage()
   print(("Tokens: %d in, %d out over %d calls%s."):format(u.input_tokens, u.output_tokens, u.calls,
-    real.cost_usd and (", %.4f USD"):format(real.cost_usd()) or ""))
+    real.cost and (", %.4f USD"):format(real.cost.usd()) or ""))
 end
 print(right and "\nThat is the right answer." or "\nThat is NOT the right answer.")
 os.exit(right and 0 or 1)

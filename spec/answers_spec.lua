@@ -103,7 +103,7 @@ describe("answers", function()
 
     it("too large for the host is an error the model sees, not its text as the answer", function()
       local root = H.script({ "FINAL('x' * 100000)", "FINAL(small)" })
-      local result = H.run({ root_llm = root, max_message_bytes = 65536 })
+      local result = H.run({ root_llm = root, sandbox = { max_message_bytes = 65536 } })
       assert.are.equal("small", result.answer)
       assert.matches("answer with something smaller", told(root, 2), 1, true)
     end)

@@ -290,7 +290,7 @@ with open('/session/fill', 'wb') as f:
     for i in range(75):
         f.write(chunk)
 print('ESCAPED wrote 600 MiB')]], kind = "memory_limit",
-    opts = { memory_cgroup = false, max_rss_bytes = 256 * 2 ^ 20, workdir_max_bytes = 2 ^ 30 } },
+    opts = { sandbox = { memory_cgroup = false, workdir_max_bytes = 2 ^ 30 }, max_rss_bytes = 256 * 2 ^ 20, } },
   { "writes past workdir_max_bytes", [[
 chunk = b'x' * (8 << 20)
 with open('/session/fill', 'wb') as f:
@@ -312,7 +312,7 @@ try:
 except RuntimeError:
     pass
 ev.set()
-print('started', started)]], opts = { memory_cgroup = false }, check = function(out)
+print('started', started)]], opts = { sandbox = { memory_cgroup = false } }, check = function(out)
       local n = tonumber(out:match("started (%d+)"))
       assert.is_true(n ~= nil and n < 64, "RLIMIT_NPROC did not hold: " .. out)
     end },
@@ -323,7 +323,7 @@ local function run_case(case, guardrails)
   local root = H.script({ fence(PRELUDE .. fill(case[2])), fence("FINAL('done')") })
   local opts = {
     guardrails = guardrails,
-    allowed_modules = case.modules,
+    sandbox = { allowed_modules = case.modules },
     step_timeout_ms = 10000,
     max_iterations = 2,
     root_llm = root,

@@ -128,7 +128,7 @@ H.describe_luv("the luv adapter's contracts", function()
   it("never calls back before run() returns, even when the sandbox cannot start", function()
     local returned, err = false, nil
     local called_early
-    luv_adapter.run(H.opts({ bwrap = "no-such-bwrap" }), function(e)
+    luv_adapter.run(H.opts({ sandbox = { bwrap = "no-such-bwrap" } }), function(e)
       called_early = not returned
       err = e
     end)

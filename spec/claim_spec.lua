@@ -176,7 +176,7 @@ describe("sandbox.claim and sandbox.release", function()
 
   it("fails a pool's claim into its counts, and starts its sessions cold", function()
     local calls = 0
-    local pool = assert(rlm.Pool.new({ size = 1, tmpdir = H.tmpdir, sandbox = { backend = "exec",
+    local pool = assert(rlm.Pool.new({ size = 1, sandbox = { tmpdir = H.tmpdir, backend = "exec",
       claim = function(info)
         calls = calls + 1
         if info.pool then
@@ -198,7 +198,7 @@ describe("sandbox.claim and sandbox.release", function()
   it("releases a pool's claim that returns after the pool was closed", function()
     local co
     local released = {}
-    local pool = assert(rlm.Pool.new({ size = 1, tmpdir = H.tmpdir, sandbox = { backend = "exec",
+    local pool = assert(rlm.Pool.new({ size = 1, sandbox = { tmpdir = H.tmpdir, backend = "exec",
       claim = function()
         co = coroutine.running()
         coroutine.yield()

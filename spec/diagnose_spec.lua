@@ -81,7 +81,7 @@ describe("rlm.diagnose", function()
     end)
   end
   local SESSION = [[
-local s = require("rlm").Session.new({ context = "x", tmpdir = os.getenv("TMPDIR"),
+local s = require("rlm").Session.new({ context = "x", sandbox = { tmpdir = os.getenv("TMPDIR") },
   root_llm = function() return "```repl\nFINAL('ok')\n```" end, llm_query = print })
 local r, e = s:run()
 s:close()

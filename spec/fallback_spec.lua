@@ -144,7 +144,7 @@ describe("the fallback answer", function()
     -- Code that swallows the interrupt is killed after the grace.
     local result, err = H.run({
       step_timeout_ms = 300,
-      interrupt_grace_ms = 300,
+      sandbox = { interrupt_grace_ms = 300 },
       root_llm = H.script({ fence("while True:\n    try:\n        while True:\n            pass\n"
         .. "    except:\n        print('caught, going on')") }),
     })

@@ -138,7 +138,7 @@ describe("the first root call under run()", function()
   it("ends with the failed self-test's error, the model's reply dropped unread and its tokens counted", function()
     local called, events = false, recorder()
     local s = H.session({
-      bwrap = weak_bwrap(),
+      sandbox = { bwrap = weak_bwrap() },
       on_event = events.on_event,
       root_llm = blocking(50, fence("FINAL('ran')"), { input_tokens = 7, output_tokens = 3 }, function()
         called = true
@@ -158,8 +158,7 @@ describe("the first root call under run()", function()
   it("ends a start that never says hello at start_timeout_ms while the model answers", function()
     local called, events = false, recorder()
     local s = H.session({
-      bwrap = stuck_bwrap(),
-      start_timeout_ms = 300,
+      sandbox = { bwrap = stuck_bwrap(), start_timeout_ms = 300 },
       on_event = events.on_event,
       root_llm = blocking(100, fence("FINAL('ran')"), nil, function()
         called = true
@@ -169,7 +168,7 @@ describe("the first root call under run()", function()
     s:close()
     assert.is_nil(result)
     assert.are.equal("sandbox_unavailable", err.kind)
-    assert.matches("did not say hello within start_timeout_ms (300 ms)", err.message, 1, true)
+    assert.matches("did not say hello within sandbox.start_timeout_ms (300 ms)", err.message, 1, true)
     assert.is_true(called)
     assert.are.same({ "session_start", "step_start", "run_end" }, events.types)
   end)
@@ -179,7 +178,7 @@ describe("the first root call under run()", function()
   -- would fire before the loop read it.
   it("does not count a blocking call past start_timeout_ms against the start", function()
     local result, err = H.run({
-      start_timeout_ms = 1000,
+      sandbox = { start_timeout_ms = 1000 },
       root_llm = H.script({ function()
         sleep(1500)
         return fence("FINAL(context)")
@@ -256,7 +255,7 @@ describe("the first root call under run()", function()
   end)
 
   it("asks the model of a session from a pool before the taken sandbox is checked", function()
-    local pool = assert(rlm.Pool.new({ size = 1, tmpdir = H.tmpdir }))
+    local pool = assert(rlm.Pool.new({ size = 1, sandbox = { tmpdir = H.tmpdir } }))
     H.settled(function()
       return pool:stats()
     end, function(st)
@@ -317,7 +316,7 @@ H.describe_luv("the first root call under the luv adapter", function()
   it("ends with the failed self-test's error while the call is out, and runs no code", function()
     local called, events = false, recorder()
     local s = H.session({
-      bwrap = weak_bwrap(),
+      sandbox = { bwrap = weak_bwrap() },
       on_event = events.on_event,
       root_llm = later(200, fence("FINAL('ran')"), nil, function()
         called = true
@@ -343,7 +342,7 @@ H.describe_luv("the first root call under the luv adapter", function()
   it("counts the tokens of a reply that came before the self-test failed", function()
     local events = recorder()
     local s = H.session({
-      bwrap = weak_bwrap(),
+      sandbox = { bwrap = weak_bwrap() },
       on_event = events.on_event,
       root_llm = function()
         return fence("FINAL('ran')"), { input_tokens = 5, output_tokens = 1 }
@@ -359,8 +358,7 @@ H.describe_luv("the first root call under the luv adapter", function()
   it("ends a start that never says hello at start_timeout_ms while the model answers", function()
     local called, t0 = false, core.now_ms()
     local s = H.session({
-      bwrap = stuck_bwrap(),
-      start_timeout_ms = 300,
+      sandbox = { bwrap = stuck_bwrap(), start_timeout_ms = 300 },
       root_llm = later(100, fence("FINAL('ran')"), nil, function()
         called = true
       end),
@@ -368,14 +366,14 @@ H.describe_luv("the first root call under the luv adapter", function()
     local err = drive(s)
     s:close()
     assert.are.equal("sandbox_unavailable", err.kind)
-    assert.matches("did not say hello within start_timeout_ms (300 ms)", err.message, 1, true)
+    assert.matches("did not say hello within sandbox.start_timeout_ms (300 ms)", err.message, 1, true)
     assert.is_true(called)
     assert.is_true(core.now_ms() - t0 < 10000)
   end)
 
   it("does not count a callback that blocks the loop past start_timeout_ms against the start", function()
     local s = H.session({
-      start_timeout_ms = 1000,
+      sandbox = { start_timeout_ms = 1000 },
       root_llm = H.script({ function()
         sleep(1500)
         return fence("FINAL(context)")
@@ -393,7 +391,7 @@ H.describe_luv("the first root call under the luv adapter", function()
   it("counts root_timeout_ms from the call, not from the sandbox's readiness", function()
     local events = recorder()
     local s = H.session({
-      bwrap = slow_bwrap(1500),
+      sandbox = { bwrap = slow_bwrap(1500) },
       root_timeout_ms = 1000,
       on_event = events.on_event,
       root_llm = function() end, -- never calls done
@@ -412,7 +410,7 @@ H.describe_luv("the first root call under the luv adapter", function()
   it("ends as cancelled when closed with the start and the call both in flight", function()
     local called, events = false, recorder()
     local s = H.session({
-      bwrap = slow_bwrap(300),
+      sandbox = { bwrap = slow_bwrap(300) },
       on_event = events.on_event,
       root_llm = later(200, fence("FINAL('ran')"), nil, function()
         called = true
@@ -434,7 +432,7 @@ H.describe_luv("the first root call under the luv adapter", function()
   end)
 
   it("asks the model of a session from a pool before the taken sandbox is checked", function()
-    local pool = assert(rlm.Pool.new({ size = 1, tmpdir = H.tmpdir }))
+    local pool = assert(rlm.Pool.new({ size = 1, sandbox = { tmpdir = H.tmpdir } }))
     H.settled(function()
       return pool:stats()
     end, function(st)
@@ -497,7 +495,7 @@ describe("the first step's end with a slow start and a slow model", function()
     local t0, t_end = core.now_ms(), nil
     local calls = 0
     local s = H.session({
-      bwrap = bwrap,
+      sandbox = { bwrap = bwrap },
       root_llm = function(_, done)
         calls = calls + 1
         if calls > 1 then

@@ -165,7 +165,7 @@ print(Item().n, Item().__class__.__name__, Counter('aab').most_common(1),
 
   it("imports what allowed_modules adds", function()
     local err, out = step_error("import zlib\nprint(len(zlib.compress(b'aaaa')))",
-      { allowed_modules = { "zlib" } })
+      { sandbox = { allowed_modules = { "zlib" } } })
     assert.is_nil(err)
     assert.matches("^%d+\n$", out)
   end)
@@ -173,7 +173,7 @@ print(Item().n, Item().__class__.__name__, Counter('aab').most_common(1),
   it("keeps the driver's own package out of reach, even when allowed_modules names it", function()
     local err = step_error("import _rlm_driver")
     assert.matches("ImportError: import of '_rlm_driver' is refused", err, 1, true)
-    err = step_error("import _rlm_driver.protocol", { allowed_modules = { "_rlm_driver" } })
+    err = step_error("import _rlm_driver.protocol", { sandbox = { allowed_modules = { "_rlm_driver" } } })
     assert.matches("ImportError: import of private module '_rlm_driver.protocol' is refused", err, 1, true)
     -- Not on the import path either: /rlm is where the sandbox keeps it.
     local _, out = step_error("import json\nprint(json.dumps([p for p in __import__('sys').path if p.startswith('/rlm')]))",

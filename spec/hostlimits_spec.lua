@@ -33,9 +33,8 @@ FINAL('not reached')]]
       local t0 = core.now_ms()
       local result, err = H.run({
         guardrails = false, -- threading is not among the REPL's modules
-        memory_cgroup = false,
+        sandbox = { memory_cgroup = false, rss_poll_interval_ms = interval },
         max_rss_bytes = limit,
-        rss_poll_interval_ms = interval,
         llm_query = function()
           os.execute("sleep 3")
           return "late"
@@ -119,7 +118,7 @@ local function probe()
   end
   probes = probes + 1
 end
-local result, err = H.run({ max_depth = 2, max_concurrent_sub_calls = 16, max_live_sandboxes = 4096,
+local result, err = H.run({ max_depth = 2, max_concurrent_sub_calls = 16,
   llm_query = function(p)
     probe()
     return "ok " .. p
@@ -182,15 +181,15 @@ describe("the hello", function()
   end
 
   it("has its own deadline, start_timeout_ms, ending in sandbox_unavailable", function()
-    local result, err, ms = silent_driver({ start_timeout_ms = 1500, step_timeout_ms = 60000 })
+    local result, err, ms = silent_driver({ sandbox = { start_timeout_ms = 1500 }, step_timeout_ms = 60000 })
     assert.is_nil(result)
     assert.are.equal("sandbox_unavailable", err.kind)
-    assert.matches("did not say hello within start_timeout_ms %(1500 ms%)", err.message)
+    assert.matches("did not say hello within sandbox.start_timeout_ms %(1500 ms%)", err.message)
     assert.is_true(ms < 10000, ("took %.0f ms"):format(ms))
   end)
 
   it("is not step_timeout_ms, however short that is", function()
-    local result, err = silent_driver({ start_timeout_ms = 1000, step_timeout_ms = 200 })
+    local result, err = silent_driver({ sandbox = { start_timeout_ms = 1000 }, step_timeout_ms = 200 })
     assert.is_nil(result)
     assert.are.equal("sandbox_unavailable", err.kind)
     assert.matches("start_timeout_ms %(1000 ms%)", err.message)
@@ -209,7 +208,7 @@ describe("a final answer too large for the host", function()
   for _, form in ipairs(forms) do
     it("is an error the model sees, the REPL intact, through " .. form[1], function()
       local root = H.script({ fence("keep = 41"), fence(form[2]), fence("FINAL(keep + 1)") })
-      local result, err = H.run({ max_message_bytes = 64 * 1024, root_llm = root })
+      local result, err = H.run({ sandbox = { max_message_bytes = 64 * 1024 }, root_llm = root })
       assert.is_nil(err)
       assert.are.equal("42", result.answer)
       assert.matches("answer with something smaller", root.calls[3][#root.calls[3]].content)
@@ -222,7 +221,7 @@ describe("a final answer too large for the host", function()
     local code = "print('\\x01' * 1999)\ntry:\n    FINAL('z' * 53000)\nfinally:\n"
       .. "    raise ValueError('\\x01' * 1990)"
     local root = H.script({ fence("keep = 41"), fence(code), fence("FINAL(keep + 1)") })
-    local result, err = H.run({ max_message_bytes = 64 * 1024, root_llm = root })
+    local result, err = H.run({ sandbox = { max_message_bytes = 64 * 1024 }, root_llm = root })
     assert.is_nil(err)
     assert.are.equal("42", result.answer)
     assert.matches("the host accepts 65536: answer with something smaller, or print less",
@@ -232,7 +231,7 @@ describe("a final answer too large for the host", function()
   it("fits in the same limit in every form", function()
     for _, code in ipairs({ "FINAL('z' * (40 << 10))", "v = 'z' * (40 << 10)\nFINAL_VAR('v')",
       "answer['content'] = 'z' * (40 << 10)\nanswer['ready'] = True" }) do
-      local result, err = H.run({ max_message_bytes = 64 * 1024, root_llm = H.script({ fence(code) }) })
+      local result, err = H.run({ sandbox = { max_message_bytes = 64 * 1024 }, root_llm = H.script({ fence(code) }) })
       assert.is_nil(err)
       assert.are.equal(40 * 1024, #result.answer)
     end
@@ -297,7 +296,7 @@ describe("a root host's uid locks", function()
       return pending("the host is not root: sandboxes run as its own uid, with no lock")
     end
     for _ = 1, 12 do
-      local result, err = H.run({ sandbox_uid_first = first, sandbox_uid_count = 16 })
+      local result, err = H.run({ sandbox = { uids = { first = first, count = 16 } } })
       assert.is_nil(err)
       assert.are.equal("done", result.answer)
     end
@@ -308,20 +307,20 @@ describe("a root host's uid locks", function()
     if not root then
       return pending("the host is not root: sandboxes run as its own uid, with no lock")
     end
-    local o = { sandbox_uid_first = first, sandbox_uid_count = 1,
+    local o = { sandbox = { uids = { first = first, count = 1 } },
       root_llm = H.script({ H.fence("print(1)"), H.fence("FINAL('done')") }) }
     for _ = 1, 3 do
       local a = H.session(o)
       local entry, serr = a:step() -- a holds the one uid
       assert.is_table(entry, serr and serr.message)
-      local result, err = H.run({ sandbox_uid_first = first, sandbox_uid_count = 1 })
+      local result, err = H.run({ sandbox = { uids = { first = first, count = 1 } } })
       assert.is_nil(result)
       assert.are.equal("sandbox_unavailable", err.kind)
       assert.matches("every sandbox uid from " .. first .. " to " .. first .. " is in use", err.message, 1, true)
       assert.are.equal("done", (assert(a:run())).answer)
       a:close()
       assert.are.equal(0, settled_lock_files(1))
-      result, err = H.run({ sandbox_uid_first = first, sandbox_uid_count = 1 })
+      result, err = H.run({ sandbox = { uids = { first = first, count = 1 } } })
       assert.is_nil(err)
       assert.are.equal("done", result.answer)
       assert.are.equal(0, settled_lock_files(1))

@@ -83,7 +83,7 @@ describe("the host's memory under a hostile driver", function()
     { "a flood of valid but unexpected lines (32 MiB)",
       "os.write(1, b'{\"type\":\"configured\"}\\n' * ((32 << 20) // 22))", "expected" },
     { "a long line past max_message_bytes (24 MiB, no newline)", "os.write(1, b'x' * (24 << 20))",
-      "longer than max_message_bytes" },
+      "longer than sandbox.max_message_bytes" },
     { "a 12 MB llm_batch frame of empty prompts", BATCH:format("[b'\"\"'] * 4000000"), "JSON values" },
     { "an 11 MB llm_batch frame under the value cap",
       BATCH:format("[b'\"%0180d\"' % i for i in range(60000)]"), "" },

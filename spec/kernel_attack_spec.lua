@@ -240,8 +240,7 @@ local function run_case(case)
   })
   session = H.session({
     guardrails = false,
-    allowed_modules = MODULES,
-    memory_cgroup = false,
+    sandbox = { allowed_modules = MODULES, memory_cgroup = false },
     max_rss_bytes = case.max_rss,
     step_timeout_ms = 20000,
     max_iterations = 2,

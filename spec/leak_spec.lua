@@ -41,7 +41,7 @@ os._exit(1)]]) }),
     local lists = { { "colorsys" }, { "colorsys", "bisect" }, { "colorsys", "heapq" }, { "colorsys", "fnmatch" } }
     local opts, s, in_flight
     for _, list in ipairs(lists) do
-      opts = { allowed_modules = list, root_llm = H.script({ fence("FINAL(1)") }) }
+      opts = { sandbox = { allowed_modules = list }, root_llm = H.script({ fence("FINAL(1)") }) }
       s = H.session(opts)
       -- The probe is started, and its engine waits; the root model's
       -- first call goes out meanwhile (docs/api.md).

@@ -15,14 +15,13 @@ end
 describe("every value Session.new accepts at the top of its range", function()
   local rows = {
     { "the clocks and max_iterations", { max_iterations = 10 ^ 6, step_timeout_ms = 2 ^ 31 - 1,
-      start_timeout_ms = 2 ^ 31 - 1, max_wall_ms = 2 ^ 31 - 1 } },
-    { "memory", { max_rss_bytes = 2 ^ 44, rss_poll_interval_ms = 60000 } },
+      sandbox = { start_timeout_ms = 2 ^ 31 - 1 }, max_wall_ms = 2 ^ 31 - 1 } },
+    { "memory", { max_rss_bytes = 2 ^ 44, sandbox = { rss_poll_interval_ms = 60000 } } },
     { "sub-calls and tokens", { max_sub_calls = 2 ^ 31 - 1, max_concurrent_sub_calls = 4096, max_depth = 32,
-      max_live_sandboxes = 4096,
       max_total_tokens = 2 ^ 50, max_sub_prompt_chars = 2 ^ 30 } },
-    { "the session's files", { workdir_max_bytes = 2 ^ 40, workdir_max_files = 2 ^ 31 - 1 } },
-    { "the line and the output", { max_message_bytes = 2 ^ 30, stdout_truncate_chars = 2 ^ 26 } },
-    { "the smallest line", { max_message_bytes = 12 + 8192, stdout_truncate_chars = 1 } },
+    { "the session's files", { sandbox = { workdir_max_bytes = 2 ^ 40, workdir_max_files = 2 ^ 31 - 1 }, } },
+    { "the line and the output", { sandbox = { max_message_bytes = 2 ^ 30 }, stdout_truncate_chars = 2 ^ 26 } },
+    { "the smallest line", { sandbox = { max_message_bytes = 12 + 8192 }, stdout_truncate_chars = 1 } },
     { "a context 200 tables deep", { context = deep(200) } },
     { "a text context that is not UTF-8", { context = "a\255b" } },
   }
@@ -43,7 +42,7 @@ describe("every value Session.new accepts at the top of its range", function()
       seen = messages[#messages].content
       return H.fence("FINAL('after')")
     end })
-    local result, err = H.run({ root_llm = root, stdout_truncate_chars = 2000, max_message_bytes = 12 * 2000 + 8192 })
+    local result, err = H.run({ root_llm = root, stdout_truncate_chars = 2000, sandbox = { max_message_bytes = 12 * 2000 + 8192 } })
     assert.is_nil(err)
     assert.equals("after", result.answer)
     assert.matches("Error:", seen, 1, true)
@@ -53,11 +52,11 @@ end)
 describe("a budget callback's number", function()
   local bad = { { "NaN", 0 / 0 }, { "inf", math.huge }, { "-1", -1 } }
   for _, b in ipairs(bad) do
-    it("from cost_usd, " .. b[1] .. ", is a callback_error naming cost_usd", function()
-      local result, err = H.run({ max_total_cost_usd = 1, cost_usd = function() return b[2] end })
+    it("from cost.usd, " .. b[1] .. ", is a callback_error naming cost.usd", function()
+      local result, err = H.run({ cost = { max_usd = 1, usd = function() return b[2] end } })
       assert.is_nil(result)
       assert.equals("callback_error", err.kind)
-      assert.matches("cost_usd returned", err.message, 1, true)
+      assert.matches("cost.usd returned", err.message, 1, true)
     end)
     it("in root_llm's usage, " .. b[1] .. ", is a callback_error naming root_llm", function()
       local root = function()

@@ -63,7 +63,7 @@ describe("step_timeout_ms", function()
       local t0
       local result, err = H.run({
         step_timeout_ms = timeout,
-        interrupt_grace_ms = grace,
+        sandbox = { interrupt_grace_ms = grace },
         guardrails = case.guardrails,
         root_llm = function()
           t0 = core.now_ms()
@@ -134,15 +134,14 @@ describe("max_sub_calls", function()
   end)
 end)
 
-describe("max_total_cost_usd", function()
+describe("cost.max_usd", function()
   after_each(H.assert_clean)
 
   it("stops before a root turn once the cost is spent", function()
     local spent, turns = 0, 0
     local _, err = H.run({
-      max_total_cost_usd = 0.05,
+      cost = { max_usd = 0.05, usd = function() return spent end },
       fallback = false,
-      cost_usd = function() return spent end,
       root_llm = function()
         turns = turns + 1
         spent = spent + 0.02
@@ -151,15 +150,14 @@ describe("max_total_cost_usd", function()
     })
     assert.are.equal("cost_budget", err.kind)
     assert.are.equal(3, turns) -- 0.02, 0.04, 0.06: the fourth turn is refused
-    assert.are.equal(0.05, err.max_total_cost_usd)
+    assert.are.equal(0.05, err.max_usd)
   end)
 
   it("stops before a sub-call once the cost is spent", function()
     local spent, calls = 0, 0
     local _, err = H.run({
-      max_total_cost_usd = 0.01,
+      cost = { max_usd = 0.01, usd = function() return spent end },
       fallback = false,
-      cost_usd = function() return spent end,
       root_llm = H.script({ fence("for i in range(5):\n    llm_query('q')") }),
       llm_query = function()
         calls = calls + 1
@@ -218,7 +216,7 @@ describe("max_rss_bytes", function()
     local limit = 256 * 2 ^ 20
     local result, err = H.run({
       max_rss_bytes = limit,
-      rss_poll_interval_ms = 10,
+      sandbox = { rss_poll_interval_ms = 10 },
       root_llm = H.script({ fence("b = []\nwhile True:\n    b.append(bytearray(1 << 20))") }),
     })
     assert.is_nil(result)
@@ -238,8 +236,7 @@ describe("max_rss_bytes", function()
     local limit = 256 * 2 ^ 20
     local result, err = H.run({
       max_rss_bytes = limit,
-      memory_cgroup = false,
-      rss_poll_interval_ms = 10,
+      sandbox = { memory_cgroup = false, rss_poll_interval_ms = 10 },
       root_llm = H.script({ fence("b = []\nwhile True:\n    b.append(bytearray(1 << 20))") }),
     })
     assert.is_nil(result)
@@ -254,7 +251,7 @@ describe("max_rss_bytes", function()
     local _, err = H.run({
       guardrails = false, -- threading is not among the REPL's modules
       max_rss_bytes = 128 * 2 ^ 20,
-      rss_poll_interval_ms = 10,
+      sandbox = { rss_poll_interval_ms = 10 },
       root_llm = H.script({ fence([[
 import threading
 hold = []

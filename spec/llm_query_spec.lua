@@ -15,7 +15,7 @@ describe("llm_query", function()
       "    msg = str(e)",
       "FINAL(msg + ' | ' + llm_query('small'))",
     }, "\n")
-    local result, err = H.run({ max_message_bytes = 64 * 1024, root_llm = H.script({ fence(code) }),
+    local result, err = H.run({ sandbox = { max_message_bytes = 64 * 1024 }, root_llm = H.script({ fence(code) }),
       llm_query = function(p)
         calls = calls + 1
         return "got " .. #p

@@ -142,9 +142,9 @@ describe("rlm_query", function()
   -- A child's fatal error, and what made it: each reaches the parent's code
   -- as an exception.
   for _, case in ipairs({
-    { "step timeout", "step_timeout", { step_timeout_ms = 1500, interrupt_grace_ms = 300 },
+    { "step timeout", "step_timeout", { step_timeout_ms = 1500, sandbox = { interrupt_grace_ms = 300 } },
       "while True:\n    try:\n        while True:\n            pass\n    except:\n        pass" },
-    { "memory kill", "memory_limit", { max_rss_bytes = 128 * 2 ^ 20, rss_poll_interval_ms = 10 },
+    { "memory kill", "memory_limit", { max_rss_bytes = 128 * 2 ^ 20, sandbox = { rss_poll_interval_ms = 10 } },
       "b = []\nwhile True:\n    b.append(bytearray(1 << 20))" },
   }) do
     local what, kind, limits, child_code = case[1], case[2], case[3], case[4]
@@ -199,60 +199,30 @@ except RuntimeError as e:
     end))
   end)
 
-  describe("max_live_sandboxes", function()
-    it("refuses the children past it, each slot's error naming it, and the run goes on", function()
+  -- max_concurrent_sub_calls holds the nested sessions alive over the
+  -- whole tree too (it was max_live_sandboxes): a session queues its own
+  -- children past it, and a grandchild past it is refused.
+  describe("max_concurrent_sub_calls over the tree", function()
+    it("raises in the code for a nested call past it, which the code may catch", function()
       local result, err = H.run({
-        max_depth = 2,
-        max_live_sandboxes = 3, -- the root and two children
-        root_llm = tree_model({ fence("FINAL('|'.join(rlm_query_batched([str(i) for i in range(5)])))") },
-          function()
-            return fence("FINAL('kid ' + context)")
-          end),
-      })
-      assert.is_nil(err)
-      local slots = {}
-      for slot in (result.answer .. "|"):gmatch("(.-)|") do
-        slots[#slots + 1] = slot
-      end
-      assert.are.same({ "kid 0", "kid 1" }, { slots[1], slots[2] })
-      for i = 3, 5 do
-        assert.matches("rlm_query refused: the run already has 3 sandboxes alive, max_live_sandboxes (3)",
-          slots[i], 1, true)
-      end
-    end)
-
-    it("raises in the code for a lone call past it, which the code may catch", function()
-      local result, err = H.run({
-        max_depth = 2,
-        max_live_sandboxes = 1,
-        root_llm = tree_model({ fence("try:\n    rlm_query('x')\nexcept Exception as e:\n"
-          .. "    FINAL(type(e).__name__ + ': ' + str(e))") }, function()
-          return fence("FINAL('not reached')")
+        max_depth = 3,
+        max_concurrent_sub_calls = 1,
+        root_llm = tree_model({ fence("FINAL(rlm_query('x'))") }, function()
+          return fence("try:\n    rlm_query('y')\nexcept Exception as e:\n"
+            .. "    FINAL(type(e).__name__ + ': ' + str(e))")
         end),
       })
       assert.is_nil(err)
-      assert.matches("max_live_sandboxes (1)", result.answer, 1, true)
+      assert.matches("rlm_query refused: the run already has 1 nested sessions alive, max_concurrent_sub_calls (1)",
+        result.answer, 1, true)
     end)
 
-    it("counts a child only till its sandbox closes", function()
-      local result, err = H.run({
-        max_depth = 2,
-        max_live_sandboxes = 2,
-        root_llm = tree_model({ fence("FINAL(rlm_query('a') + rlm_query('b') + rlm_query('c'))") },
-          function(question)
-            return fence("FINAL(" .. ("%q"):format(question) .. ")")
-          end),
-      })
-      assert.is_nil(err)
-      assert.are.equal("abc", result.answer)
-    end)
-
-    -- The cap is the run's: at max_depth 3, two children that each ask for
-    -- two more find one room left between them.
+    -- At max_depth 3, two children that each ask for two more find one
+    -- room left between them.
     it("holds over the whole tree", function()
       local result, err = H.run({
         max_depth = 3,
-        max_live_sandboxes = 4,
+        max_concurrent_sub_calls = 3,
         root_llm = tree_model({ fence("FINAL('|'.join(rlm_query_batched(['a', 'b'])))") }, function(question)
           if #question == 1 then
             return fence("FINAL(','.join(rlm_query_batched([context + '1', context + '2'])))")
@@ -262,7 +232,7 @@ except RuntimeError as e:
       })
       assert.is_nil(err)
       local leaves = select(2, result.answer:gsub("leaf", ""))
-      local refused = select(2, result.answer:gsub("max_live_sandboxes %(4%)", ""))
+      local refused = select(2, result.answer:gsub("max_concurrent_sub_calls %(3%)", ""))
       assert.are.equal(4, leaves + refused, result.answer)
       assert.is_true(leaves >= 1 and leaves <= 2, result.answer)
     end)

@@ -645,7 +645,7 @@ describe("rlm.llm.openai", function()
       script_run()
       local c = client({ sub_model = "fake-sub", prices = prices })
       local result, err = H.run({ context = "some context", query = "what is 6 * 7?",
-        root_llm = c.root_llm, llm_query = c.llm_query, cost_usd = c.cost_usd, max_total_cost_usd = 1 })
+        root_llm = c.root_llm, llm_query = c.llm_query, cost = { usd = c.cost_usd, max_usd = 1 } })
       assert.is_nil(err)
       assert.are.equal("42", result.answer)
       assert.are.equal(2, result.iterations)
@@ -664,11 +664,11 @@ describe("rlm.llm.openai", function()
       assert.matches("sub said 42", reqs[3].json.messages[#reqs[3].json.messages].content)
     end)
 
-    it("ends with cost_budget when the replies' cost reaches max_total_cost_usd", function()
+    it("ends with cost_budget when the replies' cost reaches cost.max_usd", function()
       script_run()
       local c = client({ sub_model = "fake-sub", prices = prices })
-      local result, err = H.run({ root_llm = c.root_llm, llm_query = c.llm_query, cost_usd = c.cost_usd,
-        max_total_cost_usd = 0.0001, fallback = false })
+      local result, err = H.run({ root_llm = c.root_llm, llm_query = c.llm_query, cost = { usd = c.cost_usd,
+        max_usd = 0.0001 }, fallback = false })
       assert.is_nil(result)
       assert.are.equal("cost_budget", err.kind)
       assert.are.equal(1, #srv:requests()) -- 0.0006 USD after the first call

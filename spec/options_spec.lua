@@ -15,22 +15,24 @@ local cases = {
   { "max_iterations", "10", "option 'max_iterations'" },
   { "step_timeout_ms", -1, "option 'step_timeout_ms' must be a number of milliseconds > 0" },
   { "max_rss_bytes", -5, "option 'max_rss_bytes'" },
-  { "rss_poll_interval_ms", 0, "option 'rss_poll_interval_ms'" },
+  { "sandbox", { rss_poll_interval_ms = 0 }, "option 'sandbox.rss_poll_interval_ms'" },
   { "max_sub_calls", -1, "option 'max_sub_calls'" },
   { "stdout_truncate_chars", 0, "option 'stdout_truncate_chars'" },
   { "max_sub_prompt_chars", 0, "option 'max_sub_prompt_chars'" },
   { "root_llm", "not a function", "option 'root_llm' must be a function" },
   { "llm_query", 5, "option 'llm_query' must be a function" },
   { "on_event", true, "option 'on_event'" },
-  { "cost_usd", {}, "option 'cost_usd'" },
+  { "cost", { usd = {} }, "option 'cost.usd' must be a function" },
+  { "cost", { max_usd = 1 }, "option 'cost.usd' is required" },
+  { "cost", { usd = print, max = 1 }, "unknown option 'cost.max' %(did you mean 'cost.max_usd'%?" },
   { "context", 12, "option 'context' must be a string or a JSON%-able table" },
   { "query", {}, "option 'query' must be a string" },
-  { "python", "", "option 'python' must be a non%-empty string" },
+  { "sandbox", { python = "" }, "option 'sandbox.python' must be a non%-empty string" },
+  { "sandbox", { pyhton = "python3" }, "option 'sandbox' has no field 'pyhton' for backend \"bubblewrap\" %(did you mean 'python'%?" },
   { "guardrails", "yes", "option 'guardrails' must be a boolean" },
-  { "allowed_modules", "numpy", "option 'allowed_modules'" },
-  { "allowed_modules", { "os.path" }, "option 'allowed_modules'" },
-  { "allowed_modules", { [3] = "numpy" }, "option 'allowed_modules'" },
-  { "max_total_cost_usd", 1, "option 'max_total_cost_usd' needs option 'cost_usd'" },
+  { "sandbox", { allowed_modules = "numpy" }, "option 'sandbox.allowed_modules'" },
+  { "sandbox", { allowed_modules = { "os.path" } }, "option 'sandbox.allowed_modules'" },
+  { "sandbox", { allowed_modules = { [3] = "numpy" } }, "option 'sandbox.allowed_modules'" },
   { "context", { f = print }, "option 'context' cannot be sent as JSON" },
 }
 
@@ -76,12 +78,12 @@ end)
 -- Every number that reaches a limit or a budget: NaN and the infinities
 -- are refused, and so is a value past the option's range, naming the range.
 local numeric = {
-  max_iterations = 10 ^ 6, step_timeout_ms = 2 ^ 31 - 1, start_timeout_ms = 2 ^ 31 - 1,
-  max_rss_bytes = 2 ^ 44, rss_poll_interval_ms = 60000, max_sub_calls = 2 ^ 31 - 1,
-  max_concurrent_sub_calls = 4096, max_depth = 32, max_live_sandboxes = 4096, max_wall_ms = 2 ^ 31 - 1,
+  max_iterations = 10 ^ 6, step_timeout_ms = 2 ^ 31 - 1, ["sandbox.start_timeout_ms"] = 2 ^ 31 - 1,
+  max_rss_bytes = 2 ^ 44, ["sandbox.rss_poll_interval_ms"] = 60000, max_sub_calls = 2 ^ 31 - 1,
+  max_concurrent_sub_calls = 4096, max_depth = 32, max_wall_ms = 2 ^ 31 - 1,
   max_total_tokens = 2 ^ 50, max_sub_prompt_chars = 2 ^ 30, stdout_truncate_chars = 2 ^ 26,
-  workdir_max_bytes = 2 ^ 40, workdir_max_files = 2 ^ 31 - 1, sandbox_uid_first = 2 ^ 31 - 1,
-  sandbox_uid_count = 2 ^ 31 - 1, max_message_bytes = 2 ^ 30, max_total_cost_usd = false,
+  ["sandbox.workdir_max_bytes"] = 2 ^ 40, ["sandbox.workdir_max_files"] = 2 ^ 31 - 1,
+  ["sandbox.max_message_bytes"] = 2 ^ 30, ["sandbox.interrupt_grace_ms"] = 2 ^ 31 - 1, ["cost.max_usd"] = false,
 }
 local names = {}
 for name in pairs(numeric) do
@@ -89,12 +91,24 @@ for name in pairs(numeric) do
 end
 table.sort(names)
 
+-- o with the option at path ("sandbox.tmpdir") set to v.
+local function set(o, path, v)
+  local head, rest = path:match("^([%w_]+)%.(.+)$")
+  if not head then
+    o[path] = v
+    return o
+  end
+  o[head] = o[head] or {}
+  set(o[head], rest, v)
+  return o
+end
+
 describe("Session.new's numbers", function()
   local function refuses(opts, pattern)
     local o = base()
-    o.cost_usd = function() return 0 end
+    o.cost = { usd = function() return 0 end }
     for k, v in pairs(opts) do
-      o[k] = v
+      set(o, k, v)
     end
     local ok, err = pcall(rlm.Session.new, o)
     assert.is_false(ok, "accepted")
@@ -124,26 +138,72 @@ describe("Session.new's numbers", function()
   it("refuses a uid range past 2^31 - 1, what a uid map takes, naming the range (issue 32)", function()
     -- Accepted before, then every session failed "setting up uid map:
     -- Invalid argument", blamed on the container.
-    refuses({ sandbox_uid_first = 2 ^ 31, sandbox_uid_count = 1 },
-      "option 'sandbox_uid_first' must be an integer from 1 to 2^31 - 1")
-    refuses({ sandbox_uid_first = 2 ^ 32 - 2, sandbox_uid_count = 1 }, "from 1 to 2^31 - 1")
-    refuses({ sandbox_uid_first = 2 ^ 31 - 10, sandbox_uid_count = 11 },
-      "options 'sandbox_uid_first' + 'sandbox_uid_count' - 1 must be at most 2^31 - 1 (the uids 1 to 2^31 - 1 "
-      .. "are what a uid map takes), got 2147483638 + 11 - 1 = 2147483648")
-    local ok, err = pcall(rlm.Pool.new, { size = 1, sandbox_uid_first = 2 ^ 31 - 1, sandbox_uid_count = 2 })
+    refuses({ ["sandbox.uids"] = { first = 2 ^ 31, count = 1 } },
+      "option 'sandbox.uids' must be a table { first = 1 to 2^31 - 1, count = 1 to 2^31 - 1 }")
+    refuses({ ["sandbox.uids"] = { first = 2 ^ 32 - 2, count = 1 } }, "first = 1 to 2^31 - 1")
+    refuses({ ["sandbox.uids"] = { first = 0 / 0, count = 1 } }, "option 'sandbox.uids' must be")
+    refuses({ ["sandbox.uids"] = { first = 2 ^ 31 - 10, count = 11 } },
+      "option 'sandbox.uids' must end at uid 2^31 - 1 at most (the uids a uid map takes), got first 2147483638 "
+      .. "+ count 11 - 1 = 2147483648")
+    local ok, err = pcall(rlm.Pool.new, { size = 1, sandbox = { uids = { first = 2 ^ 31 - 1, count = 2 } } })
     assert.is_false(ok)
-    assert.matches("rlm.Pool.new: options 'sandbox_uid_first' + 'sandbox_uid_count' - 1 must be at most 2^31 - 1",
-      err, 1, true)
+    assert.matches("rlm.Pool.new: option 'sandbox.uids' must end at uid 2^31 - 1 at most", err, 1, true)
     local o = base()
-    o.sandbox_uid_first, o.sandbox_uid_count = 2 ^ 31 - 10, 10
+    o.sandbox = { uids = { first = 2 ^ 31 - 10, count = 10 } }
     rlm.Session.new(o):close()
   end)
 
-  it("refuses a max_message_bytes too small for stdout_truncate_chars, naming both", function()
-    refuses({ max_message_bytes = 20000 }, "option 'max_message_bytes' (20000) must be at least 12 * option "
-      .. "'stdout_truncate_chars' + 8192 (32192 here)")
+  it("refuses a sandbox.max_message_bytes too small for stdout_truncate_chars, naming both", function()
+    refuses({ ["sandbox.max_message_bytes"] = 20000 }, "option 'sandbox.max_message_bytes' (20000) must be at "
+      .. "least 12 * option 'stdout_truncate_chars' + 8192 (32192 here)")
     refuses({ stdout_truncate_chars = 2 ^ 21 }, "option 'stdout_truncate_chars'")
-    refuses({ max_message_bytes = 8204, stdout_truncate_chars = 2 }, "option 'max_message_bytes' (8204)")
+    refuses({ ["sandbox.max_message_bytes"] = 8204, stdout_truncate_chars = 2 },
+      "option 'sandbox.max_message_bytes' (8204)")
+  end)
+end)
+
+-- Issue 40: at most 30 top-level options (29, and issue 41's journal), and
+-- every option of earlier releases that moved, merged or went raises
+-- naming where it went, for a session and a pool alike: never ignored.
+describe("Session.new's options", function()
+  local MOVED = {
+    python = "sandbox.python", bwrap = "sandbox.bwrap", allowed_modules = "sandbox.allowed_modules",
+    bind_pth_paths = "sandbox.bind_pth_paths", memory_cgroup = "sandbox.memory_cgroup",
+    rss_poll_interval_ms = "sandbox.rss_poll_interval_ms", workdir_max_bytes = "sandbox.workdir_max_bytes",
+    workdir_max_files = "sandbox.workdir_max_files", sandbox_uid_first = "sandbox.uids.first",
+    sandbox_uid_count = "sandbox.uids.count", max_message_bytes = "sandbox.max_message_bytes",
+    tmpdir = "sandbox.tmpdir", start_timeout_ms = "sandbox.start_timeout_ms",
+    interrupt_grace_ms = "sandbox.interrupt_grace_ms", cost_usd = "cost.usd", max_total_cost_usd = "cost.max_usd",
+    sub_call_cache_namespace = "sub_call_cache.namespace", max_live_sandboxes = "max_concurrent_sub_calls",
+  }
+
+  it("are at most 30", function()
+    local n = #require("rlm.engine.options").names
+    assert.is_true(n <= 30, n .. " top-level options")
+    assert.are.equal(29, n)
+  end)
+
+  for old, new in pairs(MOVED) do
+    it(("refuses '%s', naming %s"):format(old, new), function()
+      local o = base()
+      o[old] = 1
+      local ok, err = pcall(rlm.Session.new, o)
+      assert.is_false(ok)
+      assert.matches(("rlm.Session.new: option '%s' is now %s"):format(old, new), err, 1, true)
+      ok, err = pcall(rlm.Pool.new, { size = 1, [old] = 1 })
+      assert.is_false(ok)
+      assert.matches(("rlm.Pool.new: option '%s' is now %s"):format(old, new), err, 1, true)
+    end)
+  end
+
+  it("knows no moved name as an option still", function()
+    local known = {}
+    for _, name in ipairs(require("rlm.engine.options").names) do
+      known[name] = true
+    end
+    for old in pairs(MOVED) do
+      assert.is_nil(known[old], old)
+    end
   end)
 end)
 

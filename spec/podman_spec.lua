@@ -254,8 +254,8 @@ describe("the podman backend", function()
     f:write(([[
 local rlm = require("rlm")
 local s
-s = rlm.Session.new({ context = "x", tmpdir = %q, step_timeout_ms = 120000,
-  sandbox = { backend = "podman", global_args = { %s }, runtime = %s, ulimits = { nofile = 1024, nproc = 1024 },
+s = rlm.Session.new({ context = "x", step_timeout_ms = 120000,
+  sandbox = { tmpdir = %q, backend = "podman", global_args = { %s }, runtime = %s, ulimits = { nofile = 1024, nproc = 1024 },
     name = %q },
   root_llm = function() return "```repl\nprint(llm_query('now'))\nimport time\ntime.sleep(60)\n```" end,
   llm_query = function()
@@ -302,7 +302,7 @@ s:run()
   end)
 
   it_podman("keeps warm containers in a pool: two taken by three sessions, the third cold", function()
-    local pool = assert(rlm.Pool.new({ size = 2, sandbox = podman(), tmpdir = H.tmpdir }))
+    local pool = assert(rlm.Pool.new({ size = 2, sandbox = H.sandbox(podman()) }))
     -- Vetted through the stream (the pool's checks that need no session).
     local stats = H.settled(function()
       return pool:stats()
@@ -369,7 +369,7 @@ s:run()
 
   it_podman("claims a pool's sandboxes and releases each, taken or idle", function()
     local log = {}
-    local pool = assert(rlm.Pool.new({ size = 1, sandbox = stand_in(log), tmpdir = H.tmpdir }))
+    local pool = assert(rlm.Pool.new({ size = 1, sandbox = H.sandbox(stand_in(log)) }))
     assert.same({ { "claim", NAME .. "-claim-1", 0, true } }, log)
     local result, err = H.run({ pool = pool, context = "pooled", root_llm = H.script({ H.fence("FINAL(context)") }) })
     assert.is_nil(err, err and err.message)
@@ -498,11 +498,11 @@ describe("a hung container engine", function()
       local t0 = core.now_ms()
       -- (the engine's program by its path: as a stand-in first on PATH is
       -- found)
-      local _, err = H.run(H.opts({ start_timeout_ms = 1500,
-        sandbox = { backend = backend, engine = bin .. "/" .. backend, name = "rlm-spec-hung" } }))
+      local _, err = H.run(H.opts({ sandbox = { start_timeout_ms = 1500, backend = backend,
+        engine = bin .. "/" .. backend, name = "rlm-spec-hung" } }))
       local took = core.now_ms() - t0
       assert.equals("sandbox_unavailable", err.kind, err.message)
-      assert.matches("did not end within start_timeout_ms (1500 ms)", err.message, 1, true)
+      assert.matches("did not end within sandbox.start_timeout_ms (1500 ms)", err.message, 1, true)
       assert.matches(backend .. " ps -a", err.message, 1, true)
       assert.is_true(took < 1500 + 8000, ("%.0f ms"):format(took))
     end)

@@ -29,10 +29,11 @@ local function settle(pool)
 end
 
 local function new_pool(size, opts)
-  local o = { size = size, tmpdir = H.tmpdir }
+  local o = { size = size }
   for k, v in pairs(opts or {}) do
     o[k] = v
   end
+  o.sandbox = H.sandbox(o.sandbox)
   return assert(rlm.Pool.new(o))
 end
 
@@ -414,7 +415,7 @@ out = '%s | %s | %s' % (context, fds, tried)
       "  exec /nonexistent/bwrap \"$@\"\nfi\nexec ", core.find_program("bwrap"), " \"$@\"\n")
     f:close()
     os.execute("chmod 755 " .. wrapper .. " && : > " .. down)
-    pool = new_pool(1, { bwrap = wrapper })
+    pool = new_pool(1, { sandbox = { bwrap = wrapper } })
     local t0 = core.now_ms()
     while not io.open(seen) do -- the outage's sandbox has looked
       assert(core.now_ms() - t0 < 10000, "the pool's sandbox never started its launcher")
@@ -467,7 +468,7 @@ out = '%s | %s | %s' % (context, fds, tried)
       "exec ", core.find_program("bwrap"), " \"$@\"\n")
     f:close()
     os.execute("chmod +x " .. wrapper)
-    pool = new_pool(1, { bwrap = wrapper })
+    pool = new_pool(1, { sandbox = { bwrap = wrapper } })
     settle(pool)
     assert.is_table(pool.idle[1].vetted.error) -- found by the pool, before any take
     local result, err, ran, s = take_run(pool)
@@ -489,7 +490,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     f:write("#!/bin/sh\nexec 7</etc/hostname\n", core.find_program("bwrap"), " \"$@\"\n")
     f:close()
     os.execute("chmod +x " .. wrapper)
-    pool = new_pool(1, { bwrap = wrapper })
+    pool = new_pool(1, { sandbox = { bwrap = wrapper } })
     settle(pool)
     local entry = pool.idle[1]
     local launcher = entry.drv:tree()[1]
@@ -606,7 +607,7 @@ out = '%s | %s | %s' % (context, fds, tried)
     local f = assert(io.open(script, "w"))
     f:write(([[
 local rlm = require("rlm")
-local pool = assert(rlm.Pool.new({ size = 4, tmpdir = %q }))
+local pool = assert(rlm.Pool.new({ size = 4, sandbox = { tmpdir = %q } }))
 local core = require("rlm.core")
 while pool:stats().ready < 4 do
   local ws = core.waitset(); ws:wait(10); ws:close()
@@ -683,22 +684,22 @@ while true do local ws = core.waitset(); ws:wait(1000); ws:close() end
     assert.error_matches(function()
       rlm.Pool.new({ size = 1, max_iterations = 3 })
     end, "unknown option 'max_iterations'")
-    pool = new_pool(1, { max_message_bytes = 2 ^ 20 })
+    pool = new_pool(1, { sandbox = { max_message_bytes = 2 ^ 20 } })
     assert.error_matches(function()
       rlm.Session.new(H.opts({ pool = pool, guardrails = false }))
     end, "option 'guardrails' differs from the pool's")
     assert.error_matches(function()
-      rlm.Session.new(H.opts({ pool = pool, allowed_modules = { "zlib" } }))
-    end, "option 'allowed_modules' differs from the pool's")
+      rlm.Session.new(H.opts({ pool = pool, sandbox = { allowed_modules = { "zlib" } } }))
+    end, "option 'sandbox.allowed_modules' differs from the pool's")
     -- The joint check holds with the pool's max_message_bytes.
     assert.error_matches(function()
       rlm.Session.new(H.opts({ pool = pool, stdout_truncate_chars = 2 ^ 20 }))
-    end, "option 'max_message_bytes'")
+    end, "option 'sandbox.max_message_bytes'")
     assert.error_matches(function()
       rlm.Session.new(H.opts({ pool = {} }))
     end, "option 'pool' must be an rlm.Pool")
     -- The same value is fine.
-    local s = rlm.Session.new(H.opts({ pool = pool, max_message_bytes = 2 ^ 20, tmpdir = H.tmpdir }))
+    local s = rlm.Session.new(H.opts({ pool = pool, sandbox = { max_message_bytes = 2 ^ 20, tmpdir = H.tmpdir }, }))
     s:close()
   end)
 

@@ -386,7 +386,8 @@ esac
     f = assert(io.open(script, "w"))
     f:write(marked_block("docs/backends.md", "runs this block: claim"), "\n", ([[
 local rlm = require("rlm")
-local s = rlm.Session.new({ sandbox = sandbox, context = "claimed through kubectl", tmpdir = %q,
+sandbox.tmpdir = %q
+local s = rlm.Session.new({ sandbox = sandbox, context = "claimed through kubectl",
   root_llm = function() return "```repl\nFINAL(context)\n```" end, llm_query = function(p) return p end })
 local result, err = s:run()
 s:close()

@@ -144,7 +144,7 @@ describe("step_timeout_ms", function()
     })
     local core = require("rlm.core")
     local t0 = core.now_ms()
-    local result, err = H.run({ root_llm = root, step_timeout_ms = 1000, interrupt_grace_ms = 5000 })
+    local result, err = H.run({ root_llm = root, step_timeout_ms = 1000, sandbox = { interrupt_grace_ms = 5000 } })
     assert.is_nil(err)
     assert.are.equal("1 False", result.answer)
     assert.matches("KeyboardInterrupt: the step ran past step_timeout_ms", result.history[2].error, 1, true)
@@ -171,7 +171,7 @@ describe("step_timeout_ms", function()
     local t0 = core.now_ms()
     local _, err = H.run({
       step_timeout_ms = 500,
-      interrupt_grace_ms = 500,
+      sandbox = { interrupt_grace_ms = 500 },
       root_llm = H.script({ fence("while True:\n    try:\n        while True:\n            pass\n"
         .. "    except:\n        print('caught, going on')") }),
     })

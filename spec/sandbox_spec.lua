@@ -26,7 +26,7 @@ local function run_with_bwrap(body)
   f:write("#!/bin/sh\n" .. body)
   f:close()
   os.execute("chmod 755 " .. fake)
-  local result, err = H.run({ bwrap = fake })
+  local result, err = H.run({ sandbox = { bwrap = fake } })
   os.remove(fake)
   return result, err
 end
@@ -38,7 +38,7 @@ describe("the sandbox", function()
     it("gives sandbox_unavailable when bubblewrap is missing, and never starts the driver", function()
       local ran = false
       local result, err = H.run({
-        bwrap = "/nonexistent/bwrap",
+        sandbox = { bwrap = "/nonexistent/bwrap" },
         root_llm = function() ran = true return "" end,
       })
       assert.is_nil(result)
@@ -49,7 +49,7 @@ describe("the sandbox", function()
     end)
 
     it("gives sandbox_unavailable when bubblewrap cannot set the sandbox up", function()
-      local result, err = H.run({ bwrap = "/bin/false" })
+      local result, err = H.run({ sandbox = { bwrap = "/bin/false" } })
       assert.is_nil(result)
       assert.are.equal("sandbox_unavailable", err.kind)
     end)
@@ -91,7 +91,7 @@ describe("the sandbox", function()
     end)
 
     it("gives sandbox_unavailable when the interpreter is missing", function()
-      local _, err = H.run({ python = "/nonexistent/python3" })
+      local _, err = H.run({ sandbox = { python = "/nonexistent/python3" } })
       assert.are.equal("sandbox_unavailable", err.kind)
     end)
   end)
@@ -155,7 +155,7 @@ print('none')]], "none" },
     end
     for _, python in ipairs(interpreters) do
       it("for " .. python .. " (" .. tostring(core.find_program(python)) .. ")", function()
-        local out = observe("import sys, hashlib, decimal, zlib\nprint(sys.prefix)", { python = python })
+        local out = observe("import sys, hashlib, decimal, zlib\nprint(sys.prefix)", { sandbox = { python = python } })
         local prefix = H.sh("env -u LD_PRELOAD " .. python .. " -I -c 'import sys; print(sys.prefix)'")
         assert.are.equal(prefix, (out:gsub("%s+$", "")))
       end)

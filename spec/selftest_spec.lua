@@ -79,7 +79,7 @@ describe("the self-test", function()
       -- read or its code runs.
       local taken = {}
       local result, err = H.run({
-        bwrap = wrapper("bwrap" .. i, case[2], case[3]),
+        sandbox = { bwrap = wrapper("bwrap" .. i, case[2], case[3]) },
         root_llm = function()
           return H.fence("FINAL('ran')")
         end,

@@ -303,7 +303,7 @@ describe("the size of what the driver sends", function()
 
   it("turns a FINAL too large for the protocol into an error the model sees", function()
     local root = H.script({ fence("FINAL('x' * 100000)"), fence("FINAL('small')") })
-    local result, err = H.run({ root_llm = root, max_message_bytes = 65536 })
+    local result, err = H.run({ root_llm = root, sandbox = { max_message_bytes = 65536 } })
     assert.is_nil(err)
     assert.are.equal("small", result.answer)
     assert.matches("answer with something smaller", result.history[1].error, 1, true)
@@ -312,7 +312,7 @@ describe("the size of what the driver sends", function()
   it("turns an llm_query prompt too large for the protocol into an error", function()
     local called = false
     local result = H.run({
-      max_message_bytes = 65536,
+      sandbox = { max_message_bytes = 65536 },
       root_llm = H.script({ fence("try:\n    llm_query('y' * 70000)\nexcept ValueError as e:\n    FINAL(str(e))") }),
       llm_query = function() called = true return "" end,
     })

@@ -36,10 +36,10 @@ local faults = {
   { "invalid UTF-8 line", "import os\nos.write(1, b'\\xff\\xfe garbage\\n')", { guardrails = false },
     "protocol_error" },
   { "line beyond the cap", "import os\nos.write(1, b'[' + b'1,' * 40000 + b'1]\\n')",
-    { guardrails = false, max_message_bytes = 65536 }, "protocol_error" },
+    { guardrails = false, sandbox = { max_message_bytes = 65536 } }, "protocol_error" },
   { "infinite loop", { "while True:\n    pass", "FINAL('ok')" }, {}, nil },
   { "loop that ignores SIGINT", "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
-    { guardrails = false, interrupt_grace_ms = 200 }, "step_timeout" },
+    { guardrails = false, sandbox = { interrupt_grace_ms = 200 } }, "step_timeout" },
   { "memory hog", "b = []\nwhile True:\n    b.append(bytearray(1 << 20))", { max_rss_bytes = 64 * 2 ^ 20 },
     "memory_limit" },
   { "sub-call budget", "for i in range(10):\n    llm_query(str(i))", { max_sub_calls = 2, fallback = false }, "sub_call_budget" },
@@ -48,7 +48,7 @@ local faults = {
 local function soak_one(i, fault)
   local opts = {
     step_timeout_ms = 500,
-    rss_poll_interval_ms = 10,
+    sandbox = { rss_poll_interval_ms = 10 },
     root_llm = H.script(type(fault[2]) == "table" and { fence(fault[2][1]), fence(fault[2][2]) }
       or { fence(fault[2]) }),
   }

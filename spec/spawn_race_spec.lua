@@ -79,7 +79,7 @@ describe("a sandbox whose bubblewrap still holds what the spawn handed it", func
 
   it("starts: the session's own seccomp, context and driver memfds are not foreign", function()
     local result, err = H.run({
-      bwrap = stand_in("own", ""),
+      sandbox = { bwrap = stand_in("own", "") },
       context = "the context",
       root_llm = H.script({ H.fence("FINAL(context)") }),
     })
@@ -89,7 +89,7 @@ describe("a sandbox whose bubblewrap still holds what the spawn handed it", func
 
   it("fails closed (sandbox_violation) on a memfd it was not handed", function()
     local _, err = H.run({
-      bwrap = stand_in("foreign", "SPEC_HOLD_FOREIGN=1 "),
+      sandbox = { bwrap = stand_in("foreign", "SPEC_HOLD_FOREIGN=1 ") },
       root_llm = H.script({ H.fence("FINAL('no')") }),
     })
     assert.equals("sandbox_violation", err and err.kind)
@@ -112,7 +112,7 @@ describe("sessions started side by side", function()
   end)
 
   it("answers each of 64 sessions, 8 at a time, half on a pool of 4, from its own context, with no violation", function()
-    pool = assert(rlm.Pool.new({ size = 4, tmpdir = H.tmpdir }))
+    pool = assert(rlm.Pool.new({ size = 4, sandbox = { tmpdir = H.tmpdir } }))
     local TOTAL, AT_ONCE = 64, 8
     local started, running, answers, errors = 0, {}, {}, {}
     local ws = assert(core.waitset())

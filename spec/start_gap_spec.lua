@@ -35,7 +35,7 @@ H.describe_luv("50 sessions started from one luv callback", function()
     local uv, core = L.uv, require("rlm.core")
     local rlm, adapter = require("rlm"), require("rlm.adapters.luv")
     local function opts()
-      return { context = "", tmpdir = H.tmpdir, step_timeout_ms = 120000,
+      return { context = "", sandbox = { tmpdir = H.tmpdir }, step_timeout_ms = 120000,
         root_llm = function()
           return "```repl\nFINAL('ok')\n```"
         end,
@@ -106,7 +106,7 @@ describe("a host that exits right after close()", function()
     local f = assert(io.open(script, "w"))
     f:write([[
 local rlm = require("rlm")
-local s = rlm.Session.new({ context = "x", tmpdir = ]], ("%q"):format(H.tmpdir), [[,
+local s = rlm.Session.new({ context = "x", sandbox = { tmpdir = ]], ("%q"):format(H.tmpdir), [[ },
   root_llm = function() return "```repl\nprint(1)\n```" end,
   llm_query = function(p) return p end })
 assert(s:step())

@@ -329,7 +329,7 @@ print(json.dumps({'a': [1, 2.5]}), re.findall(r'\d', 'a1b2'), string.Template('$
       assert.matches("ImportError: import of '" .. m .. "' is refused", result.history[1].error, 1, true)
     end
     local result, err = H.run({
-      allowed_modules = { "ast", "threading" },
+      sandbox = { allowed_modules = { "ast", "threading" } },
       root_llm = H.script({
         fence([[
 import ast, threading
@@ -368,7 +368,7 @@ print(box[0], threading.current_thread() is threading.main_thread())]]),
     f = assert(io.open(dir .. "/run.lua", "w"))
     f:write(([[
 local rlm = require("rlm")
-local s = rlm.Session.new({ context = "x", tmpdir = %q, llm_query = function() return "" end,
+local s = rlm.Session.new({ context = "x", sandbox = { tmpdir = %q }, llm_query = function() return "" end,
   root_llm = function() return "```repl\nFINAL('x')\n```" end })
 local result, err = s:run()
 s:close()
@@ -408,7 +408,7 @@ print(result and "ran" or err.kind .. ": " .. err.message)
     end
     for _, python in ipairs(found) do
       local result, err = H.run({
-        python = python,
+        sandbox = { python = python },
         context = "hello",
         root_llm = H.script({ fence("FINAL(context + str(len(context)))") }),
       })

@@ -308,7 +308,7 @@ FINAL(repr(out))]]) }),
           paid[#paid + 1] = info.depth
           return ("depth %d: %s"):format(info.depth, p)
         end,
-        max_depth = 2, sub_call_cache = kind == "a host's store" and store or true, sub_call_cache_namespace = "t",
+        max_depth = 2, sub_call_cache = { store = kind == "a host's store" and store or nil, namespace = "t" },
       }))
       assert.equals("['depth 1: shared prompt', 'depth 1: shared prompt', 'depth 0: shared prompt', "
         .. "'depth 0: shared prompt']", result.answer)
@@ -326,7 +326,7 @@ FINAL(repr(out))]]) }),
   end
 end)
 
-describe("a host's cache (sub_call_cache = { get =, set = })", function()
+describe("a host's cache (sub_call_cache = { store = { get =, set = }, namespace = })", function()
   after_each(H.assert_clean)
 
   -- A store over a Lua table, called as methods (an ngx.shared dict's form).
@@ -347,8 +347,8 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
   it("is asked and filled, and outlives the session: the next one pays nothing", function()
     local store = table_store()
     local fn, paid = counting()
-    local first = assert(H.run({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store,
-      sub_call_cache_namespace = "t" }))
+    local first = assert(H.run({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = { store = store,
+      namespace = "t" } }))
     assert.equals(3, paid.n)
     assert.equals(9, first.cache_hits)
     assert.equals(12, store.gets)
@@ -360,8 +360,8 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
       assert.matches("^answer to p%d$", value)
     end
     assert.equals(3, n)
-    local second = assert(H.run({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store,
-      sub_call_cache_namespace = "t" }))
+    local second = assert(H.run({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = { store = store,
+      namespace = "t" } }))
     assert.equals(first.answer, second.answer)
     assert.equals(3, paid.n) -- nothing more
     assert.equals(12, second.cache_hits)
@@ -382,29 +382,29 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
     end
     local a_fn, a_paid = tenant("A")
     local b_fn, b_paid = tenant("B")
-    local a = assert(H.run({ root_llm = code, llm_query = a_fn, sub_call_cache = store,
-      sub_call_cache_namespace = "customer-a" }))
+    local a = assert(H.run({ root_llm = code, llm_query = a_fn, sub_call_cache = { store = store,
+      namespace = "customer-a" } }))
     code = H.script({ fence("FINAL(repr([llm_query('p%d' % i) for i in range(3)]))") })
-    local b = assert(H.run({ root_llm = code, llm_query = b_fn, sub_call_cache = store,
-      sub_call_cache_namespace = "customer-b" }))
+    local b = assert(H.run({ root_llm = code, llm_query = b_fn, sub_call_cache = { store = store,
+      namespace = "customer-b" } }))
     assert.equals("['A says p0', 'A says p1', 'A says p2']", a.answer)
     assert.equals("['B says p0', 'B says p1', 'B says p2']", b.answer)
     assert.same({ 3, 3, 0 }, { a_paid.n, b_paid.n, b.cache_hits })
     code = H.script({ fence("FINAL(repr([llm_query('p%d' % i) for i in range(3)]))") })
-    local again = assert(H.run({ root_llm = code, llm_query = b_fn, sub_call_cache = store,
-      sub_call_cache_namespace = "customer-a" }))
+    local again = assert(H.run({ root_llm = code, llm_query = b_fn, sub_call_cache = { store = store,
+      namespace = "customer-a" } }))
     assert.equals(a.answer, again.answer) -- said so: A's answers, paid by nobody
     assert.same({ 3, 3 }, { b_paid.n, again.cache_hits })
   end)
 
   it("raises for a host's store without a namespace", function()
-    local ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = table_store() }))
+    local ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = { store = table_store() } }))
     assert.is_false(ok)
-    assert.matches("option 'sub_call_cache' (a host's store) needs option 'sub_call_cache_namespace'", err, 1, true)
+    assert.matches("option 'sub_call_cache.store' (a host's store) needs option 'sub_call_cache.namespace'", err, 1, true)
     for _, bad in ipairs({ "", ("n"):rep(1025), 7 }) do
-      ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = table_store(), sub_call_cache_namespace = bad }))
+      ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = { store = table_store(), namespace = bad } }))
       assert.is_false(ok)
-      assert.matches("option 'sub_call_cache_namespace' must be a string of 1 to 1024 bytes", err, 1, true)
+      assert.matches("option 'sub_call_cache.namespace' must be a string of 1 to 1024 bytes", err, 1, true)
     end
   end)
 
@@ -412,9 +412,9 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
     local fn, paid = counting()
     local result = assert(H.run({
       root_llm = H.script(REPEATS), llm_query = fn,
-      sub_call_cache = { get = function()
+      sub_call_cache = { store = { get = function()
         error("store down")
-      end, set = function() end }, sub_call_cache_namespace = "t",
+      end, set = function() end }, namespace = "t" },
     }))
     -- Nothing is ever found: the 6 lone calls are each paid; of the batch's
     -- 6, a repeat waits for the same prompt's call out beside it (3 paid, 3
@@ -425,15 +425,20 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
 
   it("raises naming the method it lacks", function()
     local rows = {
-      { 5, "option 'sub_call_cache' must be true, false, or a cache: an object with get(key) and set(key, "
-        .. "value) methods, got 5" },
-      { {}, "option 'sub_call_cache.get' must be a function (a method: called as cache:get(key)), got nil" },
-      { { get = function() end }, "option 'sub_call_cache.set' must be a function (a method: called as "
-        .. "cache:set(key, value)), got nil" },
-      { { get = "x", set = function() end }, "option 'sub_call_cache.get' must be a function" },
+      { 5, "option 'sub_call_cache' must be true, false, or a table { store = a cache (an object with get(key) "
+        .. "and set(key, value) methods), namespace = a string of 1 to 1024 bytes }, got 5" },
+      { { store = {}, namespace = "t" }, "option 'sub_call_cache.store.get' must be a function (a method: called "
+        .. "as cache:get(key)), got nil" },
+      { { store = { get = function() end }, namespace = "t" }, "option 'sub_call_cache.store.set' must be a "
+        .. "function (a method: called as cache:set(key, value)), got nil" },
+      { { store = { get = "x", set = function() end }, namespace = "t" },
+        "option 'sub_call_cache.store.get' must be a function" },
+      -- a host's cache given as the option itself, as it was before
+      { { get = function() end, set = function() end }, "option 'sub_call_cache' is a table { store = cache, "
+        .. "namespace = \"...\" } now" },
     }
     for _, row in ipairs(rows) do
-      local ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = row[1], sub_call_cache_namespace = "t" }))
+      local ok, err = pcall(rlm.Session.new, H.opts({ sub_call_cache = row[1] }))
       assert.is_false(ok)
       assert.matches(row[2], err, 1, true)
     end
@@ -442,7 +447,7 @@ describe("a host's cache (sub_call_cache = { get =, set = })", function()
   it("comes to a poll() driver as cache_get and cache_set requests", function()
     local store = table_store()
     local s = H.session({ root_llm = H.script({ fence("a = llm_query('z')\nb = llm_query('z')\nFINAL(a + b)") }),
-      sub_call_cache = store, sub_call_cache_namespace = "t" })
+      sub_call_cache = { store = store, namespace = "t" } })
     local seen, result = {}, nil
     for _ = 1, 10000 do
       local ev = s:poll()
@@ -494,8 +499,8 @@ H.describe_luv("a host's cache under the luv adapter", function()
     end
     local fn, paid = counting()
     local plain = assert(L.run_session({ root_llm = H.script(REPEATS), llm_query = counting() }))
-    local result = assert(L.run_session({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = store,
-      sub_call_cache_namespace = "t" }))
+    local result = assert(L.run_session({ root_llm = H.script(REPEATS), llm_query = fn, sub_call_cache = { store = store,
+      namespace = "t" } }))
     assert.equals(plain.answer, result.answer)
     assert.equals(3, paid.n)
     assert.equals(9, result.cache_hits)
@@ -524,7 +529,7 @@ H.describe_luv("calls in flight under the luv adapter", function()
     end } }) do
       paid = {}
       local result = assert(L.run_session({
-        root_llm = root, max_depth = 2, sub_call_cache = store, sub_call_cache_namespace = "t",
+        root_llm = root, max_depth = 2, sub_call_cache = { store = store ~= true and store or nil, namespace = "t" },
         llm_query = function(p, info)
           paid[#paid + 1] = info.depth
           L.sleep(50)

@@ -39,7 +39,7 @@ describe("calls from threads", function()
 
   it("does the same under the guardrails with concurrent allowed", function()
     local result = assert(H.run({ root_llm = H.script({ POOL }), llm_query = slow,
-      allowed_modules = { "concurrent" } }))
+      sandbox = { allowed_modules = { "concurrent" } } }))
     assert.are.equal(expected(), result.answer)
   end)
 

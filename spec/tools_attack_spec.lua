@@ -50,7 +50,7 @@ describe("a hostile driver's tool calls", function()
     { "args that are a string", line('"id":1,"name":"t","args":"x"'), "protocol_error", "malformed" },
     { "kwargs that are a list", line('"id":1,"name":"t","args":[],"kwargs":[1,2]'), "protocol_error", "malformed" },
     { "huge args", "os.write(1, b'{\"type\":\"tool_call\",\"id\":1,\"name\":\"t\",\"args\":[\"' + b'x' * 70000 + b'\"]}\\n')",
-      "protocol_error", "longer than max_message_bytes", { max_message_bytes = 65536 } },
+      "protocol_error", "longer than sandbox.max_message_bytes", { sandbox = { max_message_bytes = 65536 } } },
     { "args of too many JSON values", "os.write(1, b'{\"type\":\"tool_call\",\"id\":1,\"name\":\"t\",\"args\":[' + b'0,' * 70000 + b'0]}\\n')",
       "protocol_error", "JSON values" },
     { "a second call before the first is answered",

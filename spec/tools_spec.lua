@@ -109,12 +109,12 @@ FINAL_VAR("r")]]) }),
 
   it("refuses results longer than max_message_bytes", function()
     local result, err = H.run({
-      max_message_bytes = 40000,
+      sandbox = { max_message_bytes = 40000 },
       tools = { big = function() return ("x"):rep(50000) end },
       root_llm = H.script({ fence("try:\n    big()\nexcept ToolError as e:\n    print(e)\nFINAL('ok')") }),
     })
     assert.is_nil(err)
-    assert.matches("more than max_message_bytes", stdout_of(result), 1, true)
+    assert.matches("more than sandbox.max_message_bytes", stdout_of(result), 1, true)
   end)
 
   it("gives a TypeError for arguments JSON cannot carry, without calling the tool", function()

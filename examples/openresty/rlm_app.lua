@@ -98,7 +98,7 @@ function M.ask()
   local result, err = resty.run({
     context = request_body(),
     query = ngx.var.arg_q and ngx.unescape_uri(ngx.var.arg_q) or nil,
-    tmpdir = M.tmpdir,
+    sandbox = { tmpdir = M.tmpdir },
     root_llm = models.root_llm,
     llm_query = models.llm_query,
     tools = M.tools,

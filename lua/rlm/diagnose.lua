@@ -172,8 +172,8 @@ function M.explain(out)
   end
   if out:find("uid map") and out:find("Invalid argument", 1, true) then
     return "the kernel refused the sandbox's uid in a uid map: uids from 2^31 up (and ids the user"
-      .. " namespace cannot map) are refused; a root host takes its uids from sandbox_uid_first to"
-      .. " sandbox_uid_first + sandbox_uid_count - 1, which must stay below 2^31"
+      .. " namespace cannot map) are refused; a root host takes its uids from option sandbox.uids (first"
+      .. " to first + count - 1), which must stay below 2^31"
   end
   if out:find("[Cc]reating new namespace") and out:find("No space left on device", 1, true) then
     return "the kernel's count of user namespaces is used up (user.max_user_namespaces,"

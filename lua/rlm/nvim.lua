@@ -24,7 +24,7 @@
 -- GEMINI_API_KEY). stream (true: the root model's text shows in the
 -- progress line as it comes). root_llm and llm_query
 -- replace those models; any other key not listed below goes to
--- rlm.Session.new (max_iterations, max_sub_calls, tmpdir, on_event, tools...).
+-- rlm.Session.new (max_iterations, max_sub_calls, sandbox, on_event, tools...).
 -- setup() raises at once on a key that is neither ("did you mean 'model'?")
 -- or a plugin option of the wrong type; every error after is one line.
 --

@@ -39,7 +39,7 @@ def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
         if missing.name != parts[0]:
             raise
         raise ModuleNotFoundError(f"No module named {parts[0]!r}: the host allows it "
-                                  f"(allowed_modules), but the sandbox's Python does not have it. "
+                                  f"(sandbox.allowed_modules), but the sandbox's Python does not have it. "
                                   f"{WHAT_IS_BOUND}", name=parts[0]) from None
     shield_modules()
     # Checked here: for a missing attribute, `from m import x` would fall
@@ -65,8 +65,8 @@ def refusal_hint(top):
                 "the answer (no await); for many prompts at once call "
                 "llm_query_batched([prompt, ...]), which runs them concurrently and returns the "
                 "answers in order.")
-    return (f" A host enables another module with Session.new's allowed_modules option (e.g. "
-            f"allowed_modules = {{\"{top}\"}}). {WHAT_IS_BOUND} Here, do without it "
+    return (f" A host enables another module with Session.new's sandbox.allowed_modules option (e.g. "
+            f"sandbox = {{ allowed_modules = {{\"{top}\"}} }}). {WHAT_IS_BOUND} Here, do without it "
             "(plain Python, and the modules above).")
 
 

@@ -51,11 +51,15 @@ function H.opts(opts)
     llm_query = function(p)
       return "echo: " .. p
     end,
-    tmpdir = H.tmpdir,
     step_timeout_ms = 30000,
   }
   for k, v in pairs(opts or {}) do
     o[k] = v
+  end
+  -- The specs' sandboxes keep their files under H.tmpdir, whatever else
+  -- their sandbox option says.
+  if o.sandbox == nil or type(o.sandbox) == "table" then
+    o.sandbox = H.sandbox(o.sandbox)
   end
   return o
 end
@@ -63,6 +67,15 @@ end
 -- A session with test defaults; opts override them.
 function H.session(opts)
   return rlm.Session.new(H.opts(opts))
+end
+
+-- A copy of a sandbox option with the specs' tmpdir (for rlm.Pool.new).
+function H.sandbox(sb)
+  local out = { tmpdir = H.tmpdir }
+  for k, v in pairs(sb or {}) do
+    out[k] = v
+  end
+  return out
 end
 
 -- Runs a session to its end and closes it.

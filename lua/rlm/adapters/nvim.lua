@@ -10,7 +10,7 @@
 -- (vim.fn.jobstart, vim.api.*) are allowed; each may return text[, usage]
 -- at once, yield until a loop callback resumes its coroutine, or return
 -- nothing and call done(text[, usage]) later (see rlm.util.invoke).
--- on_event is deferred with vim.schedule too; cost_usd runs inside the pump
+-- on_event is deferred with vim.schedule too; cost.usd runs inside the pump
 -- (a loop callback) and must not call the editor.
 -- luacheck: read globals vim
 local async = require("rlm.async")

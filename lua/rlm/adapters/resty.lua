@@ -14,7 +14,7 @@
 -- (ngx.thread.spawn), so callbacks may use cosockets, ngx.sleep and
 -- ngx.location.capture, and several sub-calls run at once. A callback may
 -- also return nothing and call done(text[, usage]) later, from any request
--- or timer of the same worker (see rlm.util.invoke). on_event and cost_usd
+-- or timer of the same worker (see rlm.util.invoke). on_event and cost.usd
 -- run inside the pump and must not yield.
 -- luacheck: read globals ngx
 local util = require("rlm.base.util")

@@ -39,7 +39,7 @@ local yieldable_pcall = not (_VERSION == "Lua 5.1" and rawget(_G, "jit") == nil)
 -- coroutine of its own, what it raises caught with a traceback. Two ways,
 -- by where a yield of it goes:
 --   run_now(fn, ...): here and now, as run() and step() call every callback
---     and every host calls on_event, cost_usd and validate. A yield is
+--     and every host calls on_event, cost.usd and validate. A yield is
 --     passed on to whoever resumed us (run() inside a scheduler's
 --     coroutine, cqueues, an OpenResty request) and its answer handed
 --     back; when nothing may yield there, the call fails (NO_YIELD).
@@ -53,7 +53,7 @@ local DONE = {} -- what a worker yields when its call is over
 local traceback = debug.traceback
 
 local NO_RESUMER = "the callback yielded, and nothing can resume it here (run() outside a coroutine, "
-  .. "or on_event/cost_usd under an adapter): "
+  .. "or on_event/cost.usd under an adapter): "
 
 -- run_now's workers run one call after another: a coroutine per call costs
 -- its allocation (a Lua state and its stack) on every llm_query. A call
@@ -172,7 +172,7 @@ local function call(fn, on_end, ctx, ...)
   end
 end
 
--- A callback whose results are wanted here and now (on_event, cost_usd,
+-- A callback whose results are wanted here and now (on_event, cost.usd,
 -- validate; at most two arguments): returns true, results... or false,
 -- message. Yields pass through.
 function M.call_protected(f, ...)

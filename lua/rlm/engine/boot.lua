@@ -61,7 +61,7 @@ function M:boot()
   end
   self.start = "cold"
   -- Planted before the spawn, so that the leaked descriptor is there to leak.
-  self.canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
+  self.canaries = core.plant_canaries(os.getenv("HOME"), self.opts.sandbox.tmpdir)
   return self:start_ended(self:cold_start(self.canaries))
 end
 
@@ -102,7 +102,7 @@ function M:take_pooled(entry)
     -- it, as a sandbox that died idle (rlm.pool); anything else is what
     -- the checks below read first.
     self.booting = "hello"
-    s.clock:set(self.driver, self.opts.start_timeout_ms)
+    s.clock:set(self.driver, self.opts.sandbox.start_timeout_ms)
     local ev = pack(s.engine:wait(false))
     if ev[1] == "exit" or ev[1] == "failed" then
       self.driver = nil
@@ -204,7 +204,7 @@ end
 function M:checks(canaries, context_bytes)
   local s, o, drv, times = self.session, self.opts, self.driver, self.start_times
   self.booting = "hello"
-  s.clock:set(self.driver, o.start_timeout_ms)
+  s.clock:set(self.driver, o.sandbox.start_timeout_ms)
   local hello, err = self:expect({ hello = true, fatal = true })
   -- It only had to be there to leak into the spawn, which runs on the
   -- driver's own thread and is over once the driver speaks.

@@ -1,8 +1,8 @@
 -- The budgets of a tree of sessions, its collaborator (the root session
 -- creates it, its nested sessions share it): the sub-calls, tool calls and
--- tokens spent, max_wall_ms, max_total_cost_usd, the cap on sub-calls in
--- flight (max_concurrent_sub_calls, over the whole tree, whoever drives it)
--- and the room for nested sessions' sandboxes (max_live_sandboxes). The
+-- tokens spent, max_wall_ms, cost.max_usd, the cap on sub-calls in flight
+-- (max_concurrent_sub_calls, over the whole tree, whoever drives it) and
+-- the room for nested sessions' sandboxes (the same cap, over the tree). The
 -- budget options are the same in every session of a tree: a nested session
 -- copies its parent's. And the tree's sub-call cache (rlm.engine.cache),
 -- which a hit answers without spending any of them.
@@ -12,8 +12,8 @@ local errors = require("rlm.base.errors")
 local util = require("rlm.base.util")
 
 ---@class Budgets
----@field opts table the root session's options (the max_* budgets, cost_usd)
----@field bounded boolean max_wall_ms, max_total_tokens or max_total_cost_usd is set: check has work
+---@field opts table the root session's options (the max_* budgets, cost)
+---@field bounded boolean max_wall_ms, max_total_tokens or cost.max_usd is set: check has work
 ---@field t0 number|nil when the run began (max_wall_ms counts from here, over the tree)
 ---@field sub_calls integer sub-calls made (llm_query, rlm_query, in batches too)
 ---@field batches integer batches made (their batch_id)
@@ -31,7 +31,7 @@ local M = {}
 function M.new(opts)
   return setmetatable({
     opts = opts,
-    bounded = (opts.max_wall_ms or opts.max_total_tokens or opts.max_total_cost_usd) ~= nil,
+    bounded = (opts.max_wall_ms or opts.max_total_tokens or opts.cost and opts.cost.max_usd) ~= nil,
     sub_calls = 0,
     batches = 0,
     tool_calls = 0,
@@ -39,7 +39,8 @@ function M.new(opts)
     in_flight = 0,
     held = {},
     live_children = 0,
-    cache = cache.new(opts.sub_call_cache, opts.sub_call_cache_namespace),
+    cache = opts.sub_call_cache and cache.new(opts.sub_call_cache.store or true, opts.sub_call_cache.namespace)
+      or nil, -- nil, not false: the scheduler asks cache ~= nil
   }, Budgets)
 end
 
@@ -61,7 +62,7 @@ function Budgets:wall_error()
 end
 
 -- Checked before each root turn and each sub-call: nil, or the error the
--- run ends with. It may call cost_usd (which may close the session).
+-- run ends with. It may call cost.usd (which may close the session).
 function Budgets:check()
   if not self.bounded then
     return nil
@@ -76,22 +77,23 @@ function Budgets:check()
       :format(self.tokens.total, o.max_total_tokens),
       { tokens = self.tokens.total, max_total_tokens = o.max_total_tokens })
   end
-  if not o.max_total_cost_usd then
+  local cost = o.cost
+  if not (cost and cost.max_usd) then
     return nil
   end
-  local ok, spent = util.call_protected(o.cost_usd)
+  local ok, spent = util.call_protected(cost.usd)
   if not ok then
-    return errors.new("callback_error", "cost_usd raised: " .. tostring(spent))
+    return errors.new("callback_error", "cost.usd raised: " .. tostring(spent))
   end
   -- NaN compares false with every budget, and inf or a negative is no
   -- spending: any of them would turn the budget off without a word.
   if type(spent) ~= "number" or spent ~= spent or spent < 0 or spent == math.huge then
-    return errors.new("callback_error", ("cost_usd returned %s, not a finite number >= 0")
+    return errors.new("callback_error", ("cost.usd returned %s, not a finite number >= 0")
       :format(type(spent) == "number" and tostring(spent) or type(spent)))
   end
-  if spent >= o.max_total_cost_usd then
-    return errors.new("cost_budget", ("spent %.4f USD of max_total_cost_usd %.4f")
-      :format(spent, o.max_total_cost_usd), { spent_usd = spent, max_total_cost_usd = o.max_total_cost_usd })
+  if spent >= cost.max_usd then
+    return errors.new("cost_budget", ("spent %.4f USD of cost.max_usd %.4f")
+      :format(spent, cost.max_usd), { spent_usd = spent, max_usd = cost.max_usd })
   end
   return nil
 end
@@ -190,13 +192,14 @@ function Budgets:drop_held(scheduler)
 end
 
 -- A nested session is made only while the run has fewer than
--- max_live_sandboxes sandboxes, the asking session's own included: why the
--- one for this call is not, as the code's error, or nil.
+-- max_concurrent_sub_calls nested sessions alive (a session queues its own
+-- children past it: rlm.engine.nested; this holds the tree, grandchildren
+-- included): why the one for this call is not, as the code's error, or nil.
 function Budgets:child_refusal()
-  local cap = self.opts.max_live_sandboxes
-  local live = 1 + self.live_children
+  local cap = self.opts.max_concurrent_sub_calls
+  local live = self.live_children
   if live >= cap then
-    return ("rlm_query refused: the run already has %d sandboxes alive, max_live_sandboxes (%d); "
+    return ("rlm_query refused: the run already has %d nested sessions alive, max_concurrent_sub_calls (%d); "
       .. "ask for fewer nested sessions at once"):format(live, cap)
   end
 end

@@ -9,10 +9,11 @@
 -- where the host runs callbacks: as cache_get and cache_set requests out
 -- of poll() (M.start, from rlm.drive.dispatch), never in the engine.
 local core = require("rlm.core")
+local util = require("rlm.base.util")
 
 ---@class Cache
 ---@field host table|userdata|nil the host's store (get and set methods), or nil for the built-in one
----@field namespace string|nil option sub_call_cache_namespace: part of every key
+---@field namespace string|nil option sub_call_cache.namespace: part of every key
 ---@field entries table key -> node { key =, value =, newer =, older = } (built-in)
 ---@field newest table|nil the most recently used node (built-in)
 ---@field oldest table|nil the least recently used node, the next to go (built-in)
@@ -31,8 +32,56 @@ local M = {}
 M.MAX_ENTRIES = 1000
 M.MAX_BYTES = 16 * 2 ^ 20
 
+-- The option's check (rlm.engine.options): true (the built-in cache),
+-- false, or { store =, namespace = }. store is the host's cache: an object
+-- with get and set methods (called as cache:get(key), so that an
+-- ngx.shared dict is one as it is; its other fields are its own), the
+-- built-in one when absent. namespace is who the cached answers are for (a
+-- tenant, a key, a model), part of every key; a bounded string, so that
+-- the key's hash costs the same whatever the host puts there.
+local CACHE_WANT = "true, false, or a table { store = a cache (an object with get(key) and set(key, value) "
+  .. "methods), namespace = a string of 1 to 1024 bytes }"
+
+local function field_of(v, k)
+  local found, x = pcall(function()
+    return v[k]
+  end)
+  return found and x or nil, found
+end
+
+function M.check(v)
+  if type(v) == "boolean" then
+    return true
+  elseif type(v) ~= "table" or getmetatable(v) ~= nil or (v.store == nil and field_of(v, "get") ~= nil) then
+    if util.is_callable(field_of(v, "get")) then
+      return false, CACHE_WANT, "is a table { store = cache, namespace = \"...\" } now: give the host's cache as "
+        .. "its store (and option 'sub_call_cache_namespace' as its namespace)"
+    end
+    return false, CACHE_WANT
+  end
+  for k in pairs(v) do
+    if k ~= "store" and k ~= "namespace" then
+      return false, CACHE_WANT .. " (no field " .. tostring(k) .. ")"
+    end
+  end
+  if v.namespace ~= nil and not (type(v.namespace) == "string" and #v.namespace >= 1 and #v.namespace <= 1024) then
+    return false, "a string of 1 to 1024 bytes", nil, "namespace", v.namespace
+  end
+  if v.store == nil then
+    return true
+  end
+  for _, method in ipairs({ "get", "set" }) do
+    local fn, found = field_of(v.store, method)
+    if not found or not util.is_callable(fn) then
+      return false, ("a function (a method: called as cache:%s(%s))"):format(method,
+        method == "get" and "key" or "key, value"), nil, "store." .. method, fn
+    end
+  end
+  return true
+end
+
 -- The cache for option value v (true, or the host's store), or nil
--- (false); namespace: option sub_call_cache_namespace (required with a
+-- (false); namespace: option sub_call_cache.namespace (required with a
 -- host's store, rlm.engine.options).
 function M.new(v, namespace)
   if not v then

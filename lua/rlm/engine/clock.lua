@@ -15,7 +15,7 @@
 local core = require("rlm.core")
 
 ---@class Clock
----@field opts table the session's options (root_timeout_ms, step_timeout_ms, interrupt_grace_ms)
+---@field opts table the session's options (root_timeout_ms, step_timeout_ms, sandbox.interrupt_grace_ms)
 ---@field wall_left fun(): number|nil milliseconds left of max_wall_ms (nil: none)
 ---@field deadline_at number|nil when the driver's deadline fires
 ---@field wall_cut boolean|nil that deadline is max_wall_ms's, not the step's
@@ -71,7 +71,7 @@ end
 function Clock:arm_step(drv)
   local o = self.opts
   self.paused_left, self.soft_left = nil, nil
-  self:set(drv, o.step_timeout_ms + o.interrupt_grace_ms)
+  self:set(drv, o.step_timeout_ms + o.sandbox.interrupt_grace_ms)
   self.soft = { kind = "interrupt", at = core.now_ms() + o.step_timeout_ms }
 end
 
@@ -136,7 +136,7 @@ end
 function Clock:interrupted(drv)
   self.paused_left, self.soft_left = nil, nil
   if self.deadline_at == nil then
-    self:set(drv, self.opts.interrupt_grace_ms)
+    self:set(drv, self.opts.sandbox.interrupt_grace_ms)
   end
 end
 

@@ -93,7 +93,7 @@ function C:interrupt()
   s.clock:interrupted(s.sandbox.driver)
   s.sandbox.driver:interrupt()
   local ok, err = s:_emit({ type = "interrupt", step = self.iterations,
-    timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.interrupt_grace_ms })
+    timeout_ms = self.opts.step_timeout_ms, grace_ms = self.opts.sandbox.interrupt_grace_ms })
   if not ok then
     return nil, err
   end

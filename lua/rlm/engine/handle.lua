@@ -43,7 +43,7 @@ function M.new(session, context_data, context_format)
     opts = o,
     context_data = context_data,
     context_format = context_format,
-    max_values = protocol.max_values(o.max_message_bytes), -- JSON values in one line
+    max_values = protocol.max_values(o.sandbox.max_message_bytes), -- JSON values in one line
   }, Handle)
 end
 
@@ -199,16 +199,16 @@ function Handle:message(allowed, kind, a, b, c)
       .. "the poll of its processes' memory killed it"):format(o.max_rss_bytes, a),
       { limit = o.max_rss_bytes, peak = a, mechanism = "poll" })
   elseif kind == "files" then
-    return s:_error("memory_limit", ("the sandbox made more than workdir_max_files (%d) files in /session "
-      .. "(%.0f seen); its tmpfs holds them in memory"):format(o.workdir_max_files, a),
+    return s:_error("memory_limit", ("the sandbox made more than sandbox.workdir_max_files (%d) files in /session "
+      .. "(%.0f seen); its tmpfs holds them in memory"):format(o.sandbox.workdir_max_files, a),
       { limit = o.max_rss_bytes, peak = self.driver and self.driver:peak_rss() or 0,
-        mechanism = "workdir files", files = a, max_files = o.workdir_max_files })
+        mechanism = "workdir files", files = a, max_files = o.sandbox.workdir_max_files })
   elseif kind == "dense" then
     return s:_error("protocol_error", ("the driver sent a line of %d JSON values or more; the limit is %d "
-      .. "(max_message_bytes / 256)"):format(a, self.max_values))
+      .. "(sandbox.max_message_bytes / 256)"):format(a, self.max_values))
   elseif kind == "overflow" then
-    return s:_error("protocol_error", ("the driver sent a line longer than max_message_bytes (%d)")
-      :format(o.max_message_bytes))
+    return s:_error("protocol_error", ("the driver sent a line longer than sandbox.max_message_bytes (%d)")
+      :format(o.sandbox.max_message_bytes))
   elseif kind == "lost" then
     -- A stream to a far sandbox ended with no word from its keeper
     -- (rlm.sandbox.exec): before the driver's hello it never started.
@@ -247,17 +247,18 @@ function Handle:timeout_error()
   end
   local booting = self.booting
   if booting == "hello" then
-    return s:_error("sandbox_unavailable", ("the driver did not say hello within start_timeout_ms "
-      .. "(%.0f ms); the sandbox was killed"):format(o.start_timeout_ms), { timeout_ms = o.start_timeout_ms })
+    local ms = o.sandbox.start_timeout_ms
+    return s:_error("sandbox_unavailable", ("the driver did not say hello within sandbox.start_timeout_ms "
+      .. "(%.0f ms); the sandbox was killed"):format(ms), { timeout_ms = ms })
   elseif booting then
     local ms = self:boot_timeout_ms()
     return s:_error("sandbox_unavailable", ("the sandbox did not finish its self-test and load the "
       .. "context within %.0f ms; it was killed"):format(ms), { timeout_ms = ms })
   end
   return s:_error("step_timeout", ("the step ran past step_timeout_ms (%.0f ms) and did not stop within "
-    .. "interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
-    :format(o.step_timeout_ms, o.interrupt_grace_ms),
-    { timeout_ms = o.step_timeout_ms, grace_ms = o.interrupt_grace_ms })
+    .. "sandbox.interrupt_grace_ms (%.0f ms) of its interrupt; the sandbox was killed")
+    :format(o.step_timeout_ms, o.sandbox.interrupt_grace_ms),
+    { timeout_ms = o.step_timeout_ms, grace_ms = o.sandbox.interrupt_grace_ms })
 end
 
 -- A callback that blocked may have passed the driver's deadline: its

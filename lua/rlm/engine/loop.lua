@@ -27,7 +27,7 @@ function M.new(session)
 end
 
 -- A yield from a user callback that runs inside the engine (on_event,
--- cost_usd): passed on to whoever resumed us when that is a coroutine that
+-- cost.usd): passed on to whoever resumed us when that is a coroutine that
 -- may yield; otherwise the callback gets util.NO_YIELD back, and fails.
 local function pass_through(...)
   if not util.can_yield() then

@@ -4,7 +4,7 @@
 -- (root_llm, llm_query, tool_call, cache_get, cache_set, sandbox_claim)
 -- out through its own poll() with the child's depth (its scheduler's
 -- forward), and routes the replies back. Its descriptors join the root's
--- waitset. Each child counts against max_live_sandboxes (the tree's
+-- waitset. Each child counts against max_concurrent_sub_calls (the tree's
 -- Budgets) from its making to its close.
 local core = require("rlm.core")
 local textlib = require("rlm.base.text")
@@ -47,7 +47,8 @@ function Nested:queue(call)
     self.queued[#self.queued + 1] = call
     return true
   end
-  -- Past max_live_sandboxes the code gets an error for this call
+  -- Past max_concurrent_sub_calls nested sessions alive over the tree
+  -- (grandchildren included), the code gets an error for this call
   -- (rlm.engine.budgets), and the run goes on. (A queued call is never
   -- refused: the child whose room it takes has closed just before.)
   local refused = s.tree:child_refusal()
@@ -66,7 +67,7 @@ function Nested:queue(call)
   return true
 end
 
--- Closes a child; it no longer counts against max_live_sandboxes.
+-- Closes a child; it no longer counts against the tree's nested sessions.
 function Nested:close_child(child)
   if self.counted[child] then
     self.counted[child] = nil

@@ -2,8 +2,9 @@
 local checks = require("rlm.base.checks")
 local integer, non_negative_number = checks.integer, checks.non_negative_number
 local milliseconds, callable, string_ = checks.milliseconds, checks.callable, checks.string
-local non_empty_string, text_or_callable, boolean = checks.non_empty_string, checks.text_or_callable,
-  checks.boolean
+local text_or_callable, boolean = checks.text_or_callable, checks.boolean
+local backend = require("rlm.sandbox.backend")
+local shape = require("rlm.sandbox.shape")
 
 local M = {}
 
@@ -103,28 +104,13 @@ local function context(v)
   return why == nil, "a JSON-able table", why
 end
 
-local function module_list(v)
-  if type(v) ~= "table" then
-    return false, "a list of module names"
-  end
-  local n = #v
-  for k, name in pairs(v) do
-    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
-      return false, "a list of module names"
-    end
-    if type(name) ~= "string" or not name:match("^[%a_][%w_]*$") then
-      return false, "a list of top-level module names (got " .. tostring(name) .. ")"
-    end
-  end
-  return true
-end
-
--- The sandbox's backend: nil or { backend = "bubblewrap" } (beside the
--- host), "exec" (the far side of a stream), "podman" or "docker" (a
--- container); each backend checks its fields (rlm.sandbox.backend). Raises
--- naming the field.
+-- The sandbox: nil or { backend = "bubblewrap" } (beside the host),
+-- "exec" (the far side of a stream), "podman" or "docker" (a container),
+-- with what shapes the sandbox (rlm.sandbox.shape: the interpreter, the
+-- limits, the start); each backend checks its fields (rlm.sandbox.backend).
+-- Raises naming the field.
 local function check_sandbox(where, v)
-  require("rlm.sandbox.backend").check_option(where, v, 3)
+  backend.check_option(where, v, 3)
 end
 
 local function sandbox_rule(v)
@@ -140,40 +126,17 @@ local function summary_kind(v)
   return v == "digest" or v == "model", '"digest" or "model"'
 end
 
--- sub_call_cache: true (the built-in cache), false, or the host's cache: an
--- object with get and set methods (called as cache:get(key), so that an
--- ngx.shared dict is one as it is); its other fields are its own.
-local function sub_call_cache(v)
-  if type(v) == "boolean" then
-    return true
-  elseif type(v) ~= "table" and type(v) ~= "userdata" then
-    return false, "true, false, or a cache: an object with get(key) and set(key, value) methods"
-  end
-  for _, method in ipairs({ "get", "set" }) do
-    local found, fn = pcall(function()
-      return v[method]
-    end)
-    if not found or not callable(fn) then
-      return false, ("a function (a method: called as cache:%s(%s))"):format(method,
-        method == "get" and "key" or "key, value"), nil, method, found and fn or nil
-    end
-  end
-  return true
-end
-
--- sub_call_cache_namespace: who the cached answers are for (a tenant, a
--- key, a model), part of every key; a bounded string, so that the key's
--- hash costs the same whatever the host puts there.
-local function cache_namespace(v)
-  return type(v) == "string" and #v >= 1 and #v <= 1024, "a string of 1 to 1024 bytes"
+-- cost: a table of fields, each an option of its own ('cost.max_usd').
+local function cost_rule(v)
+  return type(v) == "table", "a table { usd = function() return dollars spent end[, max_usd = n] }"
 end
 
 -- The checks, for other modules' option tables: rlm.base.checks.
 M.checks = checks
 
--- What one driver line needs besides the output and the traceback: the
--- JSON around them, the truncation markers, and a short final answer.
-M.LINE_OVERHEAD = 8192
+-- What one driver line needs besides the output and the traceback
+-- (rlm.sandbox.shape).
+M.LINE_OVERHEAD = shape.LINE_OVERHEAD
 
 -- name = { check, default }; a default of nil means optional.
 local schema = {
@@ -182,38 +145,20 @@ local schema = {
   root_llm = { callable, required = true },
   llm_query = { callable, required = true },
   llm_query_batch = { callable },
-  cost_usd = { callable },
   on_event = { callable },
   system_prompt = { text_or_callable },
   max_iterations = { integer(1, 10 ^ 6), 20 },
   step_timeout_ms = { milliseconds, 60000 },
   root_timeout_ms = { milliseconds, 600000 },
-  interrupt_grace_ms = { milliseconds, 2000 },
-  start_timeout_ms = { milliseconds, 30000 },
   max_rss_bytes = { integer(0, 2 ^ 44), 2 ^ 30 },
-  rss_poll_interval_ms = { integer(1, 60000), 50 },
-  memory_cgroup = { boolean, true },
   max_sub_calls = { integer(0, 2 ^ 31 - 1), 200 },
   max_concurrent_sub_calls = { integer(1, 4096), 8 },
   max_depth = { integer(1, 32), 1 },
-  max_live_sandboxes = { integer(1, 4096), 32 },
   max_wall_ms = { milliseconds },
-  max_total_cost_usd = { non_negative_number },
   max_total_tokens = { integer(1, 2 ^ 50) },
   max_sub_prompt_chars = { integer(1, 2 ^ 30) },
   stdout_truncate_chars = { integer(1, 2 ^ 26), 2000 },
-  python = { non_empty_string, "python3" },
   guardrails = { boolean, true },
-  allowed_modules = { module_list },
-  bwrap = { non_empty_string, "bwrap" },
-  tmpdir = { non_empty_string },
-  workdir_max_bytes = { integer(4096, 2 ^ 40), 2 ^ 28 },
-  workdir_max_files = { integer(1, 2 ^ 31 - 1), 10000 },
-  -- A uid map takes uids below 2^31 (the kernel says EINVAL above).
-  sandbox_uid_first = { integer(1, 2 ^ 31 - 1), 1879048192 },
-  sandbox_uid_count = { integer(1, 2 ^ 31 - 1), 65536 },
-  bind_pth_paths = { boolean, false },
-  max_message_bytes = { integer(12 + M.LINE_OVERHEAD, 2 ^ 30), 16 * 2 ^ 20 },
   tools = { require("rlm.engine.tools").check },
   max_tool_calls = { integer(0, 2 ^ 31 - 1), 1000 },
   validate = { callable },
@@ -228,29 +173,44 @@ local schema = {
     keep_turns = { integer(1, 10 ^ 6), 4 },
     summary = { summary_kind, "digest" },
   } },
-  sub_call_cache = { sub_call_cache, false },
-  sub_call_cache_namespace = { cache_namespace },
+  sub_call_cache = { require("rlm.engine.cache").check, false },
+  cost = { cost_rule, fields = {
+    usd = { callable, required = true },
+    max_usd = { non_negative_number },
+  } },
 }
 
--- The last uid of the range, sandbox_uid_first + sandbox_uid_count - 1, is
--- below 2^31 too.
-local function check_uid_range(where, out)
-  local last = out.sandbox_uid_first + out.sandbox_uid_count - 1
-  if last > 2 ^ 31 - 1 then
-    error(("%s: options 'sandbox_uid_first' + 'sandbox_uid_count' - 1 must be at most 2^31 - 1 "
-      .. "(the uids 1 to 2^31 - 1 are what a uid map takes), got %.0f + %.0f - 1 = %.0f")
-      :format(where, out.sandbox_uid_first, out.sandbox_uid_count, last), 4)
+-- The options of earlier releases, and where each went (CHANGES.md): one
+-- given raises, naming its new place, rather than being ignored.
+M.MOVED = {
+  cost_usd = "cost.usd",
+  max_total_cost_usd = "cost.max_usd",
+  sub_call_cache_namespace = "sub_call_cache.namespace",
+  sandbox_uid_first = "sandbox.uids.first",
+  sandbox_uid_count = "sandbox.uids.count",
+  max_live_sandboxes = "max_concurrent_sub_calls",
+}
+for name in pairs(shape.FIELDS) do
+  if name ~= "uids" then
+    M.MOVED[name] = "sandbox." .. name
+  end
+end
+local MOVED_WHY = {
+  max_live_sandboxes = ", which caps the nested sessions alive over the run's tree as well as the sub-calls "
+    .. "in flight",
+}
+
+local function refuse_moved(where, opts)
+  for name, to in pairs(M.MOVED) do
+    if opts[name] ~= nil then
+      error(("%s: option '%s' is now %s%s"):format(where, name, to, MOVED_WHY[name] or ""), 4)
+    end
   end
 end
 
 -- The options that shape a sandbox or the pool-level configure: a pool
 -- (rlm.Pool.new) takes them, and a session from the pool gets them from it.
-M.POOL_OPTIONS = {
-  "python", "bwrap", "allowed_modules", "bind_pth_paths", "guardrails", "max_rss_bytes",
-  "rss_poll_interval_ms", "memory_cgroup", "workdir_max_bytes", "workdir_max_files",
-  "sandbox_uid_first", "sandbox_uid_count", "max_message_bytes", "tmpdir", "start_timeout_ms",
-  "sandbox",
-}
+M.POOL_OPTIONS = { "guardrails", "max_rss_bytes", "sandbox" }
 local pool_option = {}
 for _, name in ipairs(M.POOL_OPTIONS) do
   pool_option[name] = true
@@ -284,14 +244,27 @@ end
 
 -- The sandbox option as its backend reads it, defaults filled in.
 local function sandbox_read(v)
-  return require("rlm.sandbox.backend").read_option(v)
+  return backend.read_option(v)
 end
 
-local function same_option(name, a, b)
-  if name == "sandbox" then
-    return same(sandbox_read(a), sandbox_read(b))
+-- nil, or the name of the option (a sandbox field: 'sandbox.python') a
+-- pooled session gives that differs from the pool's. A sandbox field left
+-- out is the pool's.
+local function differs(name, v, pooled)
+  if name ~= "sandbox" then
+    return not same(v, pooled) and name or nil
   end
-  return same(a, b)
+  local read = sandbox_read(v)
+  local fields = {}
+  for k in pairs(v) do
+    fields[#fields + 1] = k
+  end
+  table.sort(fields)
+  for _, k in ipairs(fields) do
+    if not same(read[k], pooled[k]) then
+      return "sandbox." .. k
+    end
+  end
 end
 
 -- check_pool(opts, max_size) -> the pool's options (every one of
@@ -304,14 +277,13 @@ function M.check_pool(opts, max_size)
     pool_schema[name] = schema[name]
   end
   if type(opts) == "table" then
+    refuse_moved(where, opts)
     check_sandbox(where, opts.sandbox)
   end
   local out = checks.options(where, opts, pool_schema, nil, 3)
   local size = out.size
   out.size = nil
-  check_uid_range(where, out)
-  out.tmpdir = out.tmpdir or os.getenv("TMPDIR") or "/tmp"
-  out.allowed_modules = out.allowed_modules or {}
+  out.sandbox = sandbox_read(out.sandbox)
   return out, size
 end
 
@@ -322,6 +294,7 @@ function M.check(opts)
   if type(opts) ~= "table" then
     error(where .. ": expected a table of options, got " .. type(opts), 3)
   end
+  refuse_moved(where, opts)
   check_sandbox(where, opts.sandbox)
   local pool = opts.pool ~= nil and checks.option(where, "pool", schema.pool, opts.pool, 3)
   local given = opts
@@ -334,35 +307,37 @@ function M.check(opts)
     end
     for name in pairs(pool_option) do
       local v = opts[name]
-      if v ~= nil and not same_option(name, v, pool.opts[name]) then
+      local which = v ~= nil and differs(name, v, pool.opts[name])
+      if which then
         error(("%s: option '%s' differs from the pool's (a pooled sandbox was started "
-          .. "with the pool's; leave it out or make it the same)"):format(where, name), 3)
+          .. "with the pool's; leave it out or make it the same)"):format(where, which), 3)
       end
       given[name] = pool.opts[name]
     end
   end
   local out = checks.options(where, given, schema, M.names, 3)
-  check_uid_range("rlm.Session.new", out)
+  out.sandbox = sandbox_read(out.sandbox)
   -- One exec_result line holds the output and the traceback, each up to
   -- stdout_truncate_chars characters of up to 6 bytes as JSON (\u0001),
   -- and the frame around them; a FINAL needs room beside the output.
   local need = 12 * out.stdout_truncate_chars + M.LINE_OVERHEAD
-  if out.max_message_bytes < need then
-    error(("rlm.Session.new: option 'max_message_bytes' (%d) must be at least 12 * option "
+  if out.sandbox.max_message_bytes < need then
+    error(("rlm.Session.new: option 'sandbox.max_message_bytes' (%d) must be at least 12 * option "
       .. "'stdout_truncate_chars' + %d (%d here): a block's output and error, escaped as JSON, "
-      .. "must fit in one line"):format(out.max_message_bytes, M.LINE_OVERHEAD, need), 3)
-  end
-  if out.max_total_cost_usd and not out.cost_usd then
-    error("rlm.Session.new: option 'max_total_cost_usd' needs option 'cost_usd'", 3)
+      .. "must fit in one line"):format(out.sandbox.max_message_bytes, M.LINE_OVERHEAD, need), 3)
   end
   -- A host's store may be shared by sessions whose llm_query answers for
   -- someone else (another customer's key, another model): each says whose
   -- answers it keeps and finds, and sessions share answers only by naming
   -- the same namespace.
-  if type(out.sub_call_cache) ~= "boolean" and not out.sub_call_cache_namespace then
-    error("rlm.Session.new: option 'sub_call_cache' (a host's store) needs option 'sub_call_cache_namespace' "
+  local cache = out.sub_call_cache
+  if type(cache) == "table" and cache.store ~= nil and not cache.namespace then
+    error("rlm.Session.new: option 'sub_call_cache.store' (a host's store) needs option 'sub_call_cache.namespace' "
       .. "(whose answers it keeps: sessions share cached answers only under the same namespace)", 3)
   end
+  -- false, or { store =, namespace = } (true is the built-in store, no namespace).
+  out.sub_call_cache = cache and { store = type(cache) == "table" and cache.store or nil,
+    namespace = type(cache) == "table" and cache.namespace or nil }
   -- A context that cannot fit is refused here, not after a sandbox's start
   -- and a load that ends in memory_limit (a 2 GB one ran 29 s for that).
   local floor = out.max_rss_bytes > 0 and M.context_floor_bytes(out.context) or 0
@@ -372,8 +347,6 @@ function M.check(opts)
       .. "turns the limit off) or give less context"):format(out.max_rss_bytes, type(out.context) == "string"
       and ("%.0f bytes"):format(#out.context) or "strings", floor), 3)
   end
-  out.tmpdir = out.tmpdir or os.getenv("TMPDIR") or "/tmp"
-  out.allowed_modules = out.allowed_modules or {}
   return out
 end
 

@@ -200,8 +200,8 @@ end
 -- `context` is how describe() put it.
 function M.default_system(opts, context, depth)
   local extra = ""
-  if #opts.allowed_modules > 0 then
-    extra = ", and also " .. table.concat(opts.allowed_modules, ", ")
+  if #opts.sandbox.allowed_modules > 0 then
+    extra = ", and also " .. table.concat(opts.sandbox.allowed_modules, ", ")
   end
   local window = opts.max_sub_prompt_chars or 100000
   local nested = (depth or 0) + 1 < opts.max_depth and NESTED or ""

@@ -182,9 +182,9 @@ local function send(s, scheduler, id, value, problem, name)
     local ok, encoded = pcall(json.encode, { type = "tool_result", id = id, value = value })
     if not ok then
       problem = ("tool %s returned a value JSON cannot carry: %s"):format(name, textlib.error_line(encoded))
-    elseif #encoded > s.opts.max_message_bytes then
-      problem = ("tool %s returned %d bytes of JSON, more than max_message_bytes (%d)")
-        :format(name, #encoded, s.opts.max_message_bytes)
+    elseif #encoded > s.opts.sandbox.max_message_bytes then
+      problem = ("tool %s returned %d bytes of JSON, more than sandbox.max_message_bytes (%d)")
+        :format(name, #encoded, s.opts.sandbox.max_message_bytes)
     else
       text = encoded
     end

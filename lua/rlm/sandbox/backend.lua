@@ -96,19 +96,20 @@ function M.for_options(opts)
   return sandbox and BY_NAME[sandbox.backend] or bwrap
 end
 
--- Checks the `sandbox` option (nil: bubblewrap beside the host); misuse
--- raises "<where>: option 'sandbox.<field>' ...". level as for error() at
--- the caller.
+-- Checks the `sandbox` option (nil, or no `backend`: bubblewrap beside the
+-- host); its fields are the backend's and the ones every backend takes
+-- (rlm.sandbox.shape). Misuse raises "<where>: option 'sandbox.<field>'
+-- ...". level as for error() at the caller.
 function M.check_option(where, v, level)
   level = level + 1
   if v == nil then
     return
   end
   if type(v) ~= "table" then
-    error(("%s: option 'sandbox' must be a table { backend = \"bubblewrap\" | \"exec\" | \"podman\" | "
-      .. "\"docker\", ... }, got %s"):format(where, checks.describe(v)), level)
+    error(("%s: option 'sandbox' must be a table { [backend = \"bubblewrap\" | \"exec\" | \"podman\" | "
+      .. "\"docker\",] ... }, got %s"):format(where, checks.describe(v)), level)
   end
-  local backend = BY_NAME[v.backend]
+  local backend = v.backend == nil and bwrap or BY_NAME[v.backend]
   if not backend then
     error(("%s: option 'sandbox.backend' must be one of %s, got %s"):format(where,
       '"' .. table.concat(M.NAMES, '", "') .. '"', checks.describe(v.backend)), level)
@@ -116,12 +117,11 @@ function M.check_option(where, v, level)
   backend.check_option(where, v, level)
 end
 
--- The option as its backend reads it (nil is bubblewrap's).
+-- The option as its backend reads it, every field set or defaulted (nil
+-- is bubblewrap's); reading a read option gives the same.
 function M.read_option(v)
-  if v == nil then
-    return { backend = "bubblewrap" }
-  end
-  return BY_NAME[v.backend].read_option(v)
+  v = v or {}
+  return (v.backend == nil and bwrap or BY_NAME[v.backend]).read_option(v)
 end
 
 return M

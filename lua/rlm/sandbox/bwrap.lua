@@ -7,6 +7,7 @@ local core = require("rlm.core")
 local checks = require("rlm.base.checks")
 local errors = require("rlm.base.errors")
 local probe = require("rlm.sandbox.probe")
+local shape = require("rlm.sandbox.shape")
 local util = require("rlm.base.util")
 
 local M = {}
@@ -92,6 +93,7 @@ end
 -- prepare(opts, context_data, wait, owner) -> spec, info | nil, err: what
 -- rlm.core's spawn takes (rlm.boot spawns it), and what the self-test needs.
 function M.prepare(opts, context_data, wait, owner)
+  local sb = opts.sandbox
   local free = core.fd_headroom(SESSION_FDS)
   if free < SESSION_FDS then
     return unavailable(("too few free file descriptors (EMFILE): %d free, a session needs %d to start")
@@ -101,23 +103,23 @@ function M.prepare(opts, context_data, wait, owner)
   if reserve_err then
     return nil, reserve_err
   end
-  local bwrap = core.find_program(opts.bwrap)
+  local bwrap = core.find_program(sb.bwrap)
   if not bwrap then
     return unavailable(("bubblewrap (%q) was not found; the REPL never runs unsandboxed: install bubblewrap"
       .. " 0.8 or later (Debian and Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)")
-      :format(opts.bwrap))
+      :format(sb.bwrap))
   end
-  local python = core.find_program(opts.python)
+  local python = core.find_program(sb.python)
   if not python then
     return unavailable(("the interpreter %q was not found (Debian and Ubuntu: apt-get install python3)")
-      :format(opts.python))
+      :format(sb.python))
   end
   local driver_py, ferr = probe.find_file("repl_driver.py")
   if not driver_py then
     return nil, ferr
   end
   local dir = driver_py:match("^(.*)/[^/]*$")
-  local modules = util.append({}, M.default_modules, opts.allowed_modules)
+  local modules = util.append({}, M.default_modules, sb.allowed_modules)
   -- The package's files are read by the probe, which packs them (once per
   -- Lua state): a start that reuses its zip does not look at them again.
   if not probe.asked(python, modules, dir) then
@@ -134,7 +136,7 @@ function M.prepare(opts, context_data, wait, owner)
     return nil, perr
   end
 
-  local ro = M.readonly_paths(info, opts.bind_pth_paths)
+  local ro = M.readonly_paths(info, sb.bind_pth_paths)
   local spec = {
     bwrap = bwrap,
     python = info.executable,
@@ -144,14 +146,14 @@ function M.prepare(opts, context_data, wait, owner)
     driver_pyc = info.driver_pyc,
     ro = ro,
     context = context_data,
-    max_line = opts.max_message_bytes,
+    max_line = sb.max_message_bytes,
     max_rss = opts.max_rss_bytes,
-    rss_interval_ms = opts.rss_poll_interval_ms,
-    cgroup = opts.memory_cgroup,
-    workdir_bytes = opts.workdir_max_bytes,
-    workdir_files = opts.workdir_max_files,
-    uid_first = opts.sandbox_uid_first,
-    uid_count = opts.sandbox_uid_count,
+    rss_interval_ms = sb.rss_poll_interval_ms,
+    cgroup = sb.memory_cgroup,
+    workdir_bytes = sb.workdir_max_bytes,
+    workdir_files = sb.workdir_max_files,
+    uid_first = sb.uids.first,
+    uid_count = sb.uids.count,
   }
   -- Paths of the host the sandbox must not show: the working directory and
   -- where the driver lives. One above what is bound (/, /usr) is shown by
@@ -165,7 +167,7 @@ function M.prepare(opts, context_data, wait, owner)
     end
     absent[#absent + 1] = here or nil
   end
-  return spec, { sys_path = M.sys_path(info, opts.bind_pth_paths), absent = absent }
+  return spec, { sys_path = M.sys_path(info, sb.bind_pth_paths), absent = absent }
 end
 
 
@@ -336,12 +338,14 @@ function M.check_ready(drv, rlimits, vetted_tree)
 end
 
 -- The option { backend = "bubblewrap" } has no other field.
+M.FIELDS = shape.with({ backend = { checks.backend_name } })
+
 function M.check_option(where, v, level)
-  checks.fields(where, "sandbox", v, { backend = { checks.backend_name } }, level + 1, ' for backend "bubblewrap"')
+  checks.fields(where, "sandbox", v, M.FIELDS, level + 1, ' for backend "bubblewrap"')
 end
 
-function M.read_option()
-  return { backend = "bubblewrap" }
+function M.read_option(v)
+  return shape.read(v, { backend = "bubblewrap" })
 end
 
 function M.describe()

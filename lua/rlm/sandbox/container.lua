@@ -21,6 +21,7 @@ local errors = require("rlm.base.errors")
 local util = require("rlm.base.util")
 local exec = require("rlm.sandbox.exec")
 local names = require("rlm.sandbox.container_names")
+local shape = require("rlm.sandbox.shape")
 
 local M = {}
 
@@ -61,7 +62,7 @@ local function words(max)
 end
 
 -- The option's fields (beside exec's allow and ping_timeout_ms).
-M.FIELDS = {
+M.FIELDS = shape.with({
   backend = { checks.backend_name },
   image = { function(v)
     return value_word(v), "an image's name (a non-empty string, not starting with '-')"
@@ -100,7 +101,7 @@ M.FIELDS = {
   end },
   allow = exec.FIELDS.allow,
   ping_timeout_ms = exec.FIELDS.ping_timeout_ms,
-}
+})
 
 function M.check_option(where, v, level)
   checks.fields(where, "sandbox", v, M.FIELDS, level + 1, (" for backend %q"):format(v.backend))
@@ -113,12 +114,12 @@ function M.read_option(v)
   for k, n in pairs(v.ulimits or {}) do
     ulimits[k] = n
   end
-  return { backend = v.backend, image = v.image or M.IMAGE, engine = v.engine or v.backend,
+  return shape.read(v, { backend = v.backend, image = v.image or M.IMAGE, engine = v.engine or v.backend,
     global_args = v.global_args or {}, runtime = v.runtime or false, ulimits = ulimits,
     extra_args = v.extra_args or {}, name = v.name or M.NAME,
     seccomp_profile = v.seccomp_profile == nil and true or v.seccomp_profile,
     pids_limit = v.pids_limit or M.PIDS_LIMIT, keeper = v.keeper or M.KEEPER, allow = exec.allowed(v),
-    ping_timeout_ms = v.ping_timeout_ms or exec.PING_TIMEOUT_MS }
+    ping_timeout_ms = v.ping_timeout_ms or exec.PING_TIMEOUT_MS })
 end
 
 local function unavailable(message)
@@ -155,7 +156,7 @@ end
 local function run_helper(c, argv, wait)
   local left = math.floor(c.deadline - core.now_ms())
   if left < 1 then
-    return nil, ("start_timeout_ms (%.0f ms) was spent before it ran"):format(c.start_timeout_ms)
+    return nil, ("sandbox.start_timeout_ms (%.0f ms) was spent before it ran"):format(c.start_timeout_ms)
   end
   local helper, err = core.helper(argv, left, 4 * 2 ^ 20)
   if not helper then
@@ -169,7 +170,7 @@ local function run_helper(c, argv, wait)
     elseif kind == "exit" then
       status, stderr = b ~= 0 and 128 + b or a, d or ""
     elseif kind == "timeout" then
-      problem = ("it did not end within start_timeout_ms (%.0f ms): the engine did not answer; it was killed")
+      problem = ("it did not end within sandbox.start_timeout_ms (%.0f ms): the engine did not answer; it was killed")
         :format(c.start_timeout_ms)
     elseif kind == "failed" then
       problem = a
@@ -296,14 +297,14 @@ function M.prepare(opts, context_data, wait)
   local r = M.read_option(v)
   local c = { backend = r.backend, image = r.image, global_args = r.global_args, runtime = r.runtime or nil,
     ulimits = r.ulimits, extra_args = r.extra_args, name = r.name, pids_limit = r.pids_limit, keeper = r.keeper,
-    tmpdir = absolute(opts.tmpdir), keeper_args = {}, start_timeout_ms = opts.start_timeout_ms }
+    tmpdir = absolute(r.tmpdir), keeper_args = {}, start_timeout_ms = r.start_timeout_ms }
   c.deadline = core.now_ms() + c.start_timeout_ms
   if not names.owner() then
     return unavailable("this host's boot id or its own /proc/self/stat could not be read: the containers "
       .. "could not be named")
   end
   if not c.tmpdir then
-    return unavailable(("option 'tmpdir' (%s) is not a path the engine can run from"):format(opts.tmpdir))
+    return unavailable(("option 'sandbox.tmpdir' (%s) is not a path the engine can run from"):format(r.tmpdir))
   end
   c.engine = core.find_program(r.engine)
   if not c.engine then
@@ -334,18 +335,18 @@ function M.prepare(opts, context_data, wait)
     c.memory = opts.max_rss_bytes + math.max(M.HEADROOM_BYTES, math.floor(opts.max_rss_bytes * M.HEADROOM_SHARE))
   end
   -- The keeper's own flags for what the session names on the far side.
-  if opts.python ~= "python3" then
-    util.append(c.keeper_args, { "--python", opts.python })
+  if r.python ~= "python3" then
+    util.append(c.keeper_args, { "--python", r.python })
   end
-  if opts.bwrap ~= "bwrap" then
-    util.append(c.keeper_args, { "--bwrap", opts.bwrap })
+  if r.bwrap ~= "bwrap" then
+    util.append(c.keeper_args, { "--bwrap", r.bwrap })
   end
   local ok, err = sweep(c, wait)
   if not ok then
     return nil, err
   end
-  local eopts = setmetatable({ sandbox = { backend = "exec", argv = { c.sh }, allow = v.allow,
-    ping_timeout_ms = v.ping_timeout_ms } }, { __index = opts })
+  local eopts = setmetatable({ sandbox = shape.read(r, { backend = "exec", argv = { c.sh }, allow = r.allow,
+    ping_timeout_ms = r.ping_timeout_ms }) }, { __index = opts })
   local spec, info = exec.prepare(eopts, context_data)
   if not spec then
     return nil, info

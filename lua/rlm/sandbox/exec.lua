@@ -15,35 +15,29 @@ local protocol = require("rlm.base.protocol")
 local selftest = require("rlm.sandbox.selftest")
 local util = require("rlm.base.util")
 local bwrap = require("rlm.sandbox.bwrap")
+local shape = require("rlm.sandbox.shape")
+local stream = require("rlm.sandbox.stream")
+local release = stream.release
 
 local M = {}
 
-M.KEEPER_PROTOCOL = 1
+M.KEEPER_PROTOCOL = stream.KEEPER_PROTOCOL
 
--- The sandboxes a keeper may make (its hello's "sandbox"), and the ones a
--- session accepts unless `sandbox.allow` names more: bubblewrap alone.
+-- The sandboxes a session accepts of a keeper unless `sandbox.allow` names
+-- more: bubblewrap alone (the ones a keeper may make: rlm.sandbox.stream).
 -- The seccomp fallback (no namespaces: docs/security.md) must be asked
 -- for; "none", or a name the host does not know, is never accepted.
-M.SANDBOXES = { bubblewrap = true, seccomp = true }
+M.SANDBOXES = stream.SANDBOXES
 M.DEFAULT_ALLOW = { "bubblewrap" }
 
 -- What the keeper must report, ok, before the driver's ready.
 M.CHECKS = { "memory_cgroup", "uids", "rlimits", "descriptors", "confinement", "context_sealed" }
 
--- Past the step's hard deadline (the keeper's to enforce), the host kills
--- a stream that has said nothing: its own backstop.
-M.BACKSTOP_MS = 2000
+M.BACKSTOP_MS, M.PING_MS = stream.BACKSTOP_MS, stream.PING_MS
 
--- The stream's heartbeat (rlm.core's d:heartbeat): a ping on the
--- keeper's channel after PING_MS of quiet, from the driver's hello on (the
--- start before it is start_timeout_ms's); a ping left unanswered for
--- `sandbox.ping_timeout_ms` is a lost stream. A relay may outlive the far
--- side and hold the host's pipe open (sh -c 'cat | rlm-keeper | cat' does:
--- its first cat learns of the keeper's death only when it writes), so an
--- end that would otherwise show only at the next write shows at the ping.
-M.PING_MS = 1000
+-- A ping left unanswered this long is a lost stream, unless
+-- `sandbox.ping_timeout_ms` says otherwise (rlm.sandbox.stream).
 M.PING_TIMEOUT_MS = 10000
-local PING = '{"type":"ping"}'
 
 -- What one start needs free on the host: the stream's loop, its three
 -- pipes and the session's waitset.
@@ -59,19 +53,20 @@ M.LINGER_MAX_MS = 600000
 -- The keeper's start message: the session's limits, and what the
 -- pool-level configure holds (the keeper sends configure and self_test
 -- itself, with its interpreter's sys.path and its own canaries); with
--- `linger` ({ ms, id, token, fence }: M.linger), the keeper outlives
--- its stream for ms (docs/protocol.md, "Lingering").
+-- `linger` ({ ms, id, token, fence }: rlm.sandbox.linger), the keeper
+-- outlives its stream for ms (docs/protocol.md, "Lingering").
 function M.start_message(o, linger)
+  local sb = o.sandbox
   return json.encode({ linger = linger,
-    sandboxes = o.sandbox.allow or M.DEFAULT_ALLOW,
+    sandboxes = sb.allow or M.DEFAULT_ALLOW,
     type = "start", protocol = M.KEEPER_PROTOCOL,
-    max_message_bytes = o.max_message_bytes, max_message_values = protocol.max_values(o.max_message_bytes),
+    max_message_bytes = sb.max_message_bytes, max_message_values = protocol.max_values(sb.max_message_bytes),
     guardrails = o.guardrails, int_bits = json.INT_BITS,
-    allowed_modules = o.allowed_modules, rlimits = selftest.pool_rlimits(),
-    modules = util.append({}, bwrap.default_modules, o.allowed_modules), bind_pth_paths = o.bind_pth_paths,
-    max_rss_bytes = o.max_rss_bytes, rss_poll_interval_ms = o.rss_poll_interval_ms,
-    workdir_max_bytes = o.workdir_max_bytes, workdir_max_files = o.workdir_max_files,
-    memory_cgroup = o.memory_cgroup, uid_first = o.sandbox_uid_first, uid_count = o.sandbox_uid_count,
+    allowed_modules = sb.allowed_modules, rlimits = selftest.pool_rlimits(),
+    modules = util.append({}, bwrap.default_modules, sb.allowed_modules), bind_pth_paths = sb.bind_pth_paths,
+    max_rss_bytes = o.max_rss_bytes, rss_poll_interval_ms = sb.rss_poll_interval_ms,
+    workdir_max_bytes = sb.workdir_max_bytes, workdir_max_files = sb.workdir_max_files,
+    memory_cgroup = sb.memory_cgroup, uid_first = sb.uids.first, uid_count = sb.uids.count,
   })
 end
 
@@ -80,7 +75,7 @@ end
 -- ping_timeout_ms = }.
 local ARGV_WANT = "a list of 1 to 256 non-empty strings without NUL (the program first)"
 local argv_list = checks.list(1, 256, checks.argument, ARGV_WANT)
-M.FIELDS = {
+M.FIELDS = shape.with({
   backend = { checks.backend_name },
   argv = { argv_list },
   claim = { checks.callable },
@@ -91,7 +86,7 @@ M.FIELDS = {
   ping_timeout_ms = { checks.integer(100, 3600000) },
   linger_ms = { checks.integer(1, M.LINGER_MAX_MS) },
   attach_argv = { argv_list },
-}
+})
 
 function M.check_option(where, v, level)
   checks.fields(where, "sandbox", v, M.FIELDS, level + 1, (" for backend %q"):format(v.backend))
@@ -119,8 +114,9 @@ end
 -- The option as this backend reads it, defaults filled in (a pool's
 -- sessions must give the same).
 function M.read_option(v)
-  return { backend = "exec", argv = v.argv, claim = v.claim, release = v.release, allow = M.allowed(v),
-    ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS, linger_ms = v.linger_ms, attach_argv = v.attach_argv }
+  return shape.read(v, { backend = "exec", argv = v.argv, claim = v.claim, release = v.release,
+    allow = M.allowed(v), ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS, linger_ms = v.linger_ms,
+    attach_argv = v.attach_argv })
 end
 
 -- argv with its program found (a name on PATH, or a path): the list, or
@@ -158,28 +154,10 @@ function M.prepare(opts, context_data)
     allow[name] = true
   end
   return { argv = argv, claim = sandbox.claim, release = sandbox.release, context = context_data,
-    start = M.start_message(opts), max_line = opts.max_message_bytes + 1, opts = opts,
+    start = M.start_message(opts), max_line = sandbox.max_message_bytes + 1, opts = opts,
     ping_timeout_ms = sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS, allow = allow }, { sys_path = {}, absent = {} }
 end
 
--- A claimed sandbox's release: once, in a coroutine of its own (it may
--- yield as a callback under an adapter does: rlm.base.util.invoke); a
--- failure (a raise, or nil, message) goes to report(message), never to
--- the caller: close() does not raise.
-local function release(claim)
-  if not claim or claim.released then
-    return
-  end
-  claim.released = true
-  if not claim.release then
-    return
-  end
-  util.invoke(claim.release, claim.handle, function(ok, message)
-    if not ok and claim.report then
-      claim.report(("option 'sandbox.release' failed: %s"):format(tostring(message)))
-    end
-  end, false)
-end
 
 -- spec for one start with what `sandbox.claim` gave (argv, and handle, the
 -- value release gets: the argv when it gave none); report(message) is
@@ -212,267 +190,6 @@ end
 
 function M.forget() end
 
--- The handle: the stream (rlm.core's Driver from core.stream) and what the
--- keeper said of itself. Its methods are the ones rlm.sandbox.backend
--- lists.
-local Handle = {}
-Handle.__index = Handle
-
--- A line for the driver, counted: an attach says how many of them the
--- keeper took (its "taken"), so a resume knows whether its step arrived.
-function Handle:send(line)
-  local ok, err = self.drv:send(line)
-  if ok then
-    self.sent = self.sent + 1
-  end
-  return ok, err
-end
-
-function Handle:fd()
-  return self.drv:fd()
-end
-
-function Handle:timeout()
-  return self.drv:timeout()
-end
-
-function Handle:wait(ms, token)
-  return self.drv:wait(ms, token)
-end
-
-function Handle:exec_ms()
-  return self.drv:exec_ms()
-end
-
-function Handle:alive()
-  return not self.ended and self.drv:alive()
-end
-
--- The step's interrupt is the keeper's to send (SIGINT to the driver's
--- interpreter, on the far side).
-function Handle:interrupt()
-  return self.drv:send_keeper('{"type":"interrupt"}') ~= nil
-end
-
--- The keeper kills at ms; the host kills the stream BACKSTOP_MS later if
--- the keeper has not said so by then.
-function Handle:set_deadline(ms)
-  ms = math.max(math.floor(ms), 0)
-  self.drv:send_keeper(('{"type":"deadline","ms":%d}'):format(ms))
-  self.deadline_at = ms > 0 and core.now_ms() + ms or nil
-  self.drv:set_deadline(ms > 0 and ms + M.BACKSTOP_MS or 0)
-end
-
-function Handle:deadline_passed()
-  return self.deadline_at ~= nil and core.now_ms() >= self.deadline_at
-end
-
-function Handle:kill()
-  self.ended = self.ended or "killed"
-  self.drv:kill()
-end
-
-function Handle:close()
-  if self.durable and not self.ended then
-    -- the session's end: the keeper ends with its input, no linger
-    self.drv:send_keeper('{"type":"close"}')
-  end
-  self.ended = self.ended or "closed"
-  self.drv:close()
-  release(self.claim_of)
-end
-
--- Where a failed release of this sandbox is told (the session that took
--- it from a pool, rather than the pool).
-function Handle:report_release(report)
-  if self.claim_of then
-    self.claim_of.report = report
-  end
-end
-
--- The keeper's lines received so far (its numbering, which an attach's
--- `seen` gives back: the lines after it are replayed).
-function Handle:received()
-  return self.seq_base + self.drv:received() - self.uncounted
-end
-
--- The driver's lines this handle sent (and, after an attach, the ones the
--- keeper had taken before it): a journal compares a step's number with an
--- attach's `taken`.
-function Handle:sent_lines()
-  return self.sent
-end
-
-function Handle:peak_rss()
-  return self.peak
-end
-
-function Handle:memory_mechanism()
-  return self.mechanism
-end
-
-function Handle:oom_kills()
-  return self.kills, self.kill_peak
-end
-
--- The context: its message, then its bytes as they are, written from the
--- string itself; the keeper writes them into the driver's memfd and seals
--- it before it reads the next line (load_context).
-function Handle:write_context(bytes)
-  local ok, err = self.drv:send_keeper(('{"type":"context","bytes":%d}'):format(#bytes))
-  if ok then
-    ok, err = self.drv:send_raw(bytes)
-  end
-  if not ok then
-    return nil, err
-  end
-  return true
-end
-
--- Written as soon as it was queued: the stream keeps its order, and the
--- keeper seals the memfd before it reads load_context (context_sealed is
--- one of its checks).
-function Handle.context_written()
-  return true
-end
-
--- A number of a keeper message; a whole one as an integer where Lua has
--- them (a JSON decoder's 3.0 would read "exit status 3.0").
-local function number(v)
-  if type(v) ~= "number" then
-    return 0
-  end
-  return v == math.floor(v) and math.floor(v) or v
-end
-
--- A keeper message: nil (noted), or the event it means.
-function Handle:_keeper(line)
-  local ok, msg = pcall(json.decode, line)
-  if not ok or type(msg) ~= "table" or type(msg.type) ~= "string" then
-    return { "broken", "rlm-keeper sent a message that is not a JSON object with a type" }
-  end
-  local t = msg.type
-  if not self.hello then
-    if t ~= "hello" then
-      return { "broken", "the far side's first line is not rlm-keeper's hello" }
-    end
-    self.hello = msg
-    self.hello_at = core.now_ms() -- for bench/'s phases
-    if msg.protocol ~= M.KEEPER_PROTOCOL then
-      return { "broken", ("rlm-keeper speaks keeper protocol %s, the host %d")
-        :format(tostring(msg.protocol), M.KEEPER_PROTOCOL) }
-    end
-    if self.durable and msg.linger ~= true then
-      self.ended = "refused"
-      return { "failed", "this rlm-keeper cannot linger (option 'sandbox.linger_ms'): an older one" }
-    end
-    self.sandbox = msg.sandbox
-    if not (M.SANDBOXES[msg.sandbox] and self.allow[msg.sandbox]) then
-      -- Nothing of it runs on: the keeper's start refuses it too (the
-      -- start lists what the host allows).
-      local names = {}
-      for name in pairs(self.allow) do
-        names[#names + 1] = name
-      end
-      table.sort(names)
-      self.ended = "refused"
-      return { "failed", ("rlm-keeper makes a %s sandbox (%s), and the session allows %s "
-        .. "(option 'sandbox.allow')"):format(tostring(msg.sandbox), tostring(msg.detail),
-        table.concat(names, ", ")) }
-    end
-    return nil
-  elseif t == "checks" then
-    self.checks = type(msg.checks) == "table" and msg.checks or {}
-    return nil
-  elseif t == "pong" then
-    return nil -- the heartbeat's answer: C counted its bytes as heard
-  end
-  if t == "fenced" then
-    self.ended = t
-    return { "failed", ("rlm-keeper: an owner with fence %s took the sandbox (this one's is %s)")
-      :format(tostring(number(msg.fence)), tostring(self.durable and self.durable.fence)) }
-  end
-  self.ended = t
-  if t == "exit" then
-    self.kills, self.kill_peak = number(msg.oom_kills), number(msg.peak)
-    self.peak = math.max(self.peak, number(msg.peak))
-    self.mechanism = type(msg.mechanism) == "string" and msg.mechanism or self.mechanism
-    return { "exit", number(msg.status), number(msg.signal), type(msg.stderr) == "string" and msg.stderr or "" }
-  elseif t == "timeout" or t == "overflow" then
-    return { t }
-  elseif t == "memory" then
-    self.peak = math.max(self.peak, number(msg.peak))
-    return { "memory", number(msg.peak) }
-  elseif t == "files" then
-    self.peak = math.max(self.peak, number(msg.peak))
-    return { "files", number(msg.files) }
-  elseif t == "failed" then
-    return { "failed", "rlm-keeper: " .. tostring(msg.message) }
-  end
-  return { "broken", ("rlm-keeper sent a message the host does not know (%s)"):format(t) }
-end
-
--- The next event, as rlm.core's poll gives them: the driver's lines, and
--- the keeper's word turned into the events a local sandbox has; an end of
--- the stream the keeper did not announce is "lost".
-function Handle:poll(ms, max_values, held)
-  while true do
-    local kind, a, b, c = self.drv:poll(ms, max_values, held)
-    if kind == "keeper" then
-      local ev = self:_keeper(a)
-      if ev then
-        if ev[1] == "broken" or ev[1] == "failed" then
-          self.drv:kill()
-        end
-        return util.unpack(ev)
-      end
-      ms = 0
-    elseif kind == "silent" then
-      self.ended = "lost"
-      return "lost", ("the far side answered no ping for %d ms (sandbox.ping_timeout_ms): the stream was killed")
-        :format(self.ping_timeout_ms), { ping_timeout_ms = self.ping_timeout_ms }
-    elseif kind == "garbled" then
-      self.ended = "garbled"
-      self.drv:kill()
-      return "broken", "the stream sent a line on no channel: " .. a:sub(1, 200)
-    elseif (kind == "line" or kind == "query" or kind == "dense") and not self.hello then
-      self.ended = "garbled"
-      self.drv:kill()
-      return "broken", "the far side's first line is not rlm-keeper's hello"
-    elseif kind == "exit" or kind == "failed" then
-      if self.ended and self.ended ~= "killed" and self.ended ~= "closed" then
-        return nil -- the keeper said how it ended: that was the event
-      end
-      if kind == "failed" then
-        return "failed", a
-      end
-      self.ended = "lost"
-      local how = b ~= 0 and ("killed by signal " .. b) or ("exit status " .. tostring(a))
-      local tail = (c or ""):gsub("%s+$", "")
-      return "lost", ("the stream to the sandbox ended (%s, with no word from rlm-keeper)%s%s")
-        :format(how, tail ~= "" and ": " .. tail:sub(-500) or "", self.exit_hint and self.exit_hint(tail) or ""),
-        { status = a, signal = b, stderr = c }
-    else
-      if not self.beating and (kind == "line" or kind == "query" or kind == "dense") then
-        -- the driver's first line: the far side has started
-        self.beating = true
-        self.drv:heartbeat(PING, math.min(M.PING_MS, math.max(math.floor(self.ping_timeout_ms / 2), 1)),
-          self.ping_timeout_ms)
-      end
-      return kind, a, b, c
-    end
-  end
-end
-
--- The handle of a stream: drv, and what of spec it reads (the heartbeat's
--- timeout, the sandboxes allowed, a claim, a linger's durable); an
--- attach's (rlm.sandbox.linger) sets the numbering's base.
-function M.handle(drv, spec)
-  return setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
-    ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow, claim_of = spec.claim_of,
-    durable = spec.durable, seq_base = 0, uncounted = 0, sent = 0 }, Handle)
-end
-
 -- rlm.core's stream, the keeper's start at once, and the context after
 -- it for a cold start (a pooled one's comes when a session takes it):
 -- the lines wait in the pipe while the far side starts. The host's
@@ -483,7 +200,7 @@ function M.start(spec)
     release(spec.claim_of)
     return nil, err
   end
-  local h = M.handle(drv, spec)
+  local h = stream.handle(drv, spec)
   local ok, werr = drv:send_keeper(spec.start)
   if ok and spec.context then
     ok, werr = h:write_context(spec.context)

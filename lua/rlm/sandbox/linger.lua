@@ -14,6 +14,7 @@ local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local exec = require("rlm.sandbox.exec")
 local json = require("rlm.base.json")
+local stream = require("rlm.sandbox.stream")
 local util = require("rlm.base.util")
 
 local M = {}
@@ -105,7 +106,7 @@ function M.attach(opts, d)
   if not argv then
     return failed("sandbox_unavailable", why)
   end
-  local drv, err = core.stream(argv, opts.max_message_bytes + 1)
+  local drv, err = core.stream(argv, sandbox.max_message_bytes + 1)
   if not drv then
     return failed("sandbox_unavailable", "reaching the lingering sandbox: " .. tostring(err))
   end
@@ -127,7 +128,7 @@ function M.attach(opts, d)
       local ok, msg = pcall(json.decode, a)
       local t = ok and type(msg) == "table" and msg.type
       if t == "attached" and type(msg.from) == "number" and allow[msg.sandbox] then
-        local h = exec.handle(drv, { ping_timeout_ms = sandbox.ping_timeout_ms or exec.PING_TIMEOUT_MS,
+        local h = stream.handle(drv, { ping_timeout_ms = sandbox.ping_timeout_ms or exec.PING_TIMEOUT_MS,
           allow = allow, durable = { id = d.id, token = d.token, fence = d.fence } })
         h.hello, h.sandbox, h.hello_at = msg, msg.sandbox, core.now_ms()
         -- its numbering: the attached line is none of it

@@ -59,7 +59,7 @@ function Pool.open(o, size)
   end
   spec.context, spec.late_context = nil, true
   self.backend, self.spec, self.info = backend, spec, info
-  self.max_values = protocol.max_values(o.max_message_bytes)
+  self.max_values = protocol.max_values(o.sandbox.max_message_bytes)
   -- Lua 5.1 and LuaJIT run no __gc for a table: a proxy's does it there.
   local proxy = rawget(_G, "newproxy")
   if proxy then
@@ -110,7 +110,7 @@ end
 -- Starts a sandbox from spec: its canaries first, so that their leaked
 -- descriptor is there to leak into the spawn.
 function Pool:_start(spec)
-  local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.tmpdir)
+  local canaries = core.plant_canaries(os.getenv("HOME"), self.opts.sandbox.tmpdir)
   local at = core.now_ms()
   local drv = start.spawn(self.backend, self.opts, spec, self.info, canaries)
   if not drv then

@@ -142,10 +142,11 @@ end
 
 function M.configure_message(o, info)
   return { type = "configure",
-    max_message_bytes = o.max_message_bytes, max_message_values = protocol.max_values(o.max_message_bytes),
+    max_message_bytes = o.sandbox.max_message_bytes,
+    max_message_values = protocol.max_values(o.sandbox.max_message_bytes),
     guardrails = o.guardrails,
     int_bits = json.INT_BITS,
-    allowed_modules = #o.allowed_modules > 0 and o.allowed_modules or nil, -- {} would be an object
+    allowed_modules = #o.sandbox.allowed_modules > 0 and o.sandbox.allowed_modules or nil, -- {} would be an object
     sys_path = info.sys_path, rlimits = selftest.pool_rlimits() }
 end
 

@@ -22,7 +22,7 @@ function M.session()
   local turn = 0
   local result, err = resty.run({
     context = "the answer is in the sub-calls",
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     step_timeout_ms = 30000,
     root_llm = function(_, done)
       turn = turn + 1
@@ -63,7 +63,7 @@ function M.tools()
   dict:set("tools:owner", "team-db")
   local result, err = resty.run({
     context = "x",
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     step_timeout_ms = 30000,
     tools = {
       shared_get = function(key)
@@ -108,7 +108,7 @@ end
 function M.blocking_run()
   local s = require("rlm").Session.new({
     context = "x",
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     root_llm = function()
       return fence("import time\nt0 = time.time()\nwhile time.time() - t0 < 1.0:\n    pass\nFINAL('spun')")
     end,
@@ -188,7 +188,7 @@ end
 local function small(phase)
   return {
     context = phase,
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     root_llm = function()
       return fence("FINAL('ok-' + context)")
     end,
@@ -273,7 +273,7 @@ function M.transport_session()
   })
   local key = ngx.var.arg_key
   local deltas = 0
-  resty.run({ context = "ERROR a\nok\nERROR b\n", tmpdir = tmpdir,
+  resty.run({ context = "ERROR a\nok\nERROR b\n", sandbox = { tmpdir = tmpdir },
     root_llm = models.root_llm, llm_query = models.llm_query, on_event = function(ev)
       if ev.type == "root_delta" then
         deltas = deltas + 1
@@ -294,7 +294,7 @@ function M.abort()
   dict:set("abort_end", "")
   local h = resty.start({
     context = "x",
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     max_iterations = 1000,
     step_timeout_ms = 30000,
     root_llm = function()
@@ -318,7 +318,7 @@ function M.cancel()
   local t0 = ngx.now()
   local h = resty.start({
     context = "x",
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     max_iterations = 1000,
     root_llm = function()
       return fence("import time\ntime.sleep(0.2)")

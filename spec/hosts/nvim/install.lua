@@ -52,7 +52,7 @@ end
 -- rlm://answer.
 cases[#cases + 1] = function(next_case)
   plugin.setup({
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     root_llm = function(_, done)
       vim.defer_fn(function()
         done(fence("n = sum(1 for l in context.splitlines() if 'ERROR' in l)\nFINAL(str(n) + ' errors')"))
@@ -83,7 +83,7 @@ end
 -- 3. A range (a visual selection gives '<,'>): only those lines.
 cases[#cases + 1] = function(next_case)
   plugin.setup({
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     root_llm = function()
       return fence("FINAL(context.replace('\\n', '|'))")
     end,
@@ -113,7 +113,7 @@ cases[#cases + 1] = function(next_case)
   end
   vim.cmd("args " .. vim.fn.fnameescape(a) .. " " .. vim.fn.fnameescape(b))
   plugin.setup({
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     root_llm = function()
       return fence("FINAL(str(context.count('=== ')) + ' files, ' + str(context.count('ERROR')) + ' errors')")
     end,
@@ -138,7 +138,7 @@ end
 -- and its workdir go, the float and the mapping too.
 cases[#cases + 1] = function(next_case)
   plugin.setup({
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     root_llm = function() end, -- never calls done
     llm_query = function(p)
       return p

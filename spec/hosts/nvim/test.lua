@@ -130,7 +130,7 @@ cases[#cases + 1] = function(next_case)
   local turn = 0
   local session = adapter.run({
     context = "the answer is in the sub-calls",
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     step_timeout_ms = 30000,
     root_llm = function(_, done)
       turn = turn + 1
@@ -235,7 +235,7 @@ cases[#cases + 1] = function(next_case)
   local t0 = now_ms()
   session = adapter.run({
     context = "x",
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     root_llm = function() end, -- never calls done()
     llm_query = function(p)
       return p
@@ -269,7 +269,7 @@ cases[#cases + 1] = function(next_case)
   vim.cmd("runtime plugin/rlm_ask.lua")
   local plugin = require("rlm_ask")
   plugin.setup({
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     root_llm = function(messages, done)
       vim.defer_fn(function()
         if #messages == 2 then
@@ -346,7 +346,7 @@ cases[#cases + 1] = function(next_case)
     -- bin/rlm: setup() names no model.
     vim.env.RLM_BASE_URL, vim.env.OPENAI_API_KEY = base .. "/v1", secret
     vim.env.RLM_MODEL, vim.env.RLM_SUB_MODEL = "root-model", "sub-model"
-    plugin.setup({ tmpdir = tmpdir, on_event = function() end })
+    plugin.setup({ sandbox = { tmpdir = tmpdir }, on_event = function() end })
     vim.api.nvim_buf_set_lines(0, 0, -1, false, { "hello world" })
     vim.cmd("RlmAsk what does it say?")
     wait_for(function()
@@ -409,7 +409,7 @@ for _, p in ipairs({
       vim.env.RLM_MODEL, vim.env.RLM_SUB_MODEL = "root-model", "sub-model"
       local deltas = {}
       plugin.last_answer, plugin.last_error = nil, nil
-      plugin.setup({ provider = p.provider, stream = true, base_url = base .. p.base, tmpdir = tmpdir,
+      plugin.setup({ provider = p.provider, stream = true, base_url = base .. p.base, sandbox = { tmpdir = tmpdir },
         on_event = function(ev)
           if ev.type == "root_delta" then
             deltas[#deltas + 1] = ev.text
@@ -463,7 +463,7 @@ cases[#cases + 1] = function(next_case)
     vim.env.RLM_BASE_URL, vim.env.OPENAI_API_KEY = base .. "/v1", "sk-rlm-nvim-cancel"
     vim.env.RLM_MODEL = "root-model"
     plugin.last_answer, plugin.last_error = nil, nil
-    plugin.setup({ tmpdir = tmpdir, on_event = function() end })
+    plugin.setup({ sandbox = { tmpdir = tmpdir }, on_event = function() end })
     vim.cmd("RlmAsk what does it say?")
     wait_for(function()
       return curls() > 0
@@ -511,7 +511,7 @@ cases[#cases + 1] = function(next_case)
       notes[#notes + 1] = { msg = msg, level = level }
     end
     plugin.last_answer, plugin.last_error = nil, nil
-    plugin.setup({ tmpdir = tmpdir })
+    plugin.setup({ sandbox = { tmpdir = tmpdir } })
     vim.cmd("RlmAsk what does it say?")
     vim.notify = notify
     -- the line itself, or (wider than the message area, which would
@@ -553,7 +553,7 @@ cases[#cases + 1] = function(next_case)
   end }
   adapter.run({
     context = "x",
-    tmpdir = tmpdir,
+    sandbox = { tmpdir = tmpdir },
     tools = tools,
     root_llm = function(_, done)
       vim.defer_fn(function()
