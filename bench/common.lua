@@ -64,6 +64,23 @@ M.quote = require("rlm.base.util").shell_quote
 
 -- Words: runs of characters that are not white space (no tokenizer: the
 -- same measure for any model, and for the reference's prompt).
+-- n made-up documents of k words each ("Document 0. invoice refund ..."),
+-- the same for the same seed: the long runs' context.
+function M.documents(n, k, seed)
+  local out, x = {}, seed
+  local words = { "invoice", "refund", "shipment", "outage", "contract", "renewal", "audit", "backup",
+    "latency", "quota" }
+  for i = 1, n do
+    local parts = {}
+    for j = 1, k do
+      x = (x * 75 + 74) % 65537
+      parts[j] = words[x % #words + 1]
+    end
+    out[i] = ("Document %d. "):format(i - 1) .. table.concat(parts, " ")
+  end
+  return out
+end
+
 function M.words(s)
   local n = 0
   for _ in s:gmatch("%S+") do

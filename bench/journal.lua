@@ -25,18 +25,7 @@ local TURNS = 20
 local DOCS = 20
 
 local function documents()
-  local out, x = {}, 11
-  local words = { "invoice", "refund", "shipment", "outage", "contract", "renewal", "audit", "backup",
-    "latency", "quota" }
-  for i = 1, DOCS do
-    local parts = {}
-    for j = 1, 150 do
-      x = (x * 75 + 74) % 65537
-      parts[j] = words[x % #words + 1]
-    end
-    out[i] = ("Document %d. "):format(i - 1) .. table.concat(parts, " ")
-  end
-  return out
+  return common.documents(DOCS, 150, 11)
 end
 
 local function turn(t)

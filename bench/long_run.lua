@@ -23,18 +23,7 @@ local DOCS = 40
 local WINDOW = 8
 
 local function documents()
-  local out, x = {}, 7
-  local words = { "invoice", "refund", "shipment", "outage", "contract", "renewal", "audit", "backup",
-    "latency", "quota" }
-  for i = 1, DOCS do
-    local parts = {}
-    for j = 1, 120 do
-      x = (x * 75 + 74) % 65537
-      parts[j] = words[x % #words + 1]
-    end
-    out[i] = ("Document %d. "):format(i - 1) .. table.concat(parts, " ")
-  end
-  return out
+  return common.documents(DOCS, 120, 7)
 end
 
 -- Turn t's code (t from 1): look, read a window of documents, keep notes.
