@@ -26,6 +26,16 @@ function M.can_yield()
   return co ~= nil and not main
 end
 
+-- A yield from a callback inside a loop of rlm's own coroutine (the
+-- engine's, run()'s): passed on to whoever resumed that coroutine when it
+-- may yield; otherwise the callback gets NO_YIELD back, and fails.
+function M.pass_through(...)
+  if not M.can_yield() then
+    return M.NO_YIELD
+  end
+  return coroutine.yield(...)
+end
+
 -- What a callback's yield gets back when there is no one to pass it to:
 -- call_protected then fails the call.
 M.NO_YIELD = setmetatable({}, { __tostring = function()

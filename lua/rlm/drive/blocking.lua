@@ -66,15 +66,8 @@ local function loop(s, stop)
   end
 end
 
--- A callback's yield inside the loop: passed on to whoever resumed run()
--- when that is a coroutine that may yield; otherwise the callback gets
--- util.NO_YIELD back, and fails.
-local function pass_through(...)
-  if not util.can_yield() then
-    return util.NO_YIELD
-  end
-  return coroutine.yield(...)
-end
+-- A callback's yield inside it (on_event, cost.usd, ...) goes on out.
+local pass_through = util.pass_through
 
 local function resumed(co, ok, first, ...)
   if not ok then

@@ -26,15 +26,8 @@ function M.new(session)
   return setmetatable({ session = session }, Engine)
 end
 
--- A yield from a user callback that runs inside the engine (on_event,
--- cost.usd): passed on to whoever resumed us when that is a coroutine that
--- may yield; otherwise the callback gets util.NO_YIELD back, and fails.
-local function pass_through(...)
-  if not util.can_yield() then
-    return util.NO_YIELD
-  end
-  return coroutine.yield(...)
-end
+-- A callback's yield inside it (on_event, cost.usd, ...) goes on out.
+local pass_through = util.pass_through
 
 -- What one resume gave: nothing (the engine waits: IDLE), "ended", ev (its
 -- body returned ev), or "raised", traceback. A user callback's yield inside
