@@ -53,7 +53,7 @@ local opts = {
     at_query = calls
     return prompt
   end,
-  tmpdir = tmpdir,
+  sandbox = { tmpdir = tmpdir },
 }
 
 -- The engine, the loop of run() and the callbacks run in coroutines of

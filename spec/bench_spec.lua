@@ -65,6 +65,17 @@ describe("the benchmarks, at tiny sizes", function()
     end)
   end
 
+  it("runs bench/callpath.lua, which counts the Lua calls of one run()", function()
+    local lua, abi = "lua5.4", "5.4" -- spec/groups runs this spec under lua5.4
+    if _VERSION ~= "Lua 5.4" then
+      lua, abi = "lua5.1", "5.1"
+    end
+    local out = H.sh(("cd %s && TMPDIR=%s LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build/%s/?.so;;' "
+      .. "%s bench/callpath.lua 2>&1"):format(common.quote(root), common.quote(H.tmpdir), abi, lua))
+    assert.matches("^calls %d+ files %d+ changes %d+ %(to llm_query %d+, then to the second root call %d+, "
+      .. "then %d+%)%s*$", out)
+  end)
+
   it("computes medians and nearest-rank quantiles", function()
     assert.are.equal(2, common.median({ 3, 1, 2 }))
     assert.are.equal(2.5, common.median({ 4, 1, 3, 2 }))
