@@ -36,9 +36,9 @@ local function podman(extra)
 end
 
 local function opts(o)
-  o = H.opts(o)
+  o = o or {}
   o.sandbox = o.sandbox or podman()
-  return o
+  return H.opts(o)
 end
 
 -- The pids whose command line mentions text (the store's directory is in
@@ -314,7 +314,7 @@ s:run()
     rlm.Session.new(H.opts({ pool = pool, sandbox = podman({ image = IMAGE, pids_limit = 128 }) })):close()
     local ok, e = pcall(rlm.Session.new, H.opts({ pool = pool, sandbox = podman({ image = "other:1" }) }))
     assert.is_false(ok)
-    assert.matches("option 'sandbox' differs from the pool's", e, 1, true)
+    assert.matches("option 'sandbox.image' differs from the pool's", e, 1, true)
     local sessions = {}
     for i = 1, 3 do
       sessions[i] = rlm.Session.new(H.opts({ pool = pool, context = "context " .. i,

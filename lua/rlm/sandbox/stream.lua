@@ -296,8 +296,9 @@ function Handle:poll(ms, max_values, held)
       self.ended = "lost"
       local how = b ~= 0 and ("killed by signal " .. b) or ("exit status " .. tostring(a))
       local tail = (c or ""):gsub("%s+$", "")
-      return "lost", ("the stream to the sandbox ended (%s, with no word from rlm-keeper)%s")
-        :format(how, tail ~= "" and ": " .. tail:sub(-500) or ""), { status = a, signal = b, stderr = c }
+      return "lost", ("the stream to the sandbox ended (%s, with no word from rlm-keeper)%s%s")
+        :format(how, tail ~= "" and ": " .. tail:sub(-500) or "", self.exit_hint and self.exit_hint(tail) or ""),
+        { status = a, signal = b, stderr = c }
     else
       if not self.beating and (kind == "line" or kind == "query" or kind == "dense") then
         -- the driver's first line: the far side has started
