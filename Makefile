@@ -91,7 +91,7 @@ big.log: examples/demo.lua
 lint:
 	@dpkg-query -W -f='$${Status}\n' lua-check clang-format 2>/dev/null | grep -c 'install ok installed' | grep -q 2 || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lua-check clang-format
-	luacheck lua spec bench examples bin/rlm
+	luacheck lua spec bench examples bin/rlm k8s/sessions.lua
 	clang-format --dry-run --Werror csrc/*.c csrc/*.h fuzz/*.c
 
 # The benchmarks: each figure beside a floor measured in the same run;
@@ -267,6 +267,18 @@ $(IMAGE_TAR): $(IMAGE_INPUTS) $(IMAGE_KEEPER)
 $(BUILD)/rlm-seccomp.json: sandbox/image/seccomp.py
 	@mkdir -p $(dir $@)
 	python3 sandbox/image/seccomp.py /usr/share/containers/seccomp.json $@
+
+# make k8s-e2e: a real one-node Kubernetes cluster from Debian's packages
+# (kube-apiserver, the kubelet and kubectl built from Debian's kubernetes
+# source package with Debian's Go, cached in build/k8s; etcd, containerd,
+# runc and the CNI bridge), in network, mount and PID namespaces of its
+# own, running sessions of the image above in pods of docs/backends.md's
+# template beside the local backend: k8s/e2e says each step,
+# docs/backends.md what it needs and printed. As root. Not part of make
+# test or .ci/run: its first run builds Kubernetes (tens of minutes).
+.PHONY: k8s-e2e
+k8s-e2e: image-deps all $(IMAGE_TAR) $(BUILD)/rlm-seccomp.json
+	@k8s/e2e $(IMAGE_TAR) $(IMAGE_VERSION)
 
 clean:
 	rm -rf build build-asan lua/rlm/core.so

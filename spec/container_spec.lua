@@ -225,6 +225,14 @@ describe("the sandbox image under Podman", function()
     H.assert_clean()
   end)
 
+  -- Podman gives a container a PATH when its image has none; containerd,
+  -- and so the kubelet, does not: a pod's command "sleep" then fails with
+  -- exec: "sleep": executable file not found in $PATH (issue 42).
+  it_engine("sets PATH in the image's configuration, not only the engine's default", function()
+    local env = sh(engine.cmd({ "image", "inspect", "--format", "{{json .Config.Env}}", IMAGE }) .. " 2>&1")
+    assert.matches('"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"', env, 1, true)
+  end)
+
   it_engine("runs as uid 10001, not root", function()
     local out, rc = python("import os; print(os.getuid(), os.getgid())")
     assert.equals(0, rc, out)
