@@ -404,7 +404,9 @@ describe("rlm.llm.openai", function()
       local secs = socket.gettime() - t0
       assert.is_nil(answers[1].error or answers[2].error)
       assert.are.equal(4, #srv:requests())
-      assert.is_true(secs >= 0.95 and secs < 1.6, ("took %.2f s (one sleep after the other takes 2)"):format(secs))
+      -- One after the other they take 2 s and more; side by side 1 s, and 1.79 s
+      -- was seen on a loaded machine.
+      assert.is_true(secs >= 0.95 and secs < 1.95, ("took %.2f s (one sleep after the other takes 2)"):format(secs))
     end)
 
     it("is there only where calls can go side by side (a transport of LuaSocket, or gather)", function()
