@@ -149,6 +149,10 @@ def run_cases(port, fake, redis, make, tmpdir):
     while len(fake.asked()) < 4 and time.time() < deadline:
         time.sleep(0.05)
     before = fake.asked()
+    if r.status != 200 or worker <= 0 or not session:
+        report(False, "a journaled run killed mid-sub-call is resumed by another worker",
+               "the run did not start: %s %s" % (r.status, r.read()[:300]))
+        return
     sandbox = descendants(worker)
     n_workers = len(workers(make))
     os.kill(worker, signal.SIGKILL)
