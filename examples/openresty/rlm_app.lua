@@ -175,9 +175,8 @@ local function ask_durable(opts)
   end
   if not h then
     if err.kind == "lease_held" then
-      if err.expires then
-        ngx.header["Retry-After"] = math.max(1, err.expires - ngx.time())
-      end
+      -- when the holder's lease ends (a dead worker's lasts its ttl, 30 s)
+      ngx.header["Retry-After"] = err.expires and math.max(1, err.expires - ngx.time()) or 2
       return send(409, { error = err.kind, message = tostring(err.message or err), owner = err.owner, session = id })
     end
     return send(502, { error = err.kind, message = err.message, session = id })

@@ -278,7 +278,9 @@ local function session_opts(question, context, what)
   end
   local store = journal.store(option("journal"))
   if store then
-    opts.journal = store
+    -- the owner of its lease: this editor, named so that a second one's
+    -- refusal says who holds the run
+    opts.journal = { store = store, owner = ("nvim-%s-%d"):format(uv().os_gethostname(), vim.fn.getpid()) }
   end
   return opts, store
 end
@@ -375,7 +377,14 @@ function M.resume(id)
   local what = run.what or ("run " .. id)
   local opts = session_opts(run.question, run.context, what)
   return launch(function(o, cb)
-    return adapter.resume(id, o, cb)
+    local s, err = adapter.resume(id, o, cb)
+    if not s and type(err) == "table" and err.kind == "lease_held" then
+      -- the engine's message names the run and an epoch; this fits a line
+      local left = err.expires and (" for %d s more"):format(math.max(0, err.expires - os.time())) or ""
+      err = errors.new("lease_held", ("%s holds it%s; :RlmResume later"):format(tostring(err.owner), left),
+        { owner = err.owner })
+    end
+    return s, err
   end, opts, store, what, run.question or id, run.context)
 end
 

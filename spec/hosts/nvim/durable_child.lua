@@ -2,8 +2,8 @@
 -- as a user's init.lua does, its models the settings in the environment,
 -- then `:RlmAsk` about a buffer (RLM_CHILD_MODE=ask) or `:RlmResume`
 -- (resume). Writes to RLM_CHILD_OUT, a line each: "id <journal id>" once
--- the run started, then "answer <text>" or "error <the one line the
--- editor showed>", and quits.
+-- the run started, then "answer <text>", or "error <the line in
+-- rlm://answer>" and "notified <the line the editor showed>", and quits.
 -- luacheck: globals vim
 local root = assert(os.getenv("RLM_ROOT"), "RLM_ROOT")
 local build = os.getenv("RLM_BUILD") or (root .. "/build")
@@ -45,8 +45,10 @@ t:start(10, 10, vim.schedule_wrap(function()
   t:stop()
   if answer ~= nil then
     say("answer", answer)
-  else
-    say("error", notified)
+  else -- the line whole, as rlm://answer has it (the notified one may be cut to the message area)
+    local buf = vim.fn.bufnr("rlm://answer")
+    say("error", buf >= 0 and table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), "\n") or notified)
+    say("notified", notified)
   end
   out:close()
   vim.cmd("qall!")
