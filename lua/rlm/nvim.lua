@@ -358,9 +358,6 @@ function M.resume(id)
   if not adapter then
     error(why, 0)
   end
-  if not journal.available() then
-    error("rlm: :RlmResume: this rlm cannot resume a run yet (no rlm.Session.resume)", 0)
-  end
   local store, dir = journal.store(option("journal"))
   if not store then
     error("rlm: :RlmResume needs the journal (setup({ journal = false }) turned it off)", 0)

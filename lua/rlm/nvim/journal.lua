@@ -23,17 +23,11 @@ function M.state_dir()
   return xdg .. "/nvim"
 end
 
--- Whether this rlm resumes runs (rlm.Session.resume, issue 41): until it
--- does, the plugin runs without a journal, as it did before.
-function M.available()
-  return type(require("rlm").Session.resume) == "function"
-end
-
 -- The store for the plugin's journal option (true: the state directory's
 -- rlm-journal; a string: that directory), and its directory; nil for
 -- false. Raises one line when the directory cannot be used.
 function M.store(option)
-  if option == false or not M.available() then
+  if option == false then
     return nil
   end
   local dir = option == true and (M.state_dir() .. "/rlm-journal") or option

@@ -23,13 +23,6 @@ local TEST_TIMEOUT_MS = 200000
 local harness = dofile(root .. "/spec/hosts/nvim/harness.lua").new("nvim-durable", tmpdir)
 local report, fence, wait_for = harness.report, harness.fence, harness.wait_for
 
-if type(require("rlm").Session.resume) ~= "function" then
-  io.stdout:write("# skip: nvim-durable: this checkout has no rlm.Session.resume yet (issue 41's engine side)\n")
-  io.stdout:flush()
-  vim.cmd("qall!")
-  return
-end
-
 local state = tmpdir .. "/state"
 local sessions = tmpdir .. "/sessions"
 vim.fn.mkdir(state, "p")
@@ -217,8 +210,16 @@ cases[#cases + 1] = function(next_case)
             ("mode %s; %d sandbox processes, %d left; entries left: %s"):format(
               mode and ("%o"):format(mode.mode % 4096) or "none", #sandbox, #left,
               #entries > 0 and table.concat(entries, ", ") or "none"))
-          vim.fn.jobstop(server)
-          next_case()
+          -- Nothing left to resume: one line saying so.
+          local after_out = tmpdir .. "/resume-after.out"
+          local _, after_exited = child("resume", after_out)
+          wait_for(after_exited, 60000, function()
+            local line = read_lines(after_out).error or ""
+            report(line == "rlm: no run to resume in " .. journal_dir,
+              ":RlmResume with no run left says so in one line", line)
+            vim.fn.jobstop(server)
+            next_case()
+          end)
         end)
       end
       resume()
