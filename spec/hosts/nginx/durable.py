@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """examples/openresty's durable mode, started as a user starts it (`make
-openresty-example` with RLM_REDIS), its workers as `worker_processes auto`
-gives them, its journal in a redis-server of this test's own (a unix
+openresty-example` with RLM_REDIS), with 2 workers (RLM_OPENRESTY_WORKERS),
+its journal in a redis-server of this test's own (a unix
 socket in a directory the test made; never the system's service), its
 models the stand-in server (spec/helpers/fake_openai.py).
 
@@ -174,7 +174,8 @@ def run_cases(port, fake, redis, make, tmpdir):
     recorded = before[:3]  # the root call and the two sub-calls answered before the kill
     twice = [a for a in after if a in recorded]
     answer = got.get("answer") if isinstance(got, dict) else None
-    report(len(before) == 4 and status == 200 and answer == plain and resumed_by not in (0, worker),
+    report(len(before) == 4 and status == 200 and answer == plain and resumed_by not in (0, worker)
+           and n_workers == 2,
            "a worker killed (SIGKILL) while a sub-call is out: asked again with the session id, another worker "
            "resumes the run through Redis and answers the same",
            "%d workers; killed %d after %d requests, resumed by %d after %.1f s and %d asks: %s %r" % (
@@ -203,7 +204,7 @@ def main():
         make = Make(user_env({"RLM_OPENRESTY_PORT": str(port), "RLM_MODEL": "root-model",
                               "RLM_SUB_MODEL": "sub-model", "RLM_BASE_URL": "http://127.0.0.1:%d/v1" % fake.port,
                               "OPENAI_API_KEY": "sk-durable", "RLM_TMPDIR": tmpdir,
-                              "RLM_REDIS": "unix:" + redis.socket}))
+                              "RLM_REDIS": "unix:" + redis.socket, "RLM_OPENRESTY_WORKERS": "2"}))
         t0, up = time.time(), False
         while time.time() - t0 < START_TIMEOUT_S and make.proc.poll() is None and not up:
             try:
