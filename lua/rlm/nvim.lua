@@ -7,6 +7,8 @@
 --   :'<,'>RlmAsk {question}      about the selected lines
 --   :RlmAskFiles {question}      about the files of the argument list (:args *.log)
 --   :RlmCancel (or cancel_key)   ends the running session
+--   :RlmResume [id]              after a restart (or a crash), goes on with the
+--                                last run (or run id) from its journal
 --
 -- The session runs on the editor's loop (rlm.adapters.nvim), so the editor
 -- stays responsive; its progress shows in a small floating window (or in
@@ -32,6 +34,12 @@
 -- read_buffer(name), the text of another loaded buffer by its name (or the
 -- end of its path), bounded by max_context_bytes. buffer_tools = false
 -- leaves them out; tools of your own (setup{ tools = ... }) come beside them.
+--
+-- Each run keeps a journal (docs/durability.md) in stdpath("state")/
+-- rlm-journal (0700): journal = a directory puts it there, journal = false
+-- keeps none. A run the editor left unfinished (it quit, or was killed)
+-- goes on with :RlmResume, from where it was: no model or tool call whose
+-- answer was recorded is made again.
 -- luacheck: read globals vim
 local checks = require("rlm.base.checks")
 local errors = require("rlm.base.errors")
@@ -81,12 +89,16 @@ local PLUGIN_KEYS = {
     return v == false or type(v) == "string" and v ~= "", "a key (a non-empty string) or false"
   end },
   max_context_bytes = { checks.integer(1) }, buffer_tools = { checks.boolean },
+  journal = { function(v)
+    return type(v) == "boolean" or type(v) == "string" and v:sub(1, 1) == "/", "true, false or an absolute directory"
+  end },
 }
 M.defaults = {
   progress = "float", -- "float", "statusline" (see status()) or false
   cancel_key = "<C-c>", -- a normal-mode key mapped while a session runs; false: none
   max_context_bytes = 256 * 2 ^ 20, -- the most a list of files (or read_buffer) may add up to
   buffer_tools = true, -- list_buffers() and read_buffer(name) in the REPL
+  journal = true, -- true: stdpath("state")/rlm-journal; a directory; false: none
 }
 
 local function uv()
@@ -154,7 +166,7 @@ local function map_cancel()
 end
 
 local function finished()
-  M.session = nil
+  M.session, M.journal_id = nil, nil
   unmap_cancel()
   close_float()
   progress.text = ""
@@ -210,15 +222,12 @@ function M.notify_error(err)
   vim.notify(line, vim.log.levels.ERROR)
 end
 
--- Asks question about context (a string; default: the current buffer).
--- Returns the session; M.cancel() or session:close() ends it. The answer
--- lands in M.last_answer and rlm://answer, a failure in M.last_error.
-function M.ask(question, context, what)
-  -- An unbuilt core first: it is what the settings' message would hide.
-  local adapter, why = load_adapter()
-  if not adapter then
-    error(why, 0)
-  end
+local journal = require("rlm.nvim.journal")
+
+-- The session options of a question: setup()'s, the models, the context,
+-- the host tools, the progress line, and the journal's store (nil with
+-- journal = false).
+local function session_opts(question, context, what)
   local opts = {}
   for k, v in pairs(M.config) do
     if not PLUGIN_KEYS[k] then
@@ -232,9 +241,6 @@ function M.ask(question, context, what)
     opts.root_llm = opts.root_llm or client.root_llm
     opts.llm_query = opts.llm_query or client.llm_query
   end
-  if type(context) == "number" or context == nil then
-    context = table.concat(vim.api.nvim_buf_get_lines(context or 0, 0, -1, false), "\n")
-  end
   opts.context = context
   opts.query = question
   if option("buffer_tools") then
@@ -247,7 +253,6 @@ function M.ask(question, context, what)
     end
     opts.tools = tools
   end
-  what = what or "the buffer"
   local t0 = uv().hrtime()
   local step, subs, writing = 0, 0, ""
   local user_event = opts.on_event
@@ -271,21 +276,40 @@ function M.ask(question, context, what)
       (uv().hrtime() - t0) / 1e9, writing ~= "" and (": " .. writing) or "",
       key and (" (" .. key .. " cancels)") or ""))
   end
+  local store = journal.store(option("journal"))
+  if store then
+    -- the owner of its lease: this editor, named so that a second one's
+    -- refusal says who holds the run
+    opts.journal = { store = store, owner = ("nvim-%s-%d"):format(uv().os_gethostname(), vim.fn.getpid()) }
+  end
+  return opts, store
+end
+
+-- Starts a run with start(opts, cb) (the adapter's run, or its resume),
+-- the question's session replacing any still running; the answer lands in
+-- M.last_answer and rlm://answer, a failure in M.last_error. Returns the
+-- session.
+local function launch(start, opts, store, what, question, context)
+  local t0 = uv().hrtime()
   M.last_answer, M.last_error, M.cancelled = nil, nil, false
   if M.session then
     local old = M.session
     finished()
     old:close()
   end
-  local session
-  session = adapter.run(opts, function(err, result)
+  local session, id
+  local err
+  session, err = start(opts, function(e, result)
+    if store and id then
+      journal.forget(store, id) -- finished: the session deleted its entries
+    end
     if M.session ~= session then
       return -- cancelled, or superseded by a later question
     end
     finished()
-    if err then
-      M.last_error = err
-      M.notify_error(err)
+    if e then
+      M.last_error = e
+      M.notify_error(e)
       return
     end
     M.last_answer = result.answer
@@ -295,10 +319,70 @@ function M.ask(question, context, what)
       result.sub_calls, (uv().hrtime() - t0) / 1e9)
     show_answer(lines)
   end)
+  if not session then
+    error(err, 0)
+  end
+  if store then
+    id = session:journal_id()
+    M.journal_id = id
+    journal.remember(store, { id = id, question = question, what = what, context = context })
+  end
   M.session = session
   map_cancel()
   show_progress(("rlm: %s, starting"):format(what))
   return session
+end
+
+-- Asks question about context (a string; default: the current buffer).
+-- Returns the session; M.cancel() or session:close() ends it. The answer
+-- lands in M.last_answer and rlm://answer, a failure in M.last_error.
+function M.ask(question, context, what)
+  -- An unbuilt core first: it is what the settings' message would hide.
+  local adapter, why = load_adapter()
+  if not adapter then
+    error(why, 0)
+  end
+  if type(context) == "number" or context == nil then
+    context = table.concat(vim.api.nvim_buf_get_lines(context or 0, 0, -1, false), "\n")
+  end
+  what = what or "the buffer"
+  local opts, store = session_opts(question, context, what)
+  return launch(adapter.run, opts, store, what, question, context)
+end
+
+-- Goes on with run id (default: the last run the journal remembers) from
+-- its journal, as a question goes; raises one line when there is none, or
+-- when it cannot be resumed (another editor holds it: its owner named).
+function M.resume(id)
+  local adapter, why = load_adapter()
+  if not adapter then
+    error(why, 0)
+  end
+  local store, dir = journal.store(option("journal"))
+  if not store then
+    error("rlm: :RlmResume needs the journal (setup({ journal = false }) turned it off)", 0)
+  end
+  local run = journal.last(store)
+  if id == nil or id == "" then
+    if not run then
+      error("rlm: no run to resume in " .. dir, 0)
+    end
+    id = run.id
+  elseif not (run and run.id == id) then
+    run = { id = id }
+  end
+  local what = run.what or ("run " .. id)
+  local opts = session_opts(run.question, run.context, what)
+  return launch(function(o, cb)
+    local s, err = adapter.resume(id, o, cb)
+    if not s and type(err) == "table" and err.kind == "lease_held" then
+      -- the engine's message names the run and an epoch; this fits a line
+      local left = err.expires and (" for %d s more"):format(math.max(0, err.expires - os.time())) or ""
+      err = errors.new("lease_held", ("%s holds it%s; :RlmResume later"):format(tostring(err.owner), left),
+        { owner = err.owner })
+    end
+    return s, err
+  end, opts, store, what, run.question or id, run.context)
 end
 
 local function complain(f)
@@ -310,7 +394,8 @@ local function complain(f)
   end
 end
 
--- Defines :RlmAsk, :RlmAskFiles and :RlmCancel (setup() calls it).
+-- Defines :RlmAsk, :RlmAskFiles, :RlmCancel and :RlmResume (setup() calls
+-- it).
 function M.commands()
   vim.api.nvim_create_user_command("RlmAsk", complain(function(cmd)
     if cmd.range and cmd.range > 0 then
@@ -330,6 +415,9 @@ function M.commands()
   vim.api.nvim_create_user_command("RlmCancel", function()
     M.cancel()
   end, { desc = "Cancel the running RLM session" })
+  vim.api.nvim_create_user_command("RlmResume", complain(function(cmd)
+    M.resume(cmd.args)
+  end), { nargs = "?", desc = "Go on with the last RLM run (or run id) from its journal" })
 end
 
 -- setup(config): the plugin's options (above) and session options; defines
@@ -366,10 +454,11 @@ function M.setup(config)
   return M
 end
 
--- Leaving the editor ends a session still running.
+-- Leaving the editor ends a session still running; one with a journal is
+-- left to :RlmResume (closing it would delete its journal).
 vim.api.nvim_create_autocmd("VimLeavePre", {
   callback = function()
-    if M.session then
+    if M.session and not M.journal_id then
       local s = M.session
       finished()
       s:close()

@@ -42,6 +42,37 @@ function M.drive(session, cb)
   return async.drive(session, M.host(), cb)
 end
 
+-- opts with on_event deferred through vim.schedule (an editor context),
+-- or opts itself when it has none.
+local function deferred_events(opts, who)
+  if type(opts) ~= "table" or opts.on_event == nil then
+    return opts
+  end
+  local on_event = opts.on_event
+  if not util.is_callable(on_event) then
+    error(("%s: option 'on_event' must be a function (or a callable table), got %s")
+      :format(who, type(on_event)), 3)
+  end
+  local o = {}
+  for k, v in pairs(opts) do
+    o[k] = v
+  end
+  o.on_event = function(ev)
+    vim.schedule(function()
+      on_event(ev)
+    end)
+  end
+  return o
+end
+
+local function run_session(s, cb)
+  M.drive(s, function(err, result)
+    s:close()
+    cb(err, result)
+  end)
+  return s
+end
+
 -- A new session from opts, driven to its end and closed, then cb(err,
 -- result) in an editor context. Misuse raises at once, as in Session.new.
 -- Returns the session: session:close() cancels the run (cb gets a
@@ -50,29 +81,21 @@ function M.run(opts, cb)
   if type(cb) ~= "function" then
     error("rlm.adapters.nvim.run: argument 2 must be a function(err, result)", 2)
   end
-  local o = opts
-  if type(opts) == "table" and opts.on_event ~= nil then
-    local on_event = opts.on_event
-    if not util.is_callable(on_event) then
-      error(("rlm.Session.new: option 'on_event' must be a function (or a callable table), got %s")
-        :format(type(on_event)), 2)
-    end
-    o = {}
-    for k, v in pairs(opts) do
-      o[k] = v
-    end
-    o.on_event = function(ev)
-      vim.schedule(function()
-        on_event(ev)
-      end)
-    end
+  return run_session(rlm.Session.new(deferred_events(opts, "rlm.Session.new")), cb)
+end
+
+-- The run of journal id resumed (rlm.Session.resume, docs/durability.md)
+-- and driven as run() drives a new one: the session, or nil, err when it
+-- cannot be resumed (`lease_held` with err.owner while another holds it).
+function M.resume(id, opts, cb)
+  if type(cb) ~= "function" then
+    error("rlm.adapters.nvim.resume: argument 3 must be a function(err, result)", 2)
   end
-  local s = rlm.Session.new(o)
-  M.drive(s, function(err, result)
-    s:close()
-    cb(err, result)
-  end)
-  return s
+  local s, err = rlm.Session.resume(id, deferred_events(opts, "rlm.Session.resume"))
+  if not s then
+    return nil, err
+  end
+  return run_session(s, cb)
 end
 
 return M

@@ -5,6 +5,7 @@
 --   local h = resty.start(opts)                 -- the same, with a handle first:
 --   local result, err = h:wait()                --   h:cancel() from anywhere ends it
 --   resty.run(opts, function(err, result) end)  -- any phase with ngx.timer.at
+--   local h, err = resty.resume(id, opts)       -- a journaled run goes on
 --
 -- ngx_lua has no way to wait on a raw descriptor, so the session is pumped
 -- with s:poll() and a short wait between polls: ngx.semaphore's wait, which
@@ -228,9 +229,7 @@ local function warn_unread_body()
   end
 end
 
-function M.start(opts)
-  check_phase("start")
-  local s = rlm.Session.new(opts)
+local function handle(s)
   if ngx.get_phase() ~= "timer" then
     warn_unread_body()
     pcall(ngx.on_abort, function()
@@ -238,6 +237,24 @@ function M.start(opts)
     end)
   end
   return setmetatable({ session = s }, Handle)
+end
+
+function M.start(opts)
+  check_phase("start")
+  return handle(rlm.Session.new(opts))
+end
+
+-- resume(id, opts) -> handle | nil, err: start's handle over
+-- rlm.Session.resume (docs/durability.md): the run of journal id goes on
+-- in this request, in this worker or another; err as resume gives it
+-- (`lease_held` with err.owner while another owner holds it).
+function M.resume(id, opts)
+  check_phase("resume")
+  local s, err = rlm.Session.resume(id, opts)
+  if not s then
+    return nil, err
+  end
+  return handle(s)
 end
 
 -- A new session from opts, driven to its end and closed. Misuse raises at

@@ -175,7 +175,7 @@ cases[#cases + 1] = function(next_case)
   local key = vim.env.OPENAI_API_KEY
   vim.env.OPENAI_API_KEY = "sk-test"
   -- port 9 (discard) on loopback: nothing listens there
-  plugin.setup({ tmpdir = tmpdir, base_url = "http://127.0.0.1:9/v1", model = "m" })
+  plugin.setup({ sandbox = { tmpdir = tmpdir }, base_url = "http://127.0.0.1:9/v1", model = "m" })
   local before = #notified
   vim.cmd("RlmAsk is anyone there?")
   wait_for(function()
@@ -219,7 +219,7 @@ cases[#cases + 1] = function(next_case)
       wrong[#wrong + 1] = tostring(err)
     end
   end
-  local ok = pcall(plugin.setup, { tmpdir = tmpdir, max_iterations = 3, progress = "statusline" })
+  local ok = pcall(plugin.setup, { sandbox = { tmpdir = tmpdir }, max_iterations = 3, progress = "statusline" })
   report(#wrong == 0 and ok, "setup() raises at once on a misspelt option, with a \"did you mean\"",
     table.concat(wrong, " | "))
   next_case()
