@@ -103,6 +103,7 @@ build = {
     ["rlm.sandbox.bwrap"] = "lua/rlm/sandbox/bwrap.lua",
     ["rlm.sandbox.claim"] = "lua/rlm/sandbox/claim.lua",
     ["rlm.sandbox.container"] = "lua/rlm/sandbox/container.lua",
+    ["rlm.sandbox.container_engine"] = "lua/rlm/sandbox/container_engine.lua",
     ["rlm.sandbox.container_names"] = "lua/rlm/sandbox/container_names.lua",
     ["rlm.sandbox.exec"] = "lua/rlm/sandbox/exec.lua",
     ["rlm.sandbox.linger"] = "lua/rlm/sandbox/linger.lua",
