@@ -245,6 +245,7 @@ describe("the session's objects", function()
     Nested = { file = "rlm/engine/nested.lua" },
     Handle = { file = "rlm/engine/handle.lua" },
     Cache = { file = "rlm/engine/cache.lua" },
+    Journal = { file = "rlm/engine/journal.lua" },
   }
   -- The files whose `self` is not a Session, and the class it is (false:
   -- no class of the session's; their fields are their own business).
@@ -254,7 +255,7 @@ describe("the session's objects", function()
     ["rlm/engine/subcalls.lua"] = "Scheduler", ["rlm/engine/calls.lua"] = "Scheduler",
     ["rlm/engine/nested.lua"] = "Nested",
     ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
-    ["rlm/engine/cache.lua"] = "Cache",
+    ["rlm/engine/cache.lua"] = "Cache", ["rlm/engine/journal.lua"] = "Journal",
     ["rlm/engine/conversation.lua"] = "Conversation", ["rlm/engine/turn.lua"] = "Conversation",
     ["rlm/engine/exec.lua"] = "Conversation", ["rlm/engine/finals.lua"] = "Conversation",
     ["rlm/engine/answer.lua"] = "Conversation", ["rlm/engine/compact.lua"] = "Compactor",
@@ -270,7 +271,7 @@ describe("the session's objects", function()
   -- a collaborator's field from outside it.
   local HOLDERS = { tree = "Budgets", clock = "Clock", scheduler = "Scheduler", nested = "Nested",
     sandbox = "Handle", session = "Session", conversation = "Conversation", compactor = "Compactor",
-    engine = "Engine" }
+    engine = "Engine", journal = "Journal" }
 
   local function read(path)
     local f = assert(io.open("lua/" .. path, "rb"))
@@ -408,8 +409,8 @@ end)
 
 describe("rlm.Session", function()
   it("shows only what docs/api.md documents; the rest is private (_name) or a metamethod", function()
-    local DOCUMENTED = { "ask", "cancel", "close", "fd", "follow_up", "new", "poll", "reply", "run", "step",
-      "timeout" }
+    local DOCUMENTED = { "ask", "cancel", "close", "fd", "follow_up", "journal_id", "new", "poll", "reply",
+      "resume", "run", "step", "timeout" }
     local public = {}
     for k in pairs(require("rlm").Session) do
       if type(k) == "string" and not k:find("^_") then

@@ -13,6 +13,7 @@ local dispatch = require("rlm.drive.dispatch")
 local options = require("rlm.engine.options")
 local prompt = require("rlm.engine.prompt")
 local json = require("rlm.base.json")
+local journal = require("rlm.engine.journal")
 local session = require("rlm.engine.session")
 local Session, new_session = session.Session, session.new_session
 
@@ -50,22 +51,62 @@ local function trim_token()
   return token
 end
 
-function Session.new(opts)
-  local o = options.check(opts)
-  local s
+-- The context as it is sent: its text, its format and what the prompt
+-- says it is.
+local function context_of(o, where)
   if type(o.context) == "string" then
-    s = new_session(o, nil, o.context, "text", prompt.describe(o.context))
-  else
-    local ok, encoded = pcall(json.encode, o.context)
-    if not ok then
-      error("rlm.Session.new: option 'context' cannot be sent as JSON: " .. tostring(encoded), 2)
-    end
-    s = new_session(o, nil, encoded, "json", prompt.describe(o.context))
+    return o.context, "text", prompt.describe(o.context)
   end
+  local ok, encoded = pcall(json.encode, o.context)
+  if not ok then
+    error(where .. ": option 'context' cannot be sent as JSON: " .. tostring(encoded), 3)
+  end
+  return encoded, "json", prompt.describe(o.context)
+end
+
+local function made(s)
   if not TABLE_GC then
     s.trim_token = trim_token()
   end
   return s
+end
+
+function Session.new(opts)
+  local o = options.check(opts)
+  local data, format, description = context_of(o, "rlm.Session.new")
+  local s = new_session(o, nil, data, format, description)
+  if o.journal then
+    s.journal = journal.new(s, o.journal, journal.digest(o.query, format, data))
+  end
+  return made(s)
+end
+
+-- rlm.Session.resume(id, opts): the session recorded under id in
+-- opts.journal, to be driven on from where its run was (docs/durability.md);
+-- opts as for new, the same query and context. nil, err (lease_held,
+-- journal_error, context_mismatch) when it cannot be. Calls the store
+-- itself: where the caller may yield, the store may.
+function Session.resume(id, opts)
+  if type(id) ~= "string" then
+    error("rlm.Session.resume: id must be a string (session:journal_id()), not " .. type(id), 2)
+  end
+  local o = options.check(opts)
+  if not o.journal then
+    error("rlm.Session.resume: option 'journal' is required: the store the run was recorded in", 2)
+  end
+  local data, format, description = context_of(o, "rlm.Session.resume")
+  local state, err = journal.load(o.journal, id, journal.digest(o.query, format, data))
+  if not state then
+    return nil, err
+  end
+  local s = new_session(o, nil, data, format, description)
+  s.journal = journal.resumed(s, o.journal, state)
+  return made(s)
+end
+
+-- The session's id in its journal, or nil without option journal.
+function Session:journal_id()
+  return self.journal and self.journal.id
 end
 
 -- How much of an earlier answer the summary of a follow-up shows.
@@ -104,6 +145,9 @@ local function close(self, collected)
   self.scheduler:drop_all()
   sandbox:teardown()
   sandbox:sweep_pool()
+  if self.journal and not collected then
+    self.journal:discard() -- closed: its entries go (dropped unclosed, they wait for a resume)
+  end
   -- A loop that watches fd() lets go of it first, then closes it.
   if not dispatch.closing(self) then
     self.engine:close_waitset()

@@ -14,6 +14,12 @@ M.kinds = {
   protocol_error = true,
   callback_error = true,
   cancelled = true,
+  -- a session's journal (option journal, Session.resume: docs/durability.md)
+  journal_error = true,
+  lease_held = true,
+  lease_lost = true,
+  context_mismatch = true,
+  replay_diverged = true,
 }
 
 local Error = {}

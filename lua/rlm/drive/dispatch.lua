@@ -8,6 +8,7 @@ local cache = require("rlm.engine.cache")
 local claim = require("rlm.engine.claim")
 local core = require("rlm.core")
 local errors = require("rlm.base.errors")
+local journal = require("rlm.engine.journal")
 local opening = require("rlm.engine.opening")
 local tools = require("rlm.engine.tools")
 
@@ -163,6 +164,8 @@ function M.next(s, start, stop)
       tools.start(s, ev, start)
     elseif ev.type == "cache_get" or ev.type == "cache_set" then
       cache.start(s, ev, start)
+    elseif ev.type == "journal" then
+      journal.start(s, ev, start)
     elseif ev.type == "sandbox_claim" then
       claim.start(s, ev, start)
     elseif ev.type == "done" or ev.type == "error" or ev.type == stop then

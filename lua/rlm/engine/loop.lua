@@ -81,7 +81,12 @@ function Engine:wait(accept_replies)
   end
   while true do
     if accept_replies and scheduler.inbox[1] then
-      return "reply", scheduler:take_reply()
+      local r = scheduler:take_reply()
+      local j = s.root.journal
+      if j and not j:took(r) then
+        return "closed" -- the session ended with the journal's error
+      end
+      return "reply", r
     end
     local due = clock:soft_due()
     if due then

@@ -49,7 +49,8 @@ end
 -- holds the host's thread, and by then the sandbox is spawned (or its
 -- interpreter probed), so it boots meanwhile.
 function M.open(s)
-  local ok, err = s:_emit({ type = "session_start", query = s.opts.query })
+  local ok, err = s:_emit({ type = "session_start", query = s.opts.query,
+    journal_id = s.journal and s.journal.id })
   if not ok then
     return nil, err
   end

@@ -174,6 +174,7 @@ local schema = {
     summary = { summary_kind, "digest" },
   } },
   sub_call_cache = { require("rlm.engine.cache").check, false },
+  journal = { require("rlm.engine.journal").check },
   cost = { cost_rule, fields = {
     usd = { callable, required = true },
     max_usd = { non_negative_number },
@@ -338,6 +339,9 @@ function M.check(opts)
   -- false, or { store =, namespace = } (true is the built-in store, no namespace).
   out.sub_call_cache = cache and { store = type(cache) == "table" and cache.store or nil,
     namespace = type(cache) == "table" and cache.namespace or nil }
+  if out.journal ~= nil then
+    out.journal = require("rlm.engine.journal").read(out.journal)
+  end
   -- A context that cannot fit is refused here, not after a sandbox's start
   -- and a load that ends in memory_limit (a 2 GB one ran 29 s for that).
   local floor = out.max_rss_bytes > 0 and M.context_floor_bytes(out.context) or 0

@@ -35,6 +35,7 @@ local util = require("rlm.base.util")
 ---@field nested Nested its nested sessions (rlm.engine.nested)
 ---@field tree Budgets the budgets it shares with its nested sessions (rlm.engine.budgets)
 ---@field clock Clock its deadlines (rlm.engine.clock)
+---@field journal Journal|nil its journal (option journal; the root's only: rlm.engine.journal)
 -- Who it is
 ---@field opts table the checked options (rlm.engine.options)
 ---@field parent Session|nil the session whose code started it (rlm_query)
@@ -184,6 +185,10 @@ function Session:_emit(ev)
   local cb = self.opts.on_event
   if not cb then
     return true
+  end
+  local j = self.root.journal
+  if j and j.tape and j:replaying(self.root.conversation.iterations) then
+    return true -- a resume runs a recorded step again: its events were given once
   end
   ev.depth = ev.depth or self.depth
   ev.session = self.session_id

@@ -48,6 +48,19 @@ end
 function Scheduler:request(req)
   self.next_request_id = self.next_request_id + 1
   req.id = self.next_request_id
+  local j = self.session.root.journal
+  if j then
+    -- A resume's replay: answered from the journal, not asked again.
+    local r, err = j:answer(req)
+    if r then
+      req.t0 = r.at
+      self.inbox[#self.inbox + 1] = r
+      return req
+    elseif err then
+      self.session.root:_fail(err)
+      return req
+    end
+  end
   if req.type == "llm_query" and not self.tree:admit(self, req) then
     return req -- held until one in flight answers
   end
@@ -237,6 +250,10 @@ function Scheduler:reply(id, text, usage)
     return nil
   end
   self.pending[id] = nil
+  if req.type == "journal" then
+    req.done = true -- its outcome is in req.box (rlm.engine.journal's start)
+    return true
+  end
   local route = self.routes[id]
   if route then
     -- A child's request: the answer is the child's, unless it has ended.

@@ -284,6 +284,9 @@ function C:main()
   local s = self.session
   local ev = require("rlm.engine.fallback").after(self, self:run_turns())
   local r, e = ev.result, ev.err
+  if r and s.journal then
+    s.journal:finish() -- the run gave its answer: its entries go (a failure to is the store's ttl's)
+  end
   local tokens = s.tree.tokens
   local ok, err = s:_emit({ type = "run_end", ok = r ~= nil, answer = r and r.answer,
     error_kind = e and e.kind, error_message = e and e.message, iterations = self.iterations,
@@ -303,6 +306,13 @@ function C:run_turns()
   end
   if s.system_problem then
     return { type = "error", err = select(2, s:_error("callback_error", s.system_problem)) }
+  end
+  local journal = s.journal
+  if journal then
+    local ok, err = journal:begin() -- the lease and the head (rlm.engine.journal)
+    if not ok then
+      return { type = "error", err = err }
+    end
   end
   if not s.sandbox.started then
     local ok, err = require("rlm.engine.opening").open(s) -- the start, the first call out meanwhile
@@ -328,8 +338,18 @@ function C:run_turns()
       return { type = "done", result = result }
     end
     self.more_turns = nil
+    local before = #self.messages
     local entry, err = self:turn()
-    if not entry and err.resumable and not s.closed then
+    if entry and journal then
+      local ok
+      ok, err = journal:step_done(self, entry, before)
+      if not ok then
+        return { type = "error", err = err }
+      end
+    end
+    if entry and journal and journal:replaying(self.iterations) then -- luacheck: ignore 542
+      -- A step a resume runs again: the run goes on without a stop.
+    elseif not entry and err.resumable and not s.closed then
       -- Reported, not the end: polled again, the turn is asked again.
       s.scheduler:post({ type = "error", err = err })
       coroutine.yield(IDLE)

@@ -62,10 +62,15 @@ M.FIELDS = {
     -- so that a replay can tell it asks the same), text = | error = }
     calls = "table",
     final = "table?",
+    -- a SHA-256 of what the step's code printed (its output and error): a
+    -- replay that prints otherwise is told by it
+    digest = "string?",
   },
   call = {
     seq = "number", n = "number", k = "number", via = "string", call = "string",
     text = "string?", error = "string?",
+    -- the callback's usage, so that the tokens a resume counts are the run's
+    usage = "table?",
   },
 }
 

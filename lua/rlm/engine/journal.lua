@@ -1,0 +1,468 @@
+-- A session's journal, its collaborator when option journal is given
+-- (docs/durability.md): the root session's record of what a resume needs,
+-- written ahead. Every answer the tree receives (a root reply, an
+-- llm_query's, a tool's) is in the store before the engine hands it to the
+-- conversation or the driver (took, from rlm.engine.loop's wait); each
+-- step's end writes the step, the head and the lease's renewal (step_done).
+-- A store's methods may yield, so the engine never calls them: each write
+-- goes out of poll() as a `journal` request, run where the host runs
+-- callbacks (start, from rlm.drive.dispatch), and the engine waits for its
+-- reply before it goes on. A resumed session (load, then resumed) runs its
+-- conversation again from the first turn in a fresh sandbox, every call
+-- answered from the recorded ones (answer, from the scheduler's request)
+-- until the recorded answers are spent.
+local core = require("rlm.core")
+local errors = require("rlm.base.errors")
+local json = require("rlm.base.json")
+local journal = require("rlm.journal")
+local jstore = require("rlm.journal.store")
+local util = require("rlm.base.util")
+local IDLE = require("rlm.engine.loop").IDLE
+
+---@class Journal
+---@field session Session the root session it records
+---@field store table the host's store
+---@field owner string who holds the lease (option journal.owner, or made here)
+---@field lease_ttl integer the lease's seconds (option journal.lease_ttl)
+---@field lease table|nil the lease (rlm.journal.lease), from the run's start or the resume
+---@field id string the session's id in the journal
+---@field digest string a SHA-256 of the query and the context: a resume must give the same
+---@field seq integer the last write's sequence number
+---@field steps integer the steps recorded done
+---@field created number when the journal began (os.time)
+---@field calls table the answers of the step in flight, in the order taken
+---@field tape table|nil step n -> its recorded answers, for a resume's replay
+---@field tape_steps integer the steps a resume runs again, recorded done
+---@field digests table step n -> the SHA-256 of its output, as recorded
+---@field ended boolean|nil its entries are deleted (the run gave its answer, or close())
+local Journal = {}
+Journal.__index = Journal
+
+local M = {}
+
+-- The answers recorded, by the request's type, and their `via`.
+local VIA = { root_llm = "root", llm_query = "llm", tool_call = "tool" }
+
+local WANT = "a journal store (an object with get, set, delete and set_if methods: rlm.journal.file, "
+  .. "rlm.journal.redis), or a table { store = a journal store, owner = a string of 1 to 200 bytes, "
+  .. "lease_ttl = seconds 1 to 2^31 }"
+
+local function is_store(v)
+  return pcall(jstore.check, v)
+end
+
+-- The option's check (rlm.engine.options).
+function M.check(v)
+  if type(v) == "table" and getmetatable(v) == nil and rawget(v, "store") ~= nil then
+    for k in pairs(v) do
+      if k ~= "store" and k ~= "owner" and k ~= "lease_ttl" then
+        return false, WANT .. " (no field " .. tostring(k) .. ")"
+      end
+    end
+    if not is_store(v.store) then
+      return false, WANT, nil, "store", v.store
+    end
+    local owner = v.owner
+    if owner ~= nil and not (type(owner) == "string" and #owner >= 1 and #owner <= 200
+      and not owner:find("[%c]")) then
+      return false, "a string of 1 to 200 bytes without control characters", nil, "owner", owner
+    end
+    local ttl = v.lease_ttl
+    if ttl ~= nil and not (type(ttl) == "number" and ttl == math.floor(ttl) and ttl >= 1 and ttl <= 2 ^ 31) then
+      return false, "an integer 1 to 2^31 (seconds)", nil, "lease_ttl", ttl
+    end
+    return true
+  end
+  if not is_store(v) then
+    return false, WANT
+  end
+  return true
+end
+
+local function random_hex(bytes)
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local b = f:read(bytes)
+  f:close()
+  return (b:gsub(".", function(c)
+    return ("%02x"):format(c:byte())
+  end))
+end
+
+-- The option as the session keeps it: { store =, owner =, lease_ttl = }.
+-- An owner not given is this session's own: a resume, or another process,
+-- is another owner.
+function M.read(v)
+  if getmetatable(v) == nil and rawget(v, "store") ~= nil then
+    return { store = v.store, owner = v.owner, lease_ttl = v.lease_ttl or 30 }
+  end
+  return { store = v, lease_ttl = 30 }
+end
+
+-- What a resume must give again: a SHA-256 of the query, the context's
+-- format and the context as sent.
+function M.digest(query, format, data)
+  return core.sha256_hex(("%d:%s:%s:"):format(#(query or ""), query or "", format) .. data)
+end
+
+-- A run's error of the journal's kinds (lease_held, lease_lost,
+-- journal_error) from a store error.
+local function run_error(e)
+  if type(e) == "table" and errors.kinds[e.kind] then
+    return errors.new(e.kind, e.message, { owner = e.owner, fence = e.fence })
+  end
+  return errors.new("journal_error", tostring(e))
+end
+
+local function new(s, o, id, digest)
+  return setmetatable({ session = s, store = o.store, owner = o.owner or ("rlm-" .. random_hex(8)),
+    lease_ttl = o.lease_ttl, id = id, digest = digest, seq = 0, steps = 0, created = os.time(), calls = {},
+    tape_steps = 0, digests = {} }, Journal)
+end
+
+-- A new session's journal: its id now, its lease at the run's start.
+function M.new(s, o, digest)
+  return new(s, o, random_hex(16), digest)
+end
+
+-- What a resume reads, with the lease taken first (Session.resume calls
+-- the store itself: where its caller may yield, the store may). Returns
+-- the state for resumed, or nil, err (lease_held, journal_error,
+-- context_mismatch).
+function M.load(o, id, digest)
+  local owner = o.owner or ("rlm-" .. random_hex(8))
+  local lease, err = journal.lease(o.store, id, owner, { ttl = o.lease_ttl })
+  if not lease then
+    return nil, run_error(err)
+  end
+  local function fail(e)
+    lease:release()
+    return nil, e
+  end
+  local text
+  text, err = jstore.call(o.store, "get", journal.head_key(id))
+  if err then
+    return fail(run_error(err))
+  elseif text == nil then
+    lease:drop({}) -- no session: no lease of it left behind either
+    return nil, (errors.new("journal_error", ("no journal of session %s: expired, deleted (its run ended) or "
+      .. "never written"):format(id)))
+  end
+  local head
+  head, err = journal.decode("head", text)
+  if not head then
+    return fail(run_error(err))
+  end
+  if head.options ~= digest then
+    return fail(errors.new("context_mismatch", ("session %s was recorded with another query or context "
+      .. "(their SHA-256 differs): give the same ones to resume it"):format(id)))
+  end
+  local tape, digests, seq = {}, {}, head.seq
+  for n = 1, head.steps do
+    text, err = jstore.call(o.store, "get", journal.step_key(id, n))
+    local step = text and journal.decode("step", text)
+    if not step then
+      return fail(err and run_error(err) or errors.new("journal_error", ("session %s's step %d is missing or "
+        .. "unreadable"):format(id, n), { step = n }))
+    end
+    tape[n], digests[n], seq = step.calls, step.digest, math.max(seq, step.seq)
+  end
+  local n, flight = head.steps + 1, {}
+  while true do
+    text, err = jstore.call(o.store, "get", journal.call_key(id, n, #flight + 1))
+    if err then
+      return fail(run_error(err))
+    end
+    local call = text and journal.decode("call", text)
+    if not call then
+      break
+    end
+    flight[#flight + 1], seq = call, math.max(seq, call.seq)
+  end
+  tape[n] = flight
+  return { lease = lease, owner = owner, id = id, head = head, tape = tape, digests = digests, seq = seq }
+end
+
+-- A resumed session's journal, from load's state.
+function M.resumed(s, o, state)
+  local j = new(s, o, state.id, state.head.options)
+  j.owner, j.lease, j.seq = state.owner, state.lease, state.seq
+  j.steps, j.created, j.tape, j.tape_steps, j.digests = state.head.steps, state.head.created, state.tape,
+    state.head.steps, state.digests
+  return j
+end
+
+-- The store's calls, where the host runs callbacks ------------------------
+
+-- Runs fn (store calls, which may yield) out of poll() and waits for it:
+-- true, or nil, err when the session ended with the store's error (soft:
+-- the error is returned, the session goes on).
+function Journal:run(fn, soft)
+  local s = self.session
+  local req = { type = "journal", depth = 0 }
+  -- The request holds its outcome: a host's own loop calls run() and
+  -- replies, as for a cache_set.
+  req.run = function()
+    local ok, err = fn()
+    req.box = { ok, err }
+    return true
+  end
+  s.scheduler:request(req)
+  while not req.done do
+    if s.failed or s.closed then
+      return nil, s.failed
+    end
+    coroutine.yield(IDLE)
+  end
+  local box = req.box
+  if type(box) ~= "table" or not box[1] then
+    local err = run_error(type(box) == "table" and box[2] or box)
+    if soft then
+      return nil, err
+    end
+    return s:_fail(err)
+  end
+  return true
+end
+
+-- rlm.drive.dispatch: a journal request ev of session s, run the host's
+-- way (start: at once, or in a coroutine of its own under an adapter).
+function M.start(s, ev, start)
+  start(ev.run, nil, function(ok, why)
+    if not ok then
+      ev.box = { nil, why } -- it raised
+    end
+    s:reply(ev.id, "")
+  end)
+end
+
+function Journal:next_seq()
+  self.seq = self.seq + 1
+  return self.seq
+end
+
+function Journal:head_text()
+  local s = self.session
+  local tree, tokens = s.tree, s.tree.tokens
+  return journal.encode("head", { id = self.id, seq = self:next_seq(), steps = self.steps, created = self.created,
+    updated = os.time(), options = self.digest, counts = { iterations = s.conversation.iterations,
+      sub_calls = tree.sub_calls, tool_calls = tree.tool_calls, tokens = { input = tokens.input,
+        output = tokens.output, total = tokens.total } } })
+end
+
+-- The run's start: the lease, then the head (a resumed session holds its
+-- lease already).
+function Journal:begin()
+  if self.lease then
+    return true
+  end
+  local head = self:head_text()
+  return self:run(function()
+    local lease, err = journal.lease(self.store, self.id, self.owner, { ttl = self.lease_ttl })
+    if not lease then
+      return nil, err
+    end
+    self.lease = lease
+    return lease:write(journal.head_key(self.id), head)
+  end)
+end
+
+-- The step a call made or answered now belongs to: the root's turn in
+-- flight (the first, whose call goes out as the sandbox starts, before
+-- the turn counts itself).
+function Journal:step_now()
+  return math.max(self.session.conversation.iterations, 1)
+end
+
+-- What was asked, as a SHA-256: a replay tells by it that it asks the same.
+local function call_hash(req)
+  if req.type == "root_llm" then
+    local m = req.messages
+    local last = m[#m]
+    return core.sha256_hex(("root:%d:%s:"):format(#m, last and last.role or "") .. (last and last.content or ""))
+  elseif req.type == "tool_call" then
+    local keys, kw = {}, req.kwargs or {}
+    for k in pairs(kw) do
+      keys[#keys + 1] = k
+    end
+    table.sort(keys)
+    local named = {}
+    for i, k in ipairs(keys) do
+      named[i] = { k, kw[k] }
+    end
+    local ok, text = pcall(json.encode, { req.positional or {}, named })
+    return core.sha256_hex("tool:" .. req.name .. ":" .. (ok and text or "?"))
+  end
+  return core.sha256_hex(("llm:%d:%s:"):format(#(req.model or ""), req.model or "") .. req.prompt)
+end
+
+-- An answer the engine takes (reply r, of a session of the tree): in the
+-- store before anyone reads it. true, or nil, err (the session ended).
+function Journal:took(r)
+  local req = r.request
+  local via = VIA[req.type]
+  if not via or self.ended or not self.lease then
+    return true
+  end
+  local rec = { k = #self.calls + 1, via = via, call = req.journal_call or call_hash(req) }
+  if r.failed then
+    rec.error = tostring(r.message)
+  elseif via == "tool" then
+    local ok, text = pcall(json.encode, { r.text })
+    if ok then
+      rec.text = text
+    else
+      rec.error = "the tool's value could not be recorded: " .. tostring(text)
+    end
+  elseif type(r.text) == "string" then
+    rec.text = r.text
+  else
+    rec.error = "returned " .. type(r.text)
+  end
+  rec.usage = type(r.usage) == "table" and r.usage or nil
+  self.calls[#self.calls + 1] = rec
+  if r.replayed then
+    return true -- recorded already
+  end
+  local n = self:step_now()
+  local entry = { seq = self:next_seq(), n = n, k = rec.k, via = via, call = rec.call, text = rec.text,
+    error = rec.error, usage = rec.usage }
+  local ok, text = pcall(journal.encode, "call", entry)
+  if not ok then
+    return self.session:_fail(errors.new("journal_error", tostring(text)))
+  end
+  return self:run(function()
+    return self.lease:write(journal.call_key(self.id, n, rec.k), text)
+  end)
+end
+
+-- Whether step n is one a resume runs again (its events are not given
+-- again, and step() does not stop at its end).
+function Journal:replaying(n)
+  return n >= 1 and n <= self.tape_steps
+end
+
+-- A request of a session of the tree, s, answered from the tape: the
+-- reply, or nil (it goes out), or nil, err (a replayed step asked what
+-- its record does not hold: the run ends, naming the step).
+function Journal:answer(req)
+  local via = VIA[req.type]
+  if not via or self.ended then
+    return nil
+  end
+  local hash = call_hash(req)
+  req.journal_call = hash -- what was asked, before the conversation grows
+  local tape = self.tape
+  if not tape then
+    return nil
+  end
+  local n = self:step_now()
+  local calls = tape[n]
+  for i, rec in ipairs(calls or {}) do
+    if rec and rec.via == via and rec.call == hash then
+      calls[i] = false -- used
+      local r = { request = req, text = rec.text, usage = rec.usage, replayed = true, at = core.now_ms() }
+      if rec.error then
+        r.failed, r.message, r.text = true, rec.error, nil
+      elseif via == "tool" then
+        local ok, v = pcall(json.decode, rec.text)
+        r.text = ok and type(v) == "table" and v[1] or nil
+      end
+      return r
+    end
+  end
+  if self:replaying(n) then
+    return nil, errors.new("replay_diverged", ("the resume's replay of step %d asked a %s call that step's "
+      .. "record does not hold: the code did not run as it did"):format(n, via), { step = n })
+  end
+  return nil
+end
+
+-- Step n (the conversation's turn just done, entry its history entry)
+-- ends: recorded, or (replayed) checked against its record. before: the
+-- conversation's length before it. true, or nil, err.
+function Journal:step_done(conversation, entry, before)
+  local n = conversation.iterations
+  local digest = core.sha256_hex((entry.stdout or "") .. "\0" .. tostring(entry.error or ""))
+  local calls = self.calls
+  self.calls = {}
+  if self:replaying(n) then
+    if self.digests[n] and self.digests[n] ~= digest then
+      return self.session:_error("replay_diverged", ("the resume's replay of step %d printed another output "
+        .. "than the recorded run did (their SHA-256 differ)"):format(n), { step = n })
+    end
+    if n == self.tape_steps then
+      self.tape[n] = nil
+    end
+    return true
+  end
+  if self.tape then
+    self.tape = nil -- the answers recorded are spent: the run goes on live
+  end
+  if self.ended or not self.lease then
+    return true
+  end
+  local added, messages = {}, conversation.messages
+  for i = math.min(before, #messages) + 1, #messages do
+    added[#added + 1] = { role = messages[i].role, content = messages[i].content }
+  end
+  self.steps = n
+  local step = journal.encode("step", { seq = self:next_seq(), n = n, messages = added, calls = calls,
+    digest = digest, final = entry.final and { answer = entry.final.answer, kind = entry.final.kind } or nil })
+  local head = self:head_text()
+  return self:run(function()
+    local lease = self.lease
+    local ok, err = lease:write(journal.step_key(self.id, n), step)
+    if ok then
+      ok, err = lease:write(journal.head_key(self.id), head)
+    end
+    for k = 1, #calls do
+      if ok then
+        ok, err = lease:delete(journal.call_key(self.id, n, k))
+      end
+    end
+    if ok then
+      ok, err = lease:renew()
+    end
+    return ok, err
+  end)
+end
+
+-- Every entry of the session's, the lease's last.
+function Journal:keys()
+  local keys = { journal.head_key(self.id) }
+  for n = 1, self.steps do
+    keys[#keys + 1] = journal.step_key(self.id, n)
+  end
+  local n = self.steps + 1
+  for k = 1, math.max(#self.calls, self.tape and self.tape[n] and #self.tape[n] or 0) do
+    keys[#keys + 1] = journal.call_key(self.id, n, k)
+  end
+  return keys
+end
+
+-- The run gave its answer: the entries go (from the engine).
+function Journal:finish()
+  if self.ended or not self.lease then
+    return true
+  end
+  self.ended = true
+  local keys = self:keys()
+  return self:run(function()
+    return self.lease:drop(keys)
+  end, true)
+end
+
+-- close(): the entries go, now (close() runs where the host called it,
+-- which may yield if the store does). Not from a finalizer: a session
+-- dropped unclosed leaves its journal for a resume.
+function Journal:discard()
+  if self.ended or not self.lease then
+    return
+  end
+  self.ended = true
+  util.call_protected(function()
+    self.lease:drop(self:keys())
+  end)
+end
+
+return M

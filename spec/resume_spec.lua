@@ -1,0 +1,362 @@
+-- A session's journal and Session.resume (docs/durability.md): a run
+-- abandoned mid-step (its callbacks never answered, its Lua objects
+-- dropped, its sandbox gone) goes on in a new session from the journal,
+-- in a fresh sandbox, with nothing that was recorded asked twice.
+local H = require("helpers")
+local rlm = require("rlm")
+local core = require("rlm.core")
+local journal = require("rlm.journal")
+
+local seq = 0
+local function fresh_dir()
+  seq = seq + 1
+  return ("%s/journal-%d-%d"):format(H.tmpdir, H.pid(), seq)
+end
+
+local function entries(dir)
+  local names = {}
+  local p = assert(io.popen("ls -A " .. dir .. " 2>/dev/null"))
+  for name in p:read("*a"):gmatch("[^\n]+") do
+    if name ~= ".lock" then
+      names[#names + 1] = name
+    end
+  end
+  p:close()
+  table.sort(names)
+  return names
+end
+
+local function remove_dir(dir)
+  for _, name in ipairs(entries(dir)) do
+    os.remove(dir .. "/" .. name)
+  end
+  os.remove(dir .. "/.lock")
+  os.remove(dir)
+end
+
+-- Waits until a lease of ttl seconds taken now has run out.
+local function past_lease(ttl)
+  local until_s = os.time() + ttl + 1
+  while os.time() < until_s do
+    os.execute("sleep 0.1")
+  end
+end
+
+-- A four-turn run: sub-calls, a tool with a side effect, a batch, then the
+-- answer made of all of them. The model, the sub-model and the tool count
+-- their calls by what was asked; `stop_at` (a prompt) is where the first
+-- host goes away: its llm_query yields, and nobody resumes it.
+local TURNS = {
+  H.fence("a = llm_query('q1')\nprint('one', a)"),
+  H.fence("t = bump('x')\nb = llm_query('q2')\nprint('two', t, b)"),
+  H.fence("c = llm_query_batched(['q3', 'q4'])\nd = llm_query('q5')\nprint('three', c, d)"),
+  H.fence("FINAL(' '.join([a, str(t), b, c[0], c[1], d]))"),
+}
+local ANSWER = "sub:q1 1 sub:q2 sub:q3 sub:q4 sub:q5"
+
+local function counters()
+  local c = { root = {}, sub = {}, tool = 0 }
+  c.count = function(t, k)
+    t[k] = (t[k] or 0) + 1
+  end
+  return c
+end
+
+local function opts_for(c, store, stop_at, extra, turns)
+  turns = turns or TURNS
+  local o = H.opts({
+    context = "the same context",
+    query = "join the answers",
+    root_llm = function(messages)
+      local turn = 0
+      for _, m in ipairs(messages) do
+        turn = turn + (m.role == "assistant" and 1 or 0)
+      end
+      c.count(c.root, turn + 1)
+      return turns[turn + 1]
+    end,
+    llm_query = function(p)
+      c.count(c.sub, p)
+      if p == stop_at then
+        coroutine.yield("gone") -- the host goes away here
+      end
+      return "sub:" .. p
+    end,
+    tools = { bump = function()
+      c.tool = c.tool + 1
+      return c.tool
+    end },
+    journal = store,
+  })
+  for k, v in pairs(extra or {}) do
+    o[k] = v
+  end
+  return o
+end
+
+-- Runs a new session in a coroutine until its llm_query for stop_at
+-- yields; then its sandbox is killed and the session dropped unclosed.
+-- Returns the session's journal id.
+local function abandon(c, store, stop_at, turns)
+  local id
+  local co = coroutine.create(function()
+    local s = rlm.Session.new(opts_for(c, store, stop_at, nil, turns))
+    id = s:journal_id()
+    s:run()
+  end)
+  local ok, what = coroutine.resume(co)
+  assert(ok, what)
+  assert.are.equal("gone", what)
+  co = nil -- luacheck: ignore 311
+  collectgarbage()
+  collectgarbage()
+  return id
+end
+
+describe("a session's journal", function()
+  it("has an id, which session_start carries, and deletes its entries when the run ends", function()
+    local dir = fresh_dir()
+    local store = assert(journal.file(dir))
+    local c, seen = counters(), nil
+    local s = rlm.Session.new(opts_for(c, store, nil, { on_event = function(ev)
+      if ev.type == "session_start" then
+        seen = ev.journal_id
+      end
+    end }))
+    local id = s:journal_id()
+    assert.is_truthy(id:match("^%x+$") and #id == 32)
+    local r = assert(s:run())
+    assert.are.equal(ANSWER, r.answer)
+    assert.are.equal(id, seen)
+    assert.are.same({}, entries(dir))
+    s:close()
+    assert.is_nil(rlm.Session.new(H.opts()):journal_id())
+    remove_dir(dir)
+  end)
+
+  it("is deleted by close() of a session that has not ended", function()
+    local dir = fresh_dir()
+    local store = assert(journal.file(dir))
+    local c = counters()
+    local s = rlm.Session.new(opts_for(c, store))
+    assert(s:step())
+    assert.is_true(#entries(dir) >= 3) -- lease, head, step 1
+    s:close()
+    assert.are.same({}, entries(dir))
+    remove_dir(dir)
+  end)
+end)
+
+describe("rlm.Session.resume", function()
+  local dir, store
+  before_each(function()
+    dir = fresh_dir()
+    store = assert(journal.file(dir))
+  end)
+  after_each(function()
+    remove_dir(dir)
+    H.assert_clean()
+  end)
+
+  it("goes on from a run abandoned mid-step: the same answer, nothing recorded asked twice", function()
+    local c = counters()
+    local id = abandon(c, { store = store, lease_ttl = 1 }, "q5")
+    -- Asked so far: turns 1 to 3, q1 to q5 (q5 never answered), one tool call.
+    assert.are.same({ 1, 1, 1 }, c.root)
+    assert.are.equal(1, c.tool)
+    past_lease(1)
+    local t0 = core.now_ms()
+    local s = assert(rlm.Session.resume(id, opts_for(c, { store = store })))
+    local r = assert(s:run())
+    local ms = core.now_ms() - t0
+    assert.are.equal(ANSWER, r.answer)
+    -- Every recorded answer came from the journal: each root turn once,
+    -- each sub-call once but q5 (asked again: its answer never came), and
+    -- the tool's side effect once.
+    assert.are.same({ 1, 1, 1, 1 }, c.root)
+    assert.are.same({ q1 = 1, q2 = 1, q3 = 1, q4 = 1, q5 = 2 }, c.sub)
+    assert.are.equal(1, c.tool)
+    assert.are.equal(4, r.iterations)
+    assert.are.equal(5, r.sub_calls)
+    assert.are.same({}, entries(dir))
+    s:close()
+    print(("\n  resume by replay of 2 steps and 4 answers of the third, to the answer: %.0f ms"):format(ms))
+  end)
+
+  -- A step whose code does not do the same twice (the time): its replay
+  -- differs from the record, and the resume ends naming it.
+  local function with_turn(i, code)
+    local turns = {}
+    for k, v in ipairs(TURNS) do
+      turns[k] = v
+    end
+    turns[i] = H.fence(code)
+    return turns
+  end
+
+  it("names the step whose replay printed otherwise than the record", function()
+    local c = counters()
+    local turns = with_turn(2, "import time\nt = bump('x')\nb = llm_query('q2')\nprint('two', t, b, time.time_ns())")
+    local id = abandon(c, { store = store, lease_ttl = 1 }, "q5", turns)
+    past_lease(1)
+    local s = assert(rlm.Session.resume(id, opts_for(c, { store = store }, nil, nil, turns)))
+    local r, err = s:run()
+    assert.is_nil(r)
+    assert.are.equal("replay_diverged", err.kind)
+    assert.are.equal(2, err.step)
+    assert.matches("step 2", err.message)
+    assert.are.same({ 1, 1, 1 }, c.root) -- nothing asked of the model again
+    s:close()
+  end)
+
+  it("names the step whose replay asked a call its record does not hold", function()
+    local c = counters()
+    local turns = with_turn(1, "import time\na = llm_query('q1-%d' % time.time_ns())[:6]\nprint('one', a)")
+    local id = abandon(c, { store = store, lease_ttl = 1 }, "q5", turns)
+    past_lease(1)
+    local asked = 0
+    for _ in pairs(c.sub) do
+      asked = asked + 1
+    end
+    local s = assert(rlm.Session.resume(id, opts_for(c, { store = store }, nil, nil, turns)))
+    local r, err = s:run()
+    assert.is_nil(r)
+    assert.are.equal("replay_diverged", err.kind)
+    assert.are.equal(1, err.step)
+    local now = 0
+    for _ in pairs(c.sub) do
+      now = now + 1
+    end
+    assert.are.equal(asked, now) -- the new prompt was not asked: a replay calls no model
+    s:close()
+  end)
+
+  it("refuses a second resumer while the first holds the lease, naming it", function()
+    local c = counters()
+    local id = abandon(c, { store = store, lease_ttl = 1 }, "q5")
+    past_lease(1)
+    local first = assert(rlm.Session.resume(id, opts_for(c, { store = store, owner = "worker-a" })))
+    local second, err = rlm.Session.resume(id, opts_for(c, { store = store, owner = "worker-b" }))
+    assert.is_nil(second)
+    assert.are.equal("lease_held", err.kind)
+    assert.are.equal("worker-a", err.owner)
+    assert(first:run())
+    first:close()
+  end)
+
+  it("refuses a stale owner's write once another took the lease over", function()
+    local c = counters()
+    local s = rlm.Session.new(opts_for(c, { store = store, lease_ttl = 1 }))
+    assert(s:step())
+    past_lease(1)
+    local taker = assert(rlm.Session.resume(s:journal_id(), opts_for(c, { store = store })))
+    local entry, err = s:step()
+    assert.is_nil(entry)
+    assert.are.equal("lease_lost", err.kind)
+    s:close() -- the stale owner's close deletes nothing of the new owner's
+    assert.is_true(#entries(dir) >= 3)
+    local r = assert(taker:run())
+    assert.are.equal(ANSWER, r.answer)
+    taker:close()
+    assert.are.same({}, entries(dir))
+  end)
+
+  it("refuses another context, and a journal that is not there", function()
+    local c = counters()
+    local id = abandon(c, { store = store, lease_ttl = 1 }, "q5")
+    past_lease(1)
+    local o = opts_for(c, { store = store })
+    o.context = "another context"
+    local s, err = rlm.Session.resume(id, o)
+    assert.is_nil(s)
+    assert.are.equal("context_mismatch", err.kind)
+    s, err = rlm.Session.resume("0123456789abcdef", opts_for(c, { store = store }))
+    assert.is_nil(s)
+    assert.are.equal("journal_error", err.kind)
+    s = assert(rlm.Session.resume(id, opts_for(c, { store = store })))
+    s:close()
+    assert.are.same({}, entries(dir))
+  end)
+
+  it("times a replay of N steps", function()
+    -- N turns of a sub-call each, then the answer; abandoned at the last
+    -- sub-call, resumed: the replay runs N - 1 steps again.
+    local n = 10
+    local turns = {}
+    for i = 1, n do
+      turns[i] = H.fence(("v%d = llm_query('p%d')\nprint(v%d)"):format(i, i, i))
+    end
+    turns[n + 1] = H.fence("FINAL(v1 + v" .. n .. ")")
+    local asked = 0
+    local function o(stop)
+      return H.opts({ context = "c", query = "q", journal = { store = store, lease_ttl = 1 },
+        root_llm = function(messages)
+          local k = 0
+          for _, m in ipairs(messages) do
+            k = k + (m.role == "assistant" and 1 or 0)
+          end
+          return turns[k + 1]
+        end,
+        llm_query = function(p)
+          asked = asked + 1
+          if p == stop then
+            coroutine.yield("gone")
+          end
+          return p
+        end })
+    end
+    local id
+    local co = coroutine.create(function()
+      local s = rlm.Session.new(o("p" .. n))
+      id = s:journal_id()
+      s:run()
+    end)
+    assert(coroutine.resume(co))
+    co = nil -- luacheck: ignore 311
+    collectgarbage()
+    collectgarbage()
+    past_lease(1)
+    asked = 0
+    local t0 = core.now_ms()
+    local s = assert(rlm.Session.resume(id, o(nil)))
+    local r = assert(s:run())
+    local ms = core.now_ms() - t0
+    assert.are.equal("p1p" .. n, r.answer)
+    assert.are.equal(1, asked) -- only the call whose answer never came
+    s:close()
+    -- The floor, in the same run: the whole run again, without a journal.
+    local plain = o(nil)
+    plain.journal = nil
+    t0 = core.now_ms()
+    assert.are.equal("p1p" .. n, assert(H.run(plain)).answer)
+    local floor = core.now_ms() - t0
+    print(("\n  resume by replay of %d steps, to the answer: %.0f ms; the same run of %d steps without a "
+      .. "journal: %.0f ms"):format(n - 1, ms, n + 1, floor))
+  end)
+end)
+
+H.describe_luv("rlm.Session.resume under rlm.adapters.luv", function()
+  local L = require("helpers.luv")
+  it("goes on from an abandoned run, driven by the loop, each store call a callback", function()
+    local dir = fresh_dir()
+    local store = assert(journal.file(dir))
+    local c = counters()
+    local id = abandon(c, { store = store, lease_ttl = 1 }, "q5")
+    past_lease(1)
+    local s = assert(rlm.Session.resume(id, opts_for(c, { store = store })))
+    local out
+    require("rlm.adapters.luv").drive(s, function(err, result)
+      out = { err = err, result = result }
+    end)
+    L.run_until(function()
+      return out ~= nil
+    end)
+    assert.is_nil(out.err)
+    assert.are.equal(ANSWER, out.result.answer)
+    assert.are.same({ q1 = 1, q2 = 1, q3 = 1, q4 = 1, q5 = 2 }, c.sub)
+    assert.are.equal(1, c.tool)
+    assert.are.same({}, entries(dir))
+    s:close()
+    remove_dir(dir)
+  end)
+end)
