@@ -73,6 +73,9 @@ local function opts_for(c, store, stop_at, extra, turns)
         turn = turn + (m.role == "assistant" and 1 or 0)
       end
       c.count(c.root, turn + 1)
+      if stop_at == "root:" .. (turn + 1) then
+        coroutine.yield("gone")
+      end
       return turns[turn + 1]
     end,
     llm_query = function(p)
@@ -84,6 +87,9 @@ local function opts_for(c, store, stop_at, extra, turns)
     end,
     tools = { bump = function()
       c.tool = c.tool + 1
+      if stop_at == "tool" then
+        coroutine.yield("gone") -- its side effect happened; its answer never came
+      end
       return c.tool
     end },
     journal = store,
@@ -192,6 +198,37 @@ describe("rlm.Session.resume", function()
     end
     turns[i] = H.fence(code)
     return turns
+  end
+
+  -- Where the first host went away (one row a case): the calls asked
+  -- before, as the counters read after the resume. Each recorded answer
+  -- is asked once; the call in flight at the kill, twice (its answer never
+  -- came); the tool's side effect, in flight, happens again (its value was
+  -- never recorded).
+  local KILLS = {
+    { "in step 1's first sub-call", "q1", { 1, 1, 1, 1 }, { q1 = 2, q2 = 1, q3 = 1, q4 = 1, q5 = 1 }, 1 },
+    { "in step 2's tool call", "tool", { 1, 1, 1, 1 }, { q1 = 1, q2 = 1, q3 = 1, q4 = 1, q5 = 1 }, 2 },
+    -- run() calls a batch's callbacks one after the other, then the engine
+    -- takes their answers: q3's was given to reply() but the engine never
+    -- took it, so it was not recorded, and is asked again.
+    { "in step 3's batch, its second", "q4", { 1, 1, 1, 1 }, { q1 = 1, q2 = 1, q3 = 2, q4 = 2, q5 = 1 }, 1 },
+    { "in step 3's root call", "root:3", { 1, 1, 2, 1 }, { q1 = 1, q2 = 1, q3 = 1, q4 = 1, q5 = 1 }, 1 },
+    { "in the last step's root call", "root:4", { 1, 1, 1, 2 }, { q1 = 1, q2 = 1, q3 = 1, q4 = 1, q5 = 1 }, 1 },
+  }
+  for _, case in ipairs(KILLS) do
+    it("asks nothing twice that was recorded, killed " .. case[1], function()
+      local c = counters()
+      local id = abandon(c, { store = store, lease_ttl = 1 }, case[2])
+      past_lease(1)
+      local s = assert(rlm.Session.resume(id, opts_for(c, { store = store })))
+      local r = assert(s:run())
+      s:close()
+      assert.are.equal(ANSWER:gsub(" 1 ", " " .. case[5] .. " "), r.answer)
+      assert.are.same(case[3], c.root)
+      assert.are.same(case[4], c.sub)
+      assert.are.equal(case[5], c.tool)
+      assert.are.same({}, entries(dir))
+    end)
   end
 
   it("names the step whose replay printed otherwise than the record", function()
