@@ -10,6 +10,7 @@ local H = require("helpers")
 local F = require("helpers.fake_openai")
 local socket = require("socket")
 local util = require("rlm.base.util")
+local cjson = require("cjson")
 
 local root = debug.getinfo(1, "S").source:sub(2):match("^(.*)/spec/[^/]*$") or "."
 local BIN = root .. "/bin/rlm"
@@ -310,6 +311,17 @@ end
 
 local figures = {}
 
+-- When h's sandbox was ready (its --log's sandbox_ready, wall-clock
+-- seconds), or nil.
+local function sandbox_ready(h)
+  for line in slurp(h.log):gmatch("[^\n]+") do
+    local ok, ev = pcall(cjson.decode, line)
+    if ok and type(ev) == "table" and ev.type == "sandbox_ready" then
+      return ev.ts
+    end
+  end
+end
+
 describe("bin/rlm --journal and --resume", function()
   local context_file, expected
 
@@ -329,7 +341,8 @@ describe("bin/rlm --journal and --resume", function()
       os.execute("rm -rf " .. q(scratch))
     end
     if #figures > 0 then
-      io.stderr:write("\ncli_resume_spec (" .. LUA .. "): resume's start to its first request\n")
+      io.stderr:write("\ncli_resume_spec (" .. LUA .. "): from the resume's start, its sandbox ready, "
+        .. "then its first request (after the replay)\n")
       for _, line in ipairs(figures) do
         io.stderr:write("  ", line, "\n")
       end
@@ -504,8 +517,8 @@ describe("bin/rlm --journal and --resume", function()
           assert.is_string(key, "a request no rule answered")
           assert.is_nil(answered_before[key], ("%s was asked again after the kill %s"):format(key, point[1]))
         end
-        figures[#figures + 1] = ("K%-4s %-72s %.2f s"):format(i .. (#point.kills > 1 and "." .. n or ""),
-          point[1]:sub(1, 72), after[#h.before + 1].t - h.started)
+        figures[#figures + 1] = ("K%-4s %-72s %5.2f s %5.2f s"):format(i .. (#point.kills > 1 and "." .. n or ""),
+          point[1]:sub(1, 72), (sandbox_ready(h) or 0 / 0) - h.started, after[#h.before + 1].t - h.started)
       end
       local h = start(args)
       for n, cond in ipairs(point.kills) do
