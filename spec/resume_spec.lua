@@ -396,4 +396,47 @@ H.describe_luv("rlm.Session.resume under rlm.adapters.luv", function()
     s:close()
     remove_dir(dir)
   end)
+
+  -- A store whose every call waits on the loop (a timer) first, as a
+  -- network client's does: each write goes out of poll() as a request,
+  -- runs in a coroutine of the adapter's, and the engine waits for it.
+  local util = require("rlm.base.util")
+  local it_yields = util.PCALL_YIELDS and it or function(name)
+    pending(name .. ": PUC Lua 5.1's pcall cannot be yielded across, so a store's call runs in a coroutine of "
+      .. "rlm's, which a wait that resumes the coroutine that yielded does not reach")
+  end
+  it_yields("resumes through a store whose calls yield to the loop", function()
+    local dir = fresh_dir()
+    local file = assert(journal.file(dir))
+    local waits, yielding = 0, false
+    local store = {}
+    for _, m in ipairs({ "get", "set", "delete", "set_if" }) do
+      store[m] = function(_, ...)
+        if yielding and util.can_yield() then
+          waits = waits + 1
+          L.sleep(5)
+        end
+        return file[m](file, ...)
+      end
+    end
+    local c = counters()
+    local id = abandon(c, { store = store, lease_ttl = 1 }, "q5")
+    past_lease(1)
+    local s = assert(rlm.Session.resume(id, opts_for(c, { store = store })))
+    yielding = true
+    local out
+    require("rlm.adapters.luv").drive(s, function(err, result)
+      out = { err = err, result = result }
+    end)
+    L.run_until(function()
+      return out ~= nil
+    end)
+    assert.is_nil(out.err)
+    assert.are.equal(ANSWER, out.result.answer)
+    assert.are.same({ q1 = 1, q2 = 1, q3 = 1, q4 = 1, q5 = 2 }, c.sub)
+    assert.is_true(waits >= 3) -- step 3's answer q5, its end, the drop
+    assert.are.same({}, entries(dir))
+    s:close()
+    remove_dir(dir)
+  end)
 end)

@@ -44,6 +44,7 @@ end })
 
 -- pcall and xpcall can be yielded across everywhere but on PUC Lua 5.1.
 local yieldable_pcall = not (_VERSION == "Lua 5.1" and rawget(_G, "jit") == nil)
+M.PCALL_YIELDS = yieldable_pcall
 
 -- How a user callback is called (every host, every callback): in a
 -- coroutine of its own, what it raises caught with a traceback. Two ways,

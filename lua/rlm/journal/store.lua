@@ -102,10 +102,15 @@ end
 -- err (kind journal_error) when it raised or returned nil (false for
 -- set_if), message. Through rlm.base.util's protected call, so that a
 -- store's yield passes through to whoever resumed the journal's caller, on
--- every Lua (PUC 5.1's pcall cannot be yielded across).
+-- every Lua (PUC 5.1's pcall cannot be yielded across). Elsewhere a plain
+-- pcall: no coroutine of rlm's between the store and its caller's, so
+-- that a store whose wait resumes the coroutine that yielded (a luv
+-- client's callback) resumes its caller's.
+local protected = util.PCALL_YIELDS and pcall or util.call_protected
+
 function M.call(store, method, ...)
   local args = util.pack(...)
-  local ok, a, b = util.call_protected(function()
+  local ok, a, b = protected(function()
     return store[method](store, util.unpack(args, 1, args.n))
   end)
   if not ok then
