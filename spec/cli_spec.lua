@@ -127,7 +127,7 @@ describe("bin/rlm", function()
       assert.matches("Usage: rlm %[options%] %-%-context FILE", out)
       for _, flag in ipairs({ "--context", "--base-url", "--model", "--sub-model", "--api-key-env", "--max-iterations",
         "--step-timeout-ms", "--max-sub-calls", "--max-cost-usd", "--max-depth", "--max-wall-ms", "--trace",
-        "--log", "--verbatim", "--quiet", "rlm view",
+        "--log", "--verbatim", "--quiet", "rlm view", "--journal DIR", "--resume ID",
         "RLM_BASE_URL", "RLM_MODEL", "RLM_SUB_MODEL", "RLM_API_KEY_ENV", "OPENAI_API_KEY" }) do
         assert.is_truthy(out:find(flag, 1, true), flag .. " is not in --help")
       end

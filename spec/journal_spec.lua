@@ -324,6 +324,33 @@ for _, kind in ipairs(STORES) do
       assert.equals(2, b.fence)
     end)
 
+    -- bin/rlm --resume, for a killed rlm of its machine (lease.release_for).
+    it("lets go of a gone holder's lease as read, keeping its fence; not one that changed since", function()
+      local s = make()
+      if not s then
+        return pending(server_why)
+      end
+      local now = os.time()
+      local clock = { clock = function()
+        return now
+      end }
+      local a = assert(journal.lease(s, "s1", "worker-a", clock))
+      local read = s:get("s1.lease")
+      now = now + 5
+      assert.is_true(a:renew()) -- the lease changed since it was read
+      assert.is_false(lease_mod.release_for(s, "s1", read))
+      local _, err = journal.lease(s, "s1", "worker-b", clock)
+      assert.equals("lease_held", err.kind)
+      assert.is_true(lease_mod.release_for(s, "s1", s:get("s1.lease")))
+      local ok
+      ok, err = a:write("s1.head", "after")
+      assert.is_nil(ok)
+      assert.equals("lease_lost", err.kind)
+      local b = assert(journal.lease(s, "s1", "worker-b", clock))
+      assert.equals(2, b.fence)
+      assert.equals("journal_error", select(2, lease_mod.release_for(s, "s1", "not a lease")).kind)
+    end)
+
     it("deletes a session's entries and its lease at its end", function()
       local s = make()
       if not s then

@@ -66,13 +66,23 @@ function F:_control(what, body)
   return table.concat(chunks)
 end
 
-function F:script(replies)
-  self:_control("script", cjson.encode({ replies = replies }))
+-- script(replies[, rules]): the queue of replies, and the rules that
+-- answer a request by what its last message holds, every time it is asked
+-- (fake_openai.py's docstring).
+function F:script(replies, rules)
+  self:_control("script", cjson.encode({ replies = replies, rules = rules }))
 end
 
--- The requests got since the last script(): { method, path, headers, body, json }.
+-- The requests got since the last script(): { method, path, headers, body,
+-- json, t, answered, key }.
 function F:requests()
   return cjson.decode(self:_control("requests"))
+end
+
+-- The same without their headers and bodies ({ path, t, answered, key,
+-- peer_port }): cheap to poll.
+function F:brief_requests()
+  return cjson.decode(self:_control("requests?brief=1"))
 end
 
 function F:stop()

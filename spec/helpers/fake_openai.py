@@ -10,9 +10,20 @@ Exits when told to (POST /_control/stop) or when its parent goes away.
 With --tls CERT KEY it speaks HTTPS.
 
 Control (JSON bodies):
-  POST /_control/script    {"replies": [reply, ...]}: replaces the queue of
-                           replies and forgets the requests recorded so far
+  POST /_control/script    {"replies": [reply, ...], "rules": [rule, ...]}:
+                           replaces the queue of replies and the rules, and
+                           forgets the requests recorded so far
   GET  /_control/requests  the requests recorded so far, in order
+  GET  /_control/requests?brief=1  the same without headers and bodies, for
+                           a spec that polls it
+
+A rule is a reply with "match": a request whose last message's text holds
+that string gets the rule's reply, every time it is asked (the last rule
+that matches wins; the queue serves a request no rule matches). Its record
+has "key", the match, so that a spec counts the requests per distinct
+prompt. "hold_ms" on a rule delays the first request it matches since the
+script by that long (later ones are not held): the client is then known to
+wait on that call, for as long as a spec needs, e.g. to kill it there.
 
 Every other POST takes the next reply off the queue (a 400 when it is empty,
 unless started with --reply TEXT: then TEXT, with usage [10, 5], in the
@@ -47,7 +58,8 @@ content in pieces:
             just ends early)
   error_event  end with the API's error event carrying this message
 Each recorded request has "peer_port", the client's port: two requests with
-the same one came over one connection.
+the same one came over one connection; "t", the time it came (time.time(),
+seconds), and "answered", the time its reply was written, once it was.
 """
 import json
 import os
@@ -57,7 +69,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-STATE = {"replies": [], "requests": []}
+STATE = {"replies": [], "requests": [], "rules": [], "held": set()}
 DEFAULT_REPLY = None  # --reply TEXT
 LOCK = threading.Lock()
 
@@ -85,6 +97,27 @@ def api_of(path):
     if ":generateContent" in path or ":streamGenerateContent" in path:
         return "gemini"
     return "openai"
+
+
+def last_text(parsed):
+    """The text of a chat request's last message (its parts joined)."""
+    messages = parsed.get("messages") if isinstance(parsed, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return ""
+    content = messages[-1].get("content")
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def rule_for(parsed):
+    """The last rule whose match the request's last message holds, or None."""
+    text = last_text(parsed)
+    found = None
+    for rule in STATE["rules"]:
+        if rule["match"] in text:
+            found = rule
+    return found
 
 
 def pieces_of(reply):
@@ -264,6 +297,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_control/requests":
             with LOCK:
                 self.send(200, json.dumps(STATE["requests"]).encode())
+        elif self.path == "/_control/requests?brief=1":
+            with LOCK:
+                brief = [{k: v for k, v in r.items() if k not in ("headers", "body", "json")}
+                         for r in STATE["requests"]]
+                self.send(200, json.dumps(brief).encode())
         else:
             self.send(404, b'{"error": {"message": "not found"}}')
 
@@ -272,7 +310,10 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length)
         if self.path == "/_control/script":
             with LOCK:
-                STATE["replies"] = list(json.loads(raw)["replies"])
+                script = json.loads(raw)
+                STATE["replies"] = list(script.get("replies", []))
+                STATE["rules"] = list(script.get("rules", []))
+                STATE["held"] = set()
                 STATE["requests"] = []
             self.send(200, b"{}")
             return
@@ -291,6 +332,7 @@ class Handler(BaseHTTPRequestHandler):
             "body": raw.decode("utf-8", "replace"),
             "json": parsed,
             "peer_port": self.client_address[1],
+            "t": time.time(),
         }
         auth = self.headers.get("Authorization") or ""
         token = self.headers.get("x-api-key") or self.headers.get("x-goog-api-key")
@@ -300,7 +342,14 @@ class Handler(BaseHTTPRequestHandler):
             record["argv_hits"] = argv_hits(token)
         with LOCK:
             STATE["requests"].append(record)
-            reply = STATE["replies"].pop(0) if STATE["replies"] else None
+            reply = rule_for(parsed)
+            if reply is not None:
+                record["key"] = reply["match"]
+                if reply.get("hold_ms") and reply["match"] not in STATE["held"]:
+                    STATE["held"].add(reply["match"])
+                    reply = dict(reply, delay_ms=reply["hold_ms"])
+            elif STATE["replies"]:
+                reply = STATE["replies"].pop(0)
         if reply is None and DEFAULT_REPLY is not None:
             reply = {"content": DEFAULT_REPLY, "usage": [10, 5]}
         if reply is None:
@@ -341,6 +390,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self.send(reply.get("status", 200), body, reply.get("headers"), reply.get("chunked", False),
                       reply.get("keepalive", False))
+            with LOCK:  # the record may be being written out as JSON
+                record["answered"] = time.time()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout spec)
 

@@ -174,6 +174,27 @@ function Lease:release()
   return ok, err
 end
 
+-- Lets go of session id's lease on behalf of its holder, which the caller
+-- knows is gone (bin/rlm: a process of its own machine that has ended,
+-- killed before it could release), as the holder's release() would:
+-- the fence kept. Only while the lease's value is still `value`, as the
+-- caller read it and judged its holder: true; false when it changed
+-- meanwhile; nil, err when the store failed.
+function M.release_for(s, id, value)
+  store.check(s)
+  M.check_id(id)
+  local fence = decode(value)
+  if not fence then
+    return nil, store.error("journal_error", ("%s.lease holds no lease of this version"):format(id))
+  end
+  local key = id .. ".lease"
+  local ok, err = store.call(s, "set_if", key, value, key, encode(fence, 0, ""))
+  if ok == nil then
+    return nil, err
+  end
+  return ok == true
+end
+
 -- Deletes the session's entries named in keys, then the lease itself:
 -- the end of a finished or closed session. true, or nil, err.
 function Lease:drop(keys)
