@@ -70,6 +70,7 @@ build = {
     ["rlm.engine.reply"] = "lua/rlm/engine/reply.lua",
     ["rlm.engine.session"] = "lua/rlm/engine/session.lua",
     ["rlm.engine.subcalls"] = "lua/rlm/engine/subcalls.lua",
+    ["rlm.engine.tape"] = "lua/rlm/engine/tape.lua",
     ["rlm.engine.tools"] = "lua/rlm/engine/tools.lua",
     ["rlm.engine.turn"] = "lua/rlm/engine/turn.lua",
     ["rlm.health"] = "lua/rlm/health.lua",

@@ -318,4 +318,21 @@ function M.file_exists(path)
   return false, msg
 end
 
+-- n bytes from the kernel's random source, as 2n hex digits; nil and why
+-- when they cannot be read.
+function M.random_hex(n)
+  local f, err = io.open("/dev/urandom", "rb")
+  if not f then
+    return nil, "reading /dev/urandom: " .. tostring(err)
+  end
+  local bytes = f:read(n)
+  f:close()
+  if not bytes or #bytes ~= n then
+    return nil, "reading /dev/urandom: too few bytes"
+  end
+  return (bytes:gsub(".", function(c)
+    return ("%02x"):format(c:byte())
+  end))
+end
+
 return M

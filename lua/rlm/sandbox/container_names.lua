@@ -36,17 +36,11 @@ function M.owner()
   local boot = (read_all("/proc/sys/kernel/random/boot_id") or ""):gsub("[^%x]", ""):sub(1, 8)
   local stat = read_all("/proc/self/stat") or ""
   local pid, start = stat:match("^(%d+)"), stat_start(stat)
-  local rand
-  local f = io.open("/dev/urandom", "rb")
-  if f then
-    rand = f:read(3)
-    f:close()
-  end
-  if #boot ~= 8 or not pid or not start or not rand or #rand ~= 3 then
+  local token = util.random_hex(3)
+  if #boot ~= 8 or not pid or not start or not token then
     return nil
   end
-  owner = { boot = boot, pid = pid, start = start, seq = 0,
-    token = ("%02x%02x%02x"):format(rand:byte(1, 3)) }
+  owner = { boot = boot, pid = pid, start = start, seq = 0, token = token }
   return owner
 end
 

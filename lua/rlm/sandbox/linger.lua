@@ -28,18 +28,7 @@ local TOKEN_BYTES = 16
 -- A new token: TOKEN_BYTES from the kernel's random source, as hex; nil
 -- and why when it cannot be read.
 function M.token()
-  local f, err = io.open("/dev/urandom", "rb")
-  if not f then
-    return nil, "reading /dev/urandom: " .. tostring(err)
-  end
-  local bytes = f:read(TOKEN_BYTES)
-  f:close()
-  if not bytes or #bytes ~= TOKEN_BYTES then
-    return nil, "reading /dev/urandom: too few bytes"
-  end
-  return (bytes:gsub(".", function(c)
-    return ("%02x"):format(c:byte())
-  end))
+  return util.random_hex(TOKEN_BYTES)
 end
 
 local function check_durable(where, d, ms)
