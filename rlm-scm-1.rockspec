@@ -98,6 +98,7 @@ build = {
     ["rlm.log"] = "lua/rlm/log.lua",
     ["rlm.nvim"] = "lua/rlm/nvim.lua",
     ["rlm.nvim.buffers"] = "lua/rlm/nvim/buffers.lua",
+    ["rlm.nvim.client"] = "lua/rlm/nvim/client.lua",
     ["rlm.nvim.journal"] = "lua/rlm/nvim/journal.lua",
     ["rlm.nvim.ui"] = "lua/rlm/nvim/ui.lua",
     ["rlm.sandbox.backend"] = "lua/rlm/sandbox/backend.lua",

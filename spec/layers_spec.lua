@@ -558,3 +558,23 @@ describe("the driver's modules", function()
     assert.is_nil(cycle_of({ a = { "b", "c" }, b = { "c" }, c = {} }))
   end)
 end)
+
+describe("the files of lua/rlm", function()
+  -- Issue 40: a file does one job; past 400 lines it is doing more (the
+  -- viewer's page, HTML and script in one, is the exception).
+  it("are at most 400 lines each, but the viewer", function()
+    local long = {}
+    local p = assert(io.popen("find lua/rlm -name '*.lua' | sort"))
+    for path in p:lines() do
+      local n = 0
+      for _ in io.lines(path) do
+        n = n + 1
+      end
+      if n > 400 and path ~= "lua/rlm/view.lua" then
+        long[#long + 1] = ("%s: %d lines"):format(path, n)
+      end
+    end
+    p:close()
+    assert.are.same({}, long)
+  end)
+end)

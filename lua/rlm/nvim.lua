@@ -42,36 +42,9 @@
 -- answer was recorded is made again.
 -- luacheck: read globals vim
 local checks = require("rlm.base.checks")
-local errors = require("rlm.base.errors")
 local llm_config = require("rlm.llm.config")
 
 local M = { config = {} }
-
--- rlm.core is built by `make nvim` (the plugin manager's build step). When
--- it is missing, require("rlm.nvim") and setup() still succeed, so that an
--- init.lua goes on; setup() says so once (vim.notify), and each command
--- says it again when used. Returns the adapter, or nil, the message.
--- The first failure is kept: under Lua 5.1 a second require of a module
--- that raised says only "loop or previous error loading module".
-local load_problem
-local function load_adapter()
-  if load_problem then
-    return nil, load_problem
-  end
-  local ok, adapter = pcall(require, "rlm.adapters.nvim")
-  if ok then
-    return adapter
-  end
-  local why = tostring(adapter)
-  if why:find("rlm.core", 1, true) then
-    local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/lua/rlm/nvim%.lua$") or "the plugin's directory"
-    why = ("rlm: run `make nvim` in %s: the C core (lua/rlm/core.so) is not built (lazy.nvim: build = "
-      .. "\"make nvim\", then :Lazy build rlm, and restart Neovim); :checkhealth rlm says what else is missing")
-      :format(here)
-  end
-  load_problem = why
-  return nil, why
-end
 
 -- setup() keys of the plugin itself, checked by setup(); the others are
 -- session options, checked by name there and in full by each question.
@@ -117,26 +90,12 @@ end
 -- and endpoints).
 M.PROVIDERS = require("rlm.llm.settings").PROVIDERS
 
--- The client for the endpoint, made when a question needs it: the settings
--- from setup(), else from the environment, as every host reads them
--- (rlm.llm.settings; the key is read at each call). Raises one line when
--- one is missing ("rlm: no model: give setup({ model = ... }) or set
--- RLM_MODEL").
-local function default_client()
-  local c = M.config
-  local settings = require("rlm.llm.settings")
-  local s, why = settings.read({ provider = c.provider, base_url = c.base_url, model = c.model,
-    sub_model = c.sub_model, api_key_env = c.api_key_env },
-    { given_as = { model = "setup({ model = ... })", provider = "setup({ provider = ... })" } })
-  if not s then
-    error("rlm: " .. why, 0)
-  end
-  local transport = require("rlm.llm.transport.nvim")
-  local request, stop = transport.new()
-  return settings.client(s, { stream = c.stream == true, transport = request, sleep = transport.sleep }), stop
-end
-
 local ui = require("rlm.nvim.ui")
+local client_of = require("rlm.nvim.client")
+local load_adapter = client_of.load_adapter
+local function default_client()
+  return client_of.default(M.config)
+end
 local progress, close_float, show_answer = ui.progress, ui.close_float, ui.show_answer
 local function show_progress(text)
   ui.show_progress(text, option("progress"))
@@ -198,29 +157,9 @@ M.buffer_tools = buffers.tools(function()
   return option("max_context_bytes")
 end)
 
--- An error as the command line gives it: one line (rlm.base.errors.line),
--- said once, and shown in rlm://answer. A line wider than the message area
--- would stop the editor at a hit-enter prompt: it is cut to fit, keeping a
--- session error's kind and the end of its message (where a failed model
--- call's cause is), or the start of a raised one; rlm://answer has it whole.
-function M.notify_error(err)
-  local line = errors.line(err)
-  if not line:find("^rlm") then
-    line = "rlm: " .. line
-  end
-  show_answer({ line })
-  local room = vim.v.echospace - 1
-  if vim.fn.strdisplaywidth(line) > room and room > 40 then
-    local keep = room - #"... (rlm://answer)"
-    if errors.is_error(err) then
-      local head = "rlm: " .. err.kind .. ": "
-      line = head .. "..." .. vim.fn.strcharpart(line, vim.fn.strchars(line) - keep + #head) .. " (rlm://answer)"
-    else
-      line = vim.fn.strcharpart(line, 0, keep) .. "... (rlm://answer)"
-    end
-  end
-  vim.notify(line, vim.log.levels.ERROR)
-end
+-- An error as the command line gives it: one line, said once, and whole
+-- in rlm://answer (rlm.nvim.ui).
+M.notify_error = ui.notify_error
 
 local journal = require("rlm.nvim.journal")
 
@@ -253,29 +192,12 @@ local function session_opts(question, context, what)
     end
     opts.tools = tools
   end
-  local t0 = uv().hrtime()
-  local step, subs, writing = 0, 0, ""
-  local user_event = opts.on_event
-  opts.on_event = function(ev)
-    if user_event then
-      user_event(ev)
-    end
-    if M.session == nil then
-      return
-    end
-    if ev.type == "step_start" and ev.depth == 0 then
-      step, writing = ev.step, ""
-    elseif ev.type == "sub_query" then
-      subs = subs + 1
-    elseif ev.type == "root_delta" and ev.depth == 0 then
-      -- the tail of the root model's text as it comes, on one line
-      writing = (writing .. ev.text):gsub("%s+", " "):sub(-40)
-    end
+  opts.on_event = ui.progress_events(what, opts.on_event, function()
+    return M.session ~= nil
+  end, function(text)
     local key = option("cancel_key")
-    show_progress(("rlm: %s, step %d, %d sub-calls, %.0f s%s%s"):format(what, step, subs,
-      (uv().hrtime() - t0) / 1e9, writing ~= "" and (": " .. writing) or "",
-      key and (" (" .. key .. " cancels)") or ""))
-  end
+    show_progress(text .. (key and (" (" .. key .. " cancels)") or ""))
+  end)
   local store = journal.store(option("journal"))
   if store then
     -- the owner of its lease: this editor, named so that a second one's
@@ -375,11 +297,8 @@ function M.resume(id)
   local opts = session_opts(run.question, run.context, what)
   return launch(function(o, cb)
     local s, err = adapter.resume(id, o, cb)
-    if not s and type(err) == "table" and err.kind == "lease_held" then
-      -- the engine's message names the run and an epoch; this fits a line
-      local left = err.expires and (" for %d s more"):format(math.max(0, err.expires - os.time())) or ""
-      err = errors.new("lease_held", ("%s holds it%s; :RlmResume later"):format(tostring(err.owner), left),
-        { owner = err.owner })
+    if not s then
+      err = journal.held_line(err)
     end
     return s, err
   end, opts, store, what, run.question or id, run.context)

@@ -5,6 +5,8 @@
 -- "nvim-last": its id, question, what it was about, and its context, so
 -- that a run about a buffer goes on when the buffer is gone.
 -- luacheck: read globals vim
+local errors = require("rlm.base.errors")
+
 local M = {}
 
 M.LAST_KEY = "nvim-last"
@@ -72,6 +74,17 @@ function M.forget(store, id)
   if run and run.id == id then
     call(store, "delete", M.LAST_KEY)
   end
+end
+
+-- A resume's refusal as one line: another editor holds the run (the
+-- engine's message names the run and an epoch; this fits a line).
+function M.held_line(err)
+  if type(err) == "table" and err.kind == "lease_held" then
+    local left = err.expires and (" for %d s more"):format(math.max(0, err.expires - os.time())) or ""
+    return errors.new("lease_held", ("%s holds it%s; :RlmResume later"):format(tostring(err.owner), left),
+      { owner = err.owner })
+  end
+  return err
 end
 
 return M
