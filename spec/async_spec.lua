@@ -207,8 +207,11 @@ H.describe_luv("the luv adapter", function()
     assert.are.equal("callback_error", err.kind)
     assert.are.equal(300, err.timeout_ms)
     assert.is_true(err.resumable)
+    -- The upper bound only tells "gave up" from "waited for the default
+    -- (minutes)": the run also starts a sandbox, which took 3.4 s in a CI
+    -- run beside make check at a load past 12.
     local took = core.now_ms() - t0
-    assert.is_true(took >= 300 and took < 3000, ("took %.0f ms"):format(took))
+    assert.is_true(took >= 300 and took < 20000, ("took %.0f ms"):format(took))
   end)
 
   it("keeps the loop responsive while the REPL computes for a second", function()
