@@ -271,7 +271,8 @@ print("step: " .. tostring(r) .. " " .. tostring(err and err.kind) .. " " .. tos
     local r = interrupted("wait")
     assert.is_true(r.started, r.stderr)
     assert.matches("caught before: true", r.stderr) -- lua.c's handler is there
-    assert.is_true(r.exit_ms < 1000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stdout))
+    -- The REPL sleeps 30 s: 5 s tells "at once" from waiting it out at any load.
+    assert.is_true(r.exit_ms < 5000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stdout))
     assert.matches("raised: true [^\n]*interrupted!\n", r.stdout)
     assert.matches("sigint caught after: false", r.stdout) -- lua.c's SIG_DFL, not our handler back
     assert.matches("sandbox gone: true", r.stdout)
@@ -288,7 +289,7 @@ print("step: " .. tostring(r) .. " " .. tostring(err and err.kind) .. " " .. tos
   it("during a model callback that blocks in C, ends the run once it returns", function()
     local r = interrupted("callback")
     assert.is_true(r.started, r.stderr)
-    assert.is_true(r.exit_ms < 2000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stdout))
+    assert.is_true(r.exit_ms < 6000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stdout))
     assert.matches("raised: true [^\n]*interrupted!\n", r.stdout)
     assert.matches("step: nil cancelled interrupted %(SIGINT%)", r.stdout)
     assert.matches("sandbox gone: true", r.stdout)

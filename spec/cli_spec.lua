@@ -664,7 +664,8 @@ describe("bin/rlm", function()
 
     it("20 for cancelled at once on SIGINT, with one line and no traceback", function()
       local r = interrupted({ content = F.fence("import time\ntime.sleep(30)\nFINAL('late')") }, "-- root model")
-      assert.is_true(r.exit_ms < 1000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stderr))
+      -- The REPL sleeps 30 s: 5 s tells "at once" from waiting it out at any load.
+      assert.is_true(r.exit_ms < 5000, ("%.0f ms from SIGINT to the exit; %s"):format(r.exit_ms, r.stderr))
       assert.is_true(r.sandbox > 0)
     end)
 
