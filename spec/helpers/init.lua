@@ -12,9 +12,35 @@ local function run(cmd)
   return out
 end
 
--- One scratch directory for the workdirs of this run (spec/run makes it and
--- removes it).
-H.tmpdir = os.getenv("RLM_SPEC_TMPDIR") or run("mktemp -d /tmp/rlm-spec.XXXXXX"):gsub("%s+$", "")
+-- One scratch directory for the workdirs of this run: spec/run's
+-- (RLM_SPEC_TMPDIR), which spec/run removes; else, busted run by hand, one
+-- made here and removed, by the path made here, when busted ends (its
+-- "exit" event) or, outside busted, when this Lua closes (a finaliser).
+local function own_scratch()
+  local dir = run("mktemp -d /tmp/rlm-spec.XXXXXX"):gsub("%s+$", "")
+  assert(dir:match("^/tmp/rlm%-spec%.%w+$"), "mktemp -d made " .. dir)
+  local function remove()
+    if dir then
+      os.execute("rm -rf '" .. dir .. "'")
+      dir = nil
+    end
+  end
+  local ok, busted = pcall(require, "busted")
+  if ok and type(busted) == "table" and busted.subscribe then
+    busted.subscribe({ "exit" }, function()
+      remove()
+      return nil, true -- the other subscribers too
+    end)
+  end
+  if newproxy then -- Lua 5.1, LuaJIT: only a userdata has a __gc
+    H.scratch_finaliser = newproxy(true)
+    getmetatable(H.scratch_finaliser).__gc = remove
+  else
+    H.scratch_finaliser = setmetatable({}, { __gc = remove })
+  end
+  return dir
+end
+H.tmpdir = os.getenv("RLM_SPEC_TMPDIR") or own_scratch()
 
 -- A root model that answers from a script: each item is a string, or a
 -- function(messages, turn) returning one. Past the end it repeats the last.
