@@ -23,16 +23,23 @@ local function dead_pid()
   return H.sh("sh -c 'echo $$'")
 end
 
--- A process that stays a zombie (its parent does not wait), and its
--- parent's pid, to be killed by the test.
+-- A process that stays a zombie: the child of a python that does not wait
+-- for it until told (SIGTERM). Returns its pid, and a function that ends
+-- its parent, which reaps it first, and waits for that parent.
 local function zombie()
-  local pids = H.sh("sh -c 'sleep 0 & echo $! $$; exec sleep 60 >/dev/null 2>&1' &")
-  local child, parent = pids:match("^(%d+) (%d+)$")
+  local p = assert(io.popen("exec python3 -c 'import os, signal\n"
+    .. "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])\n"
+    .. "kid = os.fork()\nif kid == 0: os._exit(0)\n"
+    .. "print(kid, os.getpid(), flush=True)\nsignal.sigwait([signal.SIGTERM])\nos.waitpid(kid, 0)'"))
+  local child, parent = assert(p:read("*l")):match("^(%d+) (%d+)$")
   local deadline = os.time() + 10
   while (first_line("/proc/" .. child .. "/stat"):match("%) (%a)")) ~= "Z" and os.time() < deadline do
     os.execute("sleep 0.05")
   end
-  return child, parent
+  return child, function()
+    os.execute("kill -TERM " .. parent)
+    p:close()
+  end
 end
 
 local function named(fields)
@@ -87,6 +94,7 @@ describe("rlm.journal.owner", function()
   after_each(function()
     assert(dir:match("^/tmp/rlm%-owner%-spec%.%w+$"), dir)
     os.execute("rm -rf " .. dir)
+    H.assert_clean()
   end)
 
   it("names this process: its pid, host, boot id and start time as /proc tells them, and a tag", function()
@@ -125,14 +133,14 @@ describe("rlm.journal.owner", function()
   end
 
   it("lets go of a zombie's lease (dead, not yet waited for)", function()
-    local child, parent = zombie()
+    local child, done = zombie()
     local ok, err = pcall(function()
       local holder = named({ pid = child, start = first_line("/proc/" .. child .. "/stat"):match(
         "^%d+ %(.*%) " .. ("%S+ "):rep(19) .. "(%d+)") })
       assert(journal.lease(store, "s1", holder))
       assert.is_true(owner.release_if_gone(store, "s1"))
     end)
-    os.execute("kill -KILL " .. parent)
+    done()
     assert(ok, err)
   end)
 
