@@ -86,14 +86,12 @@ describe("rlm.journal.owner", function()
   local dir, store
 
   before_each(function()
-    dir = H.sh("mktemp -d /tmp/rlm-owner-spec.XXXXXX")
-    assert(dir:match("^/tmp/rlm%-owner%-spec%.%w+$"), dir)
+    dir = H.scratch("rlm-owner-spec")
     store = assert(journal.file(dir))
   end)
 
   after_each(function()
-    assert(dir:match("^/tmp/rlm%-owner%-spec%.%w+$"), dir)
-    os.execute("rm -rf " .. dir)
+    H.remove_scratch(dir)
     H.assert_clean()
   end)
 

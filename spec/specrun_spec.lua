@@ -9,11 +9,11 @@ describe("spec/run", function()
   local dir
 
   setup(function()
-    dir = H.sh("mktemp -d /tmp/rlm-specrun.XXXXXX")
+    dir = H.scratch("rlm-specrun")
   end)
 
   teardown(function()
-    os.execute("rm -rf '" .. dir .. "'")
+    H.remove_scratch(dir)
   end)
 
   it("prints one line per spec file, then the totals", function()
@@ -49,8 +49,7 @@ describe("spec/helpers' scratch directory", function()
   local dir
 
   before_each(function()
-    dir = H.sh("mktemp -d /tmp/rlm-specrun.XXXXXX")
-    assert(dir:match("^/tmp/rlm%-specrun%.%w+$"), dir)
+    dir = H.scratch("rlm-specrun")
     local f = assert(io.open(dir .. "/scratch_spec.lua", "w"))
     f:write('local H = require("helpers")\n',
       'local out = assert(io.open(', ("%q"):format(dir .. "/tmpdir"), ', "w"))\n',
@@ -64,7 +63,7 @@ describe("spec/helpers' scratch directory", function()
   end)
 
   after_each(function()
-    os.execute("rm -rf '" .. dir .. "'")
+    H.remove_scratch(dir)
   end)
 
   -- Runs the spec above under busted as spec/run does, with env's
