@@ -76,6 +76,16 @@ static int journal_open_dir(lua_State *L) {
   return fd;
 }
 
+/* A call on one entry: its name at index 2, checked (a raise), and the
+ * directory at index 1, opened and checked. Returns the directory's
+ * descriptor and sets *name, or -1 with the failure pushed (2 results).
+ * The caller checks its other arguments first: a raise leaks no fd. */
+static int journal_open_entry(lua_State *L, const char **name) {
+  journal_check_name(L, 2);
+  *name = lua_tostring(L, 2);
+  return journal_open_dir(L);
+}
+
 static int journal_fsync(int fd) {
   int r;
   do
@@ -103,10 +113,9 @@ static int core_journal_dir(lua_State *L) {
  * link, not a regular file, another owner's, a mode beyond 0600, or more
  * than max_bytes. */
 static int core_journal_read(lua_State *L) {
-  journal_check_name(L, 2);
-  const char *name = lua_tostring(L, 2);
   lua_Integer max = luaL_checkinteger(L, 3);
-  int dir = journal_open_dir(L);
+  const char *name;
+  int dir = journal_open_entry(L, &name);
   if (dir < 0)
     return 2;
   int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -167,11 +176,10 @@ static int core_journal_read(lua_State *L) {
  * replaces name whole or not at all, and is on disk when this returns. */
 static int core_journal_write(lua_State *L) {
   static unsigned serial;
-  journal_check_name(L, 2);
-  const char *name = lua_tostring(L, 2);
   size_t len;
   const char *data = luaL_checklstring(L, 3, &len);
-  int dir = journal_open_dir(L);
+  const char *name;
+  int dir = journal_open_entry(L, &name);
   if (dir < 0)
     return 2;
   char tmp[JOURNAL_NAME_MAX + 64];
@@ -228,9 +236,8 @@ static int core_journal_write(lua_State *L) {
 /* core.journal_remove(dir, name) -> true | nil, message (no such entry is
  * no failure). */
 static int core_journal_remove(lua_State *L) {
-  journal_check_name(L, 2);
-  const char *name = lua_tostring(L, 2);
-  int dir = journal_open_dir(L);
+  const char *name;
+  int dir = journal_open_entry(L, &name);
   if (dir < 0)
     return 2;
   if (unlinkat(dir, name, 0) != 0 && errno != ENOENT) {

@@ -327,7 +327,7 @@ describe("bin/rlm --journal and --resume", function()
 
   setup(function()
     srv = F.start()
-    scratch = H.sh("mktemp -d /tmp/rlm-resume-spec.XXXXXX")
+    scratch = H.scratch("rlm-resume-spec")
     context_file = scratch .. "/context.txt"
     local f = assert(io.open(context_file, "wb"))
     f:write("the scripted run reads nothing of its context\n")
@@ -337,8 +337,8 @@ describe("bin/rlm --journal and --resume", function()
 
   teardown(function()
     srv:stop()
-    if scratch and scratch:find("^/tmp/rlm%-resume%-spec%.") then
-      os.execute("rm -rf " .. q(scratch))
+    if scratch then
+      H.remove_scratch(scratch)
     end
     if #figures > 0 then
       io.stderr:write("\ncli_resume_spec (" .. LUA .. "): from the resume's start, its sandbox ready, "

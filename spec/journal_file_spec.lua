@@ -7,17 +7,6 @@ local core = require("rlm.core")
 local journal = require("rlm.journal")
 local H = require("helpers")
 
-local function mktemp()
-  local dir = H.sh("mktemp -d /tmp/rlm-journal-spec.XXXXXX")
-  assert(dir:match("^/tmp/rlm%-journal%-spec%.%w+$"), dir)
-  return dir
-end
-
-local function remove_tree(dir)
-  assert(dir:match("^/tmp/rlm%-journal%-spec%.%w+$"), dir)
-  os.execute("chmod -R u+rwx " .. dir .. " 2>/dev/null; rm -rf " .. dir)
-end
-
 local function mode(path)
   return H.sh("stat -c %a " .. path)
 end
@@ -28,11 +17,11 @@ describe("rlm.journal.file", function()
   local tmp
 
   before_each(function()
-    tmp = mktemp()
+    tmp = H.scratch("rlm-journal-spec")
   end)
 
   after_each(function()
-    remove_tree(tmp)
+    H.remove_scratch(tmp)
   end)
 
   it("makes its directory 0700 and its entries 0600, whatever the umask", function()

@@ -9,17 +9,6 @@ local lease_mod = require("rlm.journal.lease")
 local H = require("helpers")
 local R = require("helpers.redis")
 
-local function mktemp()
-  local dir = H.sh("mktemp -d /tmp/rlm-journal-spec.XXXXXX")
-  assert(dir:match("^/tmp/rlm%-journal%-spec%.%w+$"), dir)
-  return dir
-end
-
-local function remove_tree(dir)
-  assert(dir:match("^/tmp/rlm%-journal%-spec%.%w+$"), dir)
-  os.execute("chmod -R u+rwx " .. dir .. " 2>/dev/null; rm -rf " .. dir)
-end
-
 -- Runs fn in a coroutine as a host's loop does: resumes it after each
 -- yield. Returns the yields and fn's results.
 local function drive(fn)
@@ -138,11 +127,11 @@ for _, kind in ipairs(STORES) do
     end)
 
     before_each(function()
-      dir = mktemp()
+      dir = H.scratch("rlm-journal-spec")
     end)
 
     after_each(function()
-      remove_tree(dir)
+      H.remove_scratch(dir)
     end)
 
     local function make(opts)
@@ -150,6 +139,21 @@ for _, kind in ipairs(STORES) do
         return nil
       end
       return kind.make(dir, opts)
+    end
+
+    -- A lease case's start: the store, worker-a's lease of s1 (30 s) on a
+    -- clock the case moves (t.now; t.opts for more acquirers), or nothing
+    -- when this store cannot run.
+    local function leased(now)
+      local s = make()
+      if not s then
+        return nil
+      end
+      local t = { now = now }
+      t.opts = { ttl = 30, clock = function()
+        return t.now
+      end }
+      return s, assert(journal.lease(s, "s1", "worker-a", t.opts)), t
     end
 
     it("gets what was set, nothing for a key never set, nothing once deleted", function()
@@ -239,43 +243,33 @@ for _, kind in ipairs(STORES) do
     end)
 
     it("refuses a second owner while the lease lives, and lets it take over once it expired", function()
-      local s = make()
+      local s, a, t = leased(1000)
       if not s then
         return pending(server_why)
       end
-      local now = 1000
-      local function clock()
-        return now
-      end
-      local a = assert(journal.lease(s, "s1", "worker-a", { ttl = 30, clock = clock }))
-      now = 1029
-      local b, err = journal.lease(s, "s1", "worker-b", { ttl = 30, clock = clock })
+      t.now = 1029
+      local b, err = journal.lease(s, "s1", "worker-b", t.opts)
       assert.is_nil(b)
       assert.equals("lease_held", err.kind)
       assert.equals("worker-a", err.owner)
       assert.is_true(a:renew()) -- now expires at 1059
-      now = 1058
-      assert.is_nil((journal.lease(s, "s1", "worker-b", { ttl = 30, clock = clock })))
-      now = 1060
-      b = assert(journal.lease(s, "s1", "worker-b", { ttl = 30, clock = clock }))
+      t.now = 1058
+      assert.is_nil((journal.lease(s, "s1", "worker-b", t.opts)))
+      t.now = 1060
+      b = assert(journal.lease(s, "s1", "worker-b", t.opts))
       assert.equals(2, b.fence)
       assert.is_true(b:write("s1.head", "b's"))
     end)
 
     it("refuses every write of a stale owner once another took the lease over", function()
-      local s = make()
+      local s, a, t = leased(1000)
       if not s then
         return pending(server_why)
       end
-      local now = 1000
-      local function clock()
-        return now
-      end
-      local a = assert(journal.lease(s, "s1", "worker-a", { ttl = 30, clock = clock }))
       assert.is_true(a:write("s1.head", "a's"))
       local stale = a.value
-      now = 2000
-      local b = assert(journal.lease(s, "s1", "worker-b", { ttl = 30, clock = clock }))
+      t.now = 2000
+      local b = assert(journal.lease(s, "s1", "worker-b", t.opts))
       assert.equals(2, b.fence)
       for _, attempt in ipairs({
         function()
@@ -326,27 +320,22 @@ for _, kind in ipairs(STORES) do
 
     -- bin/rlm --resume, for a killed rlm of its machine (lease.release_for).
     it("lets go of a gone holder's lease as read, keeping its fence; not one that changed since", function()
-      local s = make()
+      local s, a, t = leased(os.time())
       if not s then
         return pending(server_why)
       end
-      local now = os.time()
-      local clock = { clock = function()
-        return now
-      end }
-      local a = assert(journal.lease(s, "s1", "worker-a", clock))
       local read = s:get("s1.lease")
-      now = now + 5
+      t.now = t.now + 5
       assert.is_true(a:renew()) -- the lease changed since it was read
       assert.is_false(lease_mod.release_for(s, "s1", read))
-      local _, err = journal.lease(s, "s1", "worker-b", clock)
+      local _, err = journal.lease(s, "s1", "worker-b", t.opts)
       assert.equals("lease_held", err.kind)
       assert.is_true(lease_mod.release_for(s, "s1", s:get("s1.lease")))
       local ok
       ok, err = a:write("s1.head", "after")
       assert.is_nil(ok)
       assert.equals("lease_lost", err.kind)
-      local b = assert(journal.lease(s, "s1", "worker-b", clock))
+      local b = assert(journal.lease(s, "s1", "worker-b", t.opts))
       assert.equals(2, b.fence)
       assert.equals("journal_error", select(2, lease_mod.release_for(s, "s1", "not a lease")).kind)
     end)

@@ -40,6 +40,16 @@ local function running(pid)
   return stat ~= nil and not stat:match("^%d+ %(.-%) Z")
 end
 
+-- Whether pid has ended (and dir, if given, is gone), within 5 s: what
+-- close() hands to the keeper is over moments later.
+local function ended(pid, dir)
+  return not H.settled(function()
+    return running(pid) or (dir ~= nil and exists(dir))
+  end, function(v)
+    return not v
+  end)
+end
+
 -- pid and every process below it that runs.
 local function tree(pid)
   local parent = {}
@@ -125,11 +135,7 @@ describe("a keeper that lingers after its host", function()
       assert.equals("", cmdlines_holding(said.token))
       -- the session's close ends the keeper at once: no linger after it
       h:close()
-      assert.is_false(H.settled(function()
-        return running(said.keeper) or exists(dir)
-      end, function(v)
-        return not v
-      end))
+      assert.is_true(ended(said.keeper, dir))
     end)
 
   it("replays what the dead stream lost: a result written into its pipe, and one written after", function()
@@ -144,11 +150,7 @@ describe("a keeper that lingers after its host", function()
     -- the handle counts on from the keeper's count
     assert.equals(3, h:sent_lines())
     h:close()
-    assert.is_false(H.settled(function()
-      return running(said.keeper)
-    end, function(v)
-      return not v
-    end))
+    assert.is_true(ended(said.keeper))
     dir = new_dir()
     said = host_killed(dir, "inflight", 60000, "inflight")
     h, info = linger.attach(D.options(dir, 60000), { id = "inflight", token = said.token, fence = 1,
@@ -158,11 +160,7 @@ describe("a keeper that lingers after its host", function()
     assert.same({ 2, "42\n" }, { r.id, r.stdout })
     assert.equals(0, info.lost)
     h:close()
-    assert.is_false(H.settled(function()
-      return running(said.keeper)
-    end, function(v)
-      return not v
-    end))
+    assert.is_true(ended(said.keeper))
   end)
 
   it("refuses a wrong token or a stale fence, and lingers on; a higher fence takes the sandbox", function()
@@ -213,11 +211,7 @@ describe("a keeper that lingers after its host", function()
     assert(h4:send(exec_line(5, "print(x)")))
     assert.equals("42\n", D.expect(h4, "exec_result").stdout)
     h4:close()
-    assert.is_false(H.settled(function()
-      return running(said.keeper)
-    end, function(v)
-      return not v
-    end))
+    assert.is_true(ended(said.keeper))
   end)
 
   it("ends everything after linger_ms: no process, no socket, no directory", function()
@@ -246,11 +240,9 @@ describe("a keeper that lingers after its host", function()
     assert.equals("sandbox_lost", err.kind)
   end)
 
-  -- A start whose linger cannot be made safe fails: nothing runs.
-  local function start_fails(dir, why)
-    local o = D.options(dir, 5000)
-    local spec = assert(exec.prepare(o, "c"))
-    spec = linger.start_spec(spec, { id = "bad", token = assert(linger.token()), fence = 0 })
+  -- The first event of a sandbox started from spec (within 30 s), which
+  -- is then closed: kind, message.
+  local function first_event(spec)
     local h = assert(exec.start(spec))
     local kind, message
     local t0 = core.now_ms()
@@ -258,6 +250,15 @@ describe("a keeper that lingers after its host", function()
       kind, message = h:poll(1000)
     until kind or core.now_ms() - t0 > 30000
     h:close()
+    return kind, message
+  end
+
+  -- A start whose linger cannot be made safe fails: nothing runs.
+  local function start_fails(dir, why)
+    local o = D.options(dir, 5000)
+    local spec = assert(exec.prepare(o, "c"))
+    spec = linger.start_spec(spec, { id = "bad", token = assert(linger.token()), fence = 0 })
+    local kind, message = first_event(spec)
     assert.equals("failed", kind)
     assert.matches(why, message, 1, true)
   end
@@ -277,13 +278,7 @@ describe("a keeper that lingers after its host", function()
       local spec = assert(exec.prepare(o, "c"))
       spec.start = exec.start_message(o, case[2])
       spec.durable = { id = "a", token = token, fence = 0 }
-      local h = assert(exec.start(spec))
-      local kind, message
-      local t0 = core.now_ms()
-      repeat
-        kind, message = h:poll(1000)
-      until kind or core.now_ms() - t0 > 30000
-      h:close()
+      local kind, message = first_event(spec)
       assert.equals("failed", kind, case[1])
       assert.matches("the host's linger is not", message, 1, true)
     end
@@ -363,10 +358,6 @@ describe("a keeper that lingers after its host", function()
     assert(h:send(exec_line(3, "print(x)")))
     assert.equals("42\n", D.expect(h, "exec_result").stdout)
     h:close()
-    assert.is_false(H.settled(function()
-      return running(said.keeper)
-    end, function(v)
-      return not v
-    end))
+    assert.is_true(ended(said.keeper))
   end)
 end)

@@ -9,11 +9,11 @@ describe("spec/run", function()
   local dir
 
   setup(function()
-    dir = H.sh("mktemp -d /tmp/rlm-specrun.XXXXXX")
+    dir = H.scratch("rlm-specrun")
   end)
 
   teardown(function()
-    os.execute("rm -rf '" .. dir .. "'")
+    H.remove_scratch(dir)
   end)
 
   it("prints one line per spec file, then the totals", function()
@@ -40,6 +40,55 @@ describe("spec/run", function()
     local _, lines = ("\n" .. out):gsub("\n   %S+ [^\n]*two_spec%.lua: 1 ok, 1 failed", "")
     assert.are.equal(2, lines, out)
     assert.matches("\n2 passed, 2 failed, 0 skipped\n$", out)
+  end)
+end)
+
+-- busted run by hand, without spec/run: the helpers' scratch directory is
+-- one of their own, removed when busted ends; spec/run's is left to it.
+describe("spec/helpers' scratch directory", function()
+  local dir
+
+  before_each(function()
+    dir = H.scratch("rlm-specrun")
+    local f = assert(io.open(dir .. "/scratch_spec.lua", "w"))
+    f:write('local H = require("helpers")\n',
+      'local out = assert(io.open(', ("%q"):format(dir .. "/tmpdir"), ', "w"))\n',
+      'out:write(H.tmpdir)\nout:close()\n',
+      'assert(io.open(H.tmpdir .. "/a workdir", "w")):close()\n',
+      'describe("scratch", function()\n',
+      '  it("passes", function() assert.is_true(true) end)\n',
+      '  it("fails", function() assert.is_true(false) end)\n',
+      'end)\n')
+    f:close()
+  end)
+
+  after_each(function()
+    H.remove_scratch(dir)
+  end)
+
+  -- Runs the spec above under busted as spec/run does, with env's
+  -- variables; returns the scratch directory the helpers used.
+  local function busted(env)
+    local p = assert(io.popen("cd '" .. root .. "' && env -u RLM_SPEC_TMPDIR " .. env .. " " .. LUA
+      .. " /usr/bin/busted '" .. dir .. "/scratch_spec.lua' >/dev/null 2>&1; echo $?"))
+    local rc = p:read("*a")
+    p:close()
+    assert.are.equal("1\n", rc) -- one failed
+    return H.read_file(dir .. "/tmpdir")
+  end
+
+  it("is made, and removed when busted ends, when spec/run did not give one", function()
+    local made = busted("")
+    assert.matches("^/tmp/rlm%-spec%.%w+$", made)
+    assert.is_nil(io.open(made .. "/a workdir"))
+    assert.are.equal("gone", H.sh("test -e '" .. made .. "' || echo gone"))
+  end)
+
+  it("is spec/run's when it gives one (RLM_SPEC_TMPDIR), and left to it", function()
+    local given = dir .. "/given"
+    H.sh("mkdir '" .. given .. "'")
+    assert.are.equal(given, busted("RLM_SPEC_TMPDIR='" .. given .. "'"))
+    assert.are.equal("a workdir", H.sh("ls '" .. given .. "'"))
   end)
 end)
 

@@ -21,11 +21,14 @@
 -- as the run starts, X-Rlm-Session naming its id; when the worker running
 -- it dies (a crash, a kill), the client asks again, the same request with
 -- &session=ID, and whichever worker takes it goes on from where the run
--- was: no recorded model or tool call is made twice. While the dead
--- worker's lease lasts, that answers 409 with Retry-After.
+-- was: no recorded model or tool call is made twice. The lease of a dead
+-- worker of this machine is let go at once (rlm.journal.owner: its pid,
+-- boot id and start time tell it is gone); while a live worker, or one of
+-- another machine, holds the run, that answers 409 with Retry-After.
 -- luacheck: globals ngx
 local cjson = require("cjson.safe")
 local journal = require("rlm.journal")
+local owner = require("rlm.journal.owner")
 local rlm = require("rlm")
 local resty = require("rlm.adapters.resty")
 local settings = require("rlm.llm.settings")
@@ -162,20 +165,25 @@ end
 -- 409 (Retry-After: when its lease ends), another failure to resume 502.
 local function ask_durable(opts)
   local worker = ngx.worker.pid()
-  opts.journal = {
-    store = journal.redis(pooled_redis(M.redis), { ttl = M.journal_ttl }),
-    owner = ("nginx-%s-%d-%s"):format(ngx.var.hostname, worker, ngx.var.request_id),
-  }
+  -- The lease's owner: this worker, and the request (a worker runs many),
+  -- named so that another worker of this machine can tell it is gone.
+  local store = journal.redis(pooled_redis(M.redis), { ttl = M.journal_ttl })
+  opts.journal = { store = store, owner = owner.name("nginx", ngx.var.request_id)
+    or ("nginx-%s-%d-%s"):format(ngx.var.hostname, worker, ngx.var.request_id) }
   local id = ngx.var.arg_session and ngx.unescape_uri(ngx.var.arg_session)
   local h, err
   if id then
+    -- a worker of this machine that died (killed, crashed) renews its
+    -- lease no more, yet it would live its ttl out: let go of it at once
+    pcall(owner.release_if_gone, store, id)
     h, err = resty.resume(id, opts)
   else
     h = resty.start(opts)
   end
   if not h then
     if err.kind == "lease_held" then
-      -- when the holder's lease ends (a dead worker's lasts its ttl, 30 s)
+      -- when the holder's lease ends (another machine's dead worker's lasts
+      -- its ttl, 30 s)
       ngx.header["Retry-After"] = err.expires and math.max(1, err.expires - ngx.time()) or 2
       return send(409, { error = err.kind, message = tostring(err.message or err), owner = err.owner, session = id })
     end

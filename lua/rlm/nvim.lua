@@ -200,9 +200,7 @@ local function session_opts(question, context, what)
   end)
   local store = journal.store(option("journal"))
   if store then
-    -- the owner of its lease: this editor, named so that a second one's
-    -- refusal says who holds the run
-    opts.journal = { store = store, owner = ("nvim-%s-%d"):format(uv().os_gethostname(), vim.fn.getpid()) }
+    opts.journal = { store = store, owner = journal.owner() }
   end
   return opts, store
 end
@@ -295,6 +293,7 @@ function M.resume(id)
   end
   local what = run.what or ("run " .. id)
   local opts = session_opts(run.question, run.context, what)
+  journal.release_if_gone(store, id)
   return launch(function(o, cb)
     local s, err = adapter.resume(id, o, cb)
     if not s then

@@ -12,9 +12,51 @@ local function run(cmd)
   return out
 end
 
--- One scratch directory for the workdirs of this run (spec/run makes it and
--- removes it).
-H.tmpdir = os.getenv("RLM_SPEC_TMPDIR") or run("mktemp -d /tmp/rlm-spec.XXXXXX"):gsub("%s+$", "")
+-- A directory of a spec's own, /tmp/<name>.XXXXXX (mktemp -d), and its
+-- removal with all in it (its modes given back first: a test may take
+-- them away), which refuses a directory H.scratch did not make.
+local scratches = {}
+function H.scratch(name)
+  assert(type(name) == "string" and name:find("^[%w-]+$"), "a scratch directory's name is letters, digits and -")
+  local dir = run("mktemp -d /tmp/" .. name .. ".XXXXXX"):gsub("%s+$", "")
+  assert(dir:match("^/tmp/" .. name:gsub("%-", "%%-") .. "%.%w+$"), "mktemp -d made " .. dir)
+  scratches[dir] = true
+  return dir
+end
+
+function H.remove_scratch(dir)
+  assert(scratches[dir], "not a directory H.scratch made: " .. tostring(dir))
+  scratches[dir] = nil
+  os.execute("chmod -R u+rwx '" .. dir .. "' 2>/dev/null; rm -rf '" .. dir .. "'")
+end
+
+-- One scratch directory for the workdirs of this run: spec/run's
+-- (RLM_SPEC_TMPDIR), which spec/run removes; else, busted run by hand, one
+-- made here and removed when busted ends (its "exit" event) or, outside
+-- busted, when this Lua closes (a finaliser).
+local function own_scratch()
+  local dir = H.scratch("rlm-spec")
+  local function remove()
+    if scratches[dir] then
+      H.remove_scratch(dir)
+    end
+  end
+  local ok, busted = pcall(require, "busted")
+  if ok and type(busted) == "table" and busted.subscribe then
+    busted.subscribe({ "exit" }, function()
+      remove()
+      return nil, true -- the other subscribers too
+    end)
+  end
+  if newproxy then -- Lua 5.1, LuaJIT: only a userdata has a __gc
+    H.scratch_finaliser = newproxy(true)
+    getmetatable(H.scratch_finaliser).__gc = remove
+  else
+    H.scratch_finaliser = setmetatable({}, { __gc = remove })
+  end
+  return dir
+end
+H.tmpdir = os.getenv("RLM_SPEC_TMPDIR") or own_scratch()
 
 -- A root model that answers from a script: each item is a string, or a
 -- function(messages, turn) returning one. Past the end it repeats the last.

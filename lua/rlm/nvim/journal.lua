@@ -76,6 +76,22 @@ function M.forget(store, id)
   end
 end
 
+-- The owner of a run's lease: this editor, named so that a second one's
+-- refusal says who holds the run, and that a resume after it was killed
+-- can tell it is gone (rlm.journal.owner); without /proc, by host and pid.
+function M.owner()
+  return require("rlm.journal.owner").name("nvim")
+    or ("nvim-%s-%d"):format((vim.uv or vim.loop).os_gethostname(), vim.fn.getpid())
+end
+
+-- Before a resume: the lease of an editor of this machine that is gone
+-- (killed, or crashed: nothing renews it, yet it would live its 30 s out)
+-- is let go at once. A live editor's, or another machine's, is left to
+-- the resume to report, as is an id that is none.
+function M.release_if_gone(store, id)
+  pcall(require("rlm.journal.owner").release_if_gone, store, id)
+end
+
 -- A resume's refusal as one line: another editor holds the run (the
 -- engine's message names the run and an epoch; this fits a line).
 function M.held_line(err)
