@@ -77,6 +77,7 @@ build = {
     ["rlm.journal"] = "lua/rlm/journal/init.lua",
     ["rlm.journal.file"] = "lua/rlm/journal/file.lua",
     ["rlm.journal.lease"] = "lua/rlm/journal/lease.lua",
+    ["rlm.journal.owner"] = "lua/rlm/journal/owner.lua",
     ["rlm.journal.record"] = "lua/rlm/journal/record.lua",
     ["rlm.journal.redis"] = "lua/rlm/journal/redis.lua",
     ["rlm.journal.store"] = "lua/rlm/journal/store.lua",
