@@ -18,6 +18,7 @@ local journal = require("rlm.journal")
 local jstore = require("rlm.journal.store")
 local util = require("rlm.base.util")
 local IDLE = require("rlm.engine.loop").IDLE
+local seeds = require("rlm.engine.seeds")
 local tapes = require("rlm.engine.tape")
 local call_hash, run_error = tapes.call_hash, tapes.run_error
 
@@ -37,6 +38,7 @@ local call_hash, run_error = tapes.call_hash, tapes.run_error
 ---@field tape_steps integer the steps a resume runs again, recorded done
 ---@field digests table step n -> the SHA-256 of its output, as recorded
 ---@field ended boolean|nil its entries are deleted (the run gave its answer, or close())
+---@field seeds table|nil the driver's { hash =, random = } seeds, chosen at its start, kept in the head
 local Journal = {}
 Journal.__index = Journal
 
@@ -100,10 +102,11 @@ end
 local function new(s, o, id, digest)
   return setmetatable({ session = s, store = o.store, owner = o.owner or ("rlm-" .. assert(util.random_hex(8))),
     lease_ttl = o.lease_ttl, id = id, digest = digest, seq = 0, steps = 0, created = os.time(), calls = {},
-    tape_steps = 0, digests = {} }, Journal)
+    tape_steps = 0, digests = {}, seeds = seeds.new() }, Journal)
 end
 
--- A new session's journal: its id now, its lease at the run's start.
+-- A new session's journal: its id and its driver's seeds now, its lease
+-- at the run's start.
 function M.new(s, o, digest)
   return new(s, o, assert(util.random_hex(16)), digest)
 end
@@ -117,6 +120,7 @@ function M.resumed(s, o, state)
   j.owner, j.lease, j.seq = state.owner, state.lease, state.seq
   j.steps, j.created, j.tape, j.tape_steps, j.digests = state.head.steps, state.head.created, state.tape,
     state.head.steps, state.digests
+  j.seeds = state.head.seeds -- the run's, or none (a journal of before them)
   return j
 end
 
@@ -175,7 +179,7 @@ function Journal:head_text()
   return journal.encode("head", { id = self.id, seq = self:next_seq(), steps = self.steps, created = self.created,
     updated = os.time(), options = self.digest, counts = { iterations = s.conversation.iterations,
       sub_calls = tree.sub_calls, tool_calls = tree.tool_calls, tokens = { input = tokens.input,
-        output = tokens.output, total = tokens.total } } })
+        output = tokens.output, total = tokens.total } }, seeds = self.seeds })
 end
 
 -- The run's start: the lease, then the head (a resumed session holds its

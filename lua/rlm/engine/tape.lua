@@ -70,6 +70,10 @@ function M.load(o, id, digest)
   if not head then
     return fail(M.run_error(err))
   end
+  if not require("rlm.engine.seeds").ok(head.seeds) then
+    return fail(errors.new("journal_error", ("session %s's head holds seeds that are not two integers 1 to "
+      .. "2^32 - 1"):format(id)))
+  end
   if head.options ~= digest then
     return fail(errors.new("context_mismatch", ("session %s was recorded with another query or context "
       .. "(their SHA-256 differs): give the same ones to resume it"):format(id)))
