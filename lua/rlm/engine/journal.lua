@@ -18,6 +18,7 @@ local journal = require("rlm.journal")
 local jstore = require("rlm.journal.store")
 local util = require("rlm.base.util")
 local IDLE = require("rlm.engine.loop").IDLE
+local renewal = require("rlm.engine.renewal")
 local seeds = require("rlm.engine.seeds")
 local tapes = require("rlm.engine.tape")
 local call_hash, run_error = tapes.call_hash, tapes.run_error
@@ -39,6 +40,8 @@ local call_hash, run_error = tapes.call_hash, tapes.run_error
 ---@field digests table step n -> the SHA-256 of its output, as recorded
 ---@field ended boolean|nil its entries are deleted (the run gave its answer, or close())
 ---@field seeds table|nil the driver's { hash =, random = } seeds, chosen at its start, kept in the head
+---@field renewal Renewal the lease's renewal on a timer (rlm.engine.renewal)
+---@field writing boolean|nil a write's request is out (run): no renewal goes out meanwhile
 local Journal = {}
 Journal.__index = Journal
 
@@ -102,7 +105,7 @@ end
 local function new(s, o, id, digest)
   return setmetatable({ session = s, store = o.store, owner = o.owner or ("rlm-" .. assert(util.random_hex(8))),
     lease_ttl = o.lease_ttl, id = id, digest = digest, seq = 0, steps = 0, created = os.time(), calls = {},
-    tape_steps = 0, digests = {}, seeds = seeds.new() }, Journal)
+    tape_steps = 0, digests = {}, seeds = seeds.new(), renewal = renewal.new() }, Journal)
 end
 
 -- A new session's journal: its id and its driver's seeds now, its lease
@@ -121,6 +124,7 @@ function M.resumed(s, o, state)
   j.steps, j.created, j.tape, j.tape_steps, j.digests = state.head.steps, state.head.created, state.tape,
     state.head.steps, state.digests
   j.seeds = state.head.seeds -- the run's, or none (a journal of before them)
+  j.renewal:renewed(j)
   return j
 end
 
@@ -131,6 +135,10 @@ end
 -- the error is returned, the session goes on).
 function Journal:run(fn, soft)
   local s = self.session
+  local settled, serr = self.renewal:settle(self)
+  if not settled then
+    return nil, serr
+  end
   local req = { type = "journal", depth = 0 }
   -- The request holds its outcome: a host's own loop calls run() and
   -- replies, as for a cache_set.
@@ -140,12 +148,15 @@ function Journal:run(fn, soft)
     return true
   end
   s.scheduler:request(req)
+  self.writing = true
   while not req.done do
     if s.failed or s.closed then
+      self.writing = nil
       return nil, s.failed
     end
     coroutine.yield(IDLE)
   end
+  self.writing = nil
   local box = req.box
   if type(box) ~= "table" or not box[1] then
     local err = run_error(type(box) == "table" and box[2] or box)
@@ -195,6 +206,7 @@ function Journal:begin()
       return nil, err
     end
     self.lease = lease
+    self.renewal:renewed(self)
     return lease:write(journal.head_key(self.id), head)
   end)
 end
@@ -333,6 +345,9 @@ function Journal:step_done(conversation, entry, before)
     end
     if ok then
       ok, err = lease:renew()
+    end
+    if ok then
+      self.renewal:renewed(self)
     end
     return ok, err
   end)
