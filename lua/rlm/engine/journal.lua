@@ -196,8 +196,8 @@ end
 -- The run's start: the lease, then the head (a resumed session holds its
 -- lease already).
 function Journal:begin()
-  if self.lease then
-    return true
+  if self.lease and not self.renewal.suspended then
+    return true -- a resumed session's, or this run's (taken again after a resumable error)
   end
   local head = self:head_text()
   return self:run(function()
@@ -223,7 +223,7 @@ end
 function Journal:took(r)
   local req = r.request
   local via = VIA[req.type]
-  if not via or self.ended or not self.lease then
+  if not via or self.ended or not self.lease or not tapes.is_answer(r) then
     return true
   end
   local rec = { k = #self.calls + 1, via = via, call = req.journal_call or call_hash(req) }
@@ -378,16 +378,22 @@ function Journal:finish()
   end, true)
 end
 
--- close(): the entries go, now (close() runs where the host called it,
--- which may yield if the store does). Not from a finalizer: a session
--- dropped unclosed leaves its journal for a resume.
+-- close(): the entries go now (where the host called it, which may yield
+-- if the store does); a run that failed before it (a SIGINT too) or reported
+-- a resumable error keeps them for a resume, its lease let go. Not from a
+-- finalizer: a session dropped unclosed leaves both (the lease for its ttl).
 function Journal:discard()
   if self.ended or not self.lease then
     return
   end
   self.ended = true
+  local failed, released = self.session.failed, self.renewal.suspended
   util.call_protected(function()
-    self.lease:drop(self:keys())
+    if failed and not released then
+      self.lease:release()
+    elseif not released then
+      self.lease:drop(self:keys())
+    end
   end)
 end
 

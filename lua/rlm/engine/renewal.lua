@@ -14,6 +14,7 @@ local run_error = require("rlm.engine.tape").run_error
 ---@class Renewal
 ---@field at number|nil when the next renewal is due (core.now_ms)
 ---@field out table|nil the renewal's request while it is out
+---@field suspended boolean|nil released after a resumable error (suspend), until taken again
 local Renewal = {}
 Renewal.__index = Renewal
 
@@ -29,6 +30,7 @@ end
 -- before it runs out: every 333 ms for a ttl of 2 s, 9.7 s for 30 s.
 function Renewal:renewed(j)
   local ttl = j.lease_ttl
+  self.suspended = nil
   self.at = core.now_ms() + math.max(ttl - 1, ttl / 2) * 1000 / 3
 end
 
@@ -53,7 +55,8 @@ function Renewal:tick(j)
   end
   local at = self.at
   local s = j.session
-  if not at or j.writing or j.ended or not j.lease or s.failed or s.closed or core.now_ms() < at then
+  if not at or self.suspended or j.writing or j.ended or not j.lease or s.failed or s.closed
+    or core.now_ms() < at then
     return true
   end
   req = { type = "journal", depth = 0 }
@@ -84,11 +87,25 @@ function Renewal:settle(j)
   return true
 end
 
+-- The run reported a resumable error (a root call failed or timed out:
+-- rlm.engine.turn): the lease goes now and the entries stay, so that a
+-- resume elsewhere need not wait out the ttl, and close() keeps them
+-- (Journal:discard). The run going on here takes the lease again
+-- (Journal:begin), unless a resume took it meanwhile.
+function Renewal:suspend(j)
+  if j.lease and not j.ended and not self.suspended then
+    self.suspended = true
+    j:run(function()
+      return j.lease:release()
+    end, true)
+  end
+end
+
 -- Milliseconds until the next renewal is due, or ms when that is sooner
 -- (-1: none).
 function Renewal:timeout(j, ms)
   local at = self.at
-  if not at or j.ended or not j.lease then
+  if not at or self.suspended or j.ended or not j.lease then
     return ms
   end
   local left = math.max(math.ceil(at - core.now_ms()), 0)

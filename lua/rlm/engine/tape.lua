@@ -42,6 +42,15 @@ function M.call_hash(req)
   return core.sha256_hex(("llm:%d:%s:"):format(#(req.model or ""), req.model or "") .. req.prompt)
 end
 
+-- Whether reply r is an answer the journal records: any but a failed call
+-- of the root session's own turn (not a compaction's), which is asked
+-- again (a resumable error): a replay must get the answer that came then.
+function M.is_answer(r)
+  local req = r.request
+  return not (req.type == "root_llm" and req.depth == 0 and not req.compaction
+    and (r.failed or type(r.text) ~= "string"))
+end
+
 -- What a resume reads, with the lease taken first (Session.resume calls
 -- the store itself: where its caller may yield, the store may). Returns
 -- the state for resumed, or nil, err (lease_held, journal_error,

@@ -350,9 +350,20 @@ function C:run_turns()
     if entry and journal and journal:replaying(self.iterations) then -- luacheck: ignore 542
       -- A step a resume runs again: the run goes on without a stop.
     elseif not entry and err.resumable and not s.closed then
-      -- Reported, not the end: polled again, the turn is asked again.
+      -- Reported, not the end: polled again, the turn is asked again. The
+      -- journal's lease goes meanwhile, its entries stay (rlm.engine.renewal).
+      if journal then
+        journal.renewal:suspend(journal)
+      end
       s.scheduler:post({ type = "error", err = err })
       coroutine.yield(IDLE)
+      if journal then
+        local ok
+        ok, err = journal:begin()
+        if not ok then
+          return { type = "error", err = err }
+        end
+      end
     elseif not entry then
       return { type = "error", err = err }
     else
