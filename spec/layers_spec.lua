@@ -258,6 +258,7 @@ describe("the session's objects", function()
     ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
     ["rlm/engine/cache.lua"] = "Cache", ["rlm/engine/journal.lua"] = "Journal",
     ["rlm/engine/renewal.lua"] = "Renewal", ["rlm/engine/seeds.lua"] = false,
+    ["rlm/engine/journal_option.lua"] = false,
     ["rlm/engine/conversation.lua"] = "Conversation", ["rlm/engine/turn.lua"] = "Conversation",
     ["rlm/engine/exec.lua"] = "Conversation", ["rlm/engine/finals.lua"] = "Conversation",
     ["rlm/engine/answer.lua"] = "Conversation", ["rlm/engine/compact.lua"] = "Compactor",

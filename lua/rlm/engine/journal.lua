@@ -15,7 +15,6 @@ local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local json = require("rlm.base.json")
 local journal = require("rlm.journal")
-local jstore = require("rlm.journal.store")
 local util = require("rlm.base.util")
 local IDLE = require("rlm.engine.loop").IDLE
 local renewal = require("rlm.engine.renewal")
@@ -42,6 +41,8 @@ local call_hash, run_error = tapes.call_hash, tapes.run_error
 ---@field seeds table|nil the driver's { hash =, random = } seeds, chosen at its start, kept in the head
 ---@field renewal Renewal the lease's renewal on a timer (rlm.engine.renewal)
 ---@field writing boolean|nil a write's request is out (run): no renewal goes out meanwhile
+---@field on_divergence string "error" or "continue" (option journal.on_divergence)
+---@field diverged table|nil the first divergence a "continue" replay went past: { kind =, message =, step = }
 local Journal = {}
 Journal.__index = Journal
 
@@ -49,52 +50,6 @@ local M = {}
 
 -- The answers recorded, by the request's type, and their `via`.
 local VIA = { root_llm = "root", llm_query = "llm", tool_call = "tool" }
-
-local WANT = "a journal store (an object with get, set, delete and set_if methods: rlm.journal.file, "
-  .. "rlm.journal.redis), or a table { store = a journal store, owner = a string of 1 to 200 bytes, "
-  .. "lease_ttl = seconds 1 to 2^31 }"
-
-local function is_store(v)
-  return pcall(jstore.check, v)
-end
-
--- The option's check (rlm.engine.options).
-function M.check(v)
-  if type(v) == "table" and getmetatable(v) == nil and rawget(v, "store") ~= nil then
-    for k in pairs(v) do
-      if k ~= "store" and k ~= "owner" and k ~= "lease_ttl" then
-        return false, WANT .. " (no field " .. tostring(k) .. ")"
-      end
-    end
-    if not is_store(v.store) then
-      return false, WANT, nil, "store", v.store
-    end
-    local owner = v.owner
-    if owner ~= nil and not (type(owner) == "string" and #owner >= 1 and #owner <= 200
-      and not owner:find("[%c]")) then
-      return false, "a string of 1 to 200 bytes without control characters", nil, "owner", owner
-    end
-    local ttl = v.lease_ttl
-    if ttl ~= nil and not (type(ttl) == "number" and ttl == math.floor(ttl) and ttl >= 1 and ttl <= 2 ^ 31) then
-      return false, "an integer 1 to 2^31 (seconds)", nil, "lease_ttl", ttl
-    end
-    return true
-  end
-  if not is_store(v) then
-    return false, WANT
-  end
-  return true
-end
-
--- The option as the session keeps it: { store =, owner =, lease_ttl = }.
--- An owner not given is this session's own: a resume, or another process,
--- is another owner.
-function M.read(v)
-  if getmetatable(v) == nil and rawget(v, "store") ~= nil then
-    return { store = v.store, owner = v.owner, lease_ttl = v.lease_ttl or 30 }
-  end
-  return { store = v, lease_ttl = 30 }
-end
 
 -- What a resume must give again: a SHA-256 of the query, the context's
 -- format and the context as sent.
@@ -105,7 +60,8 @@ end
 local function new(s, o, id, digest)
   return setmetatable({ session = s, store = o.store, owner = o.owner or ("rlm-" .. assert(util.random_hex(8))),
     lease_ttl = o.lease_ttl, id = id, digest = digest, seq = 0, steps = 0, created = os.time(), calls = {},
-    tape_steps = 0, digests = {}, seeds = seeds.new(), renewal = renewal.new() }, Journal)
+    tape_steps = 0, digests = {}, seeds = seeds.new(), renewal = renewal.new(),
+    on_divergence = o.on_divergence or "error" }, Journal)
 end
 
 -- A new session's journal: its id and its driver's seeds now, its lease
@@ -243,8 +199,8 @@ function Journal:took(r)
   end
   rec.usage = type(r.usage) == "table" and r.usage or nil
   self.calls[#self.calls + 1] = rec
-  if r.replayed then
-    return true -- recorded already
+  if r.replayed or self:replaying(self:step_now()) then
+    return true -- recorded already; or a call past a divergence, which a replayed step's record has no room for
   end
   local n = self:step_now()
   local entry = { seq = self:next_seq(), n = n, k = rec.k, via = via, call = rec.call, text = rec.text,
@@ -294,10 +250,23 @@ function Journal:answer(req)
     end
   end
   if self:replaying(n) then
-    return nil, errors.new("replay_diverged", ("the resume's replay of step %d asked a %s call that step's "
-      .. "record does not hold: the code did not run as it did"):format(n, via), { step = n })
+    return nil, select(2, self:diverge(n, ("the resume's replay of step %d asked a %s call that step's "
+      .. "record does not hold: the code did not run as it did"):format(n, via)))
   end
   return nil
+end
+
+-- A replayed step n ran otherwise than its record (message says how):
+-- nil, err (replay_diverged) to end the run naming it; or, with
+-- on_divergence = "continue", true: the run goes on from the REPL the
+-- replay made (a call the record does not hold goes out, unrecorded), and
+-- its answer is marked partial (rlm.engine.turn's main).
+function Journal:diverge(n, message)
+  if self.on_divergence == "continue" then
+    self.diverged = self.diverged or { kind = "replay_diverged", message = message, step = n }
+    return true
+  end
+  return nil, errors.new("replay_diverged", message, { step = n })
 end
 
 -- Step n (the conversation's turn just done, entry its history entry)
@@ -310,8 +279,11 @@ function Journal:step_done(conversation, entry, before)
   self.calls = {}
   if self:replaying(n) then
     if self.digests[n] and self.digests[n] ~= digest then
-      return self.session:_error("replay_diverged", ("the resume's replay of step %d printed another output "
-        .. "than the recorded run did (their SHA-256 differ)"):format(n), { step = n })
+      local ok, err = self:diverge(n, ("the resume's replay of step %d printed another output than the "
+        .. "recorded run did (their SHA-256 differ)"):format(n))
+      if not ok then
+        return self.session:_fail(err)
+      end
     end
     if n == self.tape_steps then
       self.tape[n] = nil

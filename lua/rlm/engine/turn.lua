@@ -285,6 +285,10 @@ function C:main()
   local ev = require("rlm.engine.fallback").after(self, self:run_turns())
   local r, e = ev.result, ev.err
   if r and s.journal then
+    local diverged = s.journal.diverged -- a resume that went on past a divergence: never a plain success
+    if diverged and not r.partial then
+      r.partial, r.reason = true, diverged
+    end
     s.journal:finish() -- the run gave its answer: its entries go (a failure to is the store's ttl's)
   end
   local tokens = s.tree.tokens
