@@ -16,8 +16,6 @@
 
 #define MAX_RO_PATHS 4096
 
-static char *const sandbox_env[] = RLM_SANDBOX_ENV;
-
 static const char *opt_string(lua_State *L, int t, const char *key) {
   lua_getfield(L, t, key);
   const char *s = lua_tostring(L, -1);
@@ -181,7 +179,7 @@ static int open_late_context(driver_ud *u, int *ro, char *err, size_t errlen) {
 /* core.spawn{bwrap=, python=, driver=, driver_modules={...}, ro={...},
  *            driver_zip=, context= | late_context=true, max_line=,
  *            max_rss=, rss_interval_ms=, cgroup=, workdir_bytes=,
- *            workdir_files=, uid_first=, uid_count=}
+ *            workdir_files=, uid_first=, uid_count=, hash_seed=}
  *   -> Driver | nil, message
  * The options are checked here (misuse raises); the command line, the
  * descriptors, the context's memfd, the uid and the process are made on
@@ -208,6 +206,14 @@ static int core_spawn(lua_State *L) {
   lua_getfield(L, 1, "cgroup");
   int use_cgroup = lua_toboolean(L, -1);
   lua_pop(L, 1);
+  lua_Integer seed = opt_integer(L, 1, "hash_seed", 0);
+  if (seed > 4294967295)
+    return luaL_error(L, "rlm.core.spawn: option 'hash_seed' must be 0 to "
+                         "4294967295");
+  spec.hash_seed = (uint32_t)seed;
+  char seed_var[RLM_SEED_VAR_BYTES];
+  char *env[RLM_SANDBOX_ENV_MAX];
+  rlm_sandbox_env(spec.hash_seed, seed_var, env);
 
   driver_ud *u = lua_newuserdata(L, sizeof(*u));
   u->d = NULL;
@@ -258,7 +264,7 @@ static int core_spawn(lua_State *L) {
   o.prepare = plan_prepare;
   o.prepare_arg = plan; /* the driver's from here, even on failure */
   o.prepare_free = plan_free;
-  o.env = sandbox_env;
+  o.env = env; /* copied by the driver */
   o.context = late ? NULL : context;
   o.context_len = context_len;
   o.context_at = CHILD_CONTEXT_FD - 3;

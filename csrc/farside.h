@@ -117,6 +117,7 @@ typedef struct far {
   char mode_why[PATH_MAX + 512]; /* why that one */
   char session_dir[PATH_MAX];    /* the fallback's (far_session_dir); "" */
   char home_env[PATH_MAX + 64];
+  char seed_env[RLM_SEED_VAR_BYTES]; /* PYTHONHASHSEED=, the start's */
   /* the host's input */
   char chunk[IN_CHUNK];
   size_t chunk_at, chunk_end;
@@ -225,7 +226,7 @@ static void cache_write(const char *file, const char *key, const char *line);
  * start. */
 static void choose_mode(far *f, const char *want, int found_python);
 static int seccomp_plan(far *f, const far_probe *probe, rlm_driver_opts *o,
-                        int inherit[2], char **argv, char **env, char *err,
-                        size_t errlen);
+                        int inherit[2], char **argv, char **env,
+                        uint32_t hash_seed, char *err, size_t errlen);
 
 #endif

@@ -313,8 +313,8 @@ static void choose_mode(far *f, const char *want, int found_python) {
  * keeper must be able to give it a uid of its own (root), which main
  * checked before it said "seccomp". 1, or 0 with err. */
 static int seccomp_plan(far *f, const far_probe *probe, rlm_driver_opts *o,
-                        int inherit[2], char **argv, char **env, char *err,
-                        size_t errlen) {
+                        int inherit[2], char **argv, char **env,
+                        uint32_t hash_seed, char *err, size_t errlen) {
   const char *tmp = getenv("TMPDIR");
   if (far_session_dir(f->session_dir, sizeof(f->session_dir),
                       tmp != NULL && tmp[0] == '/' ? tmp : "/tmp", probe, err,
@@ -327,9 +327,9 @@ static int seccomp_plan(far *f, const far_probe *probe, rlm_driver_opts *o,
   static char exe[PATH_MAX];
   snprintf(exe, sizeof(exe), "%s", probe->executable);
   argv[0] = exe;
-  argv[1] = "-I";
-  argv[2] = "-S";
-  argv[3] = "-B";
+  const char *const *flags = rlm_sandbox_flags(hash_seed);
+  for (int i = 0; i < 3; i++)
+    argv[1 + i] = (char *)flags[i];
   argv[4] = entry;
   argv[5] = NULL;
   env[0] = "PATH=/usr/bin:/bin";
@@ -337,6 +337,12 @@ static int seccomp_plan(far *f, const far_probe *probe, rlm_driver_opts *o,
   env[2] = "PYTHONUTF8=1";
   env[3] = f->home_env;
   env[4] = NULL;
+  if (hash_seed > 0) {
+    snprintf(f->seed_env, sizeof(f->seed_env), "PYTHONHASHSEED=%lu",
+             (unsigned long)hash_seed);
+    env[4] = f->seed_env;
+    env[5] = NULL;
+  }
   char path[64];
   f->ctx_fd = rlm_context_open();
   if (f->ctx_fd >= 0) {

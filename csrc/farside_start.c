@@ -25,8 +25,6 @@
 #define MAX_MODULES 256
 #define MAX_RO 8192
 
-static char *const sandbox_env[] = RLM_SANDBOX_ENV;
-
 static int field_int(const start_msg *m, const char *key, int64_t min,
                      int64_t max, int64_t *out) {
   long i = rlm_json_get(m->s, m->t, m->root, key);
@@ -152,7 +150,8 @@ static int host_allows(far *f, const start_msg *m) {
  * makes it. 1, or 0 with err. */
 static int bubblewrap_plan(far *f, const far_probe *probe,
                            const char *const *ro, size_t n_ro,
-                           uint64_t wd_bytes, rlm_driver_opts *o, char *err,
+                           uint64_t wd_bytes, uint32_t hash_seed,
+                           rlm_driver_opts *o, char **env, char *err,
                            size_t errlen) {
   char driver_py[PATH_MAX + 32];
   snprintf(driver_py, sizeof(driver_py), "%s/repl_driver.py", f->driver_dir);
@@ -167,6 +166,7 @@ static int bubblewrap_plan(far *f, const far_probe *probe,
   spec.n_ro = n_ro;
   spec.seccomp_fd = CHILD_SECCOMP_FD;
   spec.workdir_bytes = wd_bytes;
+  spec.hash_seed = hash_seed;
   spawn_plan *plan = plan_new(&spec);
   int ro_ctx = -1;
   char path[64];
@@ -196,13 +196,14 @@ static int bubblewrap_plan(far *f, const far_probe *probe,
   o->prepare = plan_prepare;
   o->prepare_arg = plan; /* the driver's from here, even on failure */
   o->prepare_free = plan_free;
-  o->env = sandbox_env;
+  rlm_sandbox_env(hash_seed, f->seed_env, env);
+  o->env = env;
   return 1;
 }
 
 static void start(far *f, const start_msg *m) {
   int64_t protocol, max_bytes, max_rss, interval, wd_bytes, wd_files, uid_first,
-      uid_count;
+      uid_count, hash_seed = 0;
   int cgroup, bind_pth;
   if (field_int(m, "protocol", 0, INT64_MAX, &protocol) != 0 ||
       protocol != RLM_KEEPER_PROTOCOL) {
@@ -226,9 +227,11 @@ static void start(far *f, const start_msg *m) {
       field_int(m, "uid_first", 1, UINT32_MAX, &uid_first) ||
       field_int(m, "uid_count", 1, UINT32_MAX, &uid_count) ||
       field_bool(m, "memory_cgroup", &cgroup) ||
-      field_bool(m, "bind_pth_paths", &bind_pth) || mods < 0 ||
-      m->t[mods].type != RLM_JT_ARRAY || m->t[mods].count > MAX_MODULES ||
-      allowed < 0 ||
+      field_bool(m, "bind_pth_paths", &bind_pth) ||
+      (rlm_json_get(m->s, m->t, m->root, "hash_seed") >= 0 &&
+       field_int(m, "hash_seed", 1, UINT32_MAX, &hash_seed) != 0) ||
+      mods < 0 || m->t[mods].type != RLM_JT_ARRAY ||
+      m->t[mods].count > MAX_MODULES || allowed < 0 ||
       (m->t[allowed].type != RLM_JT_ARRAY &&
        !(m->t[allowed].type == RLM_JT_OBJECT && m->t[allowed].count == 0)) ||
       guard < 0 ||
@@ -347,12 +350,13 @@ static void start(far *f, const start_msg *m) {
   memset(&o, 0, sizeof(o));
   int inherit[2] = {-1, -1};
   char *argv[6] = {NULL};
-  char *env[5] = {NULL};
+  char *env[RLM_SANDBOX_ENV_MAX] = {NULL};
   int ok =
       f->mode == FAR_SECCOMP
-          ? seccomp_plan(f, &probe, &o, inherit, argv, env, err, sizeof(err))
-          : bubblewrap_plan(f, &probe, ro, n_ro, (uint64_t)wd_bytes, &o, err,
-                            sizeof(err));
+          ? seccomp_plan(f, &probe, &o, inherit, argv, env, (uint32_t)hash_seed,
+                         err, sizeof(err))
+          : bubblewrap_plan(f, &probe, ro, n_ro, (uint64_t)wd_bytes,
+                            (uint32_t)hash_seed, &o, env, err, sizeof(err));
   free(ro); /* the plan copied it */
   far_probe_free(&probe);
   if (!ok || lines == NULL) {

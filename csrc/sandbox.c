@@ -534,10 +534,10 @@ int rlm_sandbox_argv(const rlm_sandbox_spec *spec, rlm_argv *out, char *err,
   if (e.failed)
     goto oom;
 
-  static const char *const tail[] = {"-I", "-S", "-B", NULL};
   if (rlm_argv_push(out, "--") || rlm_argv_push(out, spec->python))
     goto oom;
-  for (const char *const *p = tail; *p != NULL; p++)
+  for (const char *const *p = rlm_sandbox_flags(spec->hash_seed); *p != NULL;
+       p++)
     if (rlm_argv_push(out, *p))
       goto oom;
   if (rlm_argv_push(out, entry))
@@ -553,6 +553,25 @@ fail:
   memo_free(&e);
   rlm_argv_free(out);
   return -1;
+}
+
+const char *const *rlm_sandbox_flags(uint32_t hash_seed) {
+  static const char *const isolated[] = {"-I", "-S", "-B", NULL};
+  static const char *const seeded[] = {"-s", "-S", "-B", NULL};
+  return hash_seed > 0 ? seeded : isolated;
+}
+
+void rlm_sandbox_env(uint32_t hash_seed, char *var, char **env) {
+  static char *const fixed[] = RLM_SANDBOX_ENV;
+  size_t n = 0;
+  for (; fixed[n] != NULL; n++)
+    env[n] = fixed[n];
+  if (hash_seed > 0) {
+    snprintf(var, RLM_SEED_VAR_BYTES, "PYTHONHASHSEED=%lu",
+             (unsigned long)hash_seed);
+    env[n++] = var;
+  }
+  env[n] = NULL;
 }
 
 static int is_executable_file(const char *path) {

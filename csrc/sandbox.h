@@ -36,9 +36,11 @@ typedef struct rlm_sandbox_spec {
   size_t n_ro;
   int seccomp_fd;         /* the filter's descriptor in the child; -1: none */
   uint64_t workdir_bytes; /* size of the /session tmpfs */
-  rlm_argv *stage; /* non-NULL (root host): a path the sandbox's uid cannot
-                      reach is appended here and bound from
-                      RLM_STAGE_DIR/<index>, where the spawn mounts it */
+  rlm_argv *stage;    /* non-NULL (root host): a path the sandbox's uid cannot
+                         reach is appended here and bound from
+                         RLM_STAGE_DIR/<index>, where the spawn mounts it */
+  uint32_t hash_seed; /* > 0: the driver's PYTHONHASHSEED (a journaled
+                         session's, so that its replay hashes alike) */
 } rlm_sandbox_spec;
 
 /* Paths inside the sandbox. */
@@ -59,6 +61,19 @@ typedef struct rlm_sandbox_spec {
 /* The host directory where a root host's spawn, in a mount namespace of its
  * own, mounts what the sandbox's unprivileged uid could not reach. */
 #define RLM_STAGE_DIR "/run/rlm/stage"
+
+/* The interpreter's flags before the driver's path: -I -S -B; with a hash
+ * seed -s -S -B, since -I (its -E) would not read PYTHONHASHSEED. The
+ * environment is the fixed list either way, so -E had nothing else to
+ * ignore but PYTHONUTF8. */
+RLM_FN const char *const *rlm_sandbox_flags(uint32_t hash_seed);
+
+/* The driver's environment: RLM_SANDBOX_ENV, and PYTHONHASHSEED=hash_seed
+ * (written into var, RLM_SEED_VAR_BYTES) when hash_seed > 0. env holds
+ * RLM_SANDBOX_ENV_MAX pointers. */
+#define RLM_SEED_VAR_BYTES 32
+#define RLM_SANDBOX_ENV_MAX 8
+RLM_FN void rlm_sandbox_env(uint32_t hash_seed, char *var, char **env);
 
 RLM_FN int rlm_argv_push(rlm_argv *a, const char *s);
 

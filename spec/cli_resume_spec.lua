@@ -495,6 +495,55 @@ describe("bin/rlm --journal and --resume", function()
     assert.are.same({ ".lock" }, journal_files(dir)) -- the store's flock, no entry
   end)
 
+  it("keeps the journal of a run stopped by Ctrl-C (SIGINT), says how to finish it, and finishes it", function()
+    if PENDING then
+      return pending(PENDING)
+    end
+    srv:script({}, rules())
+    local dir = journal_dir("sigint")
+    local args = args_of(dir)
+    local h = start(args)
+    -- Step 8's code sleeps after its llm_query's answer: run() waits on the
+    -- sandbox, where a SIGINT ends the wait at once.
+    local before = kill_when(h, logged_sub_query(prompt(8, 1), 0.3), "mid-step 8", true)
+    for _, pid in ipairs(descendants(h.pid)) do
+      tracked[#tracked + 1] = pid
+    end
+    os.execute("kill -INT " .. h.pid)
+    local code, out, err = finish(h, 60)
+    assert.are.equal(20, code, err)
+    assert.are.equal("", out)
+    local id = err:match("rlm %-%-resume (%S+) %-%-journal")
+    local pat = id:gsub("%-", "%%-")
+    assert.matches("\nrlm: cancelled: interrupted %(SIGINT%)[^\n]*\nrlm: journal: session " .. pat .. " kept; finish it "
+      .. "with: rlm %-%-resume " .. pat .. " %-%-journal " .. dir:gsub("%p", "%%%0")
+      .. " and the same %-%-context files, QUESTION and flags\n$", err)
+    local kept = journal_files(dir)
+    assert.is_true(#kept >= 9, table.concat(kept, " ")) -- the lease, the head, steps 1 to 7, step 8's answer
+    local resume = { "--resume", id }
+    for _, a in ipairs(args) do
+      resume[#resume + 1] = a
+    end
+    local t0 = socket.gettime()
+    code, out, err = finish(start(resume))
+    assert.are.equal(0, code, err)
+    assert.are.equal(expected .. "\n", out)
+    assert.is_true(socket.gettime() - t0 < 25, "the interrupted run's lease was waited out")
+    -- Nothing answered before the SIGINT was asked again.
+    local count = {}
+    for _, r in ipairs(srv:brief_requests()) do
+      count[r.key] = (count[r.key] or 0) + 1
+    end
+    for _, r in ipairs(before) do
+      if r.answered then
+        assert.are.equal(1, count[r.key], r.key .. " asked again")
+      end
+    end
+    for _, name in ipairs(journal_files(dir)) do
+      assert.matches("^%.", name, "journal entry left: " .. name)
+    end
+  end)
+
   for i, point in ipairs(POINTS) do
     it(("K%d, killed %s: resumed, the same answer, nothing recorded asked again"):format(i, point[1]), function()
       if PENDING then

@@ -246,6 +246,7 @@ describe("the session's objects", function()
     Handle = { file = "rlm/engine/handle.lua" },
     Cache = { file = "rlm/engine/cache.lua" },
     Journal = { file = "rlm/engine/journal.lua" },
+    Renewal = { file = "rlm/engine/renewal.lua" },
   }
   -- The files whose `self` is not a Session, and the class it is (false:
   -- no class of the session's; their fields are their own business).
@@ -256,6 +257,8 @@ describe("the session's objects", function()
     ["rlm/engine/nested.lua"] = "Nested",
     ["rlm/engine/handle.lua"] = "Handle", ["rlm/engine/boot.lua"] = "Handle",
     ["rlm/engine/cache.lua"] = "Cache", ["rlm/engine/journal.lua"] = "Journal",
+    ["rlm/engine/renewal.lua"] = "Renewal", ["rlm/engine/seeds.lua"] = false,
+    ["rlm/engine/journal_option.lua"] = false,
     ["rlm/engine/conversation.lua"] = "Conversation", ["rlm/engine/turn.lua"] = "Conversation",
     ["rlm/engine/exec.lua"] = "Conversation", ["rlm/engine/finals.lua"] = "Conversation",
     ["rlm/engine/answer.lua"] = "Conversation", ["rlm/engine/compact.lua"] = "Compactor",

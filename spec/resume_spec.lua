@@ -268,6 +268,61 @@ describe("rlm.Session.resume", function()
     s:close()
   end)
 
+  -- on_divergence = "continue": the run goes on from the REPL the replay
+  -- made, its answer marked partial, naming the step; never a plain success.
+  it("goes on past a step that printed otherwise, with on_divergence = \"continue\", to a partial answer",
+    function()
+      local c = counters()
+      local turns = with_turn(2, "import time\nt = bump('x')\nb = llm_query('q2')\nprint('two', t, b, time.time_ns())")
+      local id = abandon(c, { store = store, lease_ttl = 1 }, "q5", turns)
+      past_lease(1)
+      local s = assert(rlm.Session.resume(id, opts_for(c, { store = store, on_divergence = "continue" }, nil, nil,
+        turns)))
+      local r = assert(s:run())
+      s:close()
+      assert.are.equal(ANSWER, r.answer)
+      assert.is_true(r.partial)
+      assert.are.equal("replay_diverged", r.reason.kind)
+      assert.are.equal(2, r.reason.step)
+      assert.matches("step 2", r.reason.message)
+      -- Turns 1 and 2 from the journal; turn 3's question holds the replay's
+      -- output of step 2, not the recorded one: asked live, as turn 4 is.
+      assert.are.same({ 1, 1, 2, 1 }, c.root)
+      assert.are.equal(1, c.tool)
+      assert.are.same({}, entries(dir))
+    end)
+
+  it("asks live, with on_divergence = \"continue\", a call its record does not hold, to a partial answer",
+    function()
+      local c = counters()
+      local turns = with_turn(1, "import time\na = llm_query('q1-%d' % time.time_ns())[:6]\nprint('one', a)")
+      local id = abandon(c, { store = store, lease_ttl = 1 }, "q5", turns)
+      past_lease(1)
+      local asked = 0
+      for _ in pairs(c.sub) do
+        asked = asked + 1
+      end
+      local s = assert(rlm.Session.resume(id, opts_for(c, { store = store, on_divergence = "continue" }, nil, nil,
+        turns)))
+      local r = assert(s:run())
+      s:close()
+      assert.is_true(r.partial)
+      assert.are.equal("replay_diverged", r.reason.kind)
+      assert.are.equal(1, r.reason.step)
+      local now = 0
+      for _ in pairs(c.sub) do
+        now = now + 1
+      end
+      assert.are.equal(asked + 1, now) -- the new prompt, asked live (and q5, asked again, counted before)
+      assert.are.same({}, entries(dir))
+    end)
+
+  it("refuses an on_divergence that is not \"error\" or \"continue\", naming it", function()
+    local ok, err = pcall(rlm.Session.new, H.opts({ journal = { store = store, on_divergence = "ignore" } }))
+    assert.is_false(ok)
+    assert.matches("on_divergence", err)
+  end)
+
   it("refuses a second resumer while the first holds the lease, naming it", function()
     local c = counters()
     local id = abandon(c, { store = store, lease_ttl = 1 }, "q5")

@@ -51,6 +51,15 @@ def configure_session(message):
                                         state.DEFAULT_STDOUT_LIMIT))
     apply_rlimits(field(message, "rlimits", dict, {}))
     tools.install(message)
+    seed_random(field(message, "random_seed", int))
+
+
+def seed_random(seed):
+    """A journaled session's `random` seed (docs/durability.md): the
+    module the code imports is this one, seeded alike in its replay."""
+    if seed is not None:
+        import random
+        random.seed(seed)
 
 
 def apply_rlimits(limits):

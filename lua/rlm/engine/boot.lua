@@ -28,11 +28,20 @@ local function pack(...)
   return { n = select("#", ...), ... }
 end
 
+-- The driver's seeds when the session's tree keeps a journal: { hash =,
+-- random = } (rlm.engine.seeds), or nil.
+function M:seeds()
+  local s = self.session
+  local j = s.root.journal
+  return j and require("rlm.engine.seeds").for_session(j.seeds, s, j.session)
+end
+
 function M:load_context_message(context_bytes)
   local o = self.opts
+  local seeds = self:seeds()
   return { type = "load_context", format = self.context_format, stdout_limit = o.stdout_truncate_chars,
     rlimits = selftest.session_rlimits(o, context_bytes),
-    tools = require("rlm.engine.tools").specs(o) }
+    tools = require("rlm.engine.tools").specs(o), random_seed = seeds and seeds.random }
 end
 
 -- Starts the sandbox: a pooled one when the pool has one alive, else a
@@ -42,7 +51,9 @@ function M:boot()
   -- (bench/cold_start.lua shows them as phases).
   self.start_times = { begin = core.now_ms() }
   local pool = self.opts.pool
-  if pool then
+  -- A pooled sandbox's hash seed was its spawn's, before the session: a
+  -- session with seeds of its own (a journal's) starts its own.
+  if pool and not self:seeds() then
     local entry = pool:_take()
     while entry do
       self.start = "warm"
@@ -173,6 +184,8 @@ function M:cold_start(canaries)
   if not spec then
     return s:_fail(info)
   end
+  local seeds = self:seeds()
+  spec.hash_seed = seeds and seeds.hash -- the spawn's PYTHONHASHSEED (both backends read it)
   if spec.claim then
     -- The backend's sandbox is made for this start by the host's callback
     -- (rlm.engine.claim): the session waits for it here.

@@ -15,9 +15,10 @@ local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local json = require("rlm.base.json")
 local journal = require("rlm.journal")
-local jstore = require("rlm.journal.store")
 local util = require("rlm.base.util")
 local IDLE = require("rlm.engine.loop").IDLE
+local renewal = require("rlm.engine.renewal")
+local seeds = require("rlm.engine.seeds")
 local tapes = require("rlm.engine.tape")
 local call_hash, run_error = tapes.call_hash, tapes.run_error
 
@@ -37,6 +38,11 @@ local call_hash, run_error = tapes.call_hash, tapes.run_error
 ---@field tape_steps integer the steps a resume runs again, recorded done
 ---@field digests table step n -> the SHA-256 of its output, as recorded
 ---@field ended boolean|nil its entries are deleted (the run gave its answer, or close())
+---@field seeds table|nil the driver's { hash =, random = } seeds, chosen at its start, kept in the head
+---@field renewal Renewal the lease's renewal on a timer (rlm.engine.renewal)
+---@field writing boolean|nil a write's request is out (run): no renewal goes out meanwhile
+---@field on_divergence string "error" or "continue" (option journal.on_divergence)
+---@field diverged table|nil the first divergence a "continue" replay went past: { kind =, message =, step = }
 local Journal = {}
 Journal.__index = Journal
 
@@ -44,52 +50,6 @@ local M = {}
 
 -- The answers recorded, by the request's type, and their `via`.
 local VIA = { root_llm = "root", llm_query = "llm", tool_call = "tool" }
-
-local WANT = "a journal store (an object with get, set, delete and set_if methods: rlm.journal.file, "
-  .. "rlm.journal.redis), or a table { store = a journal store, owner = a string of 1 to 200 bytes, "
-  .. "lease_ttl = seconds 1 to 2^31 }"
-
-local function is_store(v)
-  return pcall(jstore.check, v)
-end
-
--- The option's check (rlm.engine.options).
-function M.check(v)
-  if type(v) == "table" and getmetatable(v) == nil and rawget(v, "store") ~= nil then
-    for k in pairs(v) do
-      if k ~= "store" and k ~= "owner" and k ~= "lease_ttl" then
-        return false, WANT .. " (no field " .. tostring(k) .. ")"
-      end
-    end
-    if not is_store(v.store) then
-      return false, WANT, nil, "store", v.store
-    end
-    local owner = v.owner
-    if owner ~= nil and not (type(owner) == "string" and #owner >= 1 and #owner <= 200
-      and not owner:find("[%c]")) then
-      return false, "a string of 1 to 200 bytes without control characters", nil, "owner", owner
-    end
-    local ttl = v.lease_ttl
-    if ttl ~= nil and not (type(ttl) == "number" and ttl == math.floor(ttl) and ttl >= 1 and ttl <= 2 ^ 31) then
-      return false, "an integer 1 to 2^31 (seconds)", nil, "lease_ttl", ttl
-    end
-    return true
-  end
-  if not is_store(v) then
-    return false, WANT
-  end
-  return true
-end
-
--- The option as the session keeps it: { store =, owner =, lease_ttl = }.
--- An owner not given is this session's own: a resume, or another process,
--- is another owner.
-function M.read(v)
-  if getmetatable(v) == nil and rawget(v, "store") ~= nil then
-    return { store = v.store, owner = v.owner, lease_ttl = v.lease_ttl or 30 }
-  end
-  return { store = v, lease_ttl = 30 }
-end
 
 -- What a resume must give again: a SHA-256 of the query, the context's
 -- format and the context as sent.
@@ -100,10 +60,12 @@ end
 local function new(s, o, id, digest)
   return setmetatable({ session = s, store = o.store, owner = o.owner or ("rlm-" .. assert(util.random_hex(8))),
     lease_ttl = o.lease_ttl, id = id, digest = digest, seq = 0, steps = 0, created = os.time(), calls = {},
-    tape_steps = 0, digests = {} }, Journal)
+    tape_steps = 0, digests = {}, seeds = seeds.new(), renewal = renewal.new(),
+    on_divergence = o.on_divergence or "error" }, Journal)
 end
 
--- A new session's journal: its id now, its lease at the run's start.
+-- A new session's journal: its id and its driver's seeds now, its lease
+-- at the run's start.
 function M.new(s, o, digest)
   return new(s, o, assert(util.random_hex(16)), digest)
 end
@@ -117,6 +79,8 @@ function M.resumed(s, o, state)
   j.owner, j.lease, j.seq = state.owner, state.lease, state.seq
   j.steps, j.created, j.tape, j.tape_steps, j.digests = state.head.steps, state.head.created, state.tape,
     state.head.steps, state.digests
+  j.seeds = state.head.seeds -- the run's, or none (a journal of before them)
+  j.renewal:renewed(j)
   return j
 end
 
@@ -127,6 +91,10 @@ end
 -- the error is returned, the session goes on).
 function Journal:run(fn, soft)
   local s = self.session
+  local settled, serr = self.renewal:settle(self)
+  if not settled then
+    return nil, serr
+  end
   local req = { type = "journal", depth = 0 }
   -- The request holds its outcome: a host's own loop calls run() and
   -- replies, as for a cache_set.
@@ -136,12 +104,15 @@ function Journal:run(fn, soft)
     return true
   end
   s.scheduler:request(req)
+  self.writing = true
   while not req.done do
     if s.failed or s.closed then
+      self.writing = nil
       return nil, s.failed
     end
     coroutine.yield(IDLE)
   end
+  self.writing = nil
   local box = req.box
   if type(box) ~= "table" or not box[1] then
     local err = run_error(type(box) == "table" and box[2] or box)
@@ -175,14 +146,14 @@ function Journal:head_text()
   return journal.encode("head", { id = self.id, seq = self:next_seq(), steps = self.steps, created = self.created,
     updated = os.time(), options = self.digest, counts = { iterations = s.conversation.iterations,
       sub_calls = tree.sub_calls, tool_calls = tree.tool_calls, tokens = { input = tokens.input,
-        output = tokens.output, total = tokens.total } } })
+        output = tokens.output, total = tokens.total } }, seeds = self.seeds })
 end
 
 -- The run's start: the lease, then the head (a resumed session holds its
 -- lease already).
 function Journal:begin()
-  if self.lease then
-    return true
+  if self.lease and not self.renewal.suspended then
+    return true -- a resumed session's, or this run's (taken again after a resumable error)
   end
   local head = self:head_text()
   return self:run(function()
@@ -191,6 +162,7 @@ function Journal:begin()
       return nil, err
     end
     self.lease = lease
+    self.renewal:renewed(self)
     return lease:write(journal.head_key(self.id), head)
   end)
 end
@@ -207,7 +179,7 @@ end
 function Journal:took(r)
   local req = r.request
   local via = VIA[req.type]
-  if not via or self.ended or not self.lease then
+  if not via or self.ended or not self.lease or not tapes.is_answer(r) then
     return true
   end
   local rec = { k = #self.calls + 1, via = via, call = req.journal_call or call_hash(req) }
@@ -227,8 +199,8 @@ function Journal:took(r)
   end
   rec.usage = type(r.usage) == "table" and r.usage or nil
   self.calls[#self.calls + 1] = rec
-  if r.replayed then
-    return true -- recorded already
+  if r.replayed or self:replaying(self:step_now()) then
+    return true -- recorded already; or a call past a divergence, which a replayed step's record has no room for
   end
   local n = self:step_now()
   local entry = { seq = self:next_seq(), n = n, k = rec.k, via = via, call = rec.call, text = rec.text,
@@ -278,10 +250,23 @@ function Journal:answer(req)
     end
   end
   if self:replaying(n) then
-    return nil, errors.new("replay_diverged", ("the resume's replay of step %d asked a %s call that step's "
-      .. "record does not hold: the code did not run as it did"):format(n, via), { step = n })
+    return nil, select(2, self:diverge(n, ("the resume's replay of step %d asked a %s call that step's "
+      .. "record does not hold: the code did not run as it did"):format(n, via)))
   end
   return nil
+end
+
+-- A replayed step n ran otherwise than its record (message says how):
+-- nil, err (replay_diverged) to end the run naming it; or, with
+-- on_divergence = "continue", true: the run goes on from the REPL the
+-- replay made (a call the record does not hold goes out, unrecorded), and
+-- its answer is marked partial (rlm.engine.turn's main).
+function Journal:diverge(n, message)
+  if self.on_divergence == "continue" then
+    self.diverged = self.diverged or { kind = "replay_diverged", message = message, step = n }
+    return true
+  end
+  return nil, errors.new("replay_diverged", message, { step = n })
 end
 
 -- Step n (the conversation's turn just done, entry its history entry)
@@ -294,8 +279,11 @@ function Journal:step_done(conversation, entry, before)
   self.calls = {}
   if self:replaying(n) then
     if self.digests[n] and self.digests[n] ~= digest then
-      return self.session:_error("replay_diverged", ("the resume's replay of step %d printed another output "
-        .. "than the recorded run did (their SHA-256 differ)"):format(n), { step = n })
+      local ok, err = self:diverge(n, ("the resume's replay of step %d printed another output than the "
+        .. "recorded run did (their SHA-256 differ)"):format(n))
+      if not ok then
+        return self.session:_fail(err)
+      end
     end
     if n == self.tape_steps then
       self.tape[n] = nil
@@ -330,6 +318,9 @@ function Journal:step_done(conversation, entry, before)
     if ok then
       ok, err = lease:renew()
     end
+    if ok then
+      self.renewal:renewed(self)
+    end
     return ok, err
   end)
 end
@@ -359,16 +350,22 @@ function Journal:finish()
   end, true)
 end
 
--- close(): the entries go, now (close() runs where the host called it,
--- which may yield if the store does). Not from a finalizer: a session
--- dropped unclosed leaves its journal for a resume.
+-- close(): the entries go now (where the host called it, which may yield
+-- if the store does); a run that failed before it (a SIGINT too) or reported
+-- a resumable error keeps them for a resume, its lease let go. Not from a
+-- finalizer: a session dropped unclosed leaves both (the lease for its ttl).
 function Journal:discard()
   if self.ended or not self.lease then
     return
   end
   self.ended = true
+  local failed, released = self.session.failed, self.renewal.suspended
   util.call_protected(function()
-    self.lease:drop(self:keys())
+    if failed and not released then
+      self.lease:release()
+    elseif not released then
+      self.lease:drop(self:keys())
+    end
   end)
 end
 

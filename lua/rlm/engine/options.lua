@@ -174,7 +174,7 @@ local schema = {
     summary = { summary_kind, "digest" },
   } },
   sub_call_cache = { require("rlm.engine.cache").check, false },
-  journal = { require("rlm.engine.journal").check },
+  journal = { require("rlm.engine.journal_option").check },
   cost = { cost_rule, fields = {
     usd = { callable, required = true },
     max_usd = { non_negative_number },
@@ -340,7 +340,7 @@ function M.check(opts)
   out.sub_call_cache = cache and { store = type(cache) == "table" and cache.store or nil,
     namespace = type(cache) == "table" and cache.namespace or nil }
   if out.journal ~= nil then
-    out.journal = require("rlm.engine.journal").read(out.journal)
+    out.journal = require("rlm.engine.journal_option").read(out.journal)
   end
   -- A context that cannot fit is refused here, not after a sandbox's start
   -- and a load that ends in memory_limit (a 2 GB one ran 29 s for that).

@@ -232,6 +232,10 @@ function Session:poll()
   if self.sandbox.refill and self.stepped and not self.parent and not self.nested:running() then
     self.sandbox:refill_pool(false)
   end
+  local j = self.journal
+  if j then
+    j.renewal:tick(j) -- the lease's renewal, when due (rlm.engine.renewal); a lost lease fails the session
+  end
   if not self.terminal and (self.failed or self.closed) then
     if not self.failed then
       self:_cancelled()
@@ -300,6 +304,9 @@ function Session:timeout()
   end
   local d = sandbox.driver or sandbox.helper
   local ms = self.clock:soft_timeout(d and d:timeout() or PROBE_WAIT_MS)
+  if self.journal then
+    ms = self.journal.renewal:timeout(self.journal, ms) -- the lease's renewal on a timer (rlm.engine.renewal)
+  end
   if self.nested.children[1] then
     ms = self.nested:timeout(ms)
   end

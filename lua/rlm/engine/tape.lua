@@ -42,6 +42,15 @@ function M.call_hash(req)
   return core.sha256_hex(("llm:%d:%s:"):format(#(req.model or ""), req.model or "") .. req.prompt)
 end
 
+-- Whether reply r is an answer the journal records: any but a failed call
+-- of the root session's own turn (not a compaction's), which is asked
+-- again (a resumable error): a replay must get the answer that came then.
+function M.is_answer(r)
+  local req = r.request
+  return not (req.type == "root_llm" and req.depth == 0 and not req.compaction
+    and (r.failed or type(r.text) ~= "string"))
+end
+
 -- What a resume reads, with the lease taken first (Session.resume calls
 -- the store itself: where its caller may yield, the store may). Returns
 -- the state for resumed, or nil, err (lease_held, journal_error,
@@ -69,6 +78,10 @@ function M.load(o, id, digest)
   head, err = journal.decode("head", text)
   if not head then
     return fail(M.run_error(err))
+  end
+  if not require("rlm.engine.seeds").ok(head.seeds) then
+    return fail(errors.new("journal_error", ("session %s's head holds seeds that are not two integers 1 to "
+      .. "2^32 - 1"):format(id)))
   end
   if head.options ~= digest then
     return fail(errors.new("context_mismatch", ("session %s was recorded with another query or context "

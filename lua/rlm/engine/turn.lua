@@ -285,6 +285,10 @@ function C:main()
   local ev = require("rlm.engine.fallback").after(self, self:run_turns())
   local r, e = ev.result, ev.err
   if r and s.journal then
+    local diverged = s.journal.diverged -- a resume that went on past a divergence: never a plain success
+    if diverged and not r.partial then
+      r.partial, r.reason = true, diverged
+    end
     s.journal:finish() -- the run gave its answer: its entries go (a failure to is the store's ttl's)
   end
   local tokens = s.tree.tokens
@@ -350,9 +354,20 @@ function C:run_turns()
     if entry and journal and journal:replaying(self.iterations) then -- luacheck: ignore 542
       -- A step a resume runs again: the run goes on without a stop.
     elseif not entry and err.resumable and not s.closed then
-      -- Reported, not the end: polled again, the turn is asked again.
+      -- Reported, not the end: polled again, the turn is asked again. The
+      -- journal's lease goes meanwhile, its entries stay (rlm.engine.renewal).
+      if journal then
+        journal.renewal:suspend(journal)
+      end
       s.scheduler:post({ type = "error", err = err })
       coroutine.yield(IDLE)
+      if journal then
+        local ok
+        ok, err = journal:begin()
+        if not ok then
+          return { type = "error", err = err }
+        end
+      end
     elseif not entry then
       return { type = "error", err = err }
     else

@@ -51,6 +51,9 @@ M.FIELDS = {
     sandbox = "table?",
     -- the options a resume must find the same (a digest of them)
     options = "string?",
+    -- the driver's seeds: { hash = its PYTHONHASHSEED, random = what its
+    -- `random` is seeded with }, so that a replay's driver gets the same
+    seeds = "table?",
   },
   step = {
     seq = "number", n = "number",

@@ -70,6 +70,16 @@ function M.start_message(o, linger)
   })
 end
 
+-- The start message `text` (start_message's) with the driver's
+-- PYTHONHASHSEED, a journaled session's (spec.hash_seed, set by
+-- rlm.engine.boot after prepare): its last field.
+function M.seeded(text, hash_seed)
+  if not hash_seed then
+    return text
+  end
+  return text:sub(1, -2) .. (',"hash_seed":%d}'):format(hash_seed)
+end
+
 -- The option (rlm.sandbox.backend.check_option): { backend = "exec",
 -- argv = { program, args... } | claim = fn, release = fn, allow =,
 -- ping_timeout_ms = }.
@@ -201,7 +211,7 @@ function M.start(spec)
     return nil, err
   end
   local h = stream.handle(drv, spec)
-  local ok, werr = drv:send_keeper(spec.start)
+  local ok, werr = drv:send_keeper(M.seeded(spec.start, spec.hash_seed))
   if ok and spec.context then
     ok, werr = h:write_context(spec.context)
   end
