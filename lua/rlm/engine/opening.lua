@@ -50,7 +50,7 @@ end
 -- interpreter probed), so it boots meanwhile.
 function M.open(s)
   local ok, err = s:_emit({ type = "session_start", query = s.opts.query,
-    journal_id = s.journal and s.journal.id })
+    journal_id = s.journal and s.journal.id, resumed = s.journal and s.journal.resumed })
   if not ok then
     return nil, err
   end
@@ -58,6 +58,9 @@ function M.open(s)
   ok, err = ask_first(s)
   if ok then
     ok, err = s.sandbox:boot()
+  end
+  if ok then
+    ok, err = require("rlm.engine.reattach").started(s) -- where a lingering sandbox is
   end
   s.starting = nil
   s.conversation:first_waits() -- counted again by the turn that takes the call
