@@ -219,6 +219,32 @@ describe("rlm.Session.resume of a run whose keeper lingers", function()
     assert.is_true(gone(said.keeper, ldir))
   end)
 
+  it("leaves the sandbox to the new owner while the old one still runs: its write is refused, its end kills nothing",
+    function()
+      local ldir = fresh("linger")
+      local a = rlm.Session.new(R.options(R.turns(true), { store = store, lease_ttl = 1 }, ldir, 60000, tmpdir,
+        function() end))
+      assert(a:step())
+      local until_s = os.time() + 2 -- the old owner's lease runs out
+      while os.time() < until_s do
+        os.execute("sleep 0.1")
+      end
+      local b = assert(rlm.Session.resume(a:journal_id(), R.options(R.turns(true), store, ldir, 60000, tmpdir,
+        function() end)))
+      local entry, err = a:step()
+      assert.is_nil(entry)
+      assert.are.equal("lease_lost", err.kind)
+      -- its close, and the stream's end past the 2 s a stream's group is
+      -- given (csrc/keeper.c), leave the keeper, the new owner's now
+      a:close()
+      os.execute("sleep 3")
+      local r = assert(b:run())
+      b:close()
+      assert.are.equal("attach", r.resumed)
+      assert.matches("^42 1 sub:q1 %x+ sub:q2$", r.answer)
+      assert.are.same({}, entries(jdir))
+    end)
+
   it("replays in a fresh sandbox once linger_ms is over, and gets the same answer", function()
     local ldir = fresh("linger")
     local said = host_killed(jdir, ldir, 1500, "root:2", false, tmpdir)
