@@ -6,6 +6,8 @@
 -- reaches a sandbox that is not proven, and a start that fails drops it.
 -- Functions of a session, s; what they keep is the session's (starting)
 -- and its conversation's (first_call).
+local reattach = require("rlm.engine.reattach")
+
 local M = {}
 
 -- The root model's first call goes out, while the sandbox starts: the
@@ -60,7 +62,7 @@ function M.open(s)
     ok, err = s.sandbox:boot()
   end
   if ok then
-    ok, err = require("rlm.engine.reattach").started(s) -- where a lingering sandbox is
+    ok, err = reattach.started(s) -- the head says where a lingering sandbox is
   end
   s.starting = nil
   s.conversation:first_waits() -- counted again by the turn that takes the call
