@@ -74,6 +74,17 @@ static int driver_send_raw(lua_State *L) {
   return 1;
 }
 
+/* d:linger() -> true: the stream's far side outlives its input (a keeper
+ * that lingers): its close waits for it to exit rather than killing it
+ * (rlm_driver_linger). */
+static int driver_linger(lua_State *L) {
+  driver_ud *u = check_driver(L);
+  if (!u->stream)
+    return luaL_argerror(L, 1, "not a stream");
+  lua_pushboolean(L, rlm_driver_linger(u->d) == 0);
+  return 1;
+}
+
 /* d:received() -> n: the lines of the far side's taken by poll so far, on
  * any channel (the keeper's numbering: an attach's "seen"). */
 static int driver_received(lua_State *L) {
@@ -85,11 +96,9 @@ static int driver_received(lua_State *L) {
 }
 
 static const luaL_Reg stream_methods[] = {
-    {"received", driver_received},
-    {"send_keeper", driver_send_keeper},
-    {"send_raw", driver_send_raw},
-    {"heartbeat", driver_heartbeat},
-    {NULL, NULL},
+    {"received", driver_received}, {"send_keeper", driver_send_keeper},
+    {"send_raw", driver_send_raw}, {"heartbeat", driver_heartbeat},
+    {"linger", driver_linger},     {NULL, NULL},
 };
 
 /* Sets the stream's methods into the Driver's (the table at the top). */

@@ -173,6 +173,14 @@ RLM_FN void rlm_driver_line_taken(rlm_driver *d);
 RLM_FN int rlm_driver_heartbeat(rlm_driver *d, const char *ping, size_t len,
                                 unsigned every_ms, unsigned lost_ms);
 
+/* A stream whose far side lingers past its input's end (a keeper asked to
+ * linger: docs/protocol.md, "Lingering"): its close waits for the process
+ * to exit, with no bound, instead of killing its group STREAM_END_MS
+ * after the input ends, so that it outlives its host's session as it
+ * outlives its host's death (a kill still kills). Returns 0, or -1 (not
+ * a stream). */
+RLM_FN int rlm_driver_linger(rlm_driver *d);
+
 /* Kills the whole sandbox now (SIGKILL). */
 RLM_FN void rlm_driver_kill(rlm_driver *d);
 

@@ -198,6 +198,13 @@ static void on_deadline(uv_timer_t *t) {
   uv_stop(&d->loop); /* an event is queued: the wait is over (on_wait) */
 }
 
+int rlm_driver_linger(rlm_driver *d) {
+  if (!d->channel)
+    return -1;
+  d->lingers = 1; /* read by the keeper thread after close() hands it over */
+  return 0;
+}
+
 void rlm_driver_kill(rlm_driver *d) {
   kill_sandbox(d);
   stop_reading(d);

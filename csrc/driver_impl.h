@@ -139,6 +139,7 @@ struct rlm_driver {
   _Atomic uint64_t files_seen; /* in /session, at the last poll */
   char err_buf[4096];
   char channel;     /* a stream's: the byte before each line sent; 0: none */
+  int lingers;      /* a stream's far side outlives its input (linger) */
   int seccomp_only; /* rlm_driver_opts' */
   char *workdir;    /* with seccomp_only: owned */
   int raw_pending;  /* raw writes (rlm_driver_send_raw) not yet done */

@@ -405,12 +405,14 @@ static void keeper_teardown(rlm_driver *d) {
      * exits, and the local process after it. What lingers past
      * STREAM_END_MS, and whatever of its process group is left (a relay's
      * other half), is killed, while the launcher is not yet reaped (its pid,
-     * the group's id, cannot be another's meanwhile). */
+     * the group's id, cannot be another's meanwhile). One that lingers
+     * (rlm_driver_linger) and was not killed is waited for: it ends on its
+     * own, after its linger time or with the session of whoever attached. */
     if (d->in_hold >= 0) {
       close(d->in_hold);
       d->in_hold = -1;
     }
-    (void)wait_launcher(d, STREAM_END_MS);
+    (void)wait_launcher(d, d->lingers && !d->killed ? -1 : STREAM_END_MS);
     (void)kill(-d->pid, SIGKILL);
     while (!wait_launcher(d, CLOSE_WAIT_MS))
       kill_launcher(d);

@@ -515,7 +515,7 @@ describe("the journal's records", function()
   local head = {
     id = "s1", seq = 41, steps = 12, created = 1764800000, updated = 1764800100,
     counts = { iterations = 12, sub_calls = 30, tokens = { input = 123456, output = 7890, total = 131346 } },
-    sandbox = { backend = "exec", where = "/run/rlm/s1.sock" },
+    sandbox = { backend = "exec", id = "s1-3", token = ("c"):rep(32), fence = 3, seen = 41, sent = 12, exec = 12 },
   }
 
   it("encodes and decodes each kind with its version", function()
@@ -529,6 +529,22 @@ describe("the journal's records", function()
     assert.are.same(call, journal.decode("call", journal.encode("call", call)))
   end)
 
+  -- The head's text with its sandbox's fields changed (json.null: left out).
+  local function with_sandbox(over)
+    local t, sb = { v = 1, kind = "head" }, {}
+    for k, v in pairs(head) do
+      t[k] = v
+    end
+    for k, v in pairs(head.sandbox) do
+      sb[k] = v
+    end
+    for k, v in pairs(over) do
+      sb[k] = v ~= json.null and v or nil
+    end
+    t.sandbox = sb
+    return json.encode(t)
+  end
+
   it("refuses what it cannot read: another version, another kind, a field missing or wrong, not JSON", function()
     local text = journal.encode("head", head)
     local cases = {
@@ -539,6 +555,10 @@ describe("the journal's records", function()
         "field id must be a string" },
       { json.encode({ v = 1, kind = "head", id = "s1", seq = 1, steps = 0, created = 0, updated = 0, counts = {},
         extra = true }), "no field extra in a head record" },
+      -- the lingering keeper's fields, held as the record's own
+      { with_sandbox({ seen = "41" }), "field sandbox.seen must be a number" },
+      { with_sandbox({ fence = json.null }), "field sandbox.fence must be a number, not nil" },
+      { with_sandbox({ where = "/run/rlm/s1.sock" }), "no field sandbox.where in a head record" },
       { "{not json", "not a JSON object" },
       { "[1,2]", "version nil" },
     }

@@ -12,7 +12,7 @@ local linger = require("rlm.sandbox.linger")
 local H = require("helpers")
 local D = require("helpers.linger")
 
-local LUA = os.getenv("RLM_SPEC_LUA") or (rawget(_G, "jit") and "luajit" or ("lua" .. _VERSION:match("%d+%.%d+")))
+local LUA = D.LUA
 local ROOT = H.sh("id -u"):match("%d+") == "0"
 local OTHER = "rlmci" -- a local user of no privilege (CI's)
 local HAS_OTHER = ROOT and H.sh("id -u " .. OTHER .. " 2>/dev/null"):match("%d+") ~= nil
@@ -26,19 +26,7 @@ local function new_dir()
   return ("/tmp/rlm-linger-spec-%d-%d"):format(H.pid(), dirs)
 end
 
-local function exists(path)
-  return H.sh("test -e " .. path .. " && echo yes"):match("yes") ~= nil
-end
-
--- Whether pid runs (a zombie does not: its parent is gone, init reaps it).
-local function running(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  local stat = f and f:read("*l")
-  if f then
-    f:close()
-  end
-  return stat ~= nil and not stat:match("^%d+ %(.-%) Z")
-end
+local exists, running = D.exists, D.running
 
 -- Whether pid has ended (and dir, if given, is gone), within 5 s: what
 -- close() hands to the keeper is over moments later.
@@ -205,7 +193,7 @@ describe("a keeper that lingers after its host", function()
     assert.equals("43\n", D.expect(h3, "exec_result").stdout)
     local h4 = assert(linger.attach(o, with({ fence = 4, seen = h3:received() })))
     local kind, message = h3:poll(10000)
-    assert.equals("failed", kind)
+    assert.equals("lost", kind)
     assert.matches("an owner with fence 4 took the sandbox", message, 1, true)
     h3:close()
     assert(h4:send(exec_line(5, "print(x)")))

@@ -14,6 +14,7 @@ local options = require("rlm.engine.options")
 local prompt = require("rlm.engine.prompt")
 local json = require("rlm.base.json")
 local journal = require("rlm.engine.journal")
+local reattach = require("rlm.engine.reattach")
 local session = require("rlm.engine.session")
 local Session, new_session = session.Session, session.new_session
 
@@ -100,7 +101,10 @@ function Session.resume(id, opts)
     return nil, err
   end
   local s = new_session(o, nil, data, format, description)
-  s.journal = journal.resumed(s, o.journal, state)
+  -- In the run's lingering sandbox when it can be reached, else a replay
+  -- in a fresh one (docs/durability.md, "Resume").
+  local attached = reattach.attach(s, state)
+  s.journal = journal.resumed(s, o.journal, state, attached)
   return made(s)
 end
 

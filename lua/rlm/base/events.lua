@@ -12,7 +12,7 @@ M.COMMON = { "depth", "session" }
 
 -- In the order a run gives them (docs/api.md's table).
 M.TYPES = {
-  { "session_start", "query", "journal_id" },
+  { "session_start", "query", "journal_id", "resumed" },
   { "sandbox_ready", "start", "backend", "mode", "detail", "not_promised", "container" },
   { "sandbox_release_failed", "message" },
   { "step_start", "step" },

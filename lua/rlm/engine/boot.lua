@@ -8,6 +8,7 @@ local backends = require("rlm.sandbox.backend")
 local claim = require("rlm.engine.claim")
 local selftest = require("rlm.sandbox.selftest")
 local start = require("rlm.sandbox.start")
+local reattach = require("rlm.engine.reattach")
 local IDLE = require("rlm.engine.loop").IDLE
 
 local M = {}
@@ -50,6 +51,9 @@ function M:boot()
   -- When each part of the start happened, in ms on core.now_ms()'s clock
   -- (bench/cold_start.lua shows them as phases).
   self.start_times = { begin = core.now_ms() }
+  if self.attached then
+    return self:take_attached()
+  end
   local pool = self.opts.pool
   -- A pooled sandbox's hash seed was its spawn's, before the session: a
   -- session with seeds of its own (a journal's) starts its own.
@@ -173,6 +177,26 @@ function M:checks_taken(vetted, context_bytes)
   return self:ready(msg, selftest.rlimits(o, context_bytes), vetted.tree)
 end
 
+-- A resume reached the lingering sandbox h (rlm.engine.reattach): the
+-- opening takes it instead of a start; skip: the step in flight's lines
+-- it had taken.
+function M:attach_to(h, skip)
+  self.attached = { h = h, skip = skip }
+end
+
+-- Its REPL as it was, proven at its own start: nothing more runs in it
+-- before the step in flight goes on.
+function M:take_attached()
+  local a = self.attached
+  self.attached, self.context_data = nil, nil
+  self.driver, self.start, self.started = a.h, "attach", true
+  self.skip_lines = a.skip > 0 and a.skip or nil
+  self.session.engine:watch(a.h)
+  self.info = backends.for_options(self.opts).describe(a.h)
+  self.session.clock:set(a.h, 0)
+  return true
+end
+
 -- Spawns the sandbox (a cold start), then proves it as checks says.
 function M:cold_start(canaries)
   local s, o = self.session, self.opts
@@ -186,6 +210,7 @@ function M:cold_start(canaries)
   end
   local seeds = self:seeds()
   spec.hash_seed = seeds and seeds.hash -- the spawn's PYTHONHASHSEED (both backends read it)
+  spec = reattach.start_spec(s, spec) -- a journaled run's keeper may linger
   if spec.claim then
     -- The backend's sandbox is made for this start by the host's callback
     -- (rlm.engine.claim): the session waits for it here.

@@ -44,6 +44,18 @@ function M.new(opts)
   }, Budgets)
 end
 
+-- A resume by re-attach (rlm.engine.reattach): what the run had spent at
+-- its last step boundary (the journal head's counts), the steps done not
+-- being run again to count it.
+function Budgets:restore(counts)
+  local function n(v)
+    return type(v) == "number" and v >= 0 and math.floor(v) or 0 -- JSON's numbers: integers
+  end
+  local t = type(counts.tokens) == "table" and counts.tokens or {}
+  self.sub_calls, self.batches, self.tool_calls = n(counts.sub_calls), n(counts.batches), n(counts.tool_calls)
+  self.tokens = { input = n(t.input), output = n(t.output), total = n(t.total) }
+end
+
 -- The run begins: max_wall_ms counts from now.
 function Budgets:start_clock()
   self.t0 = core.now_ms()

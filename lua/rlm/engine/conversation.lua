@@ -10,6 +10,7 @@
 -- `session`.
 local compact = require("rlm.engine.compact")
 local prompt = require("rlm.engine.prompt")
+local reply_parser = require("rlm.engine.reply")
 
 local M = {}
 
@@ -57,6 +58,30 @@ end
 function Conversation:next_id()
   self.next_exec_id = self.next_exec_id + 1
   return self.next_exec_id
+end
+
+-- A resume by re-attach (rlm.engine.reattach): the conversation after
+-- `steps` done steps (done: step n -> its journal record), none of them
+-- run again, and the last exec's id. Their history entries hold what the
+-- journal has: the response, its code, the output as the model was told
+-- it (`told`), and `restored`.
+function Conversation:restore(done, steps, exec_id)
+  local messages = self.messages
+  for n = 1, steps do
+    local entry = { response = "", code = "", stdout = "", blocks = {}, restored = true }
+    for _, m in ipairs(done[n].messages) do
+      messages[#messages + 1] = { role = m.role, content = m.content }
+      if m.role == "assistant" then
+        entry.response = m.content
+        local blocks = reply_parser.parse(m.content).blocks
+        entry.code = table.concat(blocks, "\n\n")
+      elseif m.role == "user" then
+        entry.told = m.content
+      end
+    end
+    self.history[n] = entry
+  end
+  self.iterations, self.next_exec_id = math.floor(steps), math.floor(exec_id) -- JSON's numbers: integers
 end
 
 -- The run's first root call went out while the sandbox started

@@ -31,6 +31,8 @@ local IDLE = require("rlm.engine.loop").IDLE
 ---@field pool_swept boolean|nil the close looked at the pool's idle sandboxes
 ---@field max_values integer the most JSON values one line may hold
 ---@field sent boolean|nil a line just went to the driver (take skips a look at the pipe)
+---@field attached table|nil a lingering sandbox a resume reached, { h =, skip = }, until the opening takes it
+---@field skip_lines integer|nil the step in flight's lines a re-attached keeper had taken: not sent again
 local Handle = {}
 Handle.__index = Handle
 
@@ -56,6 +58,11 @@ function Handle:teardown()
   -- would remove them is never resumed, and a garbage collection may be
   -- far off.
   self:remove_canaries()
+  if self.attached then
+    local h = self.attached.h
+    self.attached = nil
+    h:close()
+  end
   if self.helper then
     backends.for_options(self.opts).forget(self.session)
     self.helper:close()
@@ -283,8 +290,15 @@ function Handle:send(msg, plain)
   return self:send_line((plain and json.encode_plain or json.encode)(msg))
 end
 
--- One line of JSON to the driver.
+-- One line of JSON to the driver; after a re-attach, the step in
+-- flight's lines the keeper took before are passed over, in their order
+-- (rlm.engine.reattach): the driver has them.
 function Handle:send_line(line)
+  local skip = self.skip_lines
+  if skip then
+    self.skip_lines = skip > 1 and skip - 1 or nil
+    return true
+  end
   return self:sent_ok(self.driver:send(line))
 end
 

@@ -10,7 +10,8 @@
 -- reply before it goes on. A resumed session (load, then resumed) runs its
 -- conversation again from the first turn in a fresh sandbox, every call
 -- answered from the recorded ones (answer, from the scheduler's request)
--- until the recorded answers are spent.
+-- until the recorded answers are spent; or, attached to the run's keeper
+-- that lingers (rlm.engine.reattach), the step in flight alone.
 local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local json = require("rlm.base.json")
@@ -18,6 +19,7 @@ local journal = require("rlm.journal")
 local util = require("rlm.base.util")
 local IDLE = require("rlm.engine.loop").IDLE
 local renewal = require("rlm.engine.renewal")
+local reattach = require("rlm.engine.reattach")
 local seeds = require("rlm.engine.seeds")
 local tapes = require("rlm.engine.tape")
 local call_hash, run_error = tapes.call_hash, tapes.run_error
@@ -43,6 +45,7 @@ local call_hash, run_error = tapes.call_hash, tapes.run_error
 ---@field writing boolean|nil a write's request is out (run): no renewal goes out meanwhile
 ---@field on_divergence string "error" or "continue" (option journal.on_divergence)
 ---@field diverged table|nil the first divergence a "continue" replay went past: { kind =, message =, step = }
+---@field resumed string|nil how a resume went on: "attach" (in the keeper's REPL) or "replay" (in a fresh one)
 local Journal = {}
 Journal.__index = Journal
 
@@ -57,11 +60,11 @@ function M.digest(query, format, data)
   return core.sha256_hex(("%d:%s:%s:"):format(#(query or ""), query or "", format) .. data)
 end
 
-local function new(s, o, id, digest)
+local function new(s, o, id, digest, resumed)
   return setmetatable({ session = s, store = o.store, owner = o.owner or ("rlm-" .. assert(util.random_hex(8))),
     lease_ttl = o.lease_ttl, id = id, digest = digest, seq = 0, steps = 0, created = os.time(), calls = {},
     tape_steps = 0, digests = {}, seeds = seeds.new(), renewal = renewal.new(),
-    on_divergence = o.on_divergence or "error" }, Journal)
+    on_divergence = o.on_divergence or "error", resumed = resumed }, Journal)
 end
 
 -- A new session's journal: its id and its driver's seeds now, its lease
@@ -73,14 +76,19 @@ end
 -- What a resume reads, the lease taken first (rlm.engine.tape).
 M.load = tapes.load
 
--- A resumed session's journal, from load's state.
-function M.resumed(s, o, state)
-  local j = new(s, o, state.id, state.head.options)
+-- A resumed session's journal, from load's state; attached: its keeper's
+-- REPL was reached (rlm.engine.reattach), and only the step in flight is
+-- answered from the tape.
+function M.resumed(s, o, state, attached)
+  local j = new(s, o, state.id, state.head.options, attached and "attach" or "replay")
   j.owner, j.lease, j.seq = state.owner, state.lease, state.seq
   j.steps, j.created, j.tape, j.tape_steps, j.digests = state.head.steps, state.head.created, state.tape,
     state.head.steps, state.digests
   j.seeds = state.head.seeds -- the run's, or none (a journal of before them)
   j.renewal:renewed(j)
+  if attached then
+    j.tape, j.tape_steps = { [j.steps + 1] = state.tape[j.steps + 1] }, 0
+  end
   return j
 end
 
@@ -144,9 +152,10 @@ function Journal:head_text()
   local s = self.session
   local tree, tokens = s.tree, s.tree.tokens
   return journal.encode("head", { id = self.id, seq = self:next_seq(), steps = self.steps, created = self.created,
-    updated = os.time(), options = self.digest, counts = { iterations = s.conversation.iterations,
-      sub_calls = tree.sub_calls, tool_calls = tree.tool_calls, tokens = { input = tokens.input,
-        output = tokens.output, total = tokens.total } }, seeds = self.seeds })
+    updated = os.time(), options = self.digest, sandbox = reattach.record(s),
+    counts = { iterations = s.conversation.iterations, sub_calls = tree.sub_calls, batches = tree.batches,
+      tool_calls = tree.tool_calls, tokens = { input = tokens.input, output = tokens.output, total = tokens.total } },
+    seeds = self.seeds })
 end
 
 -- The run's start: the lease, then the head (a resumed session holds its
@@ -168,10 +177,11 @@ function Journal:begin()
 end
 
 -- The step a call made or answered now belongs to: the root's turn in
--- flight (the first, whose call goes out as the sandbox starts, before
+-- flight (a run's first, whose call goes out as the sandbox starts, before
 -- the turn counts itself).
 function Journal:step_now()
-  return math.max(self.session.conversation.iterations, 1)
+  local s = self.session
+  return s.starting and s.conversation.iterations + 1 or math.max(s.conversation.iterations, 1)
 end
 
 -- An answer the engine takes (reply r, of a session of the tree): in the
@@ -239,7 +249,7 @@ function Journal:answer(req)
   for i, rec in ipairs(calls or {}) do
     if rec and rec.via == via and rec.call == hash then
       calls[i] = false -- used
-      local r = { request = req, text = rec.text, usage = rec.usage, replayed = true, at = core.now_ms() }
+      local r = { request = req, text = rec.text, usage = rec.usage, replayed = true, at = core.now_ms(), k = rec.k }
       if rec.error then
         r.failed, r.message, r.text = true, rec.error, nil
       elseif via == "tool" then
@@ -293,6 +303,9 @@ function Journal:step_done(conversation, entry, before)
   if self.tape then
     self.tape = nil -- the answers recorded are spent: the run goes on live
   end
+  if self.session.sandbox.skip_lines then
+    return reattach.diverged(self.session, n)
+  end
   if self.ended or not self.lease then
     return true
   end
@@ -322,6 +335,14 @@ function Journal:step_done(conversation, entry, before)
       self.renewal:renewed(self)
     end
     return ok, err
+  end)
+end
+
+-- The head, now (rlm.engine.reattach: a sandbox that just started).
+function Journal:write_head()
+  local head = self:head_text()
+  return self:run(function()
+    return self.lease:write(journal.head_key(self.id), head)
   end)
 end
 

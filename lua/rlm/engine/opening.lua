@@ -6,6 +6,8 @@
 -- reaches a sandbox that is not proven, and a start that fails drops it.
 -- Functions of a session, s; what they keep is the session's (starting)
 -- and its conversation's (first_call).
+local reattach = require("rlm.engine.reattach")
+
 local M = {}
 
 -- The root model's first call goes out, while the sandbox starts: the
@@ -50,7 +52,7 @@ end
 -- interpreter probed), so it boots meanwhile.
 function M.open(s)
   local ok, err = s:_emit({ type = "session_start", query = s.opts.query,
-    journal_id = s.journal and s.journal.id })
+    journal_id = s.journal and s.journal.id, resumed = s.journal and s.journal.resumed })
   if not ok then
     return nil, err
   end
@@ -58,6 +60,9 @@ function M.open(s)
   ok, err = ask_first(s)
   if ok then
     ok, err = s.sandbox:boot()
+  end
+  if ok then
+    ok, err = reattach.started(s) -- the head says where a lingering sandbox is
   end
   s.starting = nil
   s.conversation:first_waits() -- counted again by the turn that takes the call

@@ -54,7 +54,13 @@ function Scheduler:request(req)
     local r, err = j:answer(req)
     if r then
       req.t0 = r.at
-      self.inbox[#self.inbox + 1] = r
+      -- In the order they were taken (a batch's, as they came): a
+      -- re-attached step sends them as it did (rlm.engine.reattach).
+      local inbox, i = self.inbox, #self.inbox
+      while i > 0 and r.k and inbox[i].k and inbox[i].k > r.k do
+        i = i - 1
+      end
+      table.insert(inbox, i + 1, r)
       return req
     elseif err then
       self.session.root:_fail(err)

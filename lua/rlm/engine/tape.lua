@@ -53,8 +53,9 @@ end
 
 -- What a resume reads, with the lease taken first (Session.resume calls
 -- the store itself: where its caller may yield, the store may). Returns
--- the state for resumed, or nil, err (lease_held, journal_error,
--- context_mismatch).
+-- the state for resumed (done: step n -> its record, which a re-attach
+-- rebuilds the conversation from), or nil, err (lease_held,
+-- journal_error, context_mismatch).
 function M.load(o, id, digest)
   local owner = o.owner or ("rlm-" .. assert(util.random_hex(8)))
   local lease, err = journal.lease(o.store, id, owner, { ttl = o.lease_ttl })
@@ -87,7 +88,7 @@ function M.load(o, id, digest)
     return fail(errors.new("context_mismatch", ("session %s was recorded with another query or context "
       .. "(their SHA-256 differs): give the same ones to resume it"):format(id)))
   end
-  local tape, digests, seq = {}, {}, head.seq
+  local tape, digests, done, seq = {}, {}, {}, head.seq
   for n = 1, head.steps do
     text, err = jstore.call(o.store, "get", journal.step_key(id, n))
     local step = text and journal.decode("step", text)
@@ -95,7 +96,7 @@ function M.load(o, id, digest)
       return fail(err and M.run_error(err) or errors.new("journal_error", ("session %s's step %d is missing or "
         .. "unreadable"):format(id, n), { step = n }))
     end
-    tape[n], digests[n], seq = step.calls, step.digest, math.max(seq, step.seq)
+    tape[n], digests[n], done[n], seq = step.calls, step.digest, step, math.max(seq, step.seq)
   end
   local n, flight = head.steps + 1, {}
   while true do
@@ -110,7 +111,7 @@ function M.load(o, id, digest)
     flight[#flight + 1], seq = call, math.max(seq, call.seq)
   end
   tape[n] = flight
-  return { lease = lease, owner = owner, id = id, head = head, tape = tape, digests = digests, seq = seq }
+  return { lease = lease, owner = owner, id = id, head = head, tape = tape, digests = digests, done = done, seq = seq }
 end
 
 return M

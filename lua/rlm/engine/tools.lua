@@ -190,10 +190,7 @@ local function send(s, scheduler, id, value, problem, name)
     end
   end
   text = text or json.encode({ type = "tool_result", id = id, error = problem })
-  if not s.sandbox.driver:send(text) then
-    return s.sandbox:expect({}) -- the reason it cannot take input is queued
-  end
-  return true
+  return s.sandbox:send_line(text) -- on error, the reason it cannot take input is queued
 end
 
 -- The code of session s called a tool: check it, count it, hand it out

@@ -274,6 +274,7 @@ function C:result(final)
     compactions = self.compactor.count or 0,
     history = self.history,
     sandbox = s.sandbox.info,
+    resumed = s.journal and s.journal.resumed,
   }
 end
 

@@ -46,8 +46,8 @@ M.FIELDS = {
     -- batches, tool_calls, cache_hits, compactions, tokens = { input,
     -- output, total }, cost_usd, wall_ms
     counts = "table",
-    -- where the REPL lives: { backend =, where = (the backend's address of
-    -- it: a keeper's socket, a container's name), token = } or absent
+    -- where the REPL lives, once it stands at this head's step boundary
+    -- (SUBFIELDS.head.sandbox), or absent: a resume replays then
     sandbox = "table?",
     -- the options a resume must find the same (a digest of them)
     options = "string?",
@@ -77,22 +77,54 @@ M.FIELDS = {
   },
 }
 
-local function check(kind, t)
-  local fields = M.FIELDS[kind]
-  if not fields then
-    return ("no record kind %s"):format(tostring(kind))
-  end
+-- The fields of a record's table fields, held to them as the record's
+-- own are: kind = { field = { name = type } }.
+M.SUBFIELDS = {
+  head = {
+    -- A keeper that lingers (the exec backend's `sandbox.linger_ms`;
+    -- docs/protocol.md, "Lingering"), its REPL at this head's step
+    -- boundary: the backend ("exec"), the keeper's linger id, the token
+    -- that lets an attach in, the fence it took last, the keeper's lines
+    -- the host had taken then (`seen`: an attach's replay starts there),
+    -- the driver lines the host had sent (`sent`: an attach's `taken`
+    -- past it says how many of the step in flight's arrived) and the last
+    -- exec's id (the step in flight's results carry the next)
+    sandbox = { backend = "string", id = "string", token = "string", fence = "number", seen = "number",
+      sent = "number", exec = "number" },
+  },
+}
+
+local function check_fields(fields, t, what, prefix)
   for name, want in pairs(fields) do
     local optional = want:sub(-1) == "?"
     local base = optional and want:sub(1, -2) or want
     local v = t[name]
     if not (v == nil and optional) and type(v) ~= base then
-      return ("field %s must be a %s, not %s"):format(name, base, type(v))
+      return ("field %s%s must be a %s, not %s"):format(prefix, name, base, type(v))
     end
   end
   for name in pairs(t) do
-    if name ~= "v" and name ~= "kind" and not fields[name] then
-      return ("no field %s in a %s record"):format(tostring(name), kind)
+    if not fields[name] and not (prefix == "" and (name == "v" or name == "kind")) then
+      return ("no field %s%s in a %s"):format(prefix, tostring(name), what)
+    end
+  end
+end
+
+local function check(kind, t)
+  local fields = M.FIELDS[kind]
+  if not fields then
+    return ("no record kind %s"):format(tostring(kind))
+  end
+  local why = check_fields(fields, t, kind .. " record", "")
+  if why then
+    return why
+  end
+  for name, sub in pairs(M.SUBFIELDS[kind] or {}) do
+    if t[name] ~= nil then
+      why = check_fields(sub, t[name], kind .. " record", name .. ".")
+      if why then
+        return why
+      end
     end
   end
 end

@@ -60,6 +60,9 @@ Handle.__index = Handle
 -- the sandboxes it allows, its claim, a linger's durable); an attach's
 -- (rlm.sandbox.linger) sets the numbering's base.
 function M.handle(drv, spec)
+  if spec.durable then
+    drv:linger() -- its close waits for the keeper, which ends on its own
+  end
   return setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
     ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow, claim_of = spec.claim_of,
     durable = spec.durable, seq_base = 0, uncounted = 0, sent = 0 }, Handle)
@@ -235,8 +238,10 @@ function Handle:_keeper(line)
     return nil -- the heartbeat's answer: C counted its bytes as heard
   end
   if t == "fenced" then
+    -- Lost to this host, not killed: the sandbox is the new owner's now
+    -- (a kill of a local keeper's stream would end it under them).
     self.ended = t
-    return { "failed", ("rlm-keeper: an owner with fence %s took the sandbox (this one's is %s)")
+    return { "lost", ("rlm-keeper: an owner with fence %s took the sandbox (this one's is %s)")
       :format(tostring(number(msg.fence)), tostring(self.durable and self.durable.fence)) }
   end
   self.ended = t
