@@ -67,6 +67,7 @@ build = {
     ["rlm.engine.opening"] = "lua/rlm/engine/opening.lua",
     ["rlm.engine.options"] = "lua/rlm/engine/options.lua",
     ["rlm.engine.prompt"] = "lua/rlm/engine/prompt.lua",
+    ["rlm.engine.reattach"] = "lua/rlm/engine/reattach.lua",
     ["rlm.engine.reasoning"] = "lua/rlm/engine/reasoning.lua",
     ["rlm.engine.renewal"] = "lua/rlm/engine/renewal.lua",
     ["rlm.engine.reply"] = "lua/rlm/engine/reply.lua",
