@@ -27,8 +27,12 @@
 #include "watchdog.c"
 #include "workdir.c"
 
+#include "farside_token.c"
+
 #include "farside_checks.c"
 #include "farside_linger.c"
+#include "farside_attach.c"
+#include "farside_listen.c"
 #include "farside_probe.c"
 #include "farside_relay.c"
 #include "farside_seccomp.c"
