@@ -69,7 +69,7 @@ local function assert_ended(k)
   end, function(v)
     return not v
   end))
-  assert.equals("", H.sh(("ss -Htan state established state listening '( sport = :%d or dport = :%d )'")
+  assert.equals("", H.sh(("env -u LD_PRELOAD ss -Htan state established state listening '( sport = :%d or dport = :%d )'")
     :format(k.port, k.port)))
 end
 
@@ -112,7 +112,7 @@ end
 local CLIENT_PY = DIR .. "/client.py"
 write(CLIENT_PY, CLIENT)
 local function client(port, send, out)
-  local cmd = ("python3 %s %d '%s'"):format(CLIENT_PY, port, hex(send))
+  local cmd = ("env -u LD_PRELOAD python3 %s %d '%s'"):format(CLIENT_PY, port, hex(send))
   if out then
     os.execute(cmd .. " >" .. out .. " 2>&1 &")
     assert(settled(function()
