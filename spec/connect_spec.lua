@@ -426,6 +426,8 @@ describe("a keeper that listens (sandbox.connect)", function()
       "options 'sandbox.argv' and 'sandbox.connect' exclude each other" },
     { { backend = "exec", connect = { host = "::1", port = 7070, token = TOKEN }, claim = print },
       "options 'sandbox.connect' and 'sandbox.claim' exclude each other" },
+    { { backend = "exec", connect = { host = "::1", port = 7070, token = TOKEN }, linger_ms = 1000 },
+      "option 'sandbox.linger_ms' with option 'sandbox.connect' needs option 'sandbox.attach_argv'" },
   }
   for _, case in ipairs(misuse) do
     it("raises naming the option on " .. case[2], function()

@@ -136,6 +136,10 @@ function M.check_option(where, v, level)
       level + 1)
   elseif v.release ~= nil and v.claim == nil then
     error(("%s: option 'sandbox.release' needs option 'sandbox.claim'"):format(where), level + 1)
+  elseif v.connect ~= nil and v.linger_ms ~= nil and v.attach_argv == nil then
+    -- no argv to put --attach after: say where the keeper is reached again
+    error(("%s: option 'sandbox.linger_ms' with option 'sandbox.connect' needs option 'sandbox.attach_argv' "
+      .. "(kubectl exec -i POD -- rlm-keeper --attach)"):format(where), level + 1)
   end
 end
 
