@@ -175,6 +175,21 @@ describe("a keeper that listens (sandbox.connect)", function()
     assert.matches("claimed by 127.0.0.1:%d+ on 127.0.0.1:" .. k.port, log_of(k))
   end)
 
+  it("releases a claim whose connect table is not one (sandbox_unavailable)", function()
+    local released
+    local _, err = H.run(H.opts({
+      sandbox = { backend = "exec", claim = function()
+        return { host = "127.0.0.1", port = 7070, token = "short" }, "pod-2"
+      end, release = function(handle)
+        released = handle
+      end },
+    }))
+    assert.equals("sandbox_unavailable", err.kind)
+    assert.matches("option 'sandbox.claim' returned", err.message, 1, true)
+    assert.matches("token = 32 of [0-9a-f]", err.message, 1, true)
+    assert.equals("pod-2", released)
+  end)
+
   it("refuses a wrong token (sandbox_unavailable, naming the address) and lets the right one in after it", function()
     local k = listening()
     local wrong = { host = "127.0.0.1", port = k.port, token = ("a"):rep(32) }
