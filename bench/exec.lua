@@ -11,6 +11,9 @@
 -- ready read, the first step's end. Step round trip: many steps of one
 -- session per backend, pinned to one CPU as figure 2's are; the pipe
 -- floors, direct and through the same two cats, measured in the same run.
+-- And over TCP to a keeper that listens (rlm-keeper --listen on 127.0.0.1,
+-- sandbox.connect: issue 42's direct path), each sample's keeper started
+-- and listening before its Session.new, as a warm pod's is.
 local common = require("bench.common")
 
 local M = {}
@@ -31,7 +34,35 @@ local function backends(env)
       sandbox = { backend = "exec", argv = { "sh", "-c", "cat | " .. k .. " | cat" } } },
     { name = "direct", label = "exec over a direct pipe to rlm-keeper",
       sandbox = { backend = "exec", argv = { keeper, "--cache", cache } } },
+    { name = "tcp", label = "exec over TCP to rlm-keeper --listen (sandbox.connect)",
+      fresh = function()
+        return M.listening(env, keeper, cache)
+      end },
   }
+end
+
+-- A keeper listening on 127.0.0.1 (a port of the kernel's choosing, which
+-- it says on stderr), its token in a file of its own: the sandbox option
+-- that reaches it. It serves one session and ends with it.
+local made = 0
+function M.listening(env, keeper, cache)
+  made = made + 1
+  local dir = env.scratch .. "/listen"
+  os.execute("mkdir -p " .. common.quote(dir))
+  local token = ("%08x"):format(made):rep(4)
+  local tok, log = ("%s/token-%d"):format(dir, made), ("%s/keeper-%d.log"):format(dir, made)
+  common.write_file(tok, token .. "\n")
+  os.execute(("chmod 600 %s; %s --cache %s --listen 127.0.0.1:0 --token-file %s </dev/null >/dev/null 2>%s &")
+    :format(common.quote(tok), common.quote(keeper), common.quote(cache), common.quote(tok), common.quote(log)))
+  local t0 = common.now_ms()
+  while common.now_ms() - t0 < 10000 do
+    local port = tonumber((common.read_file(log) or ""):match("listening on 127%.0%.0%.1:(%d+)"))
+    if port then
+      return { backend = "exec", connect = { host = "127.0.0.1", port = port, token = token } }
+    end
+    common.sleep(1)
+  end
+  error("rlm-keeper --listen said no port within 10 s: " .. tostring(common.read_file(log)))
 end
 
 local function close_settled(s)
@@ -68,7 +99,7 @@ local function cold(env, size, list)
   for _ = 1, size.rounds do
     for _, b in ipairs(list) do
       for _ = 1, size.per_round do
-        local s, ms = common.start(env, { sandbox = b.sandbox })
+        local s, ms = common.start(env, { sandbox = b.fresh and b.fresh() or b.sandbox })
         local t = s.sandbox.start_times
         local o = out[b.name]
         o.total[#o.total + 1] = ms
@@ -92,7 +123,8 @@ local function steps(env, size, list)
   local trips = math.floor(size.trips / size.step_rounds)
   local sessions, times = {}, { floor = {}, floor_relay = {} }
   for _, b in ipairs(list) do
-    sessions[b.name] = common.start(env, { sandbox = b.sandbox, max_iterations = size.steps + 1 })
+    sessions[b.name] = common.start(env, { sandbox = b.fresh and b.fresh() or b.sandbox,
+      max_iterations = size.steps + 1 })
     times[b.name] = {}
   end
   local echo = common.echo_argv(env)
@@ -131,7 +163,7 @@ function M.run(env)
   -- the keeper's probe that fills its cache (exec).
   local firsts, first_relay = {}, 0
   for _, b in ipairs(list) do
-    local s, ms = common.start(env, { sandbox = b.sandbox })
+    local s, ms = common.start(env, { sandbox = b.fresh and b.fresh() or b.sandbox })
     close_settled(s)
     firsts[#firsts + 1] = ("%s %.3g ms"):format(b.name, ms)
     first_relay = b.name == "relay" and ms or first_relay
@@ -140,7 +172,7 @@ function M.run(env)
   local c = cold(env, size, list)
   local base = common.summary(c["local"].total)
   for _, b in ipairs(list) do
-    if b.sandbox then
+    if b.name ~= "local" then
       rows[#rows + 1] = common.time_row({
         figure = "15", name = "cold start, " .. b.label, stats = common.summary(c[b.name].total),
         floor = base, floor_name = "cold start, the local backend, same run", max_ratio = 1.5,
@@ -175,7 +207,7 @@ function M.run(env)
   local local_steps = common.summary(t["local"])
   local pinned = unpin and "pinned to one CPU" or ("not pinned: " .. why_not)
   for _, b in ipairs(list) do
-    if b.sandbox then
+    if b.name ~= "local" then
       rows[#rows + 1] = common.time_row({
         figure = "15", name = "step round trip, " .. b.label, stats = common.summary(t[b.name]),
         fmt = common.fmt_us, floor = local_steps, floor_name = "step round trip, the local backend, same run",

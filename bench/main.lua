@@ -244,7 +244,11 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    side is this machine), its hello, `ready` and the host's checks. Step
    round trip as figure 2's, one session per backend, pinned to one CPU,
    in 5 rounds each after a chunk of both pipe floors: `floor_pingpong`
-   with the echo driver directly and through `cat | ... | cat`.
+   with the echo driver directly and through `cat | ... | cat`. And over
+   TCP to `rlm-keeper --listen` on 127.0.0.1 (`sandbox.connect`, issue
+   42's direct path), each sample's keeper listening before its
+   `Session.new`, as a warm pod's is: its cold start is a claim to the
+   first step.
 16. **A long run** (`bench/long_run.lua`): one scripted task of 30 root
    turns over 40 documents (at each turn the stand-in root model prints
    600 characters of one document and has the sub-model read 8 of them with

@@ -200,6 +200,7 @@ static const luaL_Reg core_functions[] = {
     {"teardowns", core_teardowns},
     {"trim_token", core_trim_token},
     {"stream", core_stream},
+    {"stream_connect", core_stream_connect},
     {"waitset", core_waitset},
     {"find_program", core_find_program},
     {"fd_headroom", core_fd_headroom},

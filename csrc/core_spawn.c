@@ -158,6 +158,22 @@ static int push_argv(lua_State *L, rlm_argv *argv) {
   return 1;
 }
 
+/* A new Driver userdata, with nothing yet (its d set by the caller), at
+ * the top of the stack. */
+static driver_ud *new_driver_ud(lua_State *L, int stream) {
+  driver_ud *u = lua_newuserdata(L, sizeof(*u));
+  u->d = NULL;
+  u->ctx_ref = LUA_NOREF;
+  u->late_fd = -1;
+  u->writer = NULL;
+  u->stream = stream;
+  u->raw_ref = LUA_NOREF;
+  u->lines_in = 0;
+  luaL_getmetatable(L, DRIVER_MT);
+  lua_setmetatable(L, -2);
+  return u;
+}
+
 /* late_context: an empty memfd for the context, written and sealed after
  * the spawn (d:write_context). The child gets its own read-only open of it
  * (a reopen through /proc, not a dup: a dup would share the write mode);
@@ -215,16 +231,7 @@ static int core_spawn(lua_State *L) {
   char *env[RLM_SANDBOX_ENV_MAX];
   rlm_sandbox_env(spec.hash_seed, seed_var, env);
 
-  driver_ud *u = lua_newuserdata(L, sizeof(*u));
-  u->d = NULL;
-  u->ctx_ref = LUA_NOREF;
-  u->late_fd = -1;
-  u->writer = NULL;
-  u->stream = 0;
-  u->raw_ref = LUA_NOREF;
-  u->lines_in = 0;
-  luaL_getmetatable(L, DRIVER_MT);
-  lua_setmetatable(L, -2);
+  driver_ud *u = new_driver_ud(L, 0);
 
   char err[512];
   spawn_plan *plan = plan_new(&spec);
@@ -340,16 +347,7 @@ static int start_local(lua_State *L, char channel) {
   }
   argv[n] = NULL;
   int env_index = helper_env(L);
-  driver_ud *u = lua_newuserdata(L, sizeof(*u));
-  u->d = NULL;
-  u->ctx_ref = LUA_NOREF;
-  u->late_fd = -1;
-  u->writer = NULL;
-  u->stream = channel != 0;
-  u->raw_ref = LUA_NOREF;
-  u->lines_in = 0;
-  luaL_getmetatable(L, DRIVER_MT);
-  lua_setmetatable(L, -2);
+  driver_ud *u = new_driver_ud(L, channel != 0);
   rlm_driver_opts o;
   memset(&o, 0, sizeof(o));
   o.argv = argv;
@@ -380,4 +378,43 @@ static int core_stream(lua_State *L) {
   lua_pushinteger(L, 0); /* no deadline of its own: the host sets them */
   lua_insert(L, 2);
   return start_local(L, 'D');
+}
+
+/* core.stream_connect(host, port, token, max_line, timeout_ms)
+ *   -> Driver | nil, message
+ * The same stream over a TCP connection to `rlm-keeper --listen` (no
+ * process: docs/protocol.md, "The claim"): host is an IPv4 or IPv6
+ * literal, token 32 of [0-9a-f], sent first as the claim; nothing back
+ * within timeout_ms is a "failed" event, and the stream's end an "exit"
+ * (status 0) whose text says why. nil, message: no such address, or a
+ * connect that failed at once. */
+static int core_stream_connect(lua_State *L) {
+  const char *host = luaL_checkstring(L, 1);
+  lua_Integer port = luaL_checkinteger(L, 2);
+  size_t token_len;
+  const char *token = luaL_checklstring(L, 3, &token_len);
+  lua_Integer max_line = luaL_checkinteger(L, 4);
+  lua_Integer timeout = luaL_checkinteger(L, 5);
+  luaL_argcheck(L, port >= 1 && port <= 65535, 2, "1 to 65535");
+  luaL_argcheck(L, token_len == 32 && strspn(token, "0123456789abcdef") == 32,
+                3, "32 of [0-9a-f]");
+  luaL_argcheck(L, max_line >= 1, 4, "at least 1");
+  luaL_argcheck(L, timeout >= 1 && timeout <= 2147483647, 5,
+                "1 to 2^31 - 1 ms");
+  char claim[64];
+  int n = snprintf(claim, sizeof(claim),
+                   "{\"type\":\"claim\",\"token\":\"%s\"}", token);
+  driver_ud *u = new_driver_ud(L, 1);
+  rlm_connect_opts o = {.host = host,
+                        .port = (unsigned)port,
+                        .claim = claim,
+                        .claim_len = (size_t)n,
+                        .max_line = (size_t)max_line,
+                        .claim_ms = (unsigned)timeout};
+  char err[512];
+  u->d = rlm_driver_connect(&o, err, sizeof(err));
+  explicit_bzero(claim, sizeof(claim));
+  if (u->d == NULL)
+    return fail(L, err);
+  return 1;
 }

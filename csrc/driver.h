@@ -124,6 +124,27 @@ RLM_FN long rlm_fd_free(long *limit, char *err, size_t errlen);
 RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
                                     size_t errlen);
 
+/* A stream of channels over a TCP connection to a listening rlm-keeper
+ * (docs/protocol.md, "The claim"), with no process: the connect is begun
+ * here and never blocks (the loop finishes it); `claim` goes first, on the
+ * keeper's channel, and what is sent meanwhile waits in the write queue.
+ * The stream works as a process's does (its lines, its heartbeat, its
+ * deadline); its end is the socket's, an RLM_EV_EXIT (status 0) whose data
+ * says why (the far side closed it, a refused connect, a reset), and its
+ * kill and close shut the socket down. No bytes from the far side within
+ * claim_ms of the connect is RLM_EV_FAILED. NULL with err when the address
+ * is no IPv4 or IPv6 literal or the connect fails at once. */
+typedef struct rlm_connect_opts {
+  const char *host;  /* an IPv4 or IPv6 literal, never a name to look up */
+  unsigned port;     /* 1 to 65535 */
+  const char *claim; /* the first line, without channel byte or newline */
+  size_t claim_len;
+  size_t max_line;   /* bytes, without the newline */
+  unsigned claim_ms; /* the connect and the first bytes back, in ms */
+} rlm_connect_opts;
+RLM_FN rlm_driver *rlm_driver_connect(const rlm_connect_opts *o, char *err,
+                                      size_t errlen);
+
 /* Queues `len` bytes plus a newline for the driver's stdin. Returns 0, or -1
  * when the driver is gone or the data holds a newline. */
 RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);

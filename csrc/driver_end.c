@@ -59,6 +59,10 @@ static void kill_sandbox(rlm_driver *d) {
   }
   if (!d->spawned || d->exited || d->killed)
     return;
+  if (d->sock) {
+    sock_shutdown(d); /* no process: the connection is the stream */
+    return;
+  }
   d->killed = 1;
   if (d->channel) {
     /* A stream is a local process and what it started (sh, cat, kubectl),
@@ -269,6 +273,7 @@ static void close_loop(rlm_driver *d) {
   close_handle(d, &d->grace);
   close_handle(d, &d->launcher_grace);
   close_handle(d, &d->heartbeat);
+  close_handle(d, &d->claim_timer);
   close_handle(d, &d->started);
   close_handle(d, &d->sigint);
   while (d->handles > 0)
@@ -283,6 +288,14 @@ static void close_loop(rlm_driver *d) {
 void rlm_driver_close(rlm_driver *d) {
   if (d == NULL)
     return;
+  if (d->sock) {
+    /* No keeper thread, nothing to reap: the socket closes with the loop
+     * (the far side reads its end), and the rest is freed now. */
+    stop_reading(d);
+    close_loop(d);
+    free_driver(d);
+    return;
+  }
   pthread_mutex_lock(&d->mu);
   atomic_store(&d->closing, 1);
   pthread_cond_broadcast(&d->cv);

@@ -152,6 +152,15 @@ struct rlm_driver {
   uint64_t hb_ping_at; /* when the unanswered ping went */
   size_t hb_queued;    /* the write queue's size at the last tick */
   int hb_waiting;      /* a ping went and nothing came since */
+  /* A stream over a TCP connection (rlm_driver_connect, driver_connect.c):
+   * no process; out and in are the socket and a dup of it, and the
+   * stream's end is the socket's. */
+  int sock;                /* nonzero: such a stream */
+  unsigned sock_heard : 1; /* the far side has sent bytes (its hello) */
+  int sock_err;            /* the first error the socket gave (UV_E*) */
+  unsigned claim_ms;       /* the claim's deadline, from the connect */
+  uv_timer_t claim_timer;
+  char peer[80]; /* "10.0.0.1:7070", "[fd00::1]:7070" */
 };
 
 enum { START_PENDING, START_OK, START_FAILED };
@@ -188,6 +197,14 @@ static void on_grace(uv_timer_t *t);
 static void on_process_exit(uv_poll_t *w, int status, int events);
 static void free_driver(rlm_driver *d);
 static void close_loop(rlm_driver *d);
+/* a TCP stream's (driver_connect.c): its kill (the socket shut down, the
+ * end reported on the next turn of the loop), its end with the first error
+ * it gave (status: a UV_E* or UV_EOF), an error seen on a read or a write,
+ * and its first bytes: */
+static void sock_shutdown(rlm_driver *d);
+static void sock_ended(rlm_driver *d, int status);
+static void sock_note(rlm_driver *d, int status);
+static void sock_heard(rlm_driver *d);
 /* The keeper's (keeper.c), for the loop side: */
 static int start_keeper(rlm_driver *d);
 static void *keeper_main(void *arg);

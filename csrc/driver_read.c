@@ -96,6 +96,10 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     terminate(d, RLM_EV_OVERFLOW);
     return;
   }
+  if (nread < 0 && d->sock) {
+    sock_ended(d, (int)nread); /* the stream's end is the socket's */
+    return;
+  }
   if (nread < 0) {
     d->out_eof = 1;
     stop_reading(d);
@@ -109,6 +113,7 @@ static void on_read_out(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (d->terminal_queued)
     return;
+  sock_heard(d);
   d->hb_heard = uv_now(&d->loop);
   d->hb_waiting = 0;
   rlm_framer_commit(&d->framer, (size_t)nread);
@@ -226,9 +231,12 @@ static int read_ahead(rlm_driver *d) {
     n = read(fd, p, len);
   while (n < 0 && errno == EINTR);
   if (n <= 0) {
+    if (n < 0 && errno != EAGAIN)
+      sock_note(d, -errno); /* a socket's error is given once: keep it */
     d->read_ahead_skip = READ_AHEAD_BACKOFF;
     return 0;
   }
+  sock_heard(d);
   d->hb_heard = uv_now(&d->loop);
   d->hb_waiting = 0;
   rlm_framer_commit(&d->framer, (size_t)n);

@@ -23,7 +23,9 @@ typedef struct write_req {
 static int send_line(rlm_driver *d, char channel, const char *data, size_t len);
 
 static void on_write(uv_write_t *req, int status) {
-  (void)status; /* a failed write shows as the process's exit */
+  /* A failed write shows as the process's exit; a socket's error is
+   * given once, to whichever call comes first: kept for that exit. */
+  sock_note(req->handle->data, status);
   free(req);
 }
 
@@ -46,7 +48,7 @@ typedef struct raw_req {
 static void on_raw_write(uv_write_t *req, int status) {
   raw_req *r = (raw_req *)req;
   rlm_driver *d = req->data;
-  (void)status; /* a failed write shows as the process's exit */
+  sock_note(d, status); /* as on_write */
   d->raw_pending--;
   d->raw_bytes -= r->len;
   free(r);
@@ -156,13 +158,17 @@ static int output_waiting(rlm_driver *d) {
   return n > 0;
 }
 
-/* Every tick of a stream's heartbeat (rlm_driver_heartbeat): what the far
+/* A tick of a stream's heartbeat (rlm_driver_heartbeat): what the far
  * side took of the write queue since the last tick counts as heard, as
  * what it sent does (on_read_out); a quiet stream is pinged, and one that
- * stays quiet lost_ms after its ping is killed. */
+ * stays quiet lost_ms after its ping is killed. Each tick sets the next
+ * for when the next of those can be due (every_ms after the last heard,
+ * lost_ms after the ping), not a fixed period later: a stopped far side
+ * is lost every_ms + lost_ms after it last spoke, not up to two periods
+ * past that. */
 static void on_heartbeat(uv_timer_t *t) {
   rlm_driver *d = t->data;
-  uint64_t now = uv_now(&d->loop);
+  uint64_t now = uv_now(&d->loop), next;
   size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
   if (queued < d->hb_queued || output_waiting(d)) {
     d->hb_heard = now;
@@ -173,14 +179,24 @@ static void on_heartbeat(uv_timer_t *t) {
     if (now - d->hb_ping_at >= d->hb_lost) {
       terminate(d, RLM_EV_SILENT);
       uv_stop(&d->loop); /* an event is queued: the wait is over */
+      return;
     }
+    next = d->hb_ping_at + d->hb_lost - now;
   } else if (now - d->hb_heard >= d->hb_every) {
     if (send_line(d, 'K', d->hb_ping, d->hb_ping_len) == 0) {
       d->hb_waiting = 1;
       d->hb_ping_at = now;
       d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
     }
+    next = d->hb_waiting ? d->hb_lost : d->hb_every;
+  } else {
+    next = d->hb_heard + d->hb_every - now;
   }
+  /* Within every_ms at most: a write queue that shrinks is heard only at
+   * a tick. */
+  if (next > d->hb_every)
+    next = d->hb_every;
+  uv_timer_start(t, on_heartbeat, next > 0 ? next : 1, 0);
 }
 
 int rlm_driver_heartbeat(rlm_driver *d, const char *ping, size_t len,
@@ -201,6 +217,6 @@ int rlm_driver_heartbeat(rlm_driver *d, const char *ping, size_t len,
   d->hb_heard = uv_now(&d->loop);
   d->hb_waiting = 0;
   d->hb_queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
-  uv_timer_start(&d->heartbeat, on_heartbeat, every_ms, every_ms);
+  uv_timer_start(&d->heartbeat, on_heartbeat, every_ms, 0);
   return 0;
 }

@@ -81,21 +81,25 @@ static int find_driver_dir(far *f, const char *given) {
 }
 
 static void usage(void) {
-  fputs("usage: rlm-keeper [--python PATH] [--bwrap PATH] [--driver-dir DIR] "
-        "[--cache DIR]\n"
-        "                  [--sandbox auto|bubblewrap|seccomp] "
-        "[--linger-dir DIR]\n"
-        "       rlm-keeper --attach [--linger-dir DIR]\n"
-        "       rlm-keeper --probe [--python PATH] [--driver-dir DIR] "
-        "--cache DIR MODULE...\n"
-        "Runs one rlm session's sandbox, speaking the stream protocol on "
-        "stdin and stdout\n(docs/protocol.md); with --probe, writes the "
-        "interpreter's report into the cache;\nwith --attach, hands its "
-        "stdin and stdout to the keeper that lingers as the id\nof its "
-        "first line. --sandbox: auto (the default) makes bubblewrap's "
-        "sandbox where\nit can run, else (as root) the seccomp fallback; "
-        "the hello says which\n(docs/security.md).\n",
-        stderr);
+  fputs(
+      "usage: rlm-keeper [--python PATH] [--bwrap PATH] [--driver-dir DIR] "
+      "[--cache DIR]\n"
+      "                  [--sandbox auto|bubblewrap|seccomp] "
+      "[--linger-dir DIR]\n"
+      "                  [--listen ADDR:PORT --token-file PATH]\n"
+      "       rlm-keeper --attach [--linger-dir DIR]\n"
+      "       rlm-keeper --probe [--python PATH] [--driver-dir DIR] "
+      "--cache DIR MODULE...\n"
+      "Runs one rlm session's sandbox, speaking the stream protocol on "
+      "stdin and stdout\n(docs/protocol.md); with --probe, writes the "
+      "interpreter's report into the cache;\nwith --attach, hands its "
+      "stdin and stdout to the keeper that lingers as the id\nof its "
+      "first line. --sandbox: auto (the default) makes bubblewrap's "
+      "sandbox where\nit can run, else (as root) the seccomp fallback; "
+      "the hello says which\n(docs/security.md). With --listen, the stream is "
+      "the first TCP connection on\nADDR:PORT whose first line claims it "
+      "with the token of PATH (docs/backends.md).\n",
+      stderr);
 }
 
 int main(int argc, char **argv) {
@@ -108,7 +112,8 @@ int main(int argc, char **argv) {
   f.line_max = FIRST_LINE_MAX;
   f.out_fd = 1;
   f.conn_fd = f.listen_fd = -1;
-  const char *driver_dir = NULL, *sandbox = "auto";
+  const char *driver_dir = NULL, *sandbox = "auto", *listen_at = NULL,
+             *token_file = NULL;
   int probe_only = 0, attach = 0, i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -128,6 +133,10 @@ int main(int argc, char **argv) {
       f.cache_dir = argv[++i];
     else if (i + 1 < argc && strcmp(a, "--sandbox") == 0)
       sandbox = argv[++i];
+    else if (i + 1 < argc && strcmp(a, "--listen") == 0)
+      listen_at = argv[++i];
+    else if (i + 1 < argc && strcmp(a, "--token-file") == 0)
+      token_file = argv[++i];
     else if (strcmp(a, "--help") == 0) {
       usage();
       return 0;
@@ -144,8 +153,25 @@ int main(int argc, char **argv) {
     usage();
     return 2;
   }
+  if ((listen_at == NULL) != (token_file == NULL) ||
+      (listen_at != NULL && (attach || probe_only))) {
+    usage();
+    return 2;
+  }
   if (attach)
     return far_attach_main(f.linger_dir);
+  far_listener *listener = NULL;
+  if (listen_at != NULL) {
+    /* The token is read once, now, into a process no other process of its
+     * uid may read (the REPL runs as another uid: a second wall). */
+    char err[512];
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if ((listener = far_listen_open(listen_at, token_file, err, sizeof(err))) ==
+        NULL) {
+      fprintf(stderr, "rlm-keeper: %s\n", err);
+      return 2;
+    }
+  }
   (void)signal(SIGPIPE, SIG_IGN); /* a host gone is an EPIPE */
   int found_python =
       rlm_find_program(f.python_name, f.python, sizeof(f.python)) == 0;
@@ -177,6 +203,20 @@ int main(int argc, char **argv) {
    * through /proc (its mem, its environ): the REPL runs as another uid,
    * this closes what a slip there would open. */
   (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  if (listener != NULL) {
+    /* Everything before the hello is done: the claim's wait, then its
+     * connection is the stream, as stdin and stdout are otherwise. */
+    char err[512];
+    int conn = far_listen_claim(listener, err, sizeof(err));
+    free(listener);
+    if (conn < 0 || dup2(conn, 0) < 0 || dup2(conn, 1) < 0) {
+      fprintf(stderr, "rlm-keeper: %s\n",
+              conn < 0 ? err : "dup2: the claimed connection");
+      return 1;
+    }
+    if (conn > 1)
+      close(conn);
+  }
   (void)fcntl(1, F_SETFL, fcntl(1, F_GETFL) | O_NONBLOCK);
   /* The hello: who speaks, and which sandbox it will make, and why. */
   out_fmt(&f,

@@ -5,7 +5,10 @@
  * (the host's start, and the driver's), farside_probe.c (the interpreter's
  * report, cached), farside_checks.c (the /proc checks it reports),
  * farside_seccomp.c (which sandbox it makes, and the fallback's),
- * farside_linger.c (a keeper that outlives its stream, and --attach).
+ * farside_linger.c (a keeper that outlives its stream), farside_attach.c
+ * (--attach, the client of a lingering keeper's socket), farside_listen.c
+ * (--listen: the stream on a TCP connection claimed with a token), and
+ * farside_token.c (the form and the compare of those secrets).
  * Built as one unit, csrc/rlm_keeper.c. */
 #ifndef RLM_FARSIDE_H
 #define RLM_FARSIDE_H
@@ -100,6 +103,21 @@ RLM_FN int far_remove_tree(const char *path);
  * lingers as the id its first line names (docs/protocol.md, "Lingering"),
  * and waits while that stream lives. The exit status. */
 RLM_FN int far_attach_main(const char *linger_dir);
+
+/* rlm-keeper --listen ADDR:PORT --token-file PATH (docs/backends.md): the
+ * token read from its file (a regular file no other uid may write, 32 of
+ * [0-9a-f] and an optional newline), then a TCP listener on ADDR:PORT
+ * (an IPv4 literal, or an IPv6 one in brackets; port 0: any, and the bound
+ * one is said on stderr). far_listen_open: 0, or -1 with err (the keeper
+ * does not start). far_listen_claim: waits for the first connection whose
+ * first line is the claim with the right token, within CLAIM_WAIT_MS of its
+ * connect (the others are refused and closed, the keeper goes on), closes
+ * the listener and the rest, and returns that connection's descriptor
+ * (-1: the wait itself failed, with err). */
+typedef struct far_listener far_listener;
+RLM_FN far_listener *far_listen_open(const char *addr, const char *token_file,
+                                     char *err, size_t errlen);
+RLM_FN int far_listen_claim(far_listener *l, char *err, size_t errlen);
 
 /* --- the keeper's state, and what one of its files calls in another ---- */
 
@@ -210,6 +228,20 @@ static void linger_accept(far *f);
 static int linger_left_ms(far *f);
 static void linger_end(far *f);
 static void adopt(far *f);
+/* farside_linger.c's, for farside_attach.c too: the socket's directory (its
+ * path, the check that only this uid can open it), an id's form, and the
+ * socket's address; the longest attach line, with its newline. */
+#define ATTACH_LINE_MAX 4096
+struct sockaddr_un;
+static int linger_dir_path(const char *given, char *out, size_t len);
+static int linger_dir_check(const char *dir, int make, char *err,
+                            size_t errlen);
+static int id_ok(const char *id);
+static int sock_address(struct sockaddr_un *a, const char *dir, const char *id);
+/* farside_token.c's: whether a token is min to max of [0-9a-f], and two
+ * secrets' compare, in a time that depends on their lengths alone. */
+static int token_form_ok(const char *t, size_t min, size_t max);
+static int same_secret(const char *a, const char *b);
 /* farside_probe.c's cache, which farside_seccomp.c keeps the namespaces'
  * verdict in too: a key of at most KEY_MAX bytes made of lines (key_add;
  * key_stat adds a file's size and time), the file named by its hash

@@ -4,8 +4,9 @@
  * directory only its uid can open; when its stream ends it keeps the
  * driver, its REPL and the lines it sent, for ms at most, and another
  * invocation of rlm-keeper (--attach, in the same place: podman exec -i,
- * kubectl exec -i, a local process) hands it a new stream through that
- * socket: its stdin and stdout, with the host's attach line. The token and
+ * kubectl exec -i, a local process: farside_attach.c) hands it a new
+ * stream through that socket: its stdin and stdout, with the host's attach
+ * line. The token (farside_token.c's compare) and
  * a fence no lower than the last one let it in; anything else is refused,
  * said and logged, and the keeper goes on as it was. The lines the dead
  * stream may have lost are replayed from the number the host says it saw.
@@ -29,7 +30,6 @@
 #include <unistd.h>
 
 #define LINGER_MAX_MS 600000       /* ten minutes: a bound on what is left */
-#define ATTACH_LINE_MAX 4096       /* the attach line, with its newline */
 #define ATTACH_WAIT_MS 2000        /* for an attacher's message once it is in */
 #define REPLAY_MIN ((size_t)65536) /* kept past one line of max_line */
 #define REPLAY_MAX ((size_t)64 << 20)
@@ -90,27 +90,6 @@ static int id_ok(const char *id) {
           (id[i] >= '0' && id[i] <= '9') || id[i] == '-' || id[i] == '_'))
       return 0;
   return 1;
-}
-
-static int token_ok(const char *t) {
-  size_t n = strlen(t);
-  if (n < 32 || n > 128)
-    return 0;
-  for (size_t i = 0; i < n; i++)
-    if (!((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
-      return 0;
-  return 1;
-}
-
-/* The same bytes, in a time that depends on the lengths alone. */
-static int same_secret(const char *a, const char *b) {
-  size_t n = strlen(a);
-  if (n != strlen(b))
-    return 0;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < n; i++)
-    diff |= (unsigned char)(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 static int sock_address(struct sockaddr_un *a, const char *dir,
@@ -204,7 +183,7 @@ static int linger_read(far *f, const start_msg *m, long i, char *err,
                       f->linger_id, sizeof(f->linger_id)) < 0 ||
       rlm_json_string(m->s, m->t, rlm_json_get(m->s, m->t, i, "token"),
                       f->token, sizeof(f->token)) < 0 ||
-      !id_ok(f->linger_id) || !token_ok(f->token)) {
+      !id_ok(f->linger_id) || !token_form_ok(f->token, 32, 128)) {
     snprintf(err, errlen,
              "the host's linger is not {ms: 1 to %d, id: 1 to 64 of "
              "[A-Za-z0-9_-], token: 32 to 128 of [0-9a-f], fence: 0 to 2^53}",
@@ -458,110 +437,4 @@ static void linger_end(far *f) {
   if (f->conn_fd >= 0)
     close(f->conn_fd);
   f->conn_fd = -1;
-}
-
-/* --- rlm-keeper --attach ------------------------------------------------- */
-
-static int attach_fail(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
-static int attach_fail(const char *fmt, ...) {
-  char why[512], esc[6 * sizeof(why)];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(why, sizeof(why), fmt, ap);
-  va_end(ap);
-  size_t len = strlen(why);
-  rlm_json_escape(why, len, esc);
-  esc[rlm_json_escaped_len(why, len)] = '\0';
-  printf("K{\"type\":\"failed\",\"message\":\"rlm-keeper --attach: %s\"}\n",
-         esc);
-  fflush(stdout);
-  fprintf(stderr, "rlm-keeper --attach: %s\n", why);
-  return 1;
-}
-
-int far_attach_main(const char *linger_dir) {
-  (void)signal(SIGPIPE, SIG_IGN);
-  /* The host's first line, a byte at a time: what follows it is the
-   * keeper's to read. */
-  char line[ATTACH_LINE_MAX];
-  size_t n = 0;
-  while (n < sizeof(line)) {
-    ssize_t r = read(0, line + n, 1);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      break;
-    if (line[n++] == '\n')
-      break;
-  }
-  rlm_jtok t[64];
-  char id[65] = "", type[16] = "";
-  long nt = n >= 2 && line[0] == 'K' && line[n - 1] == '\n'
-                ? rlm_json_parse(line + 1, n - 2, t, 64, 4)
-                : -1;
-  if (nt < 1 || t[0].type != RLM_JT_OBJECT ||
-      rlm_json_string(line + 1, t, rlm_json_get(line + 1, t, 0, "type"), type,
-                      sizeof(type)) < 0 ||
-      strcmp(type, "attach") != 0 ||
-      rlm_json_string(line + 1, t, rlm_json_get(line + 1, t, 0, "id"), id,
-                      sizeof(id)) < 0 ||
-      !id_ok(id))
-    return attach_fail("the first line is not an attach message with an id");
-  char dir[PATH_MAX], err[PATH_MAX + 128];
-  struct sockaddr_un a;
-  if (linger_dir_path(linger_dir, dir, sizeof(dir)) != 0 ||
-      sock_address(&a, dir, id) != 0)
-    return attach_fail("the socket's path is too long");
-  /* Only a socket this uid made gets the token. */
-  if (linger_dir_check(dir, 0, err, sizeof(err)) != 0)
-    return attach_fail("%s", err);
-  int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (c < 0)
-    return attach_fail("socket: %s", strerror(errno));
-  if (connect(c, (struct sockaddr *)&a, sizeof(a)) != 0) {
-    int e = errno;
-    close(c);
-    return attach_fail("no keeper lingers as %s here (connect: %s)", id,
-                       strerror(e));
-  }
-  int fds[2] = {0, 1};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(fds))];
-  } ctl;
-  memset(&ctl, 0, sizeof(ctl));
-  struct iovec io = {.iov_base = line, .iov_len = n};
-  struct msghdr msg = {.msg_iov = &io,
-                       .msg_iovlen = 1,
-                       .msg_control = ctl.buf,
-                       .msg_controllen = sizeof(ctl.buf)};
-  struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(fds));
-  memcpy(CMSG_DATA(cm), fds, sizeof(fds));
-  ssize_t r;
-  do
-    r = sendmsg(c, &msg, MSG_NOSIGNAL);
-  while (r < 0 && errno == EINTR);
-  if (r != (ssize_t)n) {
-    int e = errno;
-    close(c);
-    return attach_fail("sendmsg: %s", strerror(e));
-  }
-  /* The stream is the keeper's now: this process's copies go, so that its
-   * end is the keeper's alone. It waits while the stream lives (the keeper
-   * closes the connection then): a podman or kubectl exec lasts as long. */
-  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (null >= 0) {
-    (void)dup2(null, 0);
-    (void)dup2(null, 1);
-    close(null);
-  }
-  char b;
-  while ((r = read(c, &b, 1)) > 0 || (r < 0 && errno == EINTR))
-    ;
-  close(c);
-  return 0;
 }

@@ -8,6 +8,7 @@
 #include "canary.c"
 #include "cgroup.c"
 #include "driver.c" /* with keeper.c, spawn.c, inspect.c: driver_impl.h */
+#include "driver_connect.c"
 #include "driver_end.c"
 #include "driver_read.c"
 #include "driver_write.c"

@@ -9,6 +9,7 @@
 #include "canary.c"
 #include "cgroup.c"
 #include "driver.c" /* with keeper.c, spawn.c, inspect.c: driver_impl.h */
+#include "driver_connect.c"
 #include "driver_end.c"
 #include "driver_read.c"
 #include "driver_write.c"
@@ -27,8 +28,12 @@
 #include "watchdog.c"
 #include "workdir.c"
 
+#include "farside_token.c"
+
+#include "farside_attach.c"
 #include "farside_checks.c"
 #include "farside_linger.c"
+#include "farside_listen.c"
 #include "farside_probe.c"
 #include "farside_relay.c"
 #include "farside_seccomp.c"

@@ -249,7 +249,7 @@ describe("sandbox.claim and sandbox.release", function()
     { { backend = "exec", claim = "kubectl" }, "option 'sandbox.claim' must be a function" },
     { { backend = "exec", claim = print, release = {} }, "option 'sandbox.release' must be a function" },
     { { backend = "exec" }, "option 'sandbox.argv' must be a list of 1 to 256 non-empty strings without NUL "
-      .. "(the program first), or option 'sandbox.claim' given" },
+      .. "(the program first), or option 'sandbox.connect' or 'sandbox.claim' given" },
   }
   for _, case in ipairs(misuse) do
     it("raises naming the field: " .. case[2], function()

@@ -81,13 +81,44 @@ function M.seeded(text, hash_seed)
 end
 
 -- The option (rlm.sandbox.backend.check_option): { backend = "exec",
--- argv = { program, args... } | claim = fn, release = fn, allow =,
--- ping_timeout_ms = }.
+-- argv = { program, args... } | connect = { host =, port =, token = } |
+-- claim = fn, release = fn, allow =, ping_timeout_ms = }.
 local ARGV_WANT = "a list of 1 to 256 non-empty strings without NUL (the program first)"
 local argv_list = checks.list(1, 256, checks.argument, ARGV_WANT)
+
+-- A listening keeper's address and its token (rlm-keeper --listen,
+-- docs/backends.md): an IP literal (names are not looked up: a pod's
+-- address is one), a port, and the 32 hex digits of its --token-file.
+local CONNECT_WANT = "{ host = an IPv4 or IPv6 address, port = 1 to 65535, token = 32 of [0-9a-f] }"
+local function ip_literal(host)
+  if type(host) ~= "string" then
+    return false
+  end
+  local a, b, c, d = host:match("^(%d+)%.(%d+)%.(%d+)%.(%d+)$")
+  if a then
+    return tonumber(a) < 256 and tonumber(b) < 256 and tonumber(c) < 256 and tonumber(d) < 256
+  end
+  return #host >= 2 and #host <= 45 and host:find(":", 1, true) ~= nil and host:find("^[%x:%.]+$") ~= nil
+end
+local function connect_table(v)
+  if type(v) ~= "table" then
+    return false, CONNECT_WANT
+  end
+  for k in pairs(v) do
+    if k ~= "host" and k ~= "port" and k ~= "token" then
+      return false, CONNECT_WANT
+    end
+  end
+  local port, token = v.port, v.token
+  return ip_literal(v.host) and type(port) == "number" and port == math.floor(port) and port >= 1
+    and port <= 65535 and type(token) == "string" and #token == 32 and token:find("^[0-9a-f]+$") ~= nil,
+    CONNECT_WANT
+end
+M.connect_table = connect_table
 M.FIELDS = shape.with({
   backend = { checks.backend_name },
   argv = { argv_list },
+  connect = { connect_table },
   claim = { checks.callable },
   release = { checks.callable },
   allow = { checks.list(1, 2, function(name)
@@ -100,14 +131,25 @@ M.FIELDS = shape.with({
 
 function M.check_option(where, v, level)
   checks.fields(where, "sandbox", v, M.FIELDS, level + 1, (" for backend %q"):format(v.backend))
-  if v.argv == nil and v.claim == nil then
-    error(("%s: option 'sandbox.argv' must be %s, or option 'sandbox.claim' given, got nil"):format(where,
-      ARGV_WANT), level + 1)
-  elseif v.argv ~= nil and v.claim ~= nil then
-    error(("%s: options 'sandbox.argv' and 'sandbox.claim' exclude each other: the claim gives the argv")
-      :format(where), level + 1)
+  local given = {}
+  for _, name in ipairs({ "argv", "connect", "claim" }) do
+    if v[name] ~= nil then
+      given[#given + 1] = name
+    end
+  end
+  if #given == 0 then
+    error(("%s: option 'sandbox.argv' must be %s, or option 'sandbox.connect' or 'sandbox.claim' given, got nil")
+      :format(where, ARGV_WANT), level + 1)
+  elseif #given > 1 then
+    error(("%s: options 'sandbox.%s' and 'sandbox.%s' exclude each other: one says how the stream is reached%s")
+      :format(where, given[1], given[2], v.claim ~= nil and " (the claim gives an argv or a connect)" or ""),
+      level + 1)
   elseif v.release ~= nil and v.claim == nil then
     error(("%s: option 'sandbox.release' needs option 'sandbox.claim'"):format(where), level + 1)
+  elseif v.connect ~= nil and v.linger_ms ~= nil and v.attach_argv == nil then
+    -- no argv to put --attach after: say where the keeper is reached again
+    error(("%s: option 'sandbox.linger_ms' with option 'sandbox.connect' needs option 'sandbox.attach_argv' "
+      .. "(kubectl exec -i POD -- rlm-keeper --attach)"):format(where), level + 1)
   end
 end
 
@@ -124,7 +166,7 @@ end
 -- The option as this backend reads it, defaults filled in (a pool's
 -- sessions must give the same).
 function M.read_option(v)
-  return shape.read(v, { backend = "exec", argv = v.argv, claim = v.claim, release = v.release,
+  return shape.read(v, { backend = "exec", argv = v.argv, connect = v.connect, claim = v.claim, release = v.release,
     allow = M.allowed(v), ping_timeout_ms = v.ping_timeout_ms or M.PING_TIMEOUT_MS, linger_ms = v.linger_ms,
     attach_argv = v.attach_argv })
 end
@@ -163,16 +205,17 @@ function M.prepare(opts, context_data)
   for _, name in ipairs(sandbox.allow or M.DEFAULT_ALLOW) do
     allow[name] = true
   end
-  return { argv = argv, claim = sandbox.claim, release = sandbox.release, context = context_data,
-    start = M.start_message(opts), max_line = sandbox.max_message_bytes + 1, opts = opts,
+  return { argv = argv, connect = sandbox.connect, claim = sandbox.claim, release = sandbox.release,
+    context = context_data, start = M.start_message(opts), max_line = sandbox.max_message_bytes + 1, opts = opts,
+    start_timeout_ms = sandbox.start_timeout_ms,
     ping_timeout_ms = sandbox.ping_timeout_ms or M.PING_TIMEOUT_MS, allow = allow }, { sys_path = {}, absent = {} }
 end
 
 
--- spec for one start with what `sandbox.claim` gave (argv, and handle, the
--- value release gets: the argv when it gave none); report(message) is
--- told of a release that fails. Returns the spec, or nil and why (the
--- claim is released then).
+-- spec for one start with what `sandbox.claim` gave (an argv, or a
+-- connect table; and handle, the value release gets: what it gave when it
+-- gave none); report(message) is told of a release that fails. Returns the
+-- spec, or nil and why (the claim is released then).
 function M.claimed(spec, argv, handle, report)
   local claim = { release = spec.release, handle = handle == nil and argv or handle, report = report }
   local out = {}
@@ -181,8 +224,15 @@ function M.claimed(spec, argv, handle, report)
   end
   out.claim_of = claim
   local why
-  if not argv_list(argv) then
-    why = ("option 'sandbox.claim' returned %s, not %s"):format(checks.describe(argv), ARGV_WANT)
+  if type(argv) == "table" and argv[1] == nil and next(argv) ~= nil then
+    if connect_table(argv) then
+      out.connect = argv
+    else
+      why = ("option 'sandbox.claim' returned %s, not %s"):format(checks.describe(argv), CONNECT_WANT)
+    end
+  elseif not argv_list(argv) then
+    why = ("option 'sandbox.claim' returned %s, not %s, or %s"):format(checks.describe(argv), ARGV_WANT,
+      CONNECT_WANT)
   else
     out.argv, why = resolve(argv, "what option 'sandbox.claim' returned")
   end
@@ -205,7 +255,13 @@ function M.forget() end
 -- the lines wait in the pipe while the far side starts. The host's
 -- configure and self_test (`lines`) are not sent: the keeper makes its own.
 function M.start(spec)
-  local drv, err = core.stream(spec.argv, spec.max_line)
+  local drv, err
+  local c = spec.connect
+  if c then
+    drv, err = core.stream_connect(c.host, c.port, c.token, spec.max_line, math.ceil(spec.start_timeout_ms))
+  else
+    drv, err = core.stream(spec.argv, spec.max_line)
+  end
   if not drv then
     release(spec.claim_of)
     return nil, err

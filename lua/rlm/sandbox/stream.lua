@@ -56,6 +56,12 @@ end
 local Handle = {}
 Handle.__index = Handle
 
+-- A connect table's address as the messages say it: 10.0.0.1:7070,
+-- [fd00::1]:7070.
+function M.peer(c)
+  return (c.host:find(":", 1, true) and "[%s]:%d" or "%s:%d"):format(c.host, c.port)
+end
+
 -- The handle over drv for spec (rlm.sandbox.exec's: its ping_timeout_ms,
 -- the sandboxes it allows, its claim, a linger's durable); an attach's
 -- (rlm.sandbox.linger) sets the numbering's base.
@@ -65,7 +71,8 @@ function M.handle(drv, spec)
   end
   return setmetatable({ drv = drv, peak = 0, mechanism = "keeper", kills = 0, kill_peak = 0,
     ping_timeout_ms = spec.ping_timeout_ms, allow = spec.allow, claim_of = spec.claim_of,
-    durable = spec.durable, seq_base = 0, uncounted = 0, sent = 0 }, Handle)
+    durable = spec.durable, seq_base = 0, uncounted = 0, sent = 0,
+    peer = spec.connect and M.peer(spec.connect) }, Handle)
 end
 
 -- A line for the driver, counted: an attach says how many of them the
@@ -203,7 +210,11 @@ function Handle:_keeper(line)
   end
   local t = msg.type
   if not self.hello then
-    if t ~= "hello" then
+    if t == "refused" and self.peer then
+      -- a listening keeper's answer to a claim it does not take
+      self.ended = "refused"
+      return { "failed", ("rlm-keeper at %s refused the claim: %s"):format(self.peer, tostring(msg.message)) }
+    elseif t ~= "hello" then
       return { "broken", "the far side's first line is not rlm-keeper's hello" }
     end
     self.hello = msg
@@ -299,6 +310,11 @@ function Handle:poll(ms, max_values, held)
         return "failed", a
       end
       self.ended = "lost"
+      if self.peer then
+        -- a connection's end says itself (rlm.core's stream_connect)
+        return "lost", ("the stream to the sandbox ended with no word from rlm-keeper: %s"):format(c or ""),
+          { address = self.peer }
+      end
       local how = b ~= 0 and ("killed by signal " .. b) or ("exit status " .. tostring(a))
       local tail = (c or ""):gsub("%s+$", "")
       return "lost", ("the stream to the sandbox ended (%s, with no word from rlm-keeper)%s%s")
