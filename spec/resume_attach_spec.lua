@@ -15,6 +15,9 @@ local cjson = require("cjson")
 local journal = require("rlm.journal")
 local lease = require("rlm.journal.lease")
 local linger = require("rlm.sandbox.linger")
+local J = require("helpers.journal")
+
+local entries = J.entries
 
 -- A path of this process's own for a journal, a keeper's socket
 -- directory (which the keeper makes and removes) or a killed host's
@@ -25,20 +28,6 @@ local seq = 0
 local function fresh(kind)
   seq = seq + 1
   return ("/tmp/rlm-resume-attach-%s-%d-%d"):format(kind, H.pid(), seq)
-end
-
--- The names in dir (its lock file left out).
-local function entries(dir)
-  local names = {}
-  local p = assert(io.popen("ls -A " .. dir .. " 2>/dev/null"))
-  for name in p:read("*a"):gmatch("[^\n]+") do
-    if name ~= ".lock" then
-      names[#names + 1] = name
-    end
-  end
-  p:close()
-  table.sort(names)
-  return names
 end
 
 -- A host that runs the journaled run and is SIGKILLed at stop. Returns what

@@ -7,33 +7,13 @@ local H = require("helpers")
 local rlm = require("rlm")
 local core = require("rlm.core")
 local journal = require("rlm.journal")
+local J = require("helpers.journal")
 
-local seq = 0
 local function fresh_dir()
-  seq = seq + 1
-  return ("%s/journal-lease-%d-%d"):format(H.tmpdir, H.pid(), seq)
+  return J.fresh_dir("lease")
 end
-
-local function entries(dir)
-  local names = {}
-  local p = assert(io.popen("ls -A " .. dir .. " 2>/dev/null"))
-  for name in p:read("*a"):gmatch("[^\n]+") do
-    if name ~= ".lock" then
-      names[#names + 1] = name
-    end
-  end
-  p:close()
-  table.sort(names)
-  return names
-end
-
-local function remove_dir(dir)
-  for _, name in ipairs(entries(dir)) do
-    os.remove(dir .. "/" .. name)
-  end
-  os.remove(dir .. "/.lock")
-  os.remove(dir)
-end
+local entries = J.entries
+local remove_dir = J.remove_dir
 
 -- Turns whose root reply counts the assistant messages so far.
 local function scripted(turns, on_call)

@@ -7,43 +7,18 @@
 local H = require("helpers")
 local rlm = require("rlm")
 local journal = require("rlm.journal")
+local J = require("helpers.journal")
+
+local function fresh_dir()
+  return J.fresh_dir("seed")
+end
+local entries = J.entries
+local remove_dir = J.remove_dir
+local past_lease = J.past_lease
 
 local KEEPER = os.getenv("PWD") .. "/" .. (os.getenv("RLM_SPEC_BUILD") or "build") .. "/rlm-keeper"
 local CACHE = os.getenv("PWD") .. "/build/keeper-cache"
 os.execute("mkdir -p " .. CACHE)
-
-local seq = 0
-local function fresh_dir()
-  seq = seq + 1
-  return ("%s/journal-seed-%d-%d"):format(H.tmpdir, H.pid(), seq)
-end
-
-local function entries(dir)
-  local names = {}
-  local p = assert(io.popen("ls -A " .. dir .. " 2>/dev/null"))
-  for name in p:read("*a"):gmatch("[^\n]+") do
-    if name ~= ".lock" then
-      names[#names + 1] = name
-    end
-  end
-  p:close()
-  return names
-end
-
-local function remove_dir(dir)
-  for _, name in ipairs(entries(dir)) do
-    os.remove(dir .. "/" .. name)
-  end
-  os.remove(dir .. "/.lock")
-  os.remove(dir)
-end
-
-local function past_lease(ttl)
-  local until_s = os.time() + ttl + 1
-  while os.time() < until_s do
-    os.execute("sleep 0.1")
-  end
-end
 
 -- Three turns whose output depends on the driver's seeds; the second's
 -- sub-call is where the first host goes away.

@@ -6,41 +6,14 @@ local H = require("helpers")
 local rlm = require("rlm")
 local core = require("rlm.core")
 local journal = require("rlm.journal")
+local J = require("helpers.journal")
 
-local seq = 0
 local function fresh_dir()
-  seq = seq + 1
-  return ("%s/journal-%d-%d"):format(H.tmpdir, H.pid(), seq)
+  return J.fresh_dir("resume")
 end
-
-local function entries(dir)
-  local names = {}
-  local p = assert(io.popen("ls -A " .. dir .. " 2>/dev/null"))
-  for name in p:read("*a"):gmatch("[^\n]+") do
-    if name ~= ".lock" then
-      names[#names + 1] = name
-    end
-  end
-  p:close()
-  table.sort(names)
-  return names
-end
-
-local function remove_dir(dir)
-  for _, name in ipairs(entries(dir)) do
-    os.remove(dir .. "/" .. name)
-  end
-  os.remove(dir .. "/.lock")
-  os.remove(dir)
-end
-
--- Waits until a lease of ttl seconds taken now has run out.
-local function past_lease(ttl)
-  local until_s = os.time() + ttl + 1
-  while os.time() < until_s do
-    os.execute("sleep 0.1")
-  end
-end
+local entries = J.entries
+local remove_dir = J.remove_dir
+local past_lease = J.past_lease
 
 -- A four-turn run: sub-calls, a tool with a side effect, a batch, then the
 -- answer made of all of them. The model, the sub-model and the tool count

@@ -1,0 +1,45 @@
+-- The resume specs' journal directories: a path of this process's own
+-- under H.tmpdir for each test (the file store makes it), the entries a
+-- store left there, and its removal by those names; and a wait until a
+-- lease taken now has run out.
+local H = require("helpers")
+
+local J = {}
+
+local seq = 0
+function J.fresh_dir(tag)
+  seq = seq + 1
+  return ("%s/journal-%s-%d-%d"):format(H.tmpdir, tag, H.pid(), seq)
+end
+
+-- The names in dir, sorted, its lock file left out.
+function J.entries(dir)
+  local names = {}
+  local p = assert(io.popen("ls -A " .. dir .. " 2>/dev/null"))
+  for name in p:read("*a"):gmatch("[^\n]+") do
+    if name ~= ".lock" then
+      names[#names + 1] = name
+    end
+  end
+  p:close()
+  table.sort(names)
+  return names
+end
+
+function J.remove_dir(dir)
+  for _, name in ipairs(J.entries(dir)) do
+    os.remove(dir .. "/" .. name)
+  end
+  os.remove(dir .. "/.lock")
+  os.remove(dir)
+end
+
+-- Waits until a lease of ttl seconds taken now has run out.
+function J.past_lease(ttl)
+  local until_s = os.time() + ttl + 1
+  while os.time() < until_s do
+    os.execute("sleep 0.1")
+  end
+end
+
+return J
