@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 typedef enum rlm_event_kind {
   RLM_EV_LINE,     /* a complete line from the driver's stdout: a view,
@@ -134,6 +135,9 @@ RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
  * kill and close shut the socket down. No bytes from the far side within
  * claim_ms of the connect is RLM_EV_FAILED. NULL with err when the address
  * is no IPv4 or IPv6 literal or the connect fails at once. */
+/* host (an IPv4 or IPv6 literal) and port as a socket address: 0, or -1. */
+RLM_FN int rlm_socket_address(const char *host, unsigned port,
+                              struct sockaddr_storage *ss, socklen_t *len);
 typedef struct rlm_connect_opts {
   const char *host;  /* an IPv4 or IPv6 literal, never a name to look up */
   unsigned port;     /* 1 to 65535 */

@@ -17,13 +17,14 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
-/* host (a literal) and port as a socket address; 0, or -1. */
-static int connect_address(const char *host, unsigned port,
-                           struct sockaddr_storage *ss, socklen_t *len) {
+/* host (an IPv4 or IPv6 literal) and port (0 to 65535) as a socket
+ * address: 0, or -1. rlm-keeper's --listen reads its address with it too. */
+int rlm_socket_address(const char *host, unsigned port,
+                       struct sockaddr_storage *ss, socklen_t *len) {
   memset(ss, 0, sizeof(*ss));
   struct sockaddr_in *v4 = (struct sockaddr_in *)ss;
   struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
-  if (port == 0 || port > 65535)
+  if (port > 65535)
     return -1;
   if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
     v4->sin_family = AF_INET;
@@ -152,7 +153,7 @@ rlm_driver *rlm_driver_connect(const rlm_connect_opts *o, char *err,
                                size_t errlen) {
   struct sockaddr_storage ss;
   socklen_t len;
-  if (connect_address(o->host, o->port, &ss, &len) != 0) {
+  if (o->port == 0 || rlm_socket_address(o->host, o->port, &ss, &len) != 0) {
     snprintf(err, errlen, "%.100s is not an IPv4 or IPv6 address", o->host);
     errno = EINVAL;
     return NULL;

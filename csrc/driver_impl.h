@@ -205,6 +205,14 @@ static void sock_shutdown(rlm_driver *d);
 static void sock_ended(rlm_driver *d, int status);
 static void sock_note(rlm_driver *d, int status);
 static void sock_heard(rlm_driver *d);
+/* SIGPIPE held while a socket's driver writes (driver_write.c): */
+typedef struct sigpipe_hold {
+  int held; /* the mask was changed: give old back */
+  int had;  /* SIGPIPE was pending before: not ours to take */
+  sigset_t old;
+} sigpipe_hold;
+static void sigpipe_block(const rlm_driver *d, sigpipe_hold *h);
+static void sigpipe_unblock(sigpipe_hold *h);
 /* The keeper's (keeper.c), for the loop side: */
 static int start_keeper(rlm_driver *d);
 static void *keeper_main(void *arg);

@@ -11,7 +11,10 @@
 #include "driver_impl.h"
 
 static void run_loop(rlm_driver *d, uv_run_mode mode) {
+  sigpipe_hold h; /* a socket's queued writes go out in the loop's turns */
+  sigpipe_block(d, &h);
   uv_run(&d->loop, mode);
+  sigpipe_unblock(&h);
 }
 
 void rlm_event_free(rlm_event *ev) {

@@ -9,8 +9,13 @@
  * stdin pipe for the driver's whole life (in_reader), so the pipe always has
  * a reader: a write to a driver that died or closed its stdin fills the
  * pipe (and then the bounded write queue) instead, and the process's exit
- * says what happened. No signal mask is touched, and a write costs one
- * system call. */
+ * says what happened, and a write costs one system call. A socket (a
+ * stream to a listening keeper, driver_connect.c) has no such reader: a
+ * write to a peer that reset it raises SIGPIPE. So while a socket's
+ * driver writes (here, and in the loop's turns), SIGPIPE is blocked in
+ * this thread, and one that the write raised is taken before the mask is
+ * given back; the host's disposition, mask and a SIGPIPE it had pending
+ * are left as they were. A pipe's driver touches no signal mask. */
 #define _GNU_SOURCE
 #include "driver_impl.h"
 
@@ -54,7 +59,46 @@ static void on_raw_write(uv_write_t *req, int status) {
   free(r);
 }
 
+void sigpipe_block(const rlm_driver *d, sigpipe_hold *h) {
+  sigset_t pipe, pending;
+  h->held = 0;
+  if (!d->sock)
+    return;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  if (pthread_sigmask(SIG_BLOCK, &pipe, &h->old) != 0)
+    return;
+  h->held = 1;
+  h->had = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+}
+
+void sigpipe_unblock(sigpipe_hold *h) {
+  sigset_t pipe, pending;
+  if (!h->held)
+    return;
+  int saved = errno;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  if (!h->had && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+    const struct timespec now = {0, 0};
+    while (sigtimedwait(&pipe, NULL, &now) < 0 && errno == EINTR)
+      ;
+  }
+  (void)pthread_sigmask(SIG_SETMASK, &h->old, NULL);
+  errno = saved;
+}
+
+static int send_raw(rlm_driver *d, const char *data, size_t len);
+
 int rlm_driver_send_raw(rlm_driver *d, const char *data, size_t len) {
+  sigpipe_hold h;
+  sigpipe_block(d, &h);
+  int rc = send_raw(d, data, len);
+  sigpipe_unblock(&h);
+  return rc;
+}
+
+static int send_raw(rlm_driver *d, const char *data, size_t len) {
   if (d->start_failed || d->kill_pending || d->exited || d->killed ||
       d->in_closed || !d->channel)
     return -1;
@@ -81,8 +125,20 @@ int rlm_driver_send_raw(rlm_driver *d, const char *data, size_t len) {
 
 int rlm_driver_raw_done(const rlm_driver *d) { return d->raw_pending == 0; }
 
+static int write_line(rlm_driver *d, char channel, const char *data,
+                      size_t len);
+
 static int send_line(rlm_driver *d, char channel, const char *data,
                      size_t len) {
+  sigpipe_hold h;
+  sigpipe_block(d, &h);
+  int rc = write_line(d, channel, data, len);
+  sigpipe_unblock(&h);
+  return rc;
+}
+
+static int write_line(rlm_driver *d, char channel, const char *data,
+                      size_t len) {
   /* While it starts, what is sent waits in the pipe. A uv_buf_t's length
    * holds len (MAX_WRITE_QUEUE). */
   if (d->start_failed || d->kill_pending || d->exited || d->killed ||

@@ -30,6 +30,10 @@
 #define CLAIM_WAIT_MS 2000 /* from a connect to its claim's newline */
 #define CLAIM_LINE_MAX 256 /* the claim, with its channel byte and newline */
 #define CLAIM_PENDING 16   /* connections waiting to claim at once */
+/* A refused connection is shut for writing and read to its end (or this
+ * long) before it is closed: a close with the host's start still unread
+ * would be a reset, which may overtake the refusal it was told. */
+#define CLAIM_CLOSE_MS 1000
 #define CLAIM_TOKEN_LEN 32 /* 16 bytes of the host's random source, as hex */
 /* TCP's keep-alive on the claimed connection: a host whose machine is
  * gone (no FIN, no RST) ends the stream after about a minute. */
@@ -41,6 +45,7 @@ typedef struct claim_conn {
   int fd;
   uint64_t since; /* its accept, on monotonic_ms's clock */
   size_t len;     /* of its first line, read so far */
+  int closing;    /* refused: read to its end, then closed (since: then) */
   char line[CLAIM_LINE_MAX];
   char peer[64];
 } claim_conn;
@@ -134,22 +139,7 @@ static int parse_listen(const char *spec, struct sockaddr_storage *ss,
   long port = strtol(colon + 1, &end, 10);
   if (*end != '\0' || errno != 0 || port < 0 || port > 65535)
     return -1;
-  memset(ss, 0, sizeof(*ss));
-  struct sockaddr_in *v4 = (struct sockaddr_in *)ss;
-  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
-  if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons((uint16_t)port);
-    *len = sizeof(*v4);
-    return 0;
-  }
-  if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons((uint16_t)port);
-    *len = sizeof(*v6);
-    return 0;
-  }
-  return -1;
+  return rlm_socket_address(host, (unsigned)port, ss, len);
 }
 
 /* "10.0.0.1:7070" or "[fd00::1]:7070". */
@@ -207,11 +197,20 @@ far_listener *far_listen_open(const char *addr, const char *token_file,
   return l;
 }
 
-/* Lets go of pending connection i: told why (best effort, never blocking),
- * logged, closed. */
-static void claim_drop(far_listener *l, int i, const char *why) {
+/* Closes pending connection i and forgets it. */
+static void claim_close(far_listener *l, int i) {
+  close(l->pending[i].fd);
+  memmove(&l->pending[i], &l->pending[i + 1],
+          (size_t)(l->n - i - 1) * sizeof(claim_conn));
+  l->n--;
+}
+
+/* Lets go of pending connection i: told why (best effort, never blocking)
+ * and logged; then closed at once (hard), or shut for writing and left to
+ * claim_closing, so that the refusal reaches the host before any reset. */
+static void claim_drop(far_listener *l, int i, const char *why, int hard) {
   claim_conn *c = &l->pending[i];
-  if (why != NULL) {
+  if (why != NULL && !c->closing) {
     char line[160];
     int n = snprintf(line, sizeof(line),
                      "K{\"type\":\"refused\",\"message\":\"%s\"}\n", why);
@@ -220,9 +219,28 @@ static void claim_drop(far_listener *l, int i, const char *why) {
     fprintf(stderr, "rlm-keeper[%d]: refused a claim from %s: %s\n",
             (int)getpid(), c->peer, why);
   }
-  close(c->fd);
-  memmove(c, c + 1, (size_t)(l->n - i - 1) * sizeof(*c));
-  l->n--;
+  if (hard || c->closing || shutdown(c->fd, SHUT_WR) != 0) {
+    claim_close(l, i);
+    return;
+  }
+  c->closing = 1;
+  c->since = monotonic_ms();
+}
+
+/* A refused connection that the poll found readable: what it sent is
+ * read and dropped; at its end (or an error) it is closed. */
+static void claim_closing(far_listener *l, int i) {
+  char sink[4096];
+  for (int k = 0; k < 16; k++) {
+    ssize_t r = recv(l->pending[i].fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return;
+    if (r <= 0)
+      break;
+  }
+  claim_close(l, i);
 }
 
 /* NULL when line (its channel byte to its newline) is the claim with this
@@ -260,7 +278,7 @@ static int claim_read(far_listener *l, int i) {
   if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
     return 0;
   if (r <= 0) {
-    claim_drop(l, i, r == 0 ? "it ended before its claim" : strerror(errno));
+    claim_drop(l, i, r == 0 ? "it ended before its claim" : strerror(errno), 1);
     return -1;
   }
   char *nl = memchr(c->line + c->len, '\n', (size_t)r);
@@ -270,20 +288,20 @@ static int claim_read(far_listener *l, int i) {
     got = recv(c->fd, c->line + c->len, take, 0);
   while (got < 0 && errno == EINTR);
   if (got != (ssize_t)take) {
-    claim_drop(l, i, "its first line could not be read");
+    claim_drop(l, i, "its first line could not be read", 1);
     return -1;
   }
   c->len += take;
   if (nl == NULL) {
     if (c->len < sizeof(c->line))
       return 0;
-    claim_drop(l, i, "a first line longer than a claim");
+    claim_drop(l, i, "a first line longer than a claim", 0);
     return -1;
   }
   const char *why = claim_problem(l, c->line, c->len);
   explicit_bzero(c->line, sizeof(c->line));
   if (why != NULL) {
-    claim_drop(l, i, why);
+    claim_drop(l, i, why, 0);
     return -1;
   }
   return 1;
@@ -300,7 +318,7 @@ static void claim_accept(far_listener *l) {
     if (fd < 0)
       return; /* EAGAIN, or a connection that died in the queue */
     if (l->n == CLAIM_PENDING)
-      claim_drop(l, 0, "too many connections waiting to claim");
+      claim_drop(l, 0, "too many connections waiting to claim", 1);
     claim_conn *c = &l->pending[l->n++];
     memset(c, 0, sizeof(*c));
     c->fd = fd;
@@ -335,7 +353,8 @@ int far_listen_claim(far_listener *l, char *err, size_t errlen) {
     p[0] = (struct pollfd){.fd = l->fd, .events = POLLIN};
     for (int i = 0; i < l->n; i++) {
       p[1 + i] = (struct pollfd){.fd = l->pending[i].fd, .events = POLLIN};
-      uint64_t due = l->pending[i].since + CLAIM_WAIT_MS;
+      uint64_t due = l->pending[i].since +
+                     (l->pending[i].closing ? CLAIM_CLOSE_MS : CLAIM_WAIT_MS);
       int left = due > now ? (int)(due - now) : 0;
       if (timeout < 0 || left < timeout)
         timeout = left;
@@ -351,12 +370,19 @@ int far_listen_claim(far_listener *l, char *err, size_t errlen) {
     /* From the last: a drop moves only the ones after it, seen already. */
     for (int i = l->n - 1; i >= 0 && won < 0; i--) {
       int r = 0;
+      if (l->pending[i].closing) {
+        if (now >= l->pending[i].since + CLAIM_CLOSE_MS)
+          claim_close(l, i);
+        else if (p[1 + i].revents != 0)
+          claim_closing(l, i);
+        continue;
+      }
       if (p[1 + i].revents != 0)
         r = claim_read(l, i);
       if (r == 1)
         won = i;
       else if (r == 0 && now >= l->pending[i].since + CLAIM_WAIT_MS)
-        claim_drop(l, i, "no claim within 2000 ms of its connect");
+        claim_drop(l, i, "no claim within 2000 ms of its connect", 0);
     }
     if (won < 0 && (p[0].revents & POLLIN))
       claim_accept(l);
@@ -367,7 +393,7 @@ int far_listen_claim(far_listener *l, char *err, size_t errlen) {
           (size_t)(l->n - won - 1) * sizeof(claim_conn));
   l->n--;
   while (l->n > 0)
-    claim_drop(l, l->n - 1, "the keeper is claimed");
+    claim_drop(l, l->n - 1, "the keeper is claimed", 1);
   close(l->fd);
   l->fd = -1;
   explicit_bzero(l->token, sizeof(l->token));

@@ -212,6 +212,24 @@ describe("a keeper that listens (sandbox.connect)", function()
     assert_ended(k)
   end)
 
+  -- The host's start and a 4 MB context follow its claim unread: a keeper
+  -- that closed such a connection at once would reset it, and the reset
+  -- may overtake the refusal (the host then says "reset", not why).
+  it("tells a refused host why before it closes, however much the host sent after its claim", function()
+    local k = listening()
+    local wrong = { host = "127.0.0.1", port = k.port, token = ("a"):rep(32) }
+    local context = ("x"):rep(4 * 2 ^ 20)
+    for _ = 1, 5 do
+      local _, err = H.run(H.opts({ context = context, sandbox = { backend = "exec", connect = wrong } }))
+      assert.equals("sandbox_unavailable", err.kind)
+      assert.matches("refused the claim: a wrong token", err.message, 1, true)
+    end
+    local result, err2 = H.run(connect_opts(k))
+    assert.is_nil(err2)
+    assert.equals("done", result.answer)
+    assert_ended(k)
+  end)
+
   -- Each attacker connects first and sends its bytes; the keeper must
   -- answer it (and close it) as the row says, and then take the right
   -- claim. A check taken out lets the row's attacker hold the keeper, or
@@ -296,6 +314,35 @@ describe("a keeper that listens (sandbox.connect)", function()
       assert.not_matches("listening on", out, 1, true)
     end)
   end
+
+  -- A far side that reads the claim and resets the connection (SO_LINGER
+  -- 0) while the host still writes its 4 MB context: a socket's write then
+  -- raises SIGPIPE, which kills a host that has not ignored it (lua5.4's
+  -- own interpreter has not); the session must end, the host live on.
+  it("survives a far side that resets the connection mid-write: no SIGPIPE reaches the host", function()
+    local server, out = DIR .. "/reset.py", DIR .. "/reset.out"
+    write(server, [[
+import socket, struct, sys
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(1)
+open(sys.argv[1], "w").write("%d\n" % l.getsockname()[1])
+c, _ = l.accept()
+c.recv(100)
+c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+c.close()
+]])
+    os.execute(("env -u LD_PRELOAD python3 %s %s >/dev/null 2>&1 &"):format(server, out))
+    local port = tonumber(settled(function()
+      return read(out)
+    end, function(v)
+      return v:find("\n") ~= nil
+    end))
+    local connect = { host = "127.0.0.1", port = port, token = TOKEN }
+    local _, err = H.run(H.opts({ context = ("x"):rep(4 * 2 ^ 20), sandbox = { backend = "exec", connect = connect } }))
+    assert.is_truthy(err.kind == "sandbox_unavailable" or err.kind == "sandbox_lost", err.kind)
+    assert.matches("127.0.0.1:" .. port, err.message, 1, true)
+  end)
 
   it("ends with sandbox_unavailable, naming the address, when nothing listens there", function()
     local k = listening()
