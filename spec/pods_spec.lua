@@ -154,6 +154,37 @@ describe("rlm.sandbox.pods", function()
     assert.same({}, objects())
   end)
 
+  it("deletes the pods of many releases with one kubectl at a time", function()
+    local pool = new({ size = 3 })
+    assert.equal(3, pool:fill(3))
+    local handles = {}
+    for i = 1, 3 do
+      local _, handle = pool:claim({ depth = 0 })
+      handles[i] = handle
+    end
+    pool:resize(0) -- no refill
+    local before = #calls()
+    for _, handle in ipairs(handles) do
+      assert.truthy(pool:release(handle))
+    end
+    local t0 = os.time()
+    while pool:stats().deleting > 0 and os.time() - t0 < 60 do
+      H.sh("sleep 0.05")
+    end
+    local deletes = {}
+    for i, c in ipairs(calls()) do
+      if i > before then
+        deletes[#deletes + 1] = table.concat(c, " ")
+      end
+    end
+    -- the first release's delete runs; the next two wait for it, then go as one
+    assert.same({ "delete --wait=false --ignore-not-found pod/" .. handles[1] .. " secret/" .. handles[1],
+      ("delete --wait=false --ignore-not-found pod/%s secret/%s pod/%s secret/%s"):format(handles[2], handles[2],
+        handles[3], handles[3]) }, deletes)
+    assert.same({}, objects())
+    assert.truthy(pool:close())
+  end)
+
   it("hands the exec backend a claim and a release", function()
     local pool = new({ size = 1 })
     assert.equal("exec", pool.sandbox.backend)
