@@ -82,7 +82,11 @@ function M.run(env)
     sizes[#sizes + 1], payloads[#payloads + 1] = bytes, payload
     head_bytes = write(journal.head_key(id), "head", { id = id, steps = step, created = created,
       updated = os.time(), counts = { iterations = step, sub_calls = 3 * step, tokens = { input = 0, output = 0,
-        total = 0 } }, sandbox = { backend = "bwrap", where = "local" } })
+        total = 0 } }, seeds = { hash = 2718281828, random = 3141592653 },
+      -- a keeper that lingers (the exec backend with linger_ms): the most a
+      -- head holds
+      sandbox = { backend = "exec", id = id .. "-1", token = ("0"):rep(32), fence = 1, seen = 4 * step,
+        sent = 4 * step, exec = step } })
     for k = 1, #calls do
       assert(lease:delete(journal.call_key(id, step, k)))
     end
