@@ -125,6 +125,10 @@ RLM_FN long rlm_fd_free(long *limit, char *err, size_t errlen);
 RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
                                     size_t errlen);
 
+/* host (an IPv4 or IPv6 literal) and port as a socket address: 0, or -1. */
+RLM_FN int rlm_socket_address(const char *host, unsigned port,
+                              struct sockaddr_storage *ss, socklen_t *len);
+
 /* A stream of channels over a TCP connection to a listening rlm-keeper
  * (docs/protocol.md, "The claim"), with no process: the connect is begun
  * here and never blocks (the loop finishes it); `claim` goes first, on the
@@ -135,9 +139,6 @@ RLM_FN rlm_driver *rlm_driver_start(const rlm_driver_opts *o, char *err,
  * kill and close shut the socket down. No bytes from the far side within
  * claim_ms of the connect is RLM_EV_FAILED. NULL with err when the address
  * is no IPv4 or IPv6 literal or the connect fails at once. */
-/* host (an IPv4 or IPv6 literal) and port as a socket address: 0, or -1. */
-RLM_FN int rlm_socket_address(const char *host, unsigned port,
-                              struct sockaddr_storage *ss, socklen_t *len);
 typedef struct rlm_connect_opts {
   const char *host;  /* an IPv4 or IPv6 literal, never a name to look up */
   unsigned port;     /* 1 to 65535 */

@@ -30,17 +30,10 @@ local function running(pid)
   return H.sh(("env -u LD_PRELOAD ps -o stat= -p %d | grep -v '^Z'"):format(pid)) ~= ""
 end
 
--- read() again every 10 ms until done(its value) holds, for up to 30 s
--- (H.settled's 5 s are short for python3's start on a loaded machine).
+-- H.settled for up to 30 s (its 5 s are short for python3's start on a
+-- loaded machine).
 local function settled(read, done)
-  local t0, v = core.now_ms(), read()
-  while not done(v) and core.now_ms() - t0 < 30000 do
-    local w = assert(core.waitset())
-    w:wait(10)
-    w:close()
-    v = read()
-  end
-  return v
+  return H.settled(read, done, 30000)
 end
 
 -- A keeper listening on 127.0.0.1 with a port of the kernel's choosing,

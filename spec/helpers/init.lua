@@ -142,13 +142,13 @@ function H.fds()
   return fds
 end
 
--- read() again every 10 ms until done(its value) holds, for up to 5 s:
--- what close() hands to the keepers is over moments later. Returns the
--- last value read.
-function H.settled(read, done)
+-- read() again every 10 ms until done(its value) holds, for up to ms
+-- (default 5 s: what close() hands to the keepers is over moments later).
+-- Returns the last value read.
+function H.settled(read, done, ms)
   local core = require("rlm.core")
   local t0, v = core.now_ms(), read()
-  while not done(v) and core.now_ms() - t0 < 5000 do
+  while not done(v) and core.now_ms() - t0 < (ms or 5000) do
     local w = assert(core.waitset())
     w:wait(10)
     w:close()
