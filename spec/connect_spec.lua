@@ -333,8 +333,12 @@ c.close()
     end))
     local connect = { host = "127.0.0.1", port = port, token = TOKEN }
     local _, err = H.run(H.opts({ context = ("x"):rep(4 * 2 ^ 20), sandbox = { backend = "exec", connect = connect } }))
+    -- The reset may come before the context is written (the start then
+    -- says the stream took no input) or after it (the stream's end names
+    -- the address): either way a structured error, and this process lives.
     assert.is_truthy(err.kind == "sandbox_unavailable" or err.kind == "sandbox_lost", err.kind)
-    assert.matches("127.0.0.1:" .. port, err.message, 1, true)
+    assert.is_truthy(err.message:find("127.0.0.1:" .. port, 1, true) or err.message:find("cannot take input", 1, true),
+      err.message)
   end)
 
   it("ends with sandbox_unavailable, naming the address, when nothing listens there", function()
