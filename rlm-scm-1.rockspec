@@ -113,6 +113,7 @@ build = {
     ["rlm.sandbox.container_engine"] = "lua/rlm/sandbox/container_engine.lua",
     ["rlm.sandbox.container_names"] = "lua/rlm/sandbox/container_names.lua",
     ["rlm.sandbox.exec"] = "lua/rlm/sandbox/exec.lua",
+    ["rlm.sandbox.helper"] = "lua/rlm/sandbox/helper.lua",
     ["rlm.sandbox.kubectl"] = "lua/rlm/sandbox/kubectl.lua",
     ["rlm.sandbox.linger"] = "lua/rlm/sandbox/linger.lua",
     ["rlm.sandbox.pod_manifest"] = "lua/rlm/sandbox/pod_manifest.lua",

@@ -6,6 +6,7 @@
 local core = require("rlm.core")
 local errors = require("rlm.base.errors")
 local util = require("rlm.base.util")
+local helpers = require("rlm.sandbox.helper")
 local names = require("rlm.sandbox.container_names")
 
 local M = {}
@@ -26,25 +27,10 @@ local function run_helper(c, argv, wait)
   if not helper then
     return nil, err
   end
-  local lines, status, stderr, problem = {}, nil, "", nil
-  while not status and not problem do
-    local kind, a, b, d = wait(helper)
-    if kind == "line" then
-      lines[#lines + 1] = a
-    elseif kind == "exit" then
-      status, stderr = b ~= 0 and 128 + b or a, d or ""
-    elseif kind == "timeout" then
-      problem = ("it did not end within sandbox.start_timeout_ms (%.0f ms): the engine did not answer; it was killed")
-        :format(c.start_timeout_ms)
-    elseif kind == "failed" then
-      problem = a
-    else
-      problem = "it printed too much"
-    end
-  end
-  helper:close()
-  if problem then
-    return nil, problem
+  local lines, status, stderr = helpers.drain(helper, wait, ("it did not end within sandbox.start_timeout_ms (%.0f ms):"
+    .. " the engine did not answer; it was killed"):format(c.start_timeout_ms))
+  if not lines then
+    return nil, status
   end
   return lines, status, stderr
 end

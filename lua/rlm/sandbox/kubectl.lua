@@ -4,6 +4,7 @@
 -- to say), and a command started and left to run (a delete nobody waits
 -- on). Each command is an rlm.core helper: a process per call, none held.
 local core = require("rlm.core")
+local helpers = require("rlm.sandbox.helper")
 local util = require("rlm.base.util")
 
 local M = {}
@@ -81,26 +82,12 @@ function Client:run(args, ms, wait)
   if not helper then
     return nil, argv
   end
-  local lines, status, stderr, problem = {}, nil, "", nil
-  while not status and not problem do
-    local kind, a, b, d = wait(helper)
-    if kind == "line" then
-      lines[#lines + 1] = a
-    elseif kind == "exit" then
-      status, stderr = b ~= 0 and 128 + b or a, (d or ""):gsub("%s+$", "")
-    elseif kind == "timeout" then
-      problem = ("it did not end within %.0f ms and was killed"):format(ms)
-    elseif kind == "failed" then
-      problem = tostring(a)
-    else
-      problem = "it printed too much"
-    end
-  end
-  helper:close()
+  local lines, status, stderr = helpers.drain(helper, wait, ("it did not end within %.0f ms and was killed"):format(ms))
   local command = table.concat(argv, " "):sub(1, 300)
-  if problem then
-    return nil, ("%s: %s"):format(command, problem), lines
+  if not lines then
+    return nil, ("%s: %s"):format(command, status), stderr
   end
+  stderr = stderr:gsub("%s+$", "")
   if status ~= 0 then
     return nil, ("%s: exit %d%s"):format(command, status, stderr ~= "" and ": " .. stderr:sub(-600) or ""), lines
   end
@@ -124,7 +111,7 @@ function Client:watch(args, ms, wait, on_line)
       end
     else
       if kind == "exit" then
-        why = ("it ended (exit %d)%s"):format(b ~= 0 and 128 + b or a,
+        why = ("it ended (exit %d)%s"):format(helpers.status(a, b),
           d and d:match("%S") and ": " .. d:gsub("%s+$", ""):sub(-600) or "")
       elseif kind == "timeout" then
         why = ("it did not see them within %.0f ms"):format(ms)
