@@ -6,14 +6,9 @@
 local H = require("helpers")
 local rlm = require("rlm")
 local core = require("rlm.core")
-local journal = require("rlm.journal")
 local J = require("helpers.journal")
 
-local function fresh_dir()
-  return J.fresh_dir("lease")
-end
 local entries = J.entries
-local remove_dir = J.remove_dir
 
 -- Turns whose root reply counts the assistant messages so far.
 local function scripted(turns, on_call)
@@ -33,13 +28,8 @@ local TWO = { H.fence("a = llm_query('q1')\nprint(a)"), H.fence("FINAL(a)") }
 
 describe("a journaled run's lease", function()
   local dir, store
-  before_each(function()
-    dir = fresh_dir()
-    store = assert(journal.file(dir))
-  end)
-  after_each(function()
-    remove_dir(dir)
-    H.assert_clean()
+  J.each_store("lease", function(d, s)
+    dir, store = d, s
   end)
 
   -- The host's own loop (poll, reply, run the journal's requests), its

@@ -9,11 +9,7 @@ local rlm = require("rlm")
 local journal = require("rlm.journal")
 local J = require("helpers.journal")
 
-local function fresh_dir()
-  return J.fresh_dir("seed")
-end
 local entries = J.entries
-local remove_dir = J.remove_dir
 local past_lease = J.past_lease
 
 local KEEPER = os.getenv("PWD") .. "/" .. (os.getenv("RLM_SPEC_BUILD") or "build") .. "/rlm-keeper"
@@ -80,13 +76,8 @@ local BACKENDS = {
 
 describe("a journaled session's seeds", function()
   local dir, store
-  before_each(function()
-    dir = fresh_dir()
-    store = assert(journal.file(dir))
-  end)
-  after_each(function()
-    remove_dir(dir)
-    H.assert_clean()
+  J.each_store("seed", function(d, s)
+    dir, store = d, s
   end)
 
   for _, case in ipairs(BACKENDS) do

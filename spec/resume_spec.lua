@@ -128,13 +128,8 @@ end)
 
 describe("rlm.Session.resume", function()
   local dir, store
-  before_each(function()
-    dir = fresh_dir()
-    store = assert(journal.file(dir))
-  end)
-  after_each(function()
-    remove_dir(dir)
-    H.assert_clean()
+  J.each_store("resume", function(d, s)
+    dir, store = d, s
   end)
 
   it("goes on from a run abandoned mid-step: the same answer, nothing recorded asked twice", function()

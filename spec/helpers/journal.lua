@@ -1,7 +1,7 @@
 -- The resume specs' journal directories: a path of this process's own
 -- under H.tmpdir for each test (the file store makes it), the entries a
--- store left there, and its removal by those names; and a wait until a
--- lease taken now has run out.
+-- store left there, and its removal by those names; a describe's store
+-- for each test; and a wait until a lease taken now has run out.
 local H = require("helpers")
 
 local J = {}
@@ -32,6 +32,21 @@ function J.remove_dir(dir)
   end
   os.remove(dir .. "/.lock")
   os.remove(dir)
+end
+
+-- In a describe: before each test a fresh directory (tag's) and a file
+-- store over it, handed to set(dir, store); after it the directory
+-- removed and nothing of the session's left (H.assert_clean).
+function J.each_store(tag, set)
+  local busted, dir = require("busted"), nil
+  busted.before_each(function()
+    dir = J.fresh_dir(tag)
+    set(dir, assert(require("rlm.journal").file(dir)))
+  end)
+  busted.after_each(function()
+    J.remove_dir(dir)
+    H.assert_clean()
+  end)
 end
 
 -- Waits until a lease of ttl seconds taken now has run out.
