@@ -1,9 +1,10 @@
 /* driver_impl.h: what the parts of the driver share (the loop side:
  * driver.c, its start, driver_read.c, driver_write.c and driver_end.c;
- * keeper.c, the keeper thread; spawn.c, the child before its exec;
- * inspect.c, its processes as /proc shows them): the driver's struct, its
- * limits and the functions one part calls in another. Included by those
- * seven alone, in the one unit (csrc/rlm.c). */
+ * keeper.c, the keeper thread, and keeper_watchdog.c, its memory watchdog;
+ * spawn.c, the child before its exec; inspect.c, its processes as /proc
+ * shows them): the driver's struct, its limits and the functions one part
+ * calls in another. Included by those eight alone, in the one unit
+ * (csrc/rlm.c). */
 #ifndef RLM_DRIVER_IMPL_H
 #define RLM_DRIVER_IMPL_H
 
@@ -219,6 +220,10 @@ static void *keeper_main(void *arg);
 static void register_exit_wait(void);
 static void teardowns_add(int n);
 static pthread_once_t teardowns_once;
+/* The keeper's watchdog (keeper_watchdog.c), for the keeper: its loop, and
+ * the clock it and the teardowns read: */
+static void watchdog_run(rlm_driver *d);
+static uint64_t monotonic_ms(void);
 /* The child's (spawn.c), for both: */
 static int make_pipe(int fds[2]);
 static void close_pair(int fds[2]);

@@ -1,6 +1,7 @@
 /* keeper.c: the keeper thread, one per driver, from the start to the
  * reaping: the context's memfd, the uid, the spawn (spawn.c), the memory
- * watchdog, and after close() the kill, the reaping and the freeing. */
+ * watchdog's loop (keeper_watchdog.c), and after close() the kill, the
+ * reaping and the freeing. */
 #define _GNU_SOURCE
 #include "canary.h"
 #include "driver_impl.h"
@@ -12,127 +13,6 @@
 _Static_assert(RLM_CANARY_FD_MIN >= FD_BASE,
                "a canary's leaked descriptor must not share a number with "
                "what a sandbox is handed");
-
-/* What the watchdog counts against max_rss: the resident memory of the
- * sandbox's processes plus what /session's tmpfs holds (where no cgroup
- * charges it, this is the only count of it); and the files in /session. */
-static uint64_t watchdog_measure(rlm_driver *d, uint64_t *files) {
-  uint64_t rss = rlm_tree_rss(d->pid), bytes = 0;
-  *files = 0;
-  if (d->seccomp_only
-          ? rlm_workdir_walk(d->workdir, d->max_files, &bytes, files) == 0
-          : rlm_workdir_usage(d->pid, &bytes, files) == 0)
-    rss += bytes;
-  return rss;
-}
-
-/* Whether the launcher has exited: its pid may then name another process. */
-static int launcher_exited(rlm_driver *d) {
-  struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
-  int n;
-  do
-    n = poll(&p, 1, 0);
-  while (n < 0 && errno == EINTR);
-  return n != 0; /* an error: do not trust the pid either */
-}
-
-/* Waits ms, or until told to stop. Returns nonzero when told to. */
-static int watchdog_sleep(rlm_driver *d, unsigned ms) {
-  struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&d->mu);
-  while (!atomic_load(&d->closing) &&
-         pthread_cond_timedwait(&d->cv, &d->mu, &until) == 0)
-    ;
-  int stop = atomic_load(&d->closing);
-  pthread_mutex_unlock(&d->mu);
-  return stop;
-}
-
-static uint64_t monotonic_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
-}
-
-/* How long until the next poll: rss_interval_ms, or less when the memory
- * grows toward the limit: half the time the growth seen since the last
- * poll would take to reach it (at least WATCHDOG_MIN_MS), and a fifth of the
- * interval in the last eighth below the limit. So a steady climb is caught
- * within about WATCHDOG_MIN_MS of its growth; only a burst out of a flat
- * line can still run for a whole interval. */
-#define WATCHDOG_MIN_MS 1
-static unsigned watchdog_next_ms(rlm_driver *d, uint64_t rss,
-                                 uint64_t *last_rss, uint64_t *last_ms) {
-  uint64_t now = monotonic_ms();
-  unsigned ms = d->rss_interval_ms;
-  if (d->max_rss == 0)
-    return ms; /* files only: no climb to watch */
-  uint64_t headroom = d->max_rss > rss ? d->max_rss - rss : 0;
-  if (*last_ms != 0 && rss > *last_rss && now > *last_ms) {
-    /* bytes per ms since the last poll */
-    uint64_t rate = (rss - *last_rss) / (now - *last_ms);
-    if (rate > 0 && headroom / rate / 2 < ms)
-      ms = (unsigned)(headroom / rate / 2);
-  }
-  if (headroom < d->max_rss / 8 && ms > d->rss_interval_ms / 5)
-    ms = d->rss_interval_ms / 5;
-  if (ms < WATCHDOG_MIN_MS)
-    ms = WATCHDOG_MIN_MS;
-  *last_rss = rss;
-  *last_ms = now;
-  return ms;
-}
-
-/* Polls the sandbox's memory every rss_interval_ms (sooner near the limit),
- * whatever the host's thread is doing. On a breach it kills the pid namespace's
- * init (the kernel then kills the rest), and the launcher too if that lingers;
- * the loop learns of it from the launcher's exit or its next poll. A
- * measurement counts only if the launcher was still alive after it: a
- * reaped pid may be another process's by then. */
-static void watchdog_run(rlm_driver *d) {
-  uint64_t last_rss = 0, last_ms = 0;
-  while (!watchdog_sleep(d, 0)) {
-    if (launcher_exited(d))
-      break;
-    uint64_t files;
-    uint64_t rss = watchdog_measure(d, &files);
-    if (launcher_exited(d))
-      break;
-    atomic_store(&d->files_seen, files);
-    uint64_t peak = atomic_load(&d->peak_rss);
-    while (rss > peak &&
-           !atomic_compare_exchange_weak(&d->peak_rss, &peak, rss))
-      ;
-    int breach = d->max_files > 0 && files > d->max_files ? BREACH_FILES
-                 : d->max_rss > 0 && rss > d->max_rss     ? BREACH_MEMORY
-                                                          : BREACH_NONE;
-    if (breach != BREACH_NONE) {
-      atomic_store(&d->wd_breach, breach);
-      pid_t pids[2];
-      if (d->seccomp_only) {
-        /* its session (the launcher is not reaped: the id is still its) */
-        (void)kill(-d->pid, SIGKILL);
-        kill_launcher(d);
-      } else if (rlm_tree_pids(d->pid, pids, 2) == 2) {
-        (void)kill(pids[1], SIGKILL);
-      } else {
-        kill_launcher(d);
-      }
-      if (!watchdog_sleep(d, LAUNCHER_GRACE_MS) && !launcher_exited(d))
-        kill_launcher(d);
-      break;
-    }
-    if (watchdog_sleep(d, watchdog_next_ms(d, rss, &last_rss, &last_ms)))
-      break;
-  }
-}
 
 /* The context, written into a sealed memfd in slices, so that a close()
  * that comes meanwhile waits for one slice at most. */

@@ -17,6 +17,7 @@
 #include "interrupt.c"
 #include "jsonscan.c"
 #include "keeper.c"
+#include "keeper_watchdog.c"
 #include "plan.c"
 #include "sandbox.c"
 #include "seccomp.c"

@@ -18,6 +18,7 @@
 #include "interrupt.c"
 #include "jsonread.c"
 #include "keeper.c"
+#include "keeper_watchdog.c"
 #include "plan.c"
 #include "sandbox.c"
 #include "seccomp.c"
