@@ -13,6 +13,7 @@
 #include "driver_end.c"
 #include "driver_read.c"
 #include "driver_write.c"
+#include "expose.c"
 #include "framing.c"
 #include "inspect.c"
 #include "interrupt.c"
