@@ -180,7 +180,7 @@ test-resty: deps
 test-hosts: deps
 	@spec/hosts/deps nvim nginx
 	@$(MAKE) --no-print-directory $(BUILD)/5.1/rlm/core.so
-	@RLM_BUILD=$(abspath $(BUILD)) spec/hosts/run nvim nginx
+	@RLM_BUILD=$(abspath $(BUILD)) spec/hosts/run nvim nginx settings
 
 # make openresty-example: examples/openresty (POST /ask) in nginx on a
 # fresh Debian 12, in the foreground on 127.0.0.1:8080

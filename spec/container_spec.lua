@@ -233,6 +233,16 @@ describe("the sandbox image under Podman", function()
     assert.matches('"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"', env, 1, true)
   end)
 
+  -- docs/backends.md gives the image's size as `podman image ls` does
+  -- (issue 43: it said 95 MB in one place and 99 MB in another).
+  it_engine("is the size docs/backends.md gives", function()
+    local doc = assert(util.read_file("docs/backends.md")):gsub("%s+", " ")
+    local said = assert(doc:match("It is ([%d.]+ [kMG]B) %(`podman image ls`"), "docs/backends.md gives no size")
+    local size = sh(engine.cmd({ "image", "ls", "--format", "{{.Size}}", IMAGE }) .. " 2>&1")
+    assert.are.equal(size, said)
+    assert.is_nil(doc:find("%d MB image"), "docs/backends.md gives the size in a second place")
+  end)
+
   it_engine("runs as uid 10001, not root", function()
     local out, rc = python("import os; print(os.getuid(), os.getgid())")
     assert.equals(0, rc, out)

@@ -114,3 +114,142 @@ describe("the figures the docs quote from bench/RESULTS.md", function()
     end)
   end
 end)
+
+-- Every paragraph of README.md and docs/ that names a bench figure ("figure
+-- 15", "figures 7 and 10"; with the table after it when it ends in a colon)
+-- quotes only that figure's numbers: each quantity in it (ms, us, s, x,
+-- bytes, words, MB) is one of the values RESULTS.md's rows of the figures
+-- named hold, as the doc rounds it. A paragraph whose figures come from
+-- another run says so on its first line: `<!-- figures: not
+-- bench/RESULTS.md's: why -->`. QUOTED above pins the exact place of the
+-- figures a reader meets first; this finds the ones nobody listed.
+describe("every paragraph of the docs that names a bench figure", function()
+  local SCALE = { ms = 1, us = 1e-3, ["µs"] = 1e-3, s = 1e3 }
+  local COUNTED = { x = true, bytes = true, words = true, MB = true }
+
+  -- The quantities in a text: { v =, unit =, text = the digits as written }.
+  local function quantities(text, out)
+    for digits, unit in text:gmatch("(%d[%d,]*%.?%d*e?[+-]?%d*)%s?([%aµ]*)") do
+      local v = tonumber((digits:gsub(",", "")))
+      if v then
+        out[#out + 1] = { v = v, unit = unit, text = digits }
+      end
+    end
+    return out
+  end
+
+  local by_figure = {}
+  for line in assert(util.read_file("bench/RESULTS.md")):gmatch("[^\n]+") do
+    local no, rest = line:match("^| (%d+) |(.*)$")
+    if no then
+      by_figure[tonumber(no)] = quantities(rest, by_figure[tonumber(no)] or {})
+    end
+  end
+
+  -- Whether RESULTS.md holds q among values: the same number in the same
+  -- kind of unit, within half the last digit the doc wrote ("1.6 ms" is
+  -- 1.62; "about 100 ms" is 95 to 150).
+  local function held(q, values)
+    local decimals = q.text:match("%.(%d+)$")
+    local tolerance = 0.5 * 10 ^ -(decimals and #decimals or 0)
+    local plain = q.text:gsub(",", "")
+    local zeros = #plain:match("0*$")
+    if not decimals and zeros > 0 and zeros < #plain then
+      tolerance = 0.5 * 10 ^ zeros
+    end
+    for _, c in ipairs(values) do
+      local cv
+      if SCALE[q.unit] and SCALE[c.unit] then
+        cv = c.v * SCALE[c.unit] / SCALE[q.unit]
+      elseif not SCALE[q.unit] and not SCALE[c.unit] then
+        cv = c.v
+      end
+      if cv and math.abs(cv - q.v) <= tolerance + 1e-9 then
+        return true
+      end
+    end
+    return false
+  end
+
+  -- { path =, line =, text =, mark = } for each paragraph naming a figure.
+  local function paragraphs()
+    local out = {}
+    local p = assert(io.popen("ls README.md docs/*.md"))
+    for path in p:lines() do
+      local lines = {}
+      for line in (assert(util.read_file(path)) .. "\n"):gmatch("([^\n]*)\n") do
+        lines[#lines + 1] = line
+      end
+      local i, fence = 1, false
+      while i <= #lines do
+        if lines[i]:match("^%s*```") then
+          fence = not fence
+          i = i + 1
+        elseif fence or lines[i]:match("^%s*$") then
+          i = i + 1
+        else
+          local j = i
+          while lines[j + 1] and not lines[j + 1]:match("^%s*$") and not lines[j + 1]:match("^%s*```") do
+            j = j + 1
+          end
+          local text = table.concat(lines, "\n", i, j)
+          local last = j
+          if text:match(":%s*$") and lines[j + 2] and lines[j + 2]:match("^|") then
+            last = j + 2
+            while lines[last + 1] and lines[last + 1]:match("^|") do
+              last = last + 1
+            end
+            text = text .. "\n" .. table.concat(lines, "\n", j + 2, last)
+          end
+          local nos = {}
+          for no in text:gmatch("[Ff]igures? (%d+)") do
+            nos[#nos + 1] = tonumber(no)
+          end
+          for no in text:gmatch("[Ff]igures %d+ and (%d+)") do
+            nos[#nos + 1] = tonumber(no)
+          end
+          if #nos > 0 then
+            out[#out + 1] = { path = path, line = i, text = text, figures = nos,
+              mark = lines[i]:match("^<!%-%- figures: not bench/RESULTS%.md's: (.+) %-%->$") }
+          end
+          i = last + 1
+        end
+      end
+    end
+    p:close()
+    return out
+  end
+
+  local found = paragraphs()
+
+  it("are found", function()
+    assert.is_true(#found >= 10, #found)
+  end)
+
+  it("quote only their figures' values in RESULTS.md, or say on their first line why not", function()
+    local wrong = {}
+    for _, para in ipairs(found) do
+      if not para.mark then
+        local values, missing = {}, {}
+        for _, no in ipairs(para.figures) do
+          if not by_figure[no] then
+            missing[#missing + 1] = "figure " .. no .. " (not in RESULTS.md)"
+          end
+          for _, v in ipairs(by_figure[no] or {}) do
+            values[#values + 1] = v
+          end
+        end
+        for _, q in ipairs(quantities(para.text, {})) do
+          if (SCALE[q.unit] or COUNTED[q.unit]) and not held(q, values) then
+            missing[#missing + 1] = q.text .. " " .. q.unit
+          end
+        end
+        if #missing > 0 then
+          wrong[#wrong + 1] = ("%s:%d (figure %s): %s"):format(para.path, para.line,
+            table.concat(para.figures, ", "), table.concat(missing, "; "))
+        end
+      end
+    end
+    assert.are.same({}, wrong)
+  end)
+end)

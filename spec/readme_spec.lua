@@ -6,10 +6,11 @@
 -- examples (the pool, the tools), run as they stand after a prelude that
 -- gives them what their prose assumes (rlm, text, q, root, sub), and what
 -- the docs say of the plugin managers, a cancel and the nginx example.
--- Every ```lua and ```sh block of README.md and docs/ says on the line
--- before which spec runs it (`<!-- spec/readme_spec.lua runs this block:
--- NAME -->`) or why none does (`<!-- not run: why -->`); those that are
--- code compile (Lua) or parse (bash -n).
+-- Every ```lua, ```sh, ```yaml, ```ini and ```dockerfile block of
+-- README.md and docs/ says on the line before which spec runs it (`<!--
+-- spec/readme_spec.lua runs this block: NAME -->`) or why none does
+-- (`<!-- not run: why -->`); those that are code compile (Lua) or parse
+-- (bash -n).
 local H = require("helpers")
 local F = require("helpers.fake_openai")
 local util = require("rlm.base.util")
@@ -37,8 +38,14 @@ local function marked_block(path, mark, lang)
     "the marked block of " .. path .. " is not a ```" .. lang .. " block"))
 end
 
--- The ```lua and ```sh blocks of README.md and docs/: { path =, line =,
--- lang =, code =, mark = the HTML comment on the line before, or nil }.
+-- The blocks a reader could run or apply: Lua, shell, and the files a
+-- tool reads (a Kubernetes manifest, a containers' storage.conf, a
+-- Dockerfile). ```json (a value's shape), ```repl (the system prompt's own
+-- text) and bare blocks (diagrams, a format's line) are not.
+local RUNNABLE = { lua = true, sh = true, yaml = true, ini = true, dockerfile = true }
+
+-- Those blocks of README.md and docs/: { path =, line =, lang =, code =,
+-- mark = the HTML comment on the line before, or nil }.
 local function code_blocks()
   local out = {}
   local p = assert(io.popen("cd " .. q(root) .. " && ls README.md docs/*.md"))
@@ -55,7 +62,7 @@ local function code_blocks()
         while lines[j] and not lines[j]:match("^%s*```%s*$") do
           j = j + 1
         end
-        if lang == "lua" or lang == "sh" then
+        if RUNNABLE[lang] then
           local body = {}
           for k = i + 1, j - 1 do
             body[#body + 1] = lines[k]
