@@ -119,7 +119,8 @@ where the scheduler puts the two ends. The unpinned figures are shown too.
    more, and the round trip must stay under 0.1% of that (100 us). (A
    second reading and writing of the lone call's lines, in C and Python,
    saved some 12 us a call here, 25.8 us against 38 us at a pipe floor of
-   14.6 us; it went for one path, issue 40.)
+   14.6 us; it went for one path, issue 40. With run() a loop over poll()
+   and reply() too, 47 us against 26.5 us before issue 40, its closing note.)
 4. **Context load**: (`Session.new` + first step with the context) less
    (the same with a 1-byte context), medians of interleaved samples. The
    first exec prints `len(context)`, which is checked. Floor: write the bytes

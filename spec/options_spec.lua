@@ -207,6 +207,79 @@ describe("Session.new's options", function()
   end)
 end)
 
+-- Issue 40: every top-level option is set somewhere a user reads: a code
+-- example of README.md or docs/ (fenced, or indented four spaces), a flag
+-- of the CLI (its --help: --max-tool-calls is max_tool_calls), or a host
+-- (the Neovim plugin, the adapters, examples/). One set nowhere is a knob
+-- no one turns: a constant, or merged into another.
+describe("Session.new's options, each", function()
+  local function read(path)
+    local f = assert(io.open(path, "rb"))
+    local s = f:read("*a")
+    f:close()
+    return s
+  end
+  local function list(cmd)
+    local out, p = {}, assert(io.popen(cmd))
+    for line in p:lines() do
+      out[#out + 1] = line
+    end
+    p:close()
+    return out
+  end
+  -- The code of a Markdown page: its fenced blocks and indented lines.
+  local function code_of(text)
+    local out, fenced = {}, false
+    for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+      if line:match("^%s*```") then
+        fenced = not fenced
+      elseif fenced or line:match("^    ") then
+        out[#out + 1] = line
+      end
+    end
+    return table.concat(out, "\n")
+  end
+  local sources = {}
+  for _, path in ipairs(list("ls README.md docs/*.md")) do
+    sources[#sources + 1] = { path, code_of(read(path)) }
+  end
+  for _, path in ipairs(list("find lua/rlm/nvim.lua lua/rlm/nvim lua/rlm/adapters examples -type f | sort")) do
+    sources[#sources + 1] = { path, read(path) }
+  end
+  local help = table.concat(list(("%s bin/rlm --help 2>&1"):format(os.getenv("RLM_SPEC_LUA") or "lua5.4")), "\n")
+  assert(help:find("--max-iterations", 1, true), "bin/rlm --help printed no flags: " .. help)
+  local flags = {}
+  for flag in help:gmatch("%-%-([%w%-]+)") do
+    flags[(flag:gsub("%-", "_"))] = "--" .. flag
+    flags[(flag:gsub("^no%-", ""):gsub("%-", "_"))] = "--" .. flag -- --no-fallback: fallback = false
+  end
+
+  local function where(name)
+    local found = {}
+    if flags[name] then
+      found[#found + 1] = "bin/rlm " .. flags[name]
+    end
+    for _, src in ipairs(sources) do
+      if src[2]:find("%f[%w_]" .. name .. "%s*=[^=]") then
+        found[#found + 1] = src[1]
+      end
+    end
+    return found
+  end
+
+  for _, name in ipairs(require("rlm.engine.options").names) do
+    it(("is set by a doc example, the CLI or a host: %s"):format(name), function()
+      assert.is_true(#where(name) > 0, ("option '%s' is set by no doc example, CLI flag or host"):format(name))
+    end)
+  end
+
+  it("is looked for where it is set, not where it is only named", function()
+    assert.are.same({}, where("no_such_option"))
+    assert.are.same({ "bin/rlm --max-tool-calls" }, where("max_tool_calls"))
+    assert.are.same({ "bin/rlm --no-fallback" }, where("fallback"))
+  end)
+end)
+
 describe("Session.new's context", function()
   local deep = { "leaf" }
   for _ = 2, 201 do
