@@ -40,7 +40,6 @@ SECRET = "sk-rlm-settings-%d" % os.getpid()
 QUESTION = "Which service failed?"
 LOG = "ERROR billing timeout\nok search\nERROR billing refused\n"
 ANSWER = "billing 2 sub-ok"
-START_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 150
 
 report = Tally("settings")
@@ -113,15 +112,7 @@ def case_openresty(env, work, fake_port):
     prefix = os.path.join(ROOT, "build", "openresty", str(port))
     m = Make(dict(env, RLM_OPENRESTY_PORT=str(port), RLM_TMPDIR=tmpdir))
     try:
-        t0, up = time.time(), False
-        while time.time() - t0 < START_TIMEOUT_S and m.proc.poll() is None:
-            try:
-                up = request(port, "/ping", timeout=5)[1].strip() == "pong"
-            except OSError:
-                pass
-            if up:
-                break
-            time.sleep(0.2)
+        up = m.wait_up(port)[0]
         if not up:
             report(False, "make openresty-example, then curl", "not up, exit %s: %s" % (
                 m.proc.poll(), m.output()[-1500:]))

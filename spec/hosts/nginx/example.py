@@ -71,6 +71,19 @@ class Make:
         self.log.seek(0)
         return self.log.read()
 
+    def wait_up(self, port):
+        """Until the example answers /ping on port (or make ends, or
+        START_TIMEOUT_S): whether it does, and the seconds it took."""
+        t0 = time.time()
+        while time.time() - t0 < START_TIMEOUT_S and self.proc.poll() is None:
+            try:
+                if request(port, "/ping", timeout=5)[1].strip() == "pong":
+                    return True, time.time() - t0
+            except OSError:
+                pass
+            time.sleep(0.2)
+        return False, time.time() - t0
+
     def interrupt(self):
         """Ctrl-C: SIGINT to the process group; every process it had must go."""
         seen = set(descendants(self.proc.pid)) | set(group_members(self.proc.pid))
@@ -155,20 +168,11 @@ def case_answers():
         m = Make(user_env({"RLM_OPENRESTY_PORT": str(port), "RLM_MODEL": "root-model", "RLM_SUB_MODEL": "sub-model",
                            "RLM_BASE_URL": "http://127.0.0.1:%d/v1" % fake_port, "OPENAI_API_KEY": SECRET,
                            "RLM_TMPDIR": tmpdir}))
-        t0, up = time.time(), False
-        while time.time() - t0 < START_TIMEOUT_S and m.proc.poll() is None:
-            try:
-                up = request(port, "/ping", timeout=5)[1].strip() == "pong"
-            except OSError:
-                pass
-            if up:
-                break
-            time.sleep(0.2)
+        up, started = m.wait_up(port)
         if not up:
             report(False, "make openresty-example serves /ask", "not up after %.0f s, exit %s: %s" % (
-                time.time() - t0, m.proc.poll(), m.output()[-2000:]))
+                started, m.proc.poll(), m.output()[-2000:]))
             return
-        started = time.time() - t0
         put = request(port, "/kv?key=owner", "PUT", "team-db")[0]
         status, body = request(port, "/ask?q=How+many+errors%3F", "POST", "ERROR a\nok\nERROR b\n",
                                {"Cookie": "session=client-secret"})
