@@ -1,7 +1,8 @@
 /* core.h: what the binding files of rlm.core share (core.c, the module
- * table and its stateless functions; core_driver.c and core_spawn.c, the
- * Driver userdata and what makes one, with core_inspect.c, core_stream.c
- * and core_context.c, the Driver's methods by job; core_hook.c, the SIGINT
+ * table and its stateless functions; core_driver.c, the Driver userdata;
+ * core_spawn.c, what makes a sandbox's Driver, and core_stream.c, the
+ * Drivers with no sandbox and a stream's methods; core_inspect.c and
+ * core_context.c, the Driver's methods by job; core_hook.c, the SIGINT
  * token; core_canaries.c; core_waitset.c; core_journal.c, the journal's
  * file store): the Driver's metatable name and state, each userdata's
  * metatable maker, and the few helpers more than one of them calls. */
