@@ -14,13 +14,17 @@ local LAYERS = {
   engine = { uses = { "base", "sandbox", "journal" }, core = true },
   drive = { uses = { "base", "sandbox", "journal", "engine" }, core = true },
   api = { uses = { "base", "sandbox", "journal", "engine", "drive", "llm", "tools" }, core = true },
+  -- the command line (bin/rlm): a host over the public API (its journal's
+  -- store and lease owner, the model client, the status line, the log and
+  -- the viewer beside it), that no module of lua/rlm uses
+  cli = { uses = { "base", "journal", "llm", "tools", "api" }, core = true },
 }
 
 -- A folder's modules are its layer's; the public modules at the top of
 -- lua/rlm/ each name theirs.
 local FOLDERS = {
   base = "base", llm = "llm", tools = "tools", sandbox = "sandbox", journal = "journal", engine = "engine",
-  drive = "drive", adapters = "api", nvim = "api",
+  drive = "drive", adapters = "api", nvim = "api", cli = "cli",
 }
 local TOP = {
   rlm = "api", ["rlm.nvim"] = "api", ["rlm.health"] = "api",
@@ -123,6 +127,11 @@ describe("the layers of lua/rlm", function()
     assert.is_false(allowed("llm", "engine"))
     assert.are.equal("drive", layer_of("rlm.drive.blocking"))
     assert.are.equal("engine", layer_of("rlm.engine.x"))
+    -- The command line is on top: nothing below may reach up into it.
+    assert.are.equal("cli", layer_of("rlm.cli.main"))
+    for layer in pairs(LAYERS) do
+      assert.are.equal(layer == "cli", allowed(layer, "cli"), layer)
+    end
   end)
 
   it("let rlm.llm.openai, .anthropic and .gemini load and make a client where rlm.core is unavailable", function()
