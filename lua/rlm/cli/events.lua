@@ -1,6 +1,7 @@
 -- What a run shows and records as it goes, each an on_event handler: the
 -- status line (on a terminal), the trace (--trace) and the log (--log).
-local console_of = require("rlm.cli.console")
+local is_terminal = require("rlm.cli.console").is_terminal
+local columns = require("rlm.cli.console").columns
 local trace = require("rlm.cli.trace")
 
 local M = {}
@@ -20,7 +21,7 @@ local function status_line(opts, client, console)
     usage = client.usage,
     cost = client.has_price(client.model) and client.has_price(client.sub_model) and client.cost_usd or nil,
     steps = opts.max_iterations or 20,
-    width = console_of.columns(),
+    width = columns(),
   })
   local root_llm, llm_query = opts.root_llm, opts.llm_query
   opts.root_llm = function(...)
@@ -39,7 +40,7 @@ end
 -- to close after the run, or nil.
 function M.watch(flags, opts, client, console)
   local handlers, log_writer = {}, nil
-  if not flags.quiet and console_of.is_terminal(2) then
+  if not flags.quiet and is_terminal(2) then
     handlers[#handlers + 1] = status_line(opts, client, console)
   end
   if flags.trace then

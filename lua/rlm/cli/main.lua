@@ -1,10 +1,11 @@
 -- rlm, the command line (docs/cli.md): one session from the flags, run to
 -- its end, its answer on stdout; or `rlm view LOG.jsonl`. bin/rlm runs
 -- M.run and exits with the status it returns; a usage error or a failure
--- before the run exits at once (rlm.cli.console).
+-- exits where it happens (rlm.cli.console).
 local answer = require("rlm.cli.answer")
 local args = require("rlm.cli.args")
-local console_of = require("rlm.cli.console")
+local new_console = require("rlm.cli.console").new
+local for_stdout = require("rlm.cli.console").for_stdout
 local events = require("rlm.cli.events")
 local journal = require("rlm.cli.journal")
 local options = require("rlm.cli.options")
@@ -23,7 +24,7 @@ local function view(positional, verbatim, console)
     console:failure("rlm view needs the rlm.view module: " .. tostring(viewer):match("^[^\n]*"))
   end
   local html = viewer.html(options.read_file(positional[1], {}, console))
-  io.stdout:write(console_of.for_stdout(html, verbatim))
+  io.stdout:write(for_stdout(html, verbatim))
   io.stdout:flush()
   return EXIT.ok
 end
@@ -128,7 +129,7 @@ end
 -- Runs the command line on argv (the script's arguments, a list); the
 -- exit status. An error out of it (a bug) is a failure, with its traceback.
 function M.run(argv)
-  local console = console_of.new()
+  local console = new_console()
   local status
   local ok, err = xpcall(function()
     status = main(argv, console)
