@@ -17,7 +17,8 @@ sandbox, the pipes and the limits; your Lua callbacks own the models.]],
 -- takes a transport (OpenResty's cosockets, Neovim's, yours). Its LuaSocket
 -- transport is here, as every file under lua/ (luarocks' builtin copies
 -- lua/ whole), but loads LuaSocket only when it is required. The CLI, and
--- LuaSocket as a dependency, are the rock rlm-tools (rlm-tools-scm-1.rockspec).
+-- LuaSocket as a dependency, are the rock rlm-tools (rlm-tools-scm-1.rockspec);
+-- the CLI's modules (rlm.cli.*) are here, as every file under lua/.
 dependencies = {
   "lua >= 5.1",
   "lua-cjson",
@@ -41,6 +42,16 @@ build = {
     ["rlm.base.text"] = "lua/rlm/base/text.lua",
     ["rlm.base.util"] = "lua/rlm/base/util.lua",
     ["rlm.base.version"] = "lua/rlm/base/version.lua",
+    ["rlm.cli.answer"] = "lua/rlm/cli/answer.lua",
+    ["rlm.cli.args"] = "lua/rlm/cli/args.lua",
+    ["rlm.cli.console"] = "lua/rlm/cli/console.lua",
+    ["rlm.cli.events"] = "lua/rlm/cli/events.lua",
+    ["rlm.cli.journal"] = "lua/rlm/cli/journal.lua",
+    ["rlm.cli.main"] = "lua/rlm/cli/main.lua",
+    ["rlm.cli.options"] = "lua/rlm/cli/options.lua",
+    ["rlm.cli.printable"] = "lua/rlm/cli/printable.lua",
+    ["rlm.cli.trace"] = "lua/rlm/cli/trace.lua",
+    ["rlm.cli.usage"] = "lua/rlm/cli/usage.lua",
     ["rlm.diagnose"] = "lua/rlm/diagnose.lua",
     ["rlm.drive.blocking"] = "lua/rlm/drive/blocking.lua",
     ["rlm.drive.dispatch"] = "lua/rlm/drive/dispatch.lua",

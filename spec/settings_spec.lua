@@ -121,10 +121,21 @@ describe("rlm.llm.settings", function()
   it("is where every host reads its model settings", function()
     local names = { "RLM_PROVIDER", "RLM_BASE_URL", "RLM_MODEL", "RLM_SUB_MODEL", "RLM_API_KEY_ENV", "RLM_ROOT_MODEL",
       "RLM_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY" }
-    for _, path in ipairs({ "bin/rlm", "lua/rlm/nvim.lua", "examples/openresty/rlm_app.lua" }) do
-      local f = assert(io.open(root .. "/" .. path, "rb"))
-      local text = f:read("*a")
-      f:close()
+    -- a host's files: the command line is bin/rlm and its modules
+    local cli = { "bin/rlm" }
+    local p = assert(io.popen("cd " .. root .. " && ls lua/rlm/cli/*.lua"))
+    for path in p:lines() do
+      cli[#cli + 1] = path
+    end
+    p:close()
+    for _, paths in ipairs({ cli, { "lua/rlm/nvim.lua" }, { "examples/openresty/rlm_app.lua" } }) do
+      local texts = {}
+      for _, file in ipairs(paths) do
+        local f = assert(io.open(root .. "/" .. file, "rb"))
+        texts[#texts + 1] = f:read("*a")
+        f:close()
+      end
+      local text, path = table.concat(texts, "\n"), paths[1]
       assert.is_truthy(text:find('require("rlm.llm.settings")', 1, true), path .. " does not use rlm.llm.settings")
       for call in text:gmatch("getenv%(%s*\"([%w_]+)\"") do
         for _, name in ipairs(names) do
