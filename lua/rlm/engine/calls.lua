@@ -19,15 +19,18 @@ local MAX_CAUSE_CHARS = 500
 -- sessions. Past max_depth a nested session is one sub-model call that reads
 -- the prompt and the context (marked rlm: not cached, as rlm_query is not).
 function M:calls_of(msg)
-  local calls, batch = { msg }, msg.type == "llm_batch" or msg.type == "rlm_batch"
-  if msg.type == "llm_batch" then
+  local kind = msg.type
+  local calls
+  if kind == "llm_batch" then
     calls = msg.prompts -- strings: made calls one at a time, as they go out
-  elseif msg.type == "llm_query" then
+  elseif kind == "llm_query" then
     calls = { msg.prompt }
-  elseif msg.type == "rlm_batch" then
+  elseif kind == "rlm_batch" then
     calls = msg.queries
+  else
+    calls = { msg }
   end
-  local nested = msg.type == "rlm_query" or msg.type == "rlm_batch"
+  local batch, nested = kind == "llm_batch" or kind == "rlm_batch", kind == "rlm_query" or kind == "rlm_batch"
   if nested and self.session.depth + 1 >= self.opts.max_depth then
     for i, c in ipairs(calls) do
       calls[i] = { prompt = c.context and (c.prompt .. "\n\n" .. c.context) or c.prompt, rlm = true }
