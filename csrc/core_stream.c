@@ -131,15 +131,18 @@ static void release_raw(lua_State *L, driver_ud *u, int force) {
   }
 }
 
-/* d:send_keeper(line) -> true | nil, message: a stream's line on the
- * keeper's channel. */
+/* d:send_keeper(line [, driver_line]) -> true | nil, message: a stream's
+ * line on the keeper's channel; with driver_line, that line on the
+ * driver's channel right after it, in the same write. */
 static int driver_send_keeper(lua_State *L) {
   driver_ud *u = check_driver(L);
-  size_t len;
+  size_t len, dlen = 0;
   const char *s = luaL_checklstring(L, 2, &len);
+  const char *line = luaL_optlstring(L, 3, NULL, &dlen);
   if (!u->stream)
     return luaL_argerror(L, 1, "not a stream");
-  if (rlm_driver_send_on(u->d, 'K', s, len) != 0)
+  if ((line == NULL ? rlm_driver_send_on(u->d, 'K', s, len)
+                    : rlm_driver_send_pair(u->d, s, len, line, dlen)) != 0)
     return fail(L, "the stream cannot take input");
   lua_pushboolean(L, 1);
   return 1;

@@ -158,6 +158,12 @@ RLM_FN int rlm_driver_send(rlm_driver *d, const char *data, size_t len);
 RLM_FN int rlm_driver_send_on(rlm_driver *d, char channel, const char *data,
                               size_t len);
 
+/* A stream's line on the keeper's channel and then one on its own, in one
+ * write: a message that goes with a line (a deadline with its exec) costs
+ * the far side one wake-up, not two. 0, or -1 as rlm_driver_send. */
+RLM_FN int rlm_driver_send_pair(rlm_driver *d, const char *keeper, size_t klen,
+                                const char *data, size_t len);
+
 /* A stream's raw bytes (the context after its message), written as they
  * are from the caller's memory, which must stay until
  * rlm_driver_raw_done says they are written: no copy, whatever their

@@ -125,59 +125,84 @@ static int send_raw(rlm_driver *d, const char *data, size_t len) {
 
 int rlm_driver_raw_done(const rlm_driver *d) { return d->raw_pending == 0; }
 
-static int write_line(rlm_driver *d, char channel, const char *data,
-                      size_t len);
+/* One line of a write: its channel byte (0: none) and its bytes. */
+typedef struct line_part {
+  char channel;
+  const char *data;
+  size_t len;
+} line_part;
+
+static int write_lines(rlm_driver *d, const line_part *lines, int n_lines);
 
 static int send_line(rlm_driver *d, char channel, const char *data,
                      size_t len) {
+  line_part one = {channel, data, len};
   sigpipe_hold h;
   sigpipe_block(d, &h);
-  int rc = write_line(d, channel, data, len);
+  int rc = write_lines(d, &one, 1);
   sigpipe_unblock(&h);
   return rc;
 }
 
-static int write_line(rlm_driver *d, char channel, const char *data,
-                      size_t len) {
+int rlm_driver_send_pair(rlm_driver *d, const char *keeper, size_t klen,
+                         const char *data, size_t len) {
+  if (!d->channel)
+    return -1;
+  line_part two[2] = {{'K', keeper, klen}, {d->channel, data, len}};
+  sigpipe_hold h;
+  sigpipe_block(d, &h);
+  int rc = write_lines(d, two, 2);
+  sigpipe_unblock(&h);
+  return rc;
+}
+
+/* Lines (at most two) in one write: each its channel byte, its bytes and
+ * its newline; all of them or none. */
+static int write_lines(rlm_driver *d, const line_part *lines, int n_lines) {
   /* While it starts, what is sent waits in the pipe. A uv_buf_t's length
    * holds len (MAX_WRITE_QUEUE). */
   if (d->start_failed || d->kill_pending || d->exited || d->killed ||
-      d->in_closed || len > MAX_WRITE_QUEUE || memchr(data, '\n', len) != NULL)
+      d->in_closed || n_lines < 1 || n_lines > 2)
     return -1;
-  uv_buf_t bufs[3];
+  uv_buf_t bufs[6];
   int n = 0;
-  if (channel)
-    bufs[n++] = uv_buf_init(channel == 'K' ? "K" : "D", 1);
-  bufs[n++] = uv_buf_init((char *)data, (unsigned)len);
-  len += (size_t)(n - 1); /* the line's bytes, its channel's among them */
+  size_t len = 0; /* every line's bytes, with their channels and newlines */
+  for (int i = 0; i < n_lines; i++) {
+    const line_part *l = &lines[i];
+    if (l->len > MAX_WRITE_QUEUE || memchr(l->data, '\n', l->len) != NULL)
+      return -1;
+    if (l->channel)
+      bufs[n++] = uv_buf_init(l->channel == 'K' ? "K" : "D", 1);
+    bufs[n++] = uv_buf_init((char *)l->data, (unsigned)l->len);
+    bufs[n++] = uv_buf_init("\n", 1);
+    len += l->len + 1 + (l->channel ? 1 : 0);
+  }
   /* A stream's raw context is the caller's memory, not the queue's (of
    * which libuv may have written part at once). */
   size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&d->in);
   queued -= queued < d->raw_bytes ? queued : d->raw_bytes;
-  if (queued + len > MAX_WRITE_QUEUE)
+  if (len > MAX_WRITE_QUEUE || queued + len > MAX_WRITE_QUEUE)
     return -1;
-  /* The line and its newline straight to the pipe when nothing waits before
-   * it (a short line always fits); what the pipe does not take now is
-   * copied and queued. */
-  bufs[n] = uv_buf_init("\n", 1);
-  int sent = uv_try_write((uv_stream_t *)&d->in, bufs, (unsigned)n + 1);
+  /* The lines straight to the pipe when nothing waits before them (short
+   * lines always fit); what the pipe does not take now is copied and
+   * queued. */
+  int sent = uv_try_write((uv_stream_t *)&d->in, bufs, (unsigned)n);
   if (sent == UV_EAGAIN || sent == UV_ENOSYS)
     sent = 0;
   else if (sent < 0)
     return -1;
-  if ((size_t)sent == len + 1)
+  if ((size_t)sent == len)
     return 0;
-  size_t done = (size_t)sent, rest = len + 1 - done;
+  size_t done = (size_t)sent, rest = len - done;
   write_req *w = malloc(sizeof(*w) + rest);
   if (w == NULL) {
     if (done > 0)
       kill_sandbox(d); /* part of a line went: the stream is broken */
     return -1;
   }
-  /* What is left of the channel byte, the line and its newline, from byte
-   * `done` on. */
+  /* What is left of the lines, from byte `done` on. */
   size_t at = 0, skip = done;
-  for (int i = 0; i <= n; i++) {
+  for (int i = 0; i < n; i++) {
     size_t take = bufs[i].len;
     if (skip >= take) {
       skip -= take;

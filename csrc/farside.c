@@ -160,6 +160,10 @@ int main(int argc, char **argv) {
   }
   if (attach)
     return far_attach_main(f.linger_dir);
+  if (!probe_only && far_term_init() != 0) {
+    fprintf(stderr, "rlm-keeper: SIGTERM's handler: %s\n", strerror(errno));
+    return 2;
+  }
   far_listener *listener = NULL;
   if (listen_at != NULL) {
     /* The token is read once, now, into a process no other process of its
@@ -212,7 +216,7 @@ int main(int argc, char **argv) {
     if (conn < 0 || dup2(conn, 0) < 0 || dup2(conn, 1) < 0) {
       fprintf(stderr, "rlm-keeper: %s\n",
               conn < 0 ? err : "dup2: the claimed connection");
-      return 1;
+      return conn < 0 && strncmp(err, "SIGTERM", 7) == 0 ? 0 : 1;
     }
     if (conn > 1)
       close(conn);
@@ -236,8 +240,12 @@ int main(int argc, char **argv) {
         break;
       f.in_eof = 0;
     }
-    struct pollfd p[4];
-    int np = 0, in_at = -1, out_at = -1, drv_at = -1, lis_at = -1;
+    struct pollfd p[5];
+    int np = 0, in_at = -1, out_at = -1, drv_at = -1, lis_at = -1, term_at = -1;
+    if (!f.termed) {
+      term_at = np;
+      p[np++] = (struct pollfd){.fd = far_term_fd(), .events = POLLIN};
+    }
     if (!f.ended && !f.detached) {
       in_at = np;
       p[np++] = (struct pollfd){.fd = f.in_fd, .events = POLLIN};
@@ -269,6 +277,16 @@ int main(int argc, char **argv) {
     int n = poll(p, (nfds_t)np, timeout);
     if (n < 0 && errno != EINTR)
       break;
+    if (term_at >= 0 && p[term_at].revents != 0) {
+      /* SIGTERM: the end of the input, as the host's close is (no
+       * linger); what waits for the host still goes, as at any end. */
+      fprintf(stderr, "rlm-keeper[%d]: SIGTERM: the end of its input\n",
+              (int)getpid());
+      f.termed = 1;
+      f.linger_ms = 0;
+      f.in_eof = 1;
+      continue;
+    }
     if (out_at >= 0 && (p[out_at].revents & (POLLOUT | POLLERR | POLLHUP)) &&
         flush_some(&f) != 0) {
       f.in_eof = 1; /* the host is gone */

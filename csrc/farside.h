@@ -119,6 +119,16 @@ RLM_FN far_listener *far_listen_open(const char *addr, const char *token_file,
                                      char *err, size_t errlen);
 RLM_FN int far_listen_claim(far_listener *l, char *err, size_t errlen);
 
+/* SIGTERM (the kubelet's, at a pod's deletion) is the end of the keeper's
+ * input, with no linger: far_term_init installs a handler that writes a
+ * byte to a pipe of its own, whose read end (far_term_fd) every poll of
+ * the keeper watches. A handler is also what lets the signal reach a
+ * keeper that is PID 1 of its PID namespace (a pod's container without
+ * shareProcessNamespace): the kernel drops a signal that such a process
+ * has no handler for. 0, or -1 with errno. */
+RLM_FN int far_term_init(void);
+RLM_FN int far_term_fd(void);
+
 /* --- the keeper's state, and what one of its files calls in another ---- */
 
 #define IN_CHUNK 65536
@@ -182,6 +192,7 @@ typedef struct far {
   int cgroup_ok;
   char cgroup_detail[200];
   size_t max_line;
+  int termed; /* SIGTERM came: the end of the input (far_term_init) */
 } far;
 
 /* A message of the host's, parsed (jsonread.h): its text, its tokens, and

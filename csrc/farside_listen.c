@@ -20,12 +20,35 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+static int term_pipe[2] = {-1, -1};
+
+static void on_term(int sig) {
+  (void)sig;
+  int saved = errno;
+  (void)!write(term_pipe[1], "T", 1); /* full: a byte is there already */
+  errno = saved;
+}
+
+int far_term_init(void) {
+  if (pipe2(term_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    return -1;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_term;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  return sigaction(SIGTERM, &sa, NULL);
+}
+
+int far_term_fd(void) { return term_pipe[0]; }
 
 #define CLAIM_WAIT_MS 2000 /* from a connect to its claim's newline */
 #define CLAIM_LINE_MAX 256 /* the claim, with its channel byte and newline */
@@ -347,10 +370,12 @@ static int claim_tune(int fd, char *err, size_t errlen) {
 int far_listen_claim(far_listener *l, char *err, size_t errlen) {
   int won = -1;
   while (won < 0) {
-    struct pollfd p[1 + CLAIM_PENDING];
+    struct pollfd p[2 + CLAIM_PENDING];
     uint64_t now = monotonic_ms();
     int timeout = -1;
     p[0] = (struct pollfd){.fd = l->fd, .events = POLLIN};
+    /* SIGTERM before a claim: the keeper ends (far_term_init). */
+    p[1 + l->n] = (struct pollfd){.fd = far_term_fd(), .events = POLLIN};
     for (int i = 0; i < l->n; i++) {
       p[1 + i] = (struct pollfd){.fd = l->pending[i].fd, .events = POLLIN};
       uint64_t due = l->pending[i].since +
@@ -359,11 +384,15 @@ int far_listen_claim(far_listener *l, char *err, size_t errlen) {
       if (timeout < 0 || left < timeout)
         timeout = left;
     }
-    int n = poll(p, (nfds_t)(1 + l->n), timeout);
+    int n = poll(p, (nfds_t)(2 + l->n), timeout);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0) {
       snprintf(err, errlen, "poll: %s", strerror(errno));
+      return -1;
+    }
+    if (p[1 + l->n].revents != 0) {
+      snprintf(err, errlen, "SIGTERM before a claim: the keeper ends");
       return -1;
     }
     now = monotonic_ms();

@@ -3,7 +3,9 @@
 -- rlm.sandbox.pods from TEMPLATE (docs/backends.md's, as k8s/pod-template
 -- adapts it). Three paths in one run, each with all its sessions open at
 -- once, the claim (Session.new plus the first step) of each timed, then
--- K8S_E2E_STEPS (default 200) steps of each session in rounds:
+-- K8S_E2E_STEPS (default 200) steps of each session in rounds (one step
+-- of each in turn), then as many of the first session alone, the others
+-- open and idle, with where the node's CPU went meanwhile (node_sample):
 --   local bubblewrap          K8S_E2E_SESSIONS (default 10) sessions
 --   warm pod, kubectl exec -i K8S_E2E_SESSIONS sessions over PODS pods of a
 --                             pool, `kubectl exec -i POD -c sandbox --
@@ -59,19 +61,81 @@ local function uptime()
   return tonumber(common.read_file("/proc/uptime"):match("^(%S+)"))
 end
 
+-- Where the node's CPU goes while the steps run: the daemons' (their
+-- /proc/PID/stat, by name; comm is cut at 15 bytes), the pods' cgroups
+-- (cpuacct) and their CFS quota's throttling (cpu.stat, summed over the
+-- kubelet's tree), this process's, and the load average.
+local TICK_MS = 1000 / (tonumber(common.capture({ "getconf", "CLK_TCK" }):match("%d+")) or 100)
+local DAEMONS = { kubelet = "kubelet", ["kube-apiserver"] = "apiserver", etcd = "etcd",
+  containerd = "containerd", ["containerd-shim"] = "shims" }
+local CG = "/sys/fs/cgroup/%s/rlm-k8s-e2e/kubepods"
+
+local function node_sample()
+  local at = { ms = common.now_ms(), cpu = { host = 0 }, periods = 0, throttled = 0, throttled_ms = 0 }
+  for pid in common.capture({ "ls", "/proc" }):gmatch("%d+") do
+    local name = DAEMONS[common.comm(pid)]
+    local stat = (name or pid == tostring(common.self_pid())) and common.read_file("/proc/" .. pid .. "/stat")
+    -- utime and stime: the 14th and 15th fields, the 12th and 13th after comm's ")"
+    local u, sy = (stat or ""):match("%) %S+" .. (" %S+"):rep(10) .. " (%d+) (%d+)")
+    if u then
+      name = name or "host"
+      at.cpu[name] = (at.cpu[name] or 0) + (tonumber(u) + tonumber(sy)) * TICK_MS
+    end
+  end
+  at.pods_ms = (tonumber(common.read_file(CG:format("cpuacct") .. "/cpuacct.usage")) or 0) / 1e6
+  local stats = common.capture({ "find", CG:format("cpu"), "-mindepth", "3", "-maxdepth", "3", "-name", "cpu.stat",
+    "-exec", "cat", "{}", "+" })
+  for k, v in stats:gmatch("(%S+) (%d+)") do
+    if k == "nr_periods" then
+      at.periods = at.periods + tonumber(v)
+    elseif k == "nr_throttled" then
+      at.throttled = at.throttled + tonumber(v)
+    elseif k == "throttled_time" then
+      at.throttled_ms = at.throttled_ms + tonumber(v) / 1e6
+    end
+  end
+  at.load = common.read_file("/proc/loadavg"):match("^(%S+)")
+  return at
+end
+
+-- What the node did between two samples, as a sentence.
+local function node_between(a, b)
+  local secs = (b.ms - a.ms) / 1000
+  local parts = {}
+  for _, name in ipairs({ "host", "kubelet", "apiserver", "etcd", "containerd", "shims" }) do
+    parts[#parts + 1] = ("%s %.0f%%"):format(name, ((b.cpu[name] or 0) - (a.cpu[name] or 0)) / 10 / secs)
+  end
+  parts[#parts + 1] = ("the pods' cgroups %.0f%%"):format((b.pods_ms - a.pods_ms) / 10 / secs)
+  return ("%.1f s; CPU (%% of one): %s; pods' CFS periods %d, throttled %d (%.0f ms); load %s"):format(secs,
+    table.concat(parts, ", "), b.periods - a.periods, b.throttled - a.throttled, b.throttled_ms - a.throttled_ms,
+    b.load)
+end
+
+-- The steps, taken two ways over the same open sessions: in rounds (one
+-- step of each in turn: every step on another session than the last, the
+-- others' heartbeats between) and then STEPS steps of the first session
+-- alone, the others open and idle.
 local function measure(label, n, sandbox_of, before_close)
-  local sessions, claims, steps = {}, {}, {}
+  local sessions, claims, steps, alone = {}, {}, {}, {}
   local rss0 = rss_kb()
+  local node = {}
   local ok, err = pcall(function()
     for i = 1, n do
-      local s, ms = common.start(env, { sandbox = sandbox_of(i), max_iterations = STEPS + 2 })
+      local s, ms = common.start(env, { sandbox = sandbox_of(i), max_iterations = 2 * STEPS + 2 })
       sessions[i], claims[i] = s, ms
     end
+    local a = node_sample()
     for _ = 1, STEPS do
       for _, s in ipairs(sessions) do
         steps[#steps + 1] = common.step(s)
       end
     end
+    local b = node_sample()
+    for _ = 1, STEPS do
+      alone[#alone + 1] = common.step(sessions[1])
+    end
+    local c = node_sample()
+    node.rounds, node.alone = node_between(a, b), node_between(b, c)
   end)
   local rss = rss_kb() - rss0
   local held = kubectls()
@@ -86,8 +150,10 @@ local function measure(label, n, sandbox_of, before_close)
   if not ok then
     error(label .. ": " .. tostring(err), 0)
   end
-  say("%s: %d sessions open at once, %d steps", label, n, #steps)
-  return { label = label, claims = claims, steps = steps, rss = rss, held = held, made = made, n = n }
+  say("%s: %d sessions open at once, %d steps in rounds, %d of one alone", label, n, #steps, #alone)
+  say("%s, the node in the rounds: %s", label, node.rounds)
+  say("%s, the node in the steps alone: %s", label, node.alone)
+  return { label = label, claims = claims, steps = steps, alone = alone, rss = rss, held = held, made = made, n = n }
 end
 
 local function pool_of(name, size)
@@ -203,9 +269,10 @@ end
 
 say("%d sessions of the local and the kubectl exec path (on %d pods), %d of the pool's, %d steps of each",
   N, pods_n, P, STEPS)
-print("| path (sandbox in the pod) | sessions open at once | claim → first step p50 (p90) | step round trip p50 (p90)"
+print("| path (sandbox in the pod) | sessions open at once | claim → first step p50 (p90) | step round trip p50 (p90),"
+  .. " in rounds over all open | step round trip p50 (p90), one session alone, the others open and idle"
   .. " | host memory for all their streams |")
-print("|---|---|---|---|---|")
+print("|---|---|---|---|---|---|")
 for _, r in ipairs(rows) do
   local mem = ("host RSS +%.1f MB"):format(mb(r.rss))
   if #r.held > 0 then
@@ -218,9 +285,10 @@ for _, r in ipairs(rows) do
   else
     mem = mem .. "; 0 kubectl held"
   end
-  print(("| %s (%s) | %d | %.1f ms (%.1f) | %.0f µs (%.0f) | %s |"):format(r.label, tostring(r.made or "local"), r.n,
-    common.median(r.claims), common.quantile(r.claims, 0.9), common.median(r.steps) * 1000,
-    common.quantile(r.steps, 0.9) * 1000, mem))
+  print(("| %s (%s) | %d | %.1f ms (%.1f) | %.0f µs (%.0f) | %.0f µs (%.0f) | %s |"):format(r.label,
+    tostring(r.made or "local"), r.n, common.median(r.claims), common.quantile(r.claims, 0.9),
+    common.median(r.steps) * 1000, common.quantile(r.steps, 0.9) * 1000, common.median(r.alone) * 1000,
+    common.quantile(r.alone, 0.9) * 1000, mem))
 end
 local d = rows.deleted
 say("pod %s deleted (--grace-period=0 --force) mid-step: the step ended with %s %s after the delete began"

@@ -391,6 +391,67 @@ c.close()
     assert_ended(k)
   end)
 
+  -- SIGTERM is the end of the keeper's input (the kubelet's signal at a
+  -- pod's deletion): its session's stream ends as at a kill, and the
+  -- keeper ends everything it started, saying so on stderr.
+  it("ends its session at SIGTERM as at the end of its input (sandbox_lost), and leaves nothing behind", function()
+    local k = listening()
+    local t0
+    local s
+    s = rlm.Session.new(connect_opts(k, {
+      step_timeout_ms = 120000,
+      root_llm = H.script({ H.fence("print(llm_query('now'))\nimport time\ntime.sleep(60)") }),
+      llm_query = function()
+        os.execute(("(sleep 0.3; kill -TERM %d) &"):format(k.pid))
+        t0 = core.now_ms()
+        return "ok"
+      end,
+    }))
+    local _, err = s:run()
+    s:close()
+    local took = core.now_ms() - t0
+    assert.equals("sandbox_lost", err.kind)
+    assert.matches("rlm-keeper at 127.0.0.1:" .. k.port .. " closed the connection", err.message, 1, true)
+    assert.is_true(took < 15000, ("took %.0f ms"):format(took))
+    assert_ended(k)
+    assert.matches("SIGTERM: the end of its input", log_of(k), 1, true)
+  end)
+
+  -- A pod's keeper is PID 1 of the pod's PID namespace unless the pod
+  -- shares one (shareProcessNamespace): the kernel drops a signal that
+  -- such a process has no handler for, so without SIGTERM's handler the
+  -- keeper would outlive its pod's deletion until the kubelet's SIGKILL.
+  it("ends at SIGTERM as PID 1 of a PID namespace of its own, unclaimed (a pod without shareProcessNamespace)",
+    function()
+      made = made + 1
+      local tok, log = ("%s/token-%d"):format(DIR, made), ("%s/keeper-%d.log"):format(DIR, made)
+      write(tok, TOKEN .. "\n")
+      local outer = tonumber(H.sh(("unshare --user --map-root-user --pid --fork %s --cache %s --listen 127.0.0.1:0 "
+        .. "--token-file %s </dev/null >/dev/null 2>%s & echo $!"):format(KEEPER, CACHE, tok, log)))
+      local port = tonumber(settled(function()
+        return read(log):match("listening on 127%.0%.0%.1:(%d+)")
+      end, function(v)
+        return v ~= nil
+      end))
+      local pid = tonumber(H.sh(("cat /proc/%d/task/*/children"):format(outer)):match("%d+"))
+      local ok, problem = pcall(function()
+        assert(port and pid, "the keeper did not start: " .. read(log))
+        assert.matches("rlm-keeper[1]: listening", read(log), 1, true)
+        os.execute("kill -TERM " .. pid)
+        assert.is_false(settled(function()
+          return running(pid)
+        end, function(v)
+          return not v
+        end))
+        assert.matches("SIGTERM before a claim: the keeper ends", read(log), 1, true)
+        assert.equals("", H.sh(("env -u LD_PRELOAD ss -Htan state listening '( sport = :%d )'"):format(port)))
+      end)
+      if pid then
+        os.execute(("kill -9 %d 2>/dev/null"):format(pid))
+      end
+      assert(ok, problem)
+    end)
+
   it("ends with sandbox_lost within ping_timeout_ms + 1 s when the keeper stops answering (SIGSTOP)", function()
     local k = listening()
     local t0

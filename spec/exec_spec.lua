@@ -262,6 +262,49 @@ describe("the exec backend", function()
     assert.equals("262144", result.answer)
   end)
 
+  -- Every keeper message is a write of the host's and a wake-up of the
+  -- far side (over a pod's network, a packet each way). A step arms the
+  -- root call's deadline (none, without max_wall_ms), the exec's, and
+  -- none after it: the host says none only when the keeper may have one
+  -- armed, and the exec's deadline in the same write as the exec. A relay
+  -- before the keeper logs each read of the host's bytes (a pipe's read
+  -- takes a write whole).
+  it("sends a step's deadline in the exec's write, and no deadline of none twice", function()
+    local log = H.tmpdir .. "/reads-" .. tostring(os.time()) .. "-" .. tostring(math.random(1e6))
+    local tap = ("python3 -c 'import os,sys\nf=open(sys.argv[1],\"w\")\nwhile True:\n b=os.read(0,65536)\n"
+      .. " if not b: break\n f.write(repr(b)+\"\\n\"); f.flush(); os.write(1,b)' %s"):format(log)
+    local code = H.fence("x = 1")
+    local result, err = H.run(opts({
+      sandbox = through(tap .. " | " .. K),
+      max_iterations = 8,
+      root_llm = H.script({ code, code, code, code, H.fence("FINAL('done')") }),
+    }))
+    assert.is_nil(err)
+    assert.equals("done", result.answer)
+    local reads, lines = {}, {}
+    for r in io.lines(log) do
+      reads[#reads + 1] = r
+      for line in r:gmatch("([KD]{.-})\\n") do
+        lines[#lines + 1] = { line = line, read = #reads }
+      end
+    end
+    os.remove(log)
+    local execs = 0
+    for i, l in ipairs(lines) do
+      if l.line:find('"type":"exec"', 1, true) then
+        execs = execs + 1
+        local before = lines[i - 1]
+        assert.matches('^K{"type":"deadline","ms":%d+}$', before.line)
+        assert.is_true(before.read == l.read, "the exec's deadline came in another write: " .. reads[l.read])
+      end
+      local prev = lines[i - 1]
+      if prev and l.line == 'K{"type":"deadline","ms":0}' then
+        assert.is_true(prev.line ~= l.line, "a deadline of none twice in a row")
+      end
+    end
+    assert.equals(5, execs)
+  end)
+
   it("gives rlm.Pool's sessions their sandboxes through the stream", function()
     local pool = assert(rlm.Pool.new({ size = 1, sandbox = H.sandbox(RELAY) }))
     local result, err = H.run({ pool = pool, context = "pooled context",

@@ -121,6 +121,69 @@ describe("rlm.sandbox.pods", function()
     assert.same({}, objects())
   end)
 
+  -- A host on a loop gives the pool a wait that yields (docs/backends.md,
+  -- "Waiting"): here luv's, which resumes the pool's coroutine when a
+  -- kubectl's loop has something (its descriptor readable) or its timer is
+  -- due. A timer of the loop ticks meanwhile: it must have ticked while
+  -- the pods were made (with the default wait, which blocks the thread,
+  -- it would not).
+  it("fills, claims and releases under a luv loop that goes on running while kubectl works", function()
+    local L = require("helpers.luv")
+    if not L then
+      return pending("luv is not installed")
+    end
+    local uv = L.uv
+    local function wait(helper)
+      while true do
+        local kind, a, b, c = helper:poll(0)
+        if kind then
+          return kind, a, b, c
+        end
+        local co, woken = coroutine.running(), false
+        local p, t = assert(uv.new_poll(helper:fd())), assert(uv.new_timer())
+        local function wake()
+          if not woken then
+            woken = true
+            p:stop()
+            p:close()
+            t:close()
+            assert(coroutine.resume(co))
+          end
+        end
+        p:start("r", wake)
+        local ms = helper:timeout()
+        t:start(ms >= 0 and ms or 1000, 0, wake)
+        coroutine.yield()
+      end
+    end
+    local pool = new({ size = 2, wait = wait })
+    local ticks, out = 0, {}
+    local ticker = assert(uv.new_timer())
+    ticker:start(5, 5, function()
+      ticks = ticks + 1
+    end)
+    local co = coroutine.create(function()
+      out.filled = pool:fill(2)
+      out.ticks = ticks
+      out.claim, out.name = pool:claim()
+      pool:release(out.name)
+      out.closed = pool:close()
+      out.done = true
+    end)
+    assert(coroutine.resume(co))
+    L.run_until(function()
+      return out.done
+    end, 60000)
+    ticker:stop()
+    ticker:close()
+    uv.run("nowait")
+    assert.equal(2, out.filled)
+    assert.is_true(out.ticks > 0, "the loop's timer never ticked while the pods were made")
+    assert.truthy(out.claim and out.claim.host and out.claim.token)
+    assert.truthy(out.closed)
+    assert.same({}, objects())
+  end)
+
   it("claims a Ready pod's address and token without a process, and releases it with a delete", function()
     local pool = new({ size = 2 })
     assert.equal(2, pool:fill(2))

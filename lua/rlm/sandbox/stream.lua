@@ -30,6 +30,7 @@ M.BACKSTOP_MS = 2000
 -- ping.
 M.PING_MS = 1000
 local PING = '{"type":"ping"}'
+local DEADLINE = '{"type":"deadline","ms":%d}'
 
 -- A claimed sandbox's release: once, in a coroutine of its own (it may
 -- yield as a callback under an adapter does: rlm.base.util.invoke); a
@@ -78,7 +79,13 @@ end
 -- A line for the driver, counted: an attach says how many of them the
 -- keeper took (its "taken"), so a resume knows whether its step arrived.
 function Handle:send(line)
-  local ok, err = self.drv:send(line)
+  local deadline = self:_deadline_due()
+  local ok, err
+  if deadline then
+    ok, err = self.drv:send_keeper(deadline, line) -- one write: one wake-up of the keeper
+  else
+    ok, err = self.drv:send(line)
+  end
   if ok then
     self.sent = self.sent + 1
   end
@@ -86,14 +93,17 @@ function Handle:send(line)
 end
 
 function Handle:fd()
+  self:_flush()
   return self.drv:fd()
 end
 
 function Handle:timeout()
+  self:_flush()
   return self.drv:timeout()
 end
 
 function Handle:wait(ms, token)
+  self:_flush()
   return self.drv:wait(ms, token)
 end
 
@@ -108,16 +118,46 @@ end
 -- The step's interrupt is the keeper's to send (SIGINT to the driver's
 -- interpreter, on the far side).
 function Handle:interrupt()
+  self:_flush()
   return self.drv:send_keeper('{"type":"interrupt"}') ~= nil
 end
 
 -- The keeper kills at ms; the host kills the stream BACKSTOP_MS later if
--- the keeper has not said so by then.
+-- the keeper has not said so by then. Each keeper message is a write and
+-- a wake-up of the far side (a step sets three: the root call's, the
+-- exec's and none after it), so: none is said only when the keeper may
+-- have one armed, and a deadline goes with the next line the host
+-- writes (the exec's, in the same write) or before the host next waits on
+-- the stream, whichever is first, as what is left of it then: the keeper
+-- kills at the same moment.
 function Handle:set_deadline(ms)
   ms = math.max(math.floor(ms), 0)
-  self.drv:send_keeper(('{"type":"deadline","ms":%d}'):format(ms))
   self.deadline_at = ms > 0 and core.now_ms() + ms or nil
+  self.deadline_owed = self.deadline_at
+  if ms == 0 and self.keeper_armed ~= false then
+    self.drv:send_keeper(DEADLINE:format(0))
+    self.keeper_armed = false
+  end
   self.drv:set_deadline(ms > 0 and ms + M.BACKSTOP_MS or 0)
+end
+
+-- The deadline message owed to the keeper, if one is: taken.
+function Handle:_deadline_due()
+  local at = self.deadline_owed
+  if not at then
+    return nil
+  end
+  self.deadline_owed = nil
+  self.keeper_armed = true
+  return DEADLINE:format(math.max(math.ceil(at - core.now_ms()), 1))
+end
+
+-- Says the deadline owed, before a wait or a keeper message.
+function Handle:_flush()
+  local deadline = self:_deadline_due()
+  if deadline then
+    self.drv:send_keeper(deadline)
+  end
 end
 
 function Handle:deadline_passed()
@@ -176,6 +216,7 @@ end
 -- string itself; the keeper writes them into the driver's memfd and seals
 -- it before it reads the next line (load_context).
 function Handle:write_context(bytes)
+  self:_flush()
   local ok, err = self.drv:send_keeper(('{"type":"context","bytes":%d}'):format(#bytes))
   if ok then
     ok, err = self.drv:send_raw(bytes)
@@ -279,6 +320,7 @@ end
 -- the keeper's word turned into the events a local sandbox has; an end of
 -- the stream the keeper did not announce is "lost".
 function Handle:poll(ms, max_values, held)
+  self:_flush()
   while true do
     local kind, a, b, c = self.drv:poll(ms, max_values, held)
     if kind == "keeper" then
