@@ -18,37 +18,52 @@ static uint64_t status_kb(const char *status, const char *key) {
   return p ? strtoull(p + strlen(key), NULL, 10) : 0;
 }
 
-static uint64_t process_rss(pid_t pid) {
+/* What the watchdog counts of one process (its resident anonymous and
+ * shared-memory bytes), and its number of threads (0: not read). */
+static uint64_t process_rss(pid_t pid, long *threads) {
   char path[64], buf[4096];
+  *threads = 0;
   snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
   if (rlm_read_small(path, buf, sizeof(buf)) <= 0)
     return 0;
+  *threads = (long)status_kb(buf, "\nThreads:");
   return (status_kb(buf, "\nRssAnon:") + status_kb(buf, "\nRssShmem:")) * 1024;
 }
 
-/* Appends the children of every thread of pid to pids. */
-static void add_children(pid_t pid, pid_t *pids, size_t *n, size_t max) {
+/* Appends the children of pid's thread tid to pids. */
+static void add_thread_children(pid_t pid, const char *tid, pid_t *pids,
+                                size_t *n, size_t max) {
+  char path[320], buf[8192];
+  snprintf(path, sizeof(path), "/proc/%d/task/%s/children", (int)pid, tid);
+  if (rlm_read_small(path, buf, sizeof(buf)) <= 0)
+    return;
+  for (char *p = buf, *end; *n < max; p = end) {
+    long child = strtol(p, &end, 10);
+    if (end == p)
+      break;
+    pids[(*n)++] = (pid_t)child;
+  }
+}
+
+/* Appends the children of every thread of pid to pids: of its one thread
+ * when threads is 1 (its id is pid's: no listing of /proc/pid/task, which
+ * costs a poll five system calls more), else of each thread listed there. */
+static void add_children(pid_t pid, long threads, pid_t *pids, size_t *n,
+                         size_t max) {
   char path[64];
+  if (threads == 1) {
+    snprintf(path, sizeof(path), "%d", (int)pid);
+    add_thread_children(pid, path, pids, n, max);
+    return;
+  }
   snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
   DIR *tasks = opendir(path);
   if (tasks == NULL)
     return;
   struct dirent *ent;
-  while ((ent = readdir(tasks)) != NULL && *n < max) {
-    if (ent->d_name[0] < '0' || ent->d_name[0] > '9')
-      continue;
-    char cpath[320], buf[8192];
-    snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", (int)pid,
-             ent->d_name);
-    if (rlm_read_small(cpath, buf, sizeof(buf)) <= 0)
-      continue;
-    for (char *p = buf, *end; *n < max; p = end) {
-      long child = strtol(p, &end, 10);
-      if (end == p)
-        break;
-      pids[(*n)++] = (pid_t)child;
-    }
-  }
+  while ((ent = readdir(tasks)) != NULL && *n < max)
+    if (ent->d_name[0] >= '0' && ent->d_name[0] <= '9')
+      add_thread_children(pid, ent->d_name, pids, n, max);
   closedir(tasks);
 }
 
@@ -58,15 +73,22 @@ size_t rlm_tree_pids(pid_t root, pid_t *pids, size_t max) {
     return 0;
   pids[n++] = root;
   for (size_t i = 0; i < n; i++)
-    add_children(pids[i], pids, &n, max);
+    add_children(pids[i], 0, pids, &n, max);
   return n;
 }
 
+/* The tree walked as rlm_tree_pids does, each process's status read once
+ * for its memory and its threads. */
 uint64_t rlm_tree_rss(pid_t root) {
   pid_t pids[MAX_PIDS];
-  size_t n = rlm_tree_pids(root, pids, MAX_PIDS);
+  size_t n = 1;
   uint64_t total = 0;
-  for (size_t i = 0; i < n; i++)
-    total += process_rss(pids[i]);
+  pids[0] = root;
+  for (size_t i = 0; i < n; i++) {
+    long threads;
+    total += process_rss(pids[i], &threads);
+    /* threads 0 (status unread): its tasks listed, as rlm_tree_pids does */
+    add_children(pids[i], threads, pids, &n, MAX_PIDS);
+  }
   return total;
 }
