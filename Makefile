@@ -69,7 +69,10 @@ test: deps
 # two C ABIs: 5.1 (which LuaJIT loads too) and 5.4 (the core has no branch
 # that tells 5.3 from 5.4: its few split 5.1 from 5.2 on). The interpreters
 # are not instrumented, so the runtime is preloaded.
-ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
+# Evaluated when check runs (=, not :=): on a fresh system make demo runs
+# before any compiler is installed, and := printed "make: cc: No such file
+# or directory" first.
+ASAN_LIB = $(shell $(CC) -print-file-name=libasan.so)
 check: deps
 	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" all
@@ -191,7 +194,9 @@ test-hosts: deps
 # builds the 5.1 core, and has examples/openresty/run write
 # $(BUILD)/openresty/PORT/nginx.conf with this checkout's paths and start
 # nginx. spec/hosts/nginx/example.py runs exactly this.
-OPENRESTY_PKGS = gcc libc6-dev make libuv1-dev liblua5.1-0-dev lua5.1 lua-cjson bubblewrap python3 ca-certificates
+# curl is for the request the docs send it (docs/adapters.md): Debian 12's
+# standard system has none.
+OPENRESTY_PKGS = gcc libc6-dev make libuv1-dev liblua5.1-0-dev lua5.1 lua-cjson bubblewrap python3 ca-certificates curl
 .PHONY: openresty-example
 openresty-example:
 	$(call apt_missing,$(OPENRESTY_PKGS))
@@ -204,8 +209,10 @@ openresty-example:
 # loader finds C modules on 'runtimepath' as lua/<name>.so, so the 5.1 core
 # goes to lua/rlm/core.so (gitignored): the clone on 'runtimepath' is then
 # all Neovim needs. Installs only what that takes, with apt and only when
-# missing; not as root, it names what is missing and stops.
-NVIM_PKGS = gcc make libuv1-dev libluajit-5.1-dev lua-cjson bubblewrap python3
+# missing; not as root, it names what is missing and stops. curl is the
+# plugin's HTTP client (rlm.llm.transport.nvim): Debian 12's standard
+# system has none, and without it every :RlmAsk failed.
+NVIM_PKGS = gcc make libuv1-dev libluajit-5.1-dev lua-cjson bubblewrap python3 curl
 NVIM_INC = $(firstword $(wildcard /usr/include/luajit-2.1) $(INC_5.1))
 .PHONY: nvim nvim-deps
 nvim: nvim-deps
