@@ -29,7 +29,14 @@ DEMO_PKGS = lua5.4 liblua5.4-dev lua-cjson libuv1-dev bubblewrap python3 lua-soc
 BUILD ?= build
 all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so) $(BUILD)/rlm-keeper
 
+# A Lua whose headers are missing stops the build with one line that names
+# the package (plain make after make demo, which installs Lua 5.4's only,
+# ended in cc's "lauxlib.h: No such file or directory").
+DEV_5.1 = liblua5.1-0-dev
+DEV_5.3 = liblua5.3-dev
+DEV_5.4 = liblua5.4-dev
 $(BUILD)/%/rlm/core.so: $(SRC) $(HDR)
+	@test -f $(INC_$*)/lauxlib.h || { echo "make: no Lua $* headers in $(INC_$*): apt-get install $(DEV_$*), or make deps for every Lua (make demo builds Lua 5.4's only)" >&2; exit 1; }
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -I$(INC_$*) -shared -o $@ $(SRC) $(LDFLAGS) $(LDLIBS)
 
