@@ -22,8 +22,8 @@ abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
 # and LuaSec for the real-model route (no other Lua, no chromium).
 DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
-  lua-socket lua-sec openssl lua-luv chromium gcc make luarocks redis-server lua-redis
-DEMO_PKGS = lua5.4 liblua5.4-dev lua-cjson libuv1-dev bubblewrap python3 lua-socket lua-sec gcc make
+  lua-socket lua-sec openssl lua-luv chromium gcc libc6-dev make luarocks redis-server lua-redis
+DEMO_PKGS = lua5.4 liblua5.4-dev lua-cjson libuv1-dev bubblewrap python3 lua-socket lua-sec gcc libc6-dev make
 
 .PHONY: all deps demo-deps test check demo clean install install-keeper keeper-rock bench fuzz soak lint
 BUILD ?= build
@@ -219,7 +219,9 @@ openresty-example:
 # missing; not as root, it names what is missing and stops. curl is the
 # plugin's HTTP client (rlm.llm.transport.nvim): Debian 12's standard
 # system has none, and without it every :RlmAsk failed.
-NVIM_PKGS = gcc make libuv1-dev libluajit-5.1-dev lua-cjson bubblewrap python3 curl
+# libc6-dev: gcc without its recommended packages has no C library
+# headers (stdint.h: No such file), and nothing else here pulls them in.
+NVIM_PKGS = gcc libc6-dev make libuv1-dev libluajit-5.1-dev lua-cjson bubblewrap python3 curl
 NVIM_INC = $(firstword $(wildcard /usr/include/luajit-2.1) $(INC_5.1))
 .PHONY: nvim nvim-deps
 nvim: nvim-deps
