@@ -22,14 +22,21 @@ abi_of = $(if $(filter luajit lua5.1,$(1)),5.1,$(patsubst lua%,%,$(1)))
 # and LuaSec for the real-model route (no other Lua, no chromium).
 DEB_PKGS = lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev lua5.4 liblua5.4-dev \
   luajit libluajit-5.1-dev lua-cjson libuv1-dev lua-busted bubblewrap python3 \
-  lua-socket lua-sec openssl lua-luv chromium gcc make luarocks redis-server lua-redis
-DEMO_PKGS = lua5.4 liblua5.4-dev lua-cjson libuv1-dev bubblewrap python3 lua-socket lua-sec gcc make
+  lua-socket lua-sec openssl lua-luv chromium gcc libc6-dev make luarocks redis-server lua-redis
+DEMO_PKGS = lua5.4 liblua5.4-dev lua-cjson libuv1-dev bubblewrap python3 lua-socket lua-sec gcc libc6-dev make
 
 .PHONY: all deps demo-deps test check demo clean install install-keeper keeper-rock bench fuzz soak lint
 BUILD ?= build
 all: $(foreach a,$(ABIS),$(BUILD)/$(a)/rlm/core.so) $(BUILD)/rlm-keeper
 
+# A Lua whose headers are missing stops the build with one line that names
+# the package (plain make after make demo, which installs Lua 5.4's only,
+# ended in cc's "lauxlib.h: No such file or directory").
+DEV_5.1 = liblua5.1-0-dev
+DEV_5.3 = liblua5.3-dev
+DEV_5.4 = liblua5.4-dev
 $(BUILD)/%/rlm/core.so: $(SRC) $(HDR)
+	@test -f $(INC_$*)/lauxlib.h || { echo "make: no Lua $* headers in $(INC_$*): apt-get install $(DEV_$*), or make deps for every Lua (make demo builds Lua 5.4's only)" >&2; exit 1; }
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -I$(INC_$*) -shared -o $@ $(SRC) $(LDFLAGS) $(LDLIBS)
 
@@ -69,7 +76,10 @@ test: deps
 # two C ABIs: 5.1 (which LuaJIT loads too) and 5.4 (the core has no branch
 # that tells 5.3 from 5.4: its few split 5.1 from 5.2 on). The interpreters
 # are not instrumented, so the runtime is preloaded.
-ASAN_LIB := $(shell $(CC) -print-file-name=libasan.so)
+# Evaluated when check runs (=, not :=): on a fresh system make demo runs
+# before any compiler is installed, and := printed "make: cc: No such file
+# or directory" first.
+ASAN_LIB = $(shell $(CC) -print-file-name=libasan.so)
 check: deps
 	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" all
@@ -191,7 +201,9 @@ test-hosts: deps
 # builds the 5.1 core, and has examples/openresty/run write
 # $(BUILD)/openresty/PORT/nginx.conf with this checkout's paths and start
 # nginx. spec/hosts/nginx/example.py runs exactly this.
-OPENRESTY_PKGS = gcc libc6-dev make libuv1-dev liblua5.1-0-dev lua5.1 lua-cjson bubblewrap python3 ca-certificates
+# curl is for the request the docs send it (docs/adapters.md): Debian 12's
+# standard system has none.
+OPENRESTY_PKGS = gcc libc6-dev make libuv1-dev liblua5.1-0-dev lua5.1 lua-cjson bubblewrap python3 ca-certificates curl
 .PHONY: openresty-example
 openresty-example:
 	$(call apt_missing,$(OPENRESTY_PKGS))
@@ -204,8 +216,12 @@ openresty-example:
 # loader finds C modules on 'runtimepath' as lua/<name>.so, so the 5.1 core
 # goes to lua/rlm/core.so (gitignored): the clone on 'runtimepath' is then
 # all Neovim needs. Installs only what that takes, with apt and only when
-# missing; not as root, it names what is missing and stops.
-NVIM_PKGS = gcc make libuv1-dev libluajit-5.1-dev lua-cjson bubblewrap python3
+# missing; not as root, it names what is missing and stops. curl is the
+# plugin's HTTP client (rlm.llm.transport.nvim): Debian 12's standard
+# system has none, and without it every :RlmAsk failed.
+# libc6-dev: gcc without its recommended packages has no C library
+# headers (stdint.h: No such file), and nothing else here pulls them in.
+NVIM_PKGS = gcc libc6-dev make libuv1-dev libluajit-5.1-dev lua-cjson bubblewrap python3 curl
 NVIM_INC = $(firstword $(wildcard /usr/include/luajit-2.1) $(INC_5.1))
 .PHONY: nvim nvim-deps
 nvim: nvim-deps

@@ -89,6 +89,12 @@ local function check_machine(h)
     local say = h[row.level] or h.info
     say(row.name .. ": " .. row.message)
   end
+  -- The models' HTTP client (rlm.llm.transport.nvim).
+  if vim.fn.executable("curl") == 1 then
+    h.ok("curl: " .. vim.fn.exepath("curl") .. " (the model calls' HTTP client)")
+  else
+    h.error("curl: not found; every model call runs it", { "make nvim installs it; Debian: apt-get install curl" })
+  end
 end
 
 local function fence(code)

@@ -373,6 +373,27 @@ cases[#cases + 1] = function(next_case)
   end)
 end
 
+-- 4b. A curl that is not there (Debian 12's standard system has none): the
+-- request fails with one line that names it and the fix, not jobstart's
+-- E475 raised with a traceback; both kinds of request (plain, streamed).
+cases[#cases + 1] = function(next_case)
+  local transport = require("rlm.llm.transport.nvim").new({ curl = "/nonexistent/rlm-curl" })
+  local said = {}
+  for _, stream in ipairs({ false, true }) do
+    local co = coroutine.create(function()
+      return transport({ url = "http://127.0.0.1:9/v1/chat/completions", method = "POST", body = "{}",
+        headers = { ["content-type"] = "application/json" }, on_chunk = stream and function() end or nil })
+    end)
+    local ok, status, msg = coroutine.resume(co)
+    said[#said + 1] = { ok = ok and status == nil and type(msg) == "string"
+      and msg:find("/nonexistent/rlm-curl is not installed", 1, true) ~= nil and not msg:find("\n"),
+      text = tostring(ok) .. " " .. tostring(status) .. " " .. tostring(msg) }
+  end
+  report(said[1].ok and said[2].ok, "a missing curl fails the request in one line that names it",
+    said[1].text .. " | " .. said[2].text)
+  next_case()
+end
+
 -- 4c. The plugin with provider = "openai", "anthropic" and "gemini", stream
 -- = true: rlm.llm.openai, .anthropic and .gemini over curl, each request in
 -- its API's shape with the key in its header (curl's stdin, never its argv),

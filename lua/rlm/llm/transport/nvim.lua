@@ -97,8 +97,14 @@ end
 -- Starts curl (argv, jobstart's opts) and hands it its config (the URL and
 -- the headers: its stdin, never its argv); the job is in jobs while it
 -- runs (stop() stops them). A job that cannot start cleans up and fails
--- the request.
+-- the request; a curl that is not there says so in one line (jobstart
+-- raised E475 with a traceback, and Debian's standard system has no curl).
 local function start_curl(argv, opts, config, jobs, cleanup, finish)
+  if vim.fn.executable(argv[1]) ~= 1 then
+    cleanup()
+    return finish(nil, ("%s is not installed: the plugin's model calls run it (make nvim installs it; "
+      .. "Debian: apt-get install curl)"):format(argv[1]))
+  end
   local job = vim.fn.jobstart(argv, opts)
   if job <= 0 then
     cleanup()
