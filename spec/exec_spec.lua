@@ -305,6 +305,40 @@ describe("the exec backend", function()
     assert.equals(5, execs)
   end)
 
+  -- The hard deadline is the keeper's to keep while a blocking callback
+  -- holds the host (lua/rlm/engine/clock.lua): max_wall_ms's, armed for a
+  -- root call, reaches the keeper at once, not with the host's next write
+  -- (which comes only after the callback). As root the keeper runs the
+  -- sandbox as a uid of its own, whose processes are then gone.
+  it("kills the sandbox at max_wall_ms while a blocking root call holds the host", function()
+    local s, uid, alive_after
+    s = rlm.Session.new(opts({
+      max_wall_ms = 2000,
+      root_llm = H.script({
+        H.fence("x = 1"),
+        function()
+          if alive_after == nil then -- the first call (a fallback answer may ask again)
+            uid = sandbox_uid(s)
+            os.execute("sleep 4")
+            alive_after = uid ~= nil and H.sh("env -u LD_PRELOAD ps -o pid= -u " .. uid .. " 2>/dev/null | tr -d ' \\n'") ~= ""
+          end
+          return H.fence("FINAL('late')")
+        end,
+      }),
+    }))
+    local result, err = s:run()
+    s:close()
+    local why = err or result.reason -- a partial answer: the last reply, marked
+    assert.equals("cost_budget", why.kind)
+    assert.matches("max_wall_ms", why.message, 1, true)
+    if not uid then
+      pending("the keeper runs the sandbox as its own uid only as root")
+      return
+    end
+    assert.is_false(alive_after, "the sandbox outlived max_wall_ms while the callback held the host")
+    assert_gone(uid)
+  end)
+
   it("gives rlm.Pool's sessions their sandboxes through the stream", function()
     local pool = assert(rlm.Pool.new({ size = 1, sandbox = H.sandbox(RELAY) }))
     local result, err = H.run({ pool = pool, context = "pooled context",
