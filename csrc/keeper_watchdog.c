@@ -4,16 +4,41 @@
 #define _GNU_SOURCE
 #include "driver_impl.h"
 
+/* A poll at least every WATCHDOG_FULL_POLLS measures in full, whatever
+ * the run times say: what else may grow (a file the host writes into
+ * /session) waits at most that many polls. */
+#define WATCHDOG_FULL_POLLS 20
+
+/* The last full measure, for the polls that find nothing has run since. */
+typedef struct watchdog_memo {
+  rlm_tree_still still;
+  uint64_t rss, files;
+  unsigned polls; /* since the last full measure */
+} watchdog_memo;
+
 /* What the watchdog counts against max_rss: the resident memory of the
  * sandbox's processes plus what /session's tmpfs holds (where no cgroup
- * charges it, this is the only count of it); and the files in /session. */
-static uint64_t watchdog_measure(rlm_driver *d, uint64_t *files) {
-  uint64_t rss = rlm_tree_rss(d->pid), bytes = 0;
+ * charges it, this is the only count of it); and the files in /session.
+ * When no process of the sandbox has run on a CPU since the last full
+ * measure, nothing of it can have grown: that measure stands (an idle
+ * session's poll reads a few run times, not every status and /session). */
+static uint64_t watchdog_measure(rlm_driver *d, uint64_t *files,
+                                 watchdog_memo *m) {
+  if (m->polls > 0 && m->polls < WATCHDOG_FULL_POLLS &&
+      !rlm_tree_ran(&m->still)) {
+    m->polls++;
+    *files = m->files;
+    return m->rss;
+  }
+  uint64_t rss = rlm_tree_rss(d->pid, &m->still), bytes = 0;
   *files = 0;
   if (d->seccomp_only
           ? rlm_workdir_walk(d->workdir, d->max_files, &bytes, files) == 0
           : rlm_workdir_usage(d->pid, &bytes, files) == 0)
     rss += bytes;
+  m->rss = rss;
+  m->files = *files;
+  m->polls = 1;
   return rss;
 }
 
@@ -89,11 +114,12 @@ static unsigned watchdog_next_ms(rlm_driver *d, uint64_t rss,
  * reaped pid may be another process's by then. */
 static void watchdog_run(rlm_driver *d) {
   uint64_t last_rss = 0, last_ms = 0;
+  watchdog_memo memo = {.polls = 0};
   while (!watchdog_sleep(d, 0)) {
     if (launcher_exited(d))
       break;
     uint64_t files;
-    uint64_t rss = watchdog_measure(d, &files);
+    uint64_t rss = watchdog_measure(d, &files, &memo);
     if (launcher_exited(d))
       break;
     atomic_store(&d->files_seen, files);

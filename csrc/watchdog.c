@@ -77,18 +77,49 @@ size_t rlm_tree_pids(pid_t root, pid_t *pids, size_t max) {
   return n;
 }
 
+/* The nanoseconds pid's one thread has run on a CPU, or UINT64_MAX. */
+static uint64_t ran_ns(pid_t pid) {
+  char path[64], buf[128];
+  snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
+  if (rlm_read_small(path, buf, sizeof(buf)) <= 0)
+    return UINT64_MAX;
+  char *end;
+  unsigned long long ns = strtoull(buf, &end, 10);
+  return end == buf ? UINT64_MAX : (uint64_t)ns;
+}
+
 /* The tree walked as rlm_tree_pids does, each process's status read once
- * for its memory and its threads. */
-uint64_t rlm_tree_rss(pid_t root) {
+ * for its memory and its threads, and its run time read before it. */
+uint64_t rlm_tree_rss(pid_t root, rlm_tree_still *still) {
   pid_t pids[MAX_PIDS];
   size_t n = 1;
   uint64_t total = 0;
+  int comparable = still != NULL;
   pids[0] = root;
   for (size_t i = 0; i < n; i++) {
+    uint64_t ran = comparable ? ran_ns(pids[i]) : UINT64_MAX;
     long threads;
     total += process_rss(pids[i], &threads);
     /* threads 0 (status unread): its tasks listed, as rlm_tree_pids does */
     add_children(pids[i], threads, pids, &n, MAX_PIDS);
+    if (comparable &&
+        (threads != 1 || ran == UINT64_MAX || i >= RLM_TREE_STILL_MAX)) {
+      comparable = 0;
+    } else if (comparable) {
+      still->pids[i] = pids[i];
+      still->ran_ns[i] = ran;
+    }
   }
+  if (still != NULL)
+    still->n = comparable ? n : 0;
   return total;
+}
+
+int rlm_tree_ran(const rlm_tree_still *still) {
+  if (still->n == 0)
+    return 1;
+  for (size_t i = 0; i < still->n; i++)
+    if (ran_ns(still->pids[i]) != still->ran_ns[i])
+      return 1;
+  return 0;
 }

@@ -267,6 +267,28 @@ time.sleep(5)]]) }),
     assert.are.equal("memory_limit", err.kind)
   end)
 
+  -- An idle sandbox's polls read only its processes' run times (a process
+  -- that has not run has grown nothing; a full measure comes at least every
+  -- 20 polls). One that sleeps through a poll and then allocates has run:
+  -- the next poll measures in full. With polls 2 s apart, a poll that took
+  -- the sleep's unchanged run times for the wake's would leave the 600 MB
+  -- to the full measure 40 s on, and the step would time out first.
+  it("measures in full the poll after a sleeping process wakes and allocates", function()
+    local limit = 128 * 2 ^ 20
+    local result, err = H.run({
+      max_rss_bytes = limit,
+      step_timeout_ms = 12000,
+      sandbox = { memory_cgroup = false, rss_poll_interval_ms = 2000 },
+      root_llm = H.script({
+        fence("import time\ntime.sleep(2.5)\nhold = bytearray(600 << 20)\ntime.sleep(30)"),
+        fence("FINAL('not killed')"),
+      }),
+    })
+    assert.is_nil(result)
+    assert.are.equal("memory_limit", err.kind)
+    assert.are.equal("poll", err.mechanism)
+  end)
+
   it("can be turned off", function()
     local result, err = H.run({
       max_rss_bytes = 0,
