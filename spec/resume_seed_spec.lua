@@ -50,22 +50,13 @@ local function opts_for(store, stop_at, sandbox, printed)
   })
 end
 
--- Runs a new session until its llm_query for stop_at yields, then drops
--- it unclosed (its sandbox goes with it). Its journal id, and what its
--- first step printed.
+-- A session run until its llm_query for stop_at yields, then dropped
+-- unclosed (J.abandon): its journal id, and what its first step printed.
 local function abandon(store, stop_at, sandbox)
-  local id, printed = nil, {}
-  local co = coroutine.create(function()
-    local s = rlm.Session.new(opts_for(store, stop_at, sandbox, printed))
-    id = s:journal_id()
-    s:run()
+  local printed = {}
+  local id = J.abandon(function()
+    return rlm.Session.new(opts_for(store, stop_at, sandbox, printed))
   end)
-  local ok, what = coroutine.resume(co)
-  assert(ok, what)
-  assert.are.equal("gone", what)
-  co = nil -- luacheck: ignore 311
-  collectgarbage()
-  collectgarbage()
   return id, printed[1]
 end
 

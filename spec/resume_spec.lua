@@ -77,19 +77,9 @@ end
 -- yields; then its sandbox is killed and the session dropped unclosed.
 -- Returns the session's journal id.
 local function abandon(c, store, stop_at, turns)
-  local id
-  local co = coroutine.create(function()
-    local s = rlm.Session.new(opts_for(c, store, stop_at, nil, turns))
-    id = s:journal_id()
-    s:run()
+  return J.abandon(function()
+    return rlm.Session.new(opts_for(c, store, stop_at, nil, turns))
   end)
-  local ok, what = coroutine.resume(co)
-  assert(ok, what)
-  assert.are.equal("gone", what)
-  co = nil -- luacheck: ignore 311
-  collectgarbage()
-  collectgarbage()
-  return id
 end
 
 describe("a session's journal", function()
