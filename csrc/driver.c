@@ -171,6 +171,7 @@ static rlm_driver *driver_start(const rlm_driver_opts *o, char *err,
   *took = 1;
   d->uid_lock = -1;
   d->pidfd = -1;
+  d->wake_fd = -1;
   d->in_reader = -1;
   d->in_hold = -1;
   d->uid = (uint32_t)getuid();

@@ -172,7 +172,7 @@ rlm_driver *rlm_driver_connect(const rlm_connect_opts *o, char *err,
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  d->uid_lock = d->pidfd = d->in_reader = d->in_hold = -1;
+  d->uid_lock = d->pidfd = d->wake_fd = d->in_reader = d->in_hold = -1;
   for (size_t i = 0; i < sizeof(d->child_fds) / sizeof(int); i++)
     d->child_fds[i] = -1;
   d->context_at = -1;

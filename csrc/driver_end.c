@@ -240,6 +240,8 @@ static void free_driver(rlm_driver *d) {
     d->prepare_free(d->prepare_arg);
   if (d->pidfd >= 0)
     close(d->pidfd);
+  if (d->wake_fd >= 0)
+    close(d->wake_fd);
   if (d->in_reader >= 0)
     close(d->in_reader);
   if (d->in_hold >= 0)
@@ -299,6 +301,13 @@ void rlm_driver_close(rlm_driver *d) {
   pthread_mutex_lock(&d->mu);
   atomic_store(&d->closing, 1);
   pthread_cond_broadcast(&d->cv);
+  /* Ends the watchdog's wait. It cannot fail (one count in an eventfd no
+   * one reads); if it did, the watchdog would see closing a poll later. */
+  uint64_t one = 1;
+  if (d->wake_fd >= 0) {
+    ssize_t n = write(d->wake_fd, &one, sizeof(one));
+    (void)n;
+  }
   while (d->ctx_busy)
     pthread_cond_wait(&d->cv, &d->mu);
   pthread_mutex_unlock(&d->mu);

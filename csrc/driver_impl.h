@@ -105,6 +105,7 @@ struct rlm_driver {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   atomic_int closing;     /* the host has called close(): stop, tear down */
+  int wake_fd;            /* an eventfd close() writes: the watchdog's wait */
   int handed;             /* under mu: the host will not touch d again */
   int ctx_busy;           /* under mu: the keeper reads the caller's context */
   atomic_int ctx_done;    /* the keeper is done with the caller's context */

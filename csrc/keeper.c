@@ -367,6 +367,11 @@ static int start_keeper(rlm_driver *d) {
   }
   if (e == 0 && (e = pthread_mutex_init(&d->mu, NULL)) != 0)
     pthread_cond_destroy(&d->cv);
+  if (e == 0 && (d->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+    e = errno;
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+  }
   if (e != 0)
     return e;
   /* The thread takes none of the host's signals. */

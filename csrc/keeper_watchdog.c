@@ -9,6 +9,12 @@
  * /session) waits at most that many polls. */
 #define WATCHDOG_FULL_POLLS 20
 
+static uint64_t monotonic_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
 /* The last full measure, for the polls that find nothing has run since. */
 typedef struct watchdog_memo {
   rlm_tree_still still;
@@ -21,11 +27,13 @@ typedef struct watchdog_memo {
  * charges it, this is the only count of it); and the files in /session.
  * When no process of the sandbox has run on a CPU since the last full
  * measure, nothing of it can have grown: that measure stands (an idle
- * session's poll reads a few run times, not every status and /session). */
+ * session's poll reads a few run times, not every status and /session),
+ * and *fresh is 0. */
 static uint64_t watchdog_measure(rlm_driver *d, uint64_t *files,
-                                 watchdog_memo *m) {
-  if (m->polls > 0 && m->polls < WATCHDOG_FULL_POLLS &&
-      !rlm_tree_ran(&m->still)) {
+                                 watchdog_memo *m, int *fresh) {
+  *fresh = !(m->polls > 0 && m->polls < WATCHDOG_FULL_POLLS &&
+             !rlm_tree_ran(&m->still));
+  if (!*fresh) {
     m->polls++;
     *files = m->files;
     return m->rss;
@@ -42,40 +50,26 @@ static uint64_t watchdog_measure(rlm_driver *d, uint64_t *files,
   return rss;
 }
 
-/* Whether the launcher has exited: its pid may then name another process. */
-static int launcher_exited(rlm_driver *d) {
-  struct pollfd p = {.fd = d->pidfd, .events = POLLIN};
+/* Waits up to ms for the launcher's exit (its pid may then name another
+ * process) or close() (its word on wake_fd). Returns nonzero when either
+ * came, or the wait failed (then nothing of the pid is to be trusted). One
+ * system call: an idle poll's sleep and its check of the launcher. */
+static int watchdog_wait(rlm_driver *d, unsigned ms) {
+  struct pollfd p[2] = {{.fd = d->pidfd, .events = POLLIN},
+                        {.fd = d->wake_fd, .events = POLLIN}};
+  uint64_t until = monotonic_ms() + ms;
   int n;
-  do
-    n = poll(&p, 1, 0);
-  while (n < 0 && errno == EINTR);
-  return n != 0; /* an error: do not trust the pid either */
-}
-
-/* Waits ms, or until told to stop. Returns nonzero when told to. */
-static int watchdog_sleep(rlm_driver *d, unsigned ms) {
-  struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
+  for (;;) {
+    uint64_t now = monotonic_ms();
+    n = poll(p, 2, now < until ? (int)(until - now) : 0);
+    if (n >= 0 || errno != EINTR)
+      break;
   }
-  pthread_mutex_lock(&d->mu);
-  while (!atomic_load(&d->closing) &&
-         pthread_cond_timedwait(&d->cv, &d->mu, &until) == 0)
-    ;
-  int stop = atomic_load(&d->closing);
-  pthread_mutex_unlock(&d->mu);
-  return stop;
+  return n != 0 || atomic_load(&d->closing);
 }
 
-static uint64_t monotonic_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
-}
+/* Whether the launcher has exited, without waiting. */
+static int launcher_exited(rlm_driver *d) { return watchdog_wait(d, 0); }
 
 /* How long until the next poll: rss_interval_ms, or less when the memory
  * grows toward the limit: half the time the growth seen since the last
@@ -115,12 +109,13 @@ static unsigned watchdog_next_ms(rlm_driver *d, uint64_t rss,
 static void watchdog_run(rlm_driver *d) {
   uint64_t last_rss = 0, last_ms = 0;
   watchdog_memo memo = {.polls = 0};
-  while (!watchdog_sleep(d, 0)) {
-    if (launcher_exited(d))
-      break;
+  unsigned ms = 0;
+  while (!watchdog_wait(d, ms)) {
     uint64_t files;
-    uint64_t rss = watchdog_measure(d, &files, &memo);
-    if (launcher_exited(d))
+    int fresh;
+    uint64_t rss = watchdog_measure(d, &files, &memo, &fresh);
+    /* A measure that stands was checked when it was made. */
+    if (fresh && launcher_exited(d))
       break;
     atomic_store(&d->files_seen, files);
     uint64_t peak = atomic_load(&d->peak_rss);
@@ -142,11 +137,11 @@ static void watchdog_run(rlm_driver *d) {
       } else {
         kill_launcher(d);
       }
-      if (!watchdog_sleep(d, LAUNCHER_GRACE_MS) && !launcher_exited(d))
+      if (!watchdog_wait(d, LAUNCHER_GRACE_MS))
         kill_launcher(d);
       break;
     }
-    if (watchdog_sleep(d, watchdog_next_ms(d, rss, &last_rss, &last_ms)))
-      break;
+    ms = watchdog_next_ms(d, rss, &last_rss, &last_ms);
   }
+  rlm_tree_still_clear(&memo.still);
 }

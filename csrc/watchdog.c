@@ -7,9 +7,12 @@
 #include "smallfile.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_PIDS 1024
 
@@ -77,41 +80,66 @@ size_t rlm_tree_pids(pid_t root, pid_t *pids, size_t max) {
   return n;
 }
 
-/* The nanoseconds pid's one thread has run on a CPU, or UINT64_MAX. */
-static uint64_t ran_ns(pid_t pid) {
-  char path[64], buf[128];
-  snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
-  if (rlm_read_small(path, buf, sizeof(buf)) <= 0)
-    return UINT64_MAX;
+/* The nanoseconds the one thread behind fd (its /proc/PID/schedstat) has
+ * run on a CPU, or UINT64_MAX. */
+static uint64_t ran_ns(int fd) {
+  char buf[128];
+  ssize_t n;
+  do
+    n = pread(fd, buf, sizeof(buf) - 1, 0);
+  while (n < 0 && errno == EINTR);
+  if (n <= 0)
+    return UINT64_MAX; /* ESRCH: that process is gone */
+  buf[n] = '\0';
   char *end;
   unsigned long long ns = strtoull(buf, &end, 10);
   return end == buf ? UINT64_MAX : (uint64_t)ns;
+}
+
+static int open_schedstat(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
+  return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+void rlm_tree_still_clear(rlm_tree_still *still) {
+  for (size_t i = 0; i < still->n; i++)
+    close(still->fds[i]);
+  still->n = 0;
 }
 
 /* The tree walked as rlm_tree_pids does, each process's status read once
  * for its memory and its threads, and its run time read before it. */
 uint64_t rlm_tree_rss(pid_t root, rlm_tree_still *still) {
   pid_t pids[MAX_PIDS];
-  size_t n = 1;
+  size_t n = 1, kept = 0;
   uint64_t total = 0;
   int comparable = still != NULL;
+  if (still != NULL)
+    rlm_tree_still_clear(still);
   pids[0] = root;
   for (size_t i = 0; i < n; i++) {
-    uint64_t ran = comparable ? ran_ns(pids[i]) : UINT64_MAX;
+    int fd =
+        comparable && i < RLM_TREE_STILL_MAX ? open_schedstat(pids[i]) : -1;
+    uint64_t ran = fd >= 0 ? ran_ns(fd) : UINT64_MAX;
     long threads;
     total += process_rss(pids[i], &threads);
     /* threads 0 (status unread): its tasks listed, as rlm_tree_pids does */
     add_children(pids[i], threads, pids, &n, MAX_PIDS);
-    if (comparable &&
-        (threads != 1 || ran == UINT64_MAX || i >= RLM_TREE_STILL_MAX)) {
+    if (fd >= 0 && comparable && threads == 1 && ran != UINT64_MAX) {
+      still->fds[kept] = fd;
+      still->ran_ns[kept++] = ran;
+    } else {
+      if (fd >= 0)
+        close(fd);
       comparable = 0;
-    } else if (comparable) {
-      still->pids[i] = pids[i];
-      still->ran_ns[i] = ran;
     }
   }
-  if (still != NULL)
-    still->n = comparable ? n : 0;
+  if (still != NULL) {
+    still->n = kept;
+    if (!comparable)
+      rlm_tree_still_clear(still);
+  }
   return total;
 }
 
@@ -119,7 +147,7 @@ int rlm_tree_ran(const rlm_tree_still *still) {
   if (still->n == 0)
     return 1;
   for (size_t i = 0; i < still->n; i++)
-    if (ran_ns(still->pids[i]) != still->ran_ns[i])
+    if (ran_ns(still->fds[i]) != still->ran_ns[i])
       return 1;
   return 0;
 }

@@ -289,6 +289,20 @@ time.sleep(5)]]) }),
     assert.are.equal("poll", err.mechanism)
   end)
 
+  -- The watchdog sleeps between polls in one wait on the launcher's exit
+  -- and close()'s word: a close() must not wait out the poll's interval
+  -- (here a minute) before the keeper tears the sandbox down.
+  it("lets close() end the sandbox at once, its next poll a minute away", function()
+    local result, err = H.run({ sandbox = { rss_poll_interval_ms = 60000 } })
+    assert.is_nil(err)
+    assert.are.equal("done", result.answer)
+    local t0 = core.now_ms()
+    assert.are.equal(0, H.settled(core.teardowns, function(n)
+      return n == 0
+    end, 20000))
+    assert.is_true(core.now_ms() - t0 < 3000, "the teardown took " .. (core.now_ms() - t0) .. " ms")
+  end)
+
   it("can be turned off", function()
     local result, err = H.run({
       max_rss_bytes = 0,
