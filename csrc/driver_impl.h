@@ -37,6 +37,7 @@
 #include <sys/eventfd.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -60,6 +61,14 @@ extern char **environ;
 
 /* What the watchdog thread ended the sandbox for. */
 enum { BREACH_NONE, BREACH_MEMORY, BREACH_FILES };
+
+/* SIGPIPE held on the loop's thread while libuv may write to a socket
+ * (driver_write.c): */
+typedef struct sigpipe_hold {
+  int held; /* the mask was changed: give old back */
+  int had;  /* SIGPIPE was pending before: not ours to take */
+  sigset_t old;
+} sigpipe_hold;
 
 struct rlm_driver {
   uint64_t exec_ns;   /* uv_hrtime() when the spawn returned: bubblewrap runs */
@@ -163,6 +172,10 @@ struct rlm_driver {
   unsigned claim_ms;       /* the claim's deadline, from the connect */
   uv_timer_t claim_timer;
   char peer[80]; /* "10.0.0.1:7070", "[fd00::1]:7070" */
+  /* From a write that libuv queued (it writes with write(), which raises
+   * SIGPIPE at a peer's reset) to the end of that run of the loop. */
+  sigpipe_hold sock_guard;
+  unsigned in_run : 1; /* within run_loop's uv_run */
 };
 
 enum { START_PENDING, START_OK, START_FAILED };
@@ -207,14 +220,10 @@ static void sock_shutdown(rlm_driver *d);
 static void sock_ended(rlm_driver *d, int status);
 static void sock_note(rlm_driver *d, int status);
 static void sock_heard(rlm_driver *d);
-/* SIGPIPE held while a socket's driver writes (driver_write.c): */
-typedef struct sigpipe_hold {
-  int held; /* the mask was changed: give old back */
-  int had;  /* SIGPIPE was pending before: not ours to take */
-  sigset_t old;
-} sigpipe_hold;
 static void sigpipe_block(const rlm_driver *d, sigpipe_hold *h);
 static void sigpipe_unblock(sigpipe_hold *h);
+static void sock_guard(rlm_driver *d);
+static void sock_unguard(rlm_driver *d);
 /* The keeper's (keeper.c), for the loop side: */
 static int start_keeper(rlm_driver *d);
 static void *keeper_main(void *arg);

@@ -10,11 +10,15 @@
 #define _GNU_SOURCE
 #include "driver_impl.h"
 
+/* A socket's queued writes go out in the loop's turns: SIGPIPE is held
+ * from the start when some wait, or from the write a callback queues. */
 static void run_loop(rlm_driver *d, uv_run_mode mode) {
-  sigpipe_hold h; /* a socket's queued writes go out in the loop's turns */
-  sigpipe_block(d, &h);
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) > 0)
+    sock_guard(d);
+  d->in_run = 1;
   uv_run(&d->loop, mode);
-  sigpipe_unblock(&h);
+  d->in_run = 0;
+  sock_unguard(d);
 }
 
 void rlm_event_free(rlm_event *ev) {

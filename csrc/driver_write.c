@@ -72,6 +72,16 @@ void sigpipe_block(const rlm_driver *d, sigpipe_hold *h) {
   h->had = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
 }
 
+static void sock_guard(rlm_driver *d) {
+  if (!d->sock_guard.held)
+    sigpipe_block(d, &d->sock_guard);
+}
+
+static void sock_unguard(rlm_driver *d) {
+  sigpipe_unblock(&d->sock_guard);
+  d->sock_guard.held = 0;
+}
+
 void sigpipe_unblock(sigpipe_hold *h) {
   sigset_t pipe, pending;
   if (!h->held)
@@ -137,11 +147,7 @@ static int write_lines(rlm_driver *d, const line_part *lines, int n_lines);
 static int send_line(rlm_driver *d, char channel, const char *data,
                      size_t len) {
   line_part one = {channel, data, len};
-  sigpipe_hold h;
-  sigpipe_block(d, &h);
-  int rc = write_lines(d, &one, 1);
-  sigpipe_unblock(&h);
-  return rc;
+  return write_lines(d, &one, 1);
 }
 
 int rlm_driver_send_pair(rlm_driver *d, const char *keeper, size_t klen,
@@ -149,11 +155,31 @@ int rlm_driver_send_pair(rlm_driver *d, const char *keeper, size_t klen,
   if (!d->channel)
     return -1;
   line_part two[2] = {{'K', keeper, klen}, {d->channel, data, len}};
-  sigpipe_hold h;
-  sigpipe_block(d, &h);
-  int rc = write_lines(d, two, 2);
-  sigpipe_unblock(&h);
-  return rc;
+  return write_lines(d, two, 2);
+}
+
+/* uv_try_write for a socket: sendmsg with MSG_NOSIGNAL, so that a peer's
+ * reset is EPIPE, never SIGPIPE, with no signal mask to change (four
+ * system calls a write). Nothing goes before what libuv has queued. */
+static int sock_try_write(rlm_driver *d, const uv_buf_t *bufs, int n) {
+  uv_os_fd_t fd;
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) > 0)
+    return UV_EAGAIN;
+  if (uv_fileno((const uv_handle_t *)&d->in, &fd) != 0)
+    return UV_EBADF;
+  struct iovec iov[6];
+  for (int i = 0; i < n; i++)
+    iov[i] = (struct iovec){.iov_base = bufs[i].base, .iov_len = bufs[i].len};
+  struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+  ssize_t r;
+  do
+    r = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (r < 0 && errno == EINTR);
+  if (r >= 0)
+    return (int)r;
+  return errno == EAGAIN || errno == EWOULDBLOCK
+             ? UV_EAGAIN
+             : uv_translate_sys_error(errno);
 }
 
 /* Lines (at most two) in one write: each its channel byte, its bytes and
@@ -186,7 +212,8 @@ static int write_lines(rlm_driver *d, const line_part *lines, int n_lines) {
   /* The lines straight to the pipe when nothing waits before them (short
    * lines always fit); what the pipe does not take now is copied and
    * queued. */
-  int sent = uv_try_write((uv_stream_t *)&d->in, bufs, (unsigned)n);
+  int sent = d->sock ? sock_try_write(d, bufs, n)
+                     : uv_try_write((uv_stream_t *)&d->in, bufs, (unsigned)n);
   if (sent == UV_EAGAIN || sent == UV_ENOSYS)
     sent = 0;
   else if (sent < 0)
@@ -214,7 +241,11 @@ static int write_lines(rlm_driver *d, const line_part *lines, int n_lines) {
   }
   w->len = rest;
   uv_buf_t buf = uv_buf_init(w->data, (unsigned)w->len);
-  if (uv_write(&w->req, (uv_stream_t *)&d->in, &buf, 1, on_write) != 0) {
+  sock_guard(d); /* uv_write writes at once what it can, with write() */
+  int rc = uv_write(&w->req, (uv_stream_t *)&d->in, &buf, 1, on_write);
+  if (!d->in_run)
+    sock_unguard(d); /* else at the run's end: the loop may write the rest */
+  if (rc != 0) {
     free(w);
     if (done > 0)
       kill_sandbox(d); /* part of a line went: the stream is broken */

@@ -341,6 +341,54 @@ c.close()
       err.message)
   end)
 
+  -- Lines written after the far side reset the connection: the first
+  -- write reports the reset, the next ones EPIPE, which raises SIGPIPE
+  -- unless the write says MSG_NOSIGNAL (driver_write.c's sock_try_write;
+  -- lua5.4's interpreter leaves SIGPIPE at its default, which ends the
+  -- process). In an interpreter of its own, so that a SIGPIPE ends it, not
+  -- busted.
+  it("survives lines written after the far side reset the connection: no SIGPIPE from a line's write", function()
+    local server, out, child = DIR .. "/reset-lines.py", DIR .. "/reset-lines.out", DIR .. "/reset-lines.lua"
+    write(server, [[
+import socket, struct, sys
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(1)
+open(sys.argv[1], "w").write("%d\n" % l.getsockname()[1])
+c, _ = l.accept()
+c.recv(100)
+c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+c.close()
+open(sys.argv[1], "a").write("reset\n")
+]])
+    os.execute(("env -u LD_PRELOAD python3 %s %s >/dev/null 2>&1 &"):format(server, out))
+    local port = tonumber(settled(function()
+      return read(out)
+    end, function(v)
+      return v:find("\n") ~= nil
+    end):match("%d+"))
+    write(child, ([[
+local core = require("rlm.core")
+local d = assert(core.stream_connect("127.0.0.1", %d, %q, 65536, 5000))
+for _ = 1, 500 do
+  local f = io.open(%q)
+  local text = f and f:read("*a") or ""
+  if f then f:close() end
+  if text:find("reset") then break end
+  local w = core.waitset() w:wait(10) w:close()
+end
+local w = core.waitset() w:wait(100) w:close()
+local took = {}
+for i = 1, 3 do took[i] = tostring(d:send("x") ~= nil) end
+print("alive, took " .. table.concat(took, " "))
+d:close()
+]]):format(port, TOKEN, out))
+    local lua = os.getenv("RLM_SPEC_LUA") or "lua5.4"
+    local res = H.sh(("%s %s 2>&1; echo status=$?"):format(lua, child))
+    assert.matches("alive, took false false false", res, 1, true)
+    assert.matches("status=0$", res)
+  end)
+
   it("ends with sandbox_unavailable, naming the address, when nothing listens there", function()
     local k = listening()
     os.execute("kill " .. k.pid)
