@@ -4,8 +4,10 @@
 -- adapts it). Three paths in one run, each with all its sessions open at
 -- once, the claim (Session.new plus the first step) of each timed, then
 -- K8S_E2E_STEPS (default 200) steps of each session in rounds (one step
--- of each in turn), then as many of the first session alone, the others
--- open and idle, with where the node's CPU went meanwhile (node_sample):
+-- of each in turn), then K8S_E2E_ALONE_STEPS (default 1000) of the first
+-- session alone, the others open and idle, and as many again once the
+-- others are closed, with where the node's CPU went meanwhile
+-- (node_sample):
 --   local bubblewrap          K8S_E2E_SESSIONS (default 10) sessions
 --   warm pod, kubectl exec -i K8S_E2E_SESSIONS sessions over PODS pods of a
 --                             pool, `kubectl exec -i POD -c sandbox --
@@ -26,6 +28,7 @@ local pods = require("rlm.sandbox.pods")
 local N = tonumber(os.getenv("K8S_E2E_SESSIONS") or "10")
 local P = tonumber(os.getenv("K8S_E2E_POOL_SESSIONS") or "100")
 local STEPS = tonumber(os.getenv("K8S_E2E_STEPS") or "200")
+local ALONE = tonumber(os.getenv("K8S_E2E_ALONE_STEPS") or "1000")
 -- A far side that answers no ping within this is lost: the default, 10
 -- s. A keeper killed with its pod closes its socket, which ends the
 -- session at once whatever this is; 1000 ms (found within 1.5 s a pod
@@ -74,6 +77,9 @@ local function node_sample()
   local at = { ms = common.now_ms(), cpu = { host = 0 }, periods = 0, throttled = 0, throttled_ms = 0 }
   for pid in common.capture({ "ls", "/proc" }):gmatch("%d+") do
     local name = DAEMONS[common.comm(pid)]
+    if name == "shims" then
+      at.shims_n = (at.shims_n or 0) + 1
+    end
     local stat = (name or pid == tostring(common.self_pid())) and common.read_file("/proc/" .. pid .. "/stat")
     -- utime and stime: the 14th and 15th fields, the 12th and 13th after comm's ")"
     local u, sy = (stat or ""):match("%) %S+" .. (" %S+"):rep(10) .. " (%d+) (%d+)")
@@ -111,17 +117,41 @@ local function node_between(a, b)
     b.load)
 end
 
--- The steps, taken two ways over the same open sessions: in rounds (one
--- step of each in turn: every step on another session than the last, the
--- others' heartbeats between) and then STEPS steps of the first session
--- alone, the others open and idle.
+-- Waits (up to 180 s) until the node is quiet again once sessions closed:
+-- their pods' deletes and teardowns over (no pod's shim gone within the
+-- last second, the daemons and the pods' cgroups under a tenth of one CPU
+-- over it; a shim that exits takes its CPU time with it). Returns the
+-- seconds.
+local function settle()
+  local t0, a = common.now_ms(), node_sample()
+  while common.now_ms() - t0 < 180000 do
+    common.sleep(1000)
+    local b = node_sample()
+    local busy = b.pods_ms - a.pods_ms
+    for _, name in ipairs({ "kubelet", "apiserver", "etcd", "containerd" }) do
+      busy = busy + (b.cpu[name] or 0) - (a.cpu[name] or 0)
+    end
+    if b.shims_n == a.shims_n and busy / (b.ms - a.ms) < 0.1 then
+      break
+    end
+    a = b
+  end
+  return (common.now_ms() - t0) / 1000
+end
+
+-- The steps, taken three ways: in rounds over the open sessions (one step
+-- of each in turn: every step on another session than the last, the
+-- others' heartbeats between), then ALONE steps of the first session alone,
+-- the others open and idle, and ALONE more once the others are closed
+-- (what the path costs on a node that runs nothing else of ours), the node
+-- quiet again first.
 local function measure(label, n, sandbox_of, before_close)
-  local sessions, claims, steps, alone = {}, {}, {}, {}
+  local sessions, claims, steps, alone, lone = {}, {}, {}, {}, {}
   local rss0 = rss_kb()
   local node = {}
   local ok, err = pcall(function()
     for i = 1, n do
-      local s, ms = common.start(env, { sandbox = sandbox_of(i), max_iterations = 2 * STEPS + 2 })
+      local s, ms = common.start(env, { sandbox = sandbox_of(i), max_iterations = STEPS + 2 * ALONE + 2 })
       sessions[i], claims[i] = s, ms
     end
     local a = node_sample()
@@ -131,7 +161,7 @@ local function measure(label, n, sandbox_of, before_close)
       end
     end
     local b = node_sample()
-    for _ = 1, STEPS do
+    for _ = 1, ALONE do
       alone[#alone + 1] = common.step(sessions[1])
     end
     local c = node_sample()
@@ -144,16 +174,33 @@ local function measure(label, n, sandbox_of, before_close)
   if before_close then
     before_close()
   end
-  for _, s in ipairs(sessions) do
-    common.close_settled(s, 10000)
+  for i = 2, #sessions do
+    common.close_settled(sessions[i], 10000)
+  end
+  if ok and sessions[1] then
+    ok, err = pcall(function()
+      node.settled = settle()
+      local c = node_sample()
+      for _ = 1, ALONE do
+        lone[#lone + 1] = common.step(sessions[1])
+      end
+      node.lone = node_between(c, node_sample())
+    end)
+  end
+  if sessions[1] then
+    common.close_settled(sessions[1], 10000)
   end
   if not ok then
     error(label .. ": " .. tostring(err), 0)
   end
-  say("%s: %d sessions open at once, %d steps in rounds, %d of one alone", label, n, #steps, #alone)
+  say("%s: %d sessions open at once, %d steps in rounds, %d of one alone, %d of it the only one left", label, n,
+    #steps, #alone, #lone)
   say("%s, the node in the rounds: %s", label, node.rounds)
   say("%s, the node in the steps alone: %s", label, node.alone)
-  return { label = label, claims = claims, steps = steps, alone = alone, rss = rss, held = held, made = made, n = n }
+  say("%s, the node in the steps of the only one left (quiet %.1f s after the others closed): %s", label,
+    node.settled or 0, node.lone)
+  return { label = label, claims = claims, steps = steps, alone = alone, lone = lone, rss = rss, held = held,
+    made = made, n = n }
 end
 
 local function pool_of(name, size)
@@ -267,12 +314,12 @@ local function mb(kb)
   return kb / 1024
 end
 
-say("%d sessions of the local and the kubectl exec path (on %d pods), %d of the pool's, %d steps of each",
-  N, pods_n, P, STEPS)
+say("%d sessions of the local and the kubectl exec path (on %d pods), %d of the pool's, %d steps of each in"
+  .. " rounds, %d alone and %d the only one left", N, pods_n, P, STEPS, ALONE, ALONE)
 print("| path (sandbox in the pod) | sessions open at once | claim → first step p50 (p90) | step round trip p50 (p90),"
   .. " in rounds over all open | step round trip p50 (p90), one session alone, the others open and idle"
-  .. " | host memory for all their streams |")
-print("|---|---|---|---|---|---|")
+  .. " | the same, the others closed | host memory for all their streams |")
+print("|---|---|---|---|---|---|---|")
 for _, r in ipairs(rows) do
   local mem = ("host RSS +%.1f MB"):format(mb(r.rss))
   if #r.held > 0 then
@@ -285,10 +332,10 @@ for _, r in ipairs(rows) do
   else
     mem = mem .. "; 0 kubectl held"
   end
-  print(("| %s (%s) | %d | %.1f ms (%.1f) | %.0f µs (%.0f) | %.0f µs (%.0f) | %s |"):format(r.label,
+  print(("| %s (%s) | %d | %.1f ms (%.1f) | %.0f µs (%.0f) | %.0f µs (%.0f) | %.0f µs (%.0f) | %s |"):format(r.label,
     tostring(r.made or "local"), r.n, common.median(r.claims), common.quantile(r.claims, 0.9),
     common.median(r.steps) * 1000, common.quantile(r.steps, 0.9) * 1000, common.median(r.alone) * 1000,
-    common.quantile(r.alone, 0.9) * 1000, mem))
+    common.quantile(r.alone, 0.9) * 1000, common.median(r.lone) * 1000, common.quantile(r.lone, 0.9) * 1000, mem))
 end
 local d = rows.deleted
 say("pod %s deleted (--grace-period=0 --force) mid-step: the step ended with %s %s after the delete began"
