@@ -309,46 +309,12 @@ describe("a keeper that listens (sandbox.connect)", function()
   end
 
   -- A far side that reads the claim and resets the connection (SO_LINGER
-  -- 0) while the host still writes its 4 MB context: a socket's write then
-  -- raises SIGPIPE, which kills a host that has not ignored it (lua5.4's
-  -- own interpreter has not); the session must end, the host live on.
-  it("survives a far side that resets the connection mid-write: no SIGPIPE reaches the host", function()
-    local server, out = DIR .. "/reset.py", DIR .. "/reset.out"
-    write(server, [[
-import socket, struct, sys
-l = socket.socket()
-l.bind(("127.0.0.1", 0))
-l.listen(1)
-open(sys.argv[1], "w").write("%d\n" % l.getsockname()[1])
-c, _ = l.accept()
-c.recv(100)
-c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-c.close()
-]])
-    os.execute(("env -u LD_PRELOAD python3 %s %s >/dev/null 2>&1 &"):format(server, out))
-    local port = tonumber(settled(function()
-      return read(out)
-    end, function(v)
-      return v:find("\n") ~= nil
-    end))
-    local connect = { host = "127.0.0.1", port = port, token = TOKEN }
-    local _, err = H.run(H.opts({ context = ("x"):rep(4 * 2 ^ 20), sandbox = { backend = "exec", connect = connect } }))
-    -- The reset may come before the context is written (the start then
-    -- says the stream took no input) or after it (the stream's end names
-    -- the address): either way a structured error, and this process lives.
-    assert.is_truthy(err.kind == "sandbox_unavailable" or err.kind == "sandbox_lost", err.kind)
-    assert.is_truthy(err.message:find("127.0.0.1:" .. port, 1, true) or err.message:find("cannot take input", 1, true),
-      err.message)
-  end)
-
-  -- Lines written after the far side reset the connection: the first
-  -- write reports the reset, the next ones EPIPE, which raises SIGPIPE
-  -- unless the write says MSG_NOSIGNAL (driver_write.c's sock_try_write;
-  -- lua5.4's interpreter leaves SIGPIPE at its default, which ends the
-  -- process). In an interpreter of its own, so that a SIGPIPE ends it, not
-  -- busted.
-  it("survives lines written after the far side reset the connection: no SIGPIPE from a line's write", function()
-    local server, out, child = DIR .. "/reset-lines.py", DIR .. "/reset-lines.out", DIR .. "/reset-lines.lua"
+  -- 0), then writes "reset" after its port in its file. Returns its port
+  -- and that file.
+  local resets = 0
+  local function resetting_server()
+    resets = resets + 1
+    local server, out = ("%s/reset-%d.py"):format(DIR, resets), ("%s/reset-%d.out"):format(DIR, resets)
     write(server, [[
 import socket, struct, sys
 l = socket.socket()
@@ -367,6 +333,33 @@ open(sys.argv[1], "a").write("reset\n")
     end, function(v)
       return v:find("\n") ~= nil
     end):match("%d+"))
+    return port, out
+  end
+
+  -- The reset while the host still writes its 4 MB context: a socket's
+  -- write then raises SIGPIPE, which kills a host that has not ignored it
+  -- (lua5.4's own interpreter has not); the session must end, the host
+  -- live on.
+  it("survives a far side that resets the connection mid-write: no SIGPIPE reaches the host", function()
+    local port = resetting_server()
+    local connect = { host = "127.0.0.1", port = port, token = TOKEN }
+    local _, err = H.run(H.opts({ context = ("x"):rep(4 * 2 ^ 20), sandbox = { backend = "exec", connect = connect } }))
+    -- The reset may come before the context is written (the start then
+    -- says the stream took no input) or after it (the stream's end names
+    -- the address): either way a structured error, and this process lives.
+    assert.is_truthy(err.kind == "sandbox_unavailable" or err.kind == "sandbox_lost", err.kind)
+    assert.is_truthy(err.message:find("127.0.0.1:" .. port, 1, true) or err.message:find("cannot take input", 1, true),
+      err.message)
+  end)
+
+  -- Lines written after the reset: the first write reports it, the next
+  -- ones EPIPE, which raises SIGPIPE unless the write says MSG_NOSIGNAL
+  -- (driver_write.c's sock_try_write; lua5.4's interpreter leaves SIGPIPE
+  -- at its default, which ends the process). In an interpreter of its
+  -- own, so that a SIGPIPE ends it, not busted.
+  it("survives lines written after the far side reset the connection: no SIGPIPE from a line's write", function()
+    local port, out = resetting_server()
+    local child = DIR .. "/reset-lines.lua"
     write(child, ([[
 local core = require("rlm.core")
 local d = assert(core.stream_connect("127.0.0.1", %d, %q, 65536, 5000))
