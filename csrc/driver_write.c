@@ -158,9 +158,10 @@ int rlm_driver_send_pair(rlm_driver *d, const char *keeper, size_t klen,
   return write_lines(d, two, 2);
 }
 
-/* uv_try_write for a socket: sendmsg with MSG_NOSIGNAL, so that a peer's
- * reset is EPIPE, never SIGPIPE, with no signal mask to change (four
- * system calls a write). Nothing goes before what libuv has queued. */
+/* uv_try_write for a socket: sendmsg with MSG_NOSIGNAL, so that a write
+ * after a peer's reset is EPIPE, never SIGPIPE, and no signal mask need
+ * change around it (blocking SIGPIPE and taking back one that came cost a
+ * write four system calls). Nothing goes before what libuv has queued. */
 static int sock_try_write(rlm_driver *d, const uv_buf_t *bufs, int n) {
   uv_os_fd_t fd;
   if (uv_stream_get_write_queue_size((uv_stream_t *)&d->in) > 0)
