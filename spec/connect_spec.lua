@@ -362,14 +362,9 @@ open(sys.argv[1], "a").write("reset\n")
     local child = DIR .. "/reset-lines.lua"
     write(child, ([[
 local core = require("rlm.core")
+local H = require("helpers")
 local d = assert(core.stream_connect("127.0.0.1", %d, %q, 65536, 5000))
-for _ = 1, 500 do
-  local f = io.open(%q)
-  local text = f and f:read("*a") or ""
-  if f then f:close() end
-  if text:find("reset") then break end
-  local w = core.waitset() w:wait(10) w:close()
-end
+H.settled(function() return H.read_file(%q) end, function(text) return text:find("reset") ~= nil end)
 local w = core.waitset() w:wait(100) w:close()
 local took = {}
 for i = 1, 3 do took[i] = tostring(d:send("x") ~= nil) end
